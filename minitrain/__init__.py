@@ -1,0 +1,48 @@
+"""minitrain: Ray Train's TorchTrainer API without Ray, for bare-metal GPU hosts.
+
+Port a Ray Train script by changing imports: `ray.train` -> `minitrain`, `ray.train.torch` ->
+`minitrain.torch`. Names are loaded lazily, so a worker that calls `minitrain.report()` never imports
+the coordinator, and `import minitrain` does not import torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "ScalingConfig": "minitrain.config",
+    "RunConfig": "minitrain.config",
+    "CheckpointConfig": "minitrain.config",
+    "FailureConfig": "minitrain.config",
+    "DataConfig": "minitrain.config",
+    "LoggingConfig": "minitrain.config",
+    "TrainContext": "minitrain.context",
+    "report": "minitrain.train_api",
+    "get_checkpoint": "minitrain.train_api",
+    "get_context": "minitrain.train_api",
+    "get_dataset_shard": "minitrain.train_api",
+    "Result": "minitrain.result",
+    "TrainingFailedError": "minitrain.errors",
+    "WorkerGroupError": "minitrain.errors",
+    "ControllerError": "minitrain.errors",
+    "ConfigError": "minitrain.errors",
+    "RemoteWorkerError": "minitrain.errors",
+    "WorkerProcessError": "minitrain.errors",
+}
+
+__all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minitrain' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

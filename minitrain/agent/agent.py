@@ -1,0 +1,274 @@
+"""The node agent: holds its lease with the coordinator, runs that node's workers, reports facts.
+
+The agent decides nothing about the run. It starts workers when told, stops them when told, and
+reports what happened (spawned, exited with code or signal, their output lines). If its session with
+the coordinator breaks or goes silent past the lease timeout, it kills its workers and exits: no
+worker outlives its coordinator. It never imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import grpc
+
+import minitrain
+from minitrain import hostinfo, procs
+from minitrain.records import NodeInfo
+from minitrain.rpc import convert
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.auth import call_metadata
+from minitrain.rpc.channel import client_channel
+
+logger = logging.getLogger("minitrain.agent")
+
+HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TIMEOUT_S = 5.0
+LOST_LEASE_GRACE_S = 1.0  # the coordinator is gone: nobody waits for a graceful stop
+OUTPUT_DRAIN_S = 2.0  # a grandchild may hold a worker's pipe open; do not wait on it forever
+_END = object()
+
+
+@dataclass
+class WorkerProcess:
+    """One worker the agent started."""
+
+    attempt: int
+    rank: int
+    process: object  # subprocess.Popen
+    readers: list = field(default_factory=list)
+    stopped_by_agent: bool = False
+    exited: threading.Event = field(default_factory=threading.Event)
+
+
+class NodeAgent:
+    """Runs one node's workers for one run; see the module docstring.
+
+    `run()` returns the process exit code: 0 after the coordinator's Shutdown, 1 when the lease broke.
+    """
+
+    def __init__(self, coordinator_address: str, node_id: str, run_id: str, token: str,
+                 lease_timeout_s: float = LEASE_TIMEOUT_S):
+        self._address = coordinator_address
+        self._node_id = node_id
+        self._run_id = run_id
+        self._token = token
+        self._lease_timeout_s = lease_timeout_s
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._workers: dict[tuple[int, int], WorkerProcess] = {}
+        self._lock = threading.Lock()
+        self._last_heard = time.monotonic()
+        self._finished = threading.Event()
+        self._shutdown_requested = False
+        self._end_reason = ""
+        self._call = None
+        self._oom_baseline = procs.oom_kill_count()
+
+    # ------------------------------------------------------------------ session
+
+    def _message(self, **body) -> pb.AgentMessage:
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
+
+    def _requests(self):
+        while True:
+            item = self._outbox.get()
+            if item is _END:
+                return
+            yield item
+
+    def _hello(self) -> pb.AgentMessage:
+        node = NodeInfo(node_id=self._node_id, hostname=hostinfo.hostname(), address="",
+                        agent_pid=os.getpid(), cpus=hostinfo.cpu_count(),
+                        memory_bytes=hostinfo.memory_bytes(), gpu_ids=hostinfo.gpu_ids(),
+                        python=sys.executable, minitrain_version=minitrain.__version__)
+        return self._message(hello=convert.hello_from_node(node))
+
+    def run(self) -> int:
+        """Serve the session until Shutdown or lease loss, then stop every worker and return.
+
+        Commands are executed on the calling (main) thread: workers get a parent-death signal, which
+        Linux ties to the thread that spawned them, so they must come from a thread that lives as
+        long as the agent.
+        """
+        channel = client_channel(self._address)
+        stub = pb_grpc.CoordinatorStub(channel)
+        self._outbox.put(self._hello())
+        self._call = stub.AgentSession(self._requests(), metadata=call_metadata(self._token))
+        threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
+        try:
+            while not self._finished.is_set():
+                try:
+                    command = self._commands.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                self._execute(command)
+        finally:
+            self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
+            self._outbox.put(_END)
+            self._call.cancel()
+            channel.close()
+        if not self._shutdown_requested:
+            logger.warning("lease with the coordinator at %s ended (%s); workers stopped",
+                           self._address, self._end_reason)
+            return 1
+        return 0
+
+    def request_stop(self, reason: str) -> None:
+        """End the session from outside (signal handler): workers are stopped, run() returns."""
+        self._end_reason = reason
+        self._finished.set()
+
+    def _execute(self, command: pb.AgentCommand) -> None:
+        kind = command.WhichOneof("body")
+        if kind == "start":
+            self._start_workers(command.start)
+        elif kind == "stop":
+            # Stopping waits out the grace period; do it aside so commands keep flowing.
+            threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
+                             daemon=True, name="agent-stop").start()
+
+    def _receive(self) -> None:
+        try:
+            for command in self._call:
+                self._last_heard = time.monotonic()
+                kind = command.WhichOneof("body")
+                if kind == "shutdown":
+                    self._shutdown_requested = True
+                    break
+                if kind != "heartbeat":
+                    self._commands.put(command)
+            if not self._shutdown_requested:
+                self._end_reason = "the coordinator closed the session"
+        except grpc.RpcError as exc:
+            self._end_reason = f"the connection broke: {exc.code().name}"
+        finally:
+            self._finished.set()
+
+    def _heartbeat(self) -> None:
+        while not self._finished.wait(HEARTBEAT_INTERVAL_S):
+            silent = time.monotonic() - self._last_heard
+            if silent > self._lease_timeout_s:
+                self._end_reason = f"no word from the coordinator for {silent:.1f} s"
+                self._finished.set()
+                return
+            self._outbox.put(self._message(heartbeat=pb.Heartbeat(sent_at=time.time())))
+
+    # ------------------------------------------------------------------ workers
+
+    def _start_workers(self, start: pb.StartWorkers) -> None:
+        env = dict(os.environ)
+        env.update(start.env)
+        env["PYTHONUNBUFFERED"] = "1"
+        for launch in start.workers:
+            self._spawn(start, launch, env)
+
+    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict) -> None:
+        attempt, rank = start.attempt, launch.rank
+        try:
+            process = procs.spawn([sys.executable, "-m", "minitrain.worker"], env=env,
+                                  cwd=start.cwd or None)
+        except OSError as exc:
+            self._send_exit(attempt, rank, 0, None, exc=exc)
+            return
+        bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
+                     "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
+                     "agent_pid": os.getpid()}
+        try:
+            process.stdin.write(json.dumps(bootstrap).encode() + b"\n")
+            process.stdin.close()
+        except OSError:
+            pass  # it died already; the waiter reports how
+        worker = WorkerProcess(attempt, rank, process)
+        for stream, is_stderr in ((process.stdout, False), (process.stderr, True)):
+            reader = threading.Thread(target=self._forward_output, args=(worker, stream, is_stderr),
+                                      daemon=True, name=f"worker-{rank}-{'err' if is_stderr else 'out'}")
+            reader.start()
+            worker.readers.append(reader)
+        with self._lock:
+            self._workers[(attempt, rank)] = worker
+        self._outbox.put(self._message(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=process.pid)))
+        threading.Thread(target=self._wait_for_exit, args=(worker,), daemon=True,
+                         name=f"worker-{rank}-wait").start()
+
+    def _forward_output(self, worker: WorkerProcess, stream, is_stderr: bool) -> None:
+        for raw in iter(stream.readline, b""):
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            self._outbox.put(self._message(logs=pb.LogLines(
+                attempt=worker.attempt, rank=worker.rank, stderr=is_stderr, lines=[line])))
+        stream.close()
+
+    def _wait_for_exit(self, worker: WorkerProcess) -> None:
+        returncode = worker.process.wait()
+        for reader in worker.readers:
+            reader.join(timeout=OUTPUT_DRAIN_S)
+        # Leftovers of its process group (e.g. DataLoader children) must not outlive the worker.
+        procs.stop_process_group(worker.process, grace_s=0.0)
+        self._send_exit(worker.attempt, worker.rank, worker.process.pid, returncode,
+                        stopped=worker.stopped_by_agent)
+        worker.exited.set()
+
+    def _send_exit(self, attempt: int, rank: int, pid: int, returncode: Optional[int],
+                   stopped: bool = False, exc: Optional[BaseException] = None) -> None:
+        exit_code, signum = procs.decode_returncode(returncode) if returncode is not None else (None, None)
+        oom = False
+        if signum == signal.SIGKILL and not stopped:
+            count = procs.oom_kill_count()
+            oom = count is not None and self._oom_baseline is not None and count > self._oom_baseline
+        exited = pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0,
+                                 signal=signum or 0, stopped_by_agent=stopped, exited_at=time.time(),
+                                 spawn_error=f"{type(exc).__name__}: {exc}" if exc else "",
+                                 oom_suspected=oom)
+        self._outbox.put(self._message(exited=exited))
+
+    def _stop_attempt(self, attempt: int, grace_s: float) -> None:
+        with self._lock:
+            targets = [w for (a, _), w in self._workers.items() if a == attempt]
+        self._stop(targets, grace_s)
+
+    def _stop_all(self, grace_s: float) -> None:
+        with self._lock:
+            targets = list(self._workers.values())
+        self._stop(targets, grace_s)
+        for worker in targets:
+            worker.exited.wait(timeout=OUTPUT_DRAIN_S)
+
+    def _stop(self, workers: list[WorkerProcess], grace_s: float) -> None:
+        """Stop the workers in parallel; each: SIGTERM its group, grace, SIGKILL, bounded wait."""
+        threads = []
+        for worker in workers:
+            if worker.process.poll() is not None:
+                continue
+            worker.stopped_by_agent = True
+            thread = threading.Thread(target=procs.stop_process_group, args=(worker.process,),
+                                      kwargs={"grace_s": grace_s}, daemon=True)
+            thread.start()
+            threads.append(thread)
+        for thread in threads:
+            thread.join(timeout=grace_s + 10)
+
+
+def install_signal_handlers(agent: NodeAgent) -> None:
+    """SIGTERM, SIGINT and SIGHUP stop the workers and end the agent cleanly."""
+    def handle(signum, _frame):
+        agent.request_stop(f"received {signal.Signals(signum).name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handle)
+
+
+def default_node_id() -> str:
+    """A node id for an agent started by hand: the host name."""
+    return socket.gethostname()

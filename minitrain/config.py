@@ -1,0 +1,622 @@
+"""The configs users pass to `TorchTrainer`: frozen, validated on construction (L0: stdlib only).
+
+Names, fields and defaults follow Ray Train 2.60 ("Train V2"): `ScalingConfig`, `RunConfig`,
+`CheckpointConfig`, `FailureConfig`, `LoggingConfig`, `DataConfig`, and `TorchConfig` (re-exported by
+`minitrain.torch`). Every config is a frozen, keyword-only dataclass checked in `__post_init__`, so a
+mistake surfaces where the config is written, before any process starts:
+
+- a bad value raises `ConfigError` (a `ValueError`) naming the field, the value and the fix;
+- a wrong type where Ray raises `TypeError` (`DataConfig.datasets_to_split`) raises `TypeError`;
+- an argument Ray Train V2 removed raises `DeprecationWarning` *as an exception*, as Ray does, with the
+  way to get the same effect in minitrain.
+
+Deliberate differences from Ray: the default run name is `minitrain_run-<local time>` and the default
+storage is `~/minitrain_results`; elastic `num_workers=(min, max)` and TPUs are rejected; configs are
+never mutated after construction (`TorchConfig.resolved_backend` replaces Ray's in-place backend
+fill-in); mappings are stored as `ReadOnlyDict`; `worker_runtime_env` supports only `env_vars` and
+`working_dir`; `FailureConfig.worker_hang_timeout_s` and `worker_stop_grace_s` are minitrain extensions.
+
+Environment variables
+---------------------
+These are the only ``MINITRAIN_*`` variables minitrain reads; `ENV_VARS` holds the same list and
+`env_var()` refuses any other name, so this list cannot go stale silently.
+
+- ``MINITRAIN_HOSTS``: comma-separated hosts for a multi-node run (reserved for multi-node).
+- ``MINITRAIN_HOSTFILE``: path of a file naming one host per line (reserved for multi-node).
+- ``MINITRAIN_LOG_LEVEL``: level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have
+  no `LoggingConfig`; a run's `RunConfig(logging_config=...)` takes precedence for that run.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import numbers
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Optional
+
+from minitrain.errors import ConfigError
+
+ENV_VARS: dict[str, str] = {
+    "MINITRAIN_HOSTS": "Comma-separated hosts for a multi-node run (reserved for multi-node).",
+    "MINITRAIN_HOSTFILE": "Path of a file naming one host per line (reserved for multi-node).",
+    "MINITRAIN_LOG_LEVEL": (
+        "Level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have no LoggingConfig; "
+        "a run's RunConfig(logging_config=...) takes precedence for that run."
+    ),
+}
+
+
+def env_var(name: str, default: Optional[str] = None) -> Optional[str]:
+    """The value of the listed environment variable `name`, or `default` when it is unset.
+
+    Raises `KeyError` for a name not in `ENV_VARS`: every ``MINITRAIN_*`` variable is read through here.
+    """
+    if name not in ENV_VARS:
+        raise KeyError(f"{name!r} is not a documented minitrain environment variable; add it to "
+                       f"minitrain.config.ENV_VARS and the module docstring first.")
+    return os.environ.get(name, default)
+
+
+class _Deprecated(enum.Enum):
+    """Default of removed arguments, so 'not passed' differs from any value (None included).
+
+    An enum member pickles by name, so the identity check survives pickling and `dataclasses.replace`.
+    """
+
+    DEPRECATED = "DEPRECATED"
+
+
+_DEPRECATED = _Deprecated.DEPRECATED
+
+
+def _deprecated_field() -> Any:
+    return field(default=_DEPRECATED, repr=False, compare=False)
+
+
+class ReadOnlyDict(dict):
+    """A dict that refuses changes; configs store their mappings as these.
+
+    Unlike `types.MappingProxyType` it pickles (configs travel to workers) and compares and serialises
+    as a plain dict. `dict(d)` or `d.copy()` gives a mutable copy.
+    """
+
+    __slots__ = ()
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("this mapping belongs to a frozen minitrain config and cannot be changed; "
+                        "build a new config with dataclasses.replace(config, field=new_value)")
+
+    __setitem__ = __delitem__ = __ior__ = _refuse
+    clear = pop = popitem = setdefault = update = _refuse
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self):
+        return (type(self), (dict(self),))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Validation helpers. Each returns the normalised value or raises with field, value and fix.
+
+
+def _fail(owner: str, name: str, requirement: str, value: Any, fix: str) -> ConfigError:
+    return ConfigError(f"{owner}.{name} must be {requirement}, got {value!r}. {fix}")
+
+
+def _int(value: Any, owner: str, name: str, minimum: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise _fail(owner, name, f"an int >= {minimum}", value, fix)
+    return int(value)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _number(value: Any, owner: str, name: str, *, above: float = -math.inf, at_least: float = -math.inf,
+            fix: str) -> Any:
+    if not _is_number(value) or not (value > above and value >= at_least):
+        bound = f"> {above:g}" if above > -math.inf else f">= {at_least:g}"
+        raise _fail(owner, name, f"a finite number {bound}", value, fix)
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
+
+
+def _choice(value: Any, owner: str, name: str, choices: tuple[str, ...], fix: str = "") -> str:
+    if not isinstance(value, str) or value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise _fail(owner, name, f"one of {listed} (exact case)", value, fix or f"Use one of {listed}.")
+    return value
+
+
+def _optional_str(value: Any, owner: str, name: str, fix: str) -> Optional[str]:
+    if value is not None and (not isinstance(value, str) or not value):
+        raise _fail(owner, name, "None or a non-empty str", value, fix)
+    return value
+
+
+def _reject_deprecated(owner: str, passed: dict[str, Any], hints: dict[str, str]) -> None:
+    for arg, value in passed.items():
+        if value is not _DEPRECATED:
+            raise DeprecationWarning(f"{owner}({arg}={value!r}) was removed in Ray Train V2, which minitrain "
+                                     f"mirrors. {hints[arg]}")
+
+
+# ---------------------------------------------------------------------------------------------------
+
+
+_PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_CANONICAL_RESOURCES = ("CPU", "GPU", "TPU", "memory")
+
+
+def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
+    if value is None:
+        return None
+    owner, name = "ScalingConfig", "resources_per_worker"
+    if not isinstance(value, Mapping):
+        raise _fail(owner, name, "None or a dict of resource name -> amount", value,
+                    'For example resources_per_worker={"CPU": 4, "GPU": 1}.')
+    kept: dict[str, Any] = {}
+    for key, amount in value.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"{owner}.{name} has the key {key!r}; resource names are non-empty strings "
+                              f"such as 'CPU', 'GPU' or 'memory'.")
+        canonical = next((c for c in _CANONICAL_RESOURCES if c.lower() == key.lower()), key)
+        if canonical != key:
+            raise ConfigError(f"{owner}.{name} has the key {key!r}; resource names are case-sensitive. "
+                              f"Use {canonical!r}.")
+        kept_amount = _number(amount, owner, f"{name}[{key!r}]", at_least=0,
+                              fix="Use an amount >= 0 (fractions are allowed; 0 drops the resource).")
+        if kept_amount:
+            kept[key] = kept_amount
+    if not use_gpu and "GPU" in kept:
+        raise ConfigError(f"{owner}.{name} has 'GPU': {kept['GPU']!r} but use_gpu=False. Either set "
+                          f"use_gpu=True or remove 'GPU' from resources_per_worker.")
+    if use_gpu and "GPU" in value and "GPU" not in kept:
+        raise ConfigError(f"{owner}.{name} has 'GPU': {value['GPU']!r} but use_gpu=True. Either set "
+                          f"use_gpu=False or give each worker a positive 'GPU' amount.")
+    return ReadOnlyDict(kept)
+
+
+def _label_selector(value: Any, num_workers: int) -> Any:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return ReadOnlyDict(value)
+    if isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+        if len(value) != num_workers:
+            raise ConfigError(f"ScalingConfig.label_selector has {len(value)} entries, got {value!r}, but "
+                              f"num_workers={num_workers}. Give one dict per worker, or one dict for all.")
+        return tuple(ReadOnlyDict(v) for v in value)
+    raise _fail("ScalingConfig", "label_selector", "None, a dict, or a list of dicts (one per worker)",
+                value, "Labels are accepted for compatibility and not used by minitrain; None is fine.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ScalingConfig:
+    """How many workers to start and what each one reserves.
+
+    `num_workers=0` runs the training function in the driver process (local mode). With
+    `resources_per_worker=None` each worker takes 1 CPU, or 1 GPU and no CPU when `use_gpu=True`.
+    Zero amounts in `resources_per_worker` are dropped; the stored mapping is read-only and does not
+    contain the implied `GPU: 1` of `use_gpu=True` (see `effective_resources_per_worker`). Custom
+    resource names are accepted. `label_selector` and `topology` are accepted and stored, not used.
+    Raises `ConfigError` for elastic `(min, max)` worker counts and for `use_tpu=True`.
+    """
+
+    num_workers: int = 1
+    use_gpu: bool = False
+    resources_per_worker: Optional[Mapping[str, float]] = None
+    placement_strategy: str = "PACK"
+    accelerator_type: Optional[str] = None
+    trainer_resources: Any = _deprecated_field()
+    label_selector: Any = None
+    use_tpu: bool = False
+    topology: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if self.trainer_resources is not None:  # Ray's default is None, so None stays accepted
+            _reject_deprecated("ScalingConfig", {"trainer_resources": self.trainer_resources}, {
+                "trainer_resources": "The minitrain coordinator needs no reserved resources; remove "
+                                     "trainer_resources and size the workers with resources_per_worker."})
+        owner = "ScalingConfig"
+        if isinstance(self.num_workers, tuple):
+            raise ConfigError(f"{owner}.num_workers={self.num_workers!r} asks for elastic training, which "
+                              f"minitrain does not support. Pass an int: the number of worker processes "
+                              f"(0 runs the training function in this process).")
+        object.__setattr__(self, "num_workers", _int(
+            self.num_workers, owner, "num_workers", 0,
+            "Use 0 to run the training function in this process (local mode), or the number of worker "
+            "processes to start."))
+        for flag in ("use_gpu", "use_tpu"):
+            if not isinstance(getattr(self, flag), bool):
+                raise _fail(owner, flag, "True or False", getattr(self, flag), "Pass a bool.")
+        if self.use_tpu:
+            raise _fail(owner, "use_tpu", "False", True, "minitrain does not support TPUs; use CPUs or GPUs.")
+        object.__setattr__(self, "resources_per_worker",
+                           _resources_per_worker(self.resources_per_worker, self.use_gpu))
+        _choice(self.placement_strategy, owner, "placement_strategy", _PLACEMENT_STRATEGIES)
+        _optional_str(self.accelerator_type, owner, "accelerator_type",
+                      "Use None, or an accelerator type name such as 'A100'.")
+        object.__setattr__(self, "label_selector", _label_selector(self.label_selector, self.num_workers))
+        _optional_str(self.topology, owner, "topology", "topology is a TPU setting; leave it None.")
+
+    @property
+    def local_mode(self) -> bool:
+        """True when `num_workers == 0`: the training function runs in the driver process."""
+        return self.num_workers == 0
+
+    @property
+    def min_workers(self) -> int:
+        """Smallest worker count; equals `num_workers` (minitrain has no elastic training)."""
+        return self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        """Largest worker count; equals `num_workers` (minitrain has no elastic training)."""
+        return self.num_workers
+
+    @property
+    def effective_resources_per_worker(self) -> dict[str, float]:
+        """What one worker reserves, as a new dict of floats.
+
+        `{"GPU": 1.0}` with `use_gpu` else `{"CPU": 1.0}` when `resources_per_worker` is None; otherwise
+        `resources_per_worker` plus `GPU: 1.0` when `use_gpu` and no GPU amount was given (as Ray).
+        """
+        if self.resources_per_worker is None:
+            return {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+        resources = {key: float(amount) for key, amount in self.resources_per_worker.items()}
+        if self.use_gpu:
+            resources.setdefault("GPU", 1.0)
+        return resources
+
+    @property
+    def num_cpus_per_worker(self) -> float:
+        """CPUs per worker: 1.0 by default for CPU workers, 0.0 for GPU workers unless given (as Ray)."""
+        return self.effective_resources_per_worker.get("CPU", 0.0)
+
+    @property
+    def num_gpus_per_worker(self) -> float:
+        """GPUs per worker: 0.0 unless `use_gpu`; then 1.0 unless `resources_per_worker` says otherwise."""
+        return self.effective_resources_per_worker.get("GPU", 0.0)
+
+    @property
+    def additional_resources_per_worker(self) -> dict[str, float]:
+        """Per-worker resources other than CPU and GPU (memory, custom names), as a new dict."""
+        return {k: v for k, v in self.effective_resources_per_worker.items() if k not in ("CPU", "GPU")}
+
+    @property
+    def total_resources(self) -> dict[str, float]:
+        """Per-worker resources times `num_workers` (the coordinator takes none), as a new dict.
+
+        `ScalingConfig(num_workers=4).total_resources == {"CPU": 4.0}`.
+        """
+        return {key: amount * self.num_workers for key, amount in self.effective_resources_per_worker.items()}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointConfig:
+    """Which committed checkpoints to keep.
+
+    `num_to_keep=None` keeps all; otherwise the best `num_to_keep` by `checkpoint_score_attribute`
+    (a key of the rank-0 metrics, nested keys joined by "/"; None ranks by recency) in
+    `checkpoint_score_order` ("max" or "min", exact case). The latest checkpoint is always kept too.
+    """
+
+    num_to_keep: Optional[int] = None
+    checkpoint_score_attribute: Optional[str] = None
+    checkpoint_score_order: str = "max"
+    checkpoint_frequency: Any = _deprecated_field()
+    checkpoint_at_end: Any = _deprecated_field()
+
+    def __post_init__(self) -> None:
+        _reject_deprecated("CheckpointConfig", {
+            "checkpoint_frequency": self.checkpoint_frequency,
+            "checkpoint_at_end": self.checkpoint_at_end,
+        }, {
+            "checkpoint_frequency": "Save a checkpoint by passing one to minitrain.report(metrics, "
+                                    "checkpoint=...) at the steps you choose in the training function.",
+            "checkpoint_at_end": "Pass a checkpoint to the last minitrain.report(...) call of the "
+                                 "training function.",
+        })
+        if self.num_to_keep is not None:
+            object.__setattr__(self, "num_to_keep", _int(
+                self.num_to_keep, "CheckpointConfig", "num_to_keep", 1,
+                "Use None to keep every checkpoint, or the number of best checkpoints to keep."))
+        _optional_str(self.checkpoint_score_attribute, "CheckpointConfig", "checkpoint_score_attribute",
+                      "Use None to rank checkpoints by recency, or a metric key you report, e.g. 'loss'.")
+        _choice(self.checkpoint_score_order, "CheckpointConfig", "checkpoint_score_order", ("max", "min"),
+                "Use 'max' when a higher score is better, 'min' when lower is better (e.g. a loss).")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class FailureConfig:
+    """How many failures a run survives, and how workers are judged hung and stopped.
+
+    A failure of any rank restarts the whole worker group from the latest committed checkpoint while
+    failures so far <= `max_failures` (0: the first failure is fatal; -1: unlimited).
+    `worker_hang_timeout_s` (minitrain extension): a rank that makes no progress (no report and no
+    heartbeat) for this many seconds counts as hung, which is a failure; None disables the check.
+    `worker_stop_grace_s` (minitrain extension): seconds between SIGTERM and SIGKILL when workers are
+    stopped. `controller_failure_limit`: retryable controller failures (worker-group start-up)
+    tolerated, -1 unlimited.
+    """
+
+    max_failures: int = 0
+    worker_hang_timeout_s: Optional[float] = None
+    worker_stop_grace_s: float = 5.0
+    fail_fast: Any = _deprecated_field()
+    controller_failure_limit: int = -1
+
+    def __post_init__(self) -> None:
+        _reject_deprecated("FailureConfig", {"fail_fast": self.fail_fast}, {
+            "fail_fast": "Use FailureConfig(max_failures=0) to stop at the first failure."})
+        owner = "FailureConfig"
+        object.__setattr__(self, "max_failures", _int(
+            self.max_failures, owner, "max_failures", -1,
+            "Use 0 to fail on the first error, N to retry up to N times, or -1 to retry without limit."))
+        if self.worker_hang_timeout_s is not None:
+            object.__setattr__(self, "worker_hang_timeout_s", _number(
+                self.worker_hang_timeout_s, owner, "worker_hang_timeout_s", above=0,
+                fix="Use None to disable hang detection, or the seconds without progress after which a "
+                    "rank counts as hung."))
+        object.__setattr__(self, "worker_stop_grace_s", _number(
+            self.worker_stop_grace_s, owner, "worker_stop_grace_s", at_least=0,
+            fix="Use the seconds a stopping worker gets between SIGTERM and SIGKILL (0 kills at once)."))
+        object.__setattr__(self, "controller_failure_limit", _int(
+            self.controller_failure_limit, owner, "controller_failure_limit", -1,
+            "Use -1 for no limit, or the number of worker-group start-up failures to retry."))
+
+    def retries_left(self, failures_so_far: int) -> Optional[int]:
+        """Retries still unused after `failures_so_far` failures; None when unlimited (-1), never < 0."""
+        _check_count(failures_so_far)
+        if self.max_failures == -1:
+            return None
+        return max(0, self.max_failures - failures_so_far)
+
+    def allows_retry(self, failures_so_far: int) -> bool:
+        """Whether the run is retried after its `failures_so_far`-th failure (this one included).
+
+        As Ray: retry while `failures_so_far <= max_failures`, so `max_failures=1` retries the first
+        failure and the second one is fatal.
+        """
+        _check_count(failures_so_far)
+        return self.max_failures == -1 or failures_so_far <= self.max_failures
+
+
+def _check_count(failures_so_far: Any) -> None:
+    if isinstance(failures_so_far, bool) or not isinstance(failures_so_far, int) or failures_so_far < 0:
+        raise ValueError(f"failures_so_far must be an int >= 0, got {failures_so_far!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoggingConfig:
+    """Level of minitrain's loggers for a run; a `logging` level name, stored upper-cased."""
+
+    log_level: str = "INFO"
+
+    def __post_init__(self) -> None:
+        level = self.log_level.upper() if isinstance(self.log_level, str) else None
+        if level is None or not isinstance(logging.getLevelName(level), int):
+            raise _fail("LoggingConfig", "log_level", "a logging level name", self.log_level,
+                        "Use one of DEBUG, INFO, WARNING, ERROR, CRITICAL (any case).")
+        object.__setattr__(self, "log_level", level)
+
+    @property
+    def level(self) -> int:
+        """The numeric `logging` level, e.g. 20 for "INFO"."""
+        return logging.getLevelName(self.log_level)
+
+
+_DEFAULT_STORAGE_PATH = "~/minitrain_results"
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+_RUNTIME_ENV_KEYS = ("env_vars", "working_dir")
+
+
+def _default_name() -> str:
+    return f"minitrain_run-{datetime.now():%Y-%m-%d_%H-%M-%S}"
+
+
+def _storage_path(value: Any, has_filesystem: bool) -> str:
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value:
+        raise _fail("RunConfig", "storage_path", "a non-empty str or path", value,
+                    "Use a local directory (e.g. '~/minitrain_results') or a URL such as 's3://bucket/runs'; "
+                    "multi-node runs need storage every node can reach.")
+    if has_filesystem or _URL.match(value):
+        return value  # a URL, or a path inside the given filesystem: not a local path to expand
+    # Made absolute now: workers may start in other directories, and the path is the resume key.
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def _env_vars(value: Any) -> ReadOnlyDict:
+    where = "RunConfig.worker_runtime_env['env_vars']"
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be a dict of str -> str, got {value!r}. "
+                          f"For example {{'OMP_NUM_THREADS': '4'}}.")
+    for key, val in value.items():
+        if not isinstance(key, str) or not key or "=" in key or "\0" in key:
+            raise ConfigError(f"{where} has the key {key!r}; environment variable names are non-empty "
+                              f"str without '=' or NUL.")
+        if not isinstance(val, str):
+            raise ConfigError(f"{where}[{key!r}] must be a str, got {val!r}. Convert it, e.g. str({val!r}).")
+        if "\0" in val:
+            raise ConfigError(f"{where}[{key!r}] contains a NUL character, which environment values cannot hold.")
+    return ReadOnlyDict(value)
+
+
+def _runtime_env(value: Any) -> ReadOnlyDict:
+    if value is None:
+        return ReadOnlyDict()
+    if not isinstance(value, Mapping):
+        raise _fail("RunConfig", "worker_runtime_env", "None or a dict", value,
+                    "For example {'env_vars': {'OMP_NUM_THREADS': '4'}}.")
+    unknown = [key for key in value if key not in _RUNTIME_ENV_KEYS]
+    if unknown:
+        raise ConfigError(
+            f"RunConfig.worker_runtime_env has unsupported key(s) {', '.join(map(repr, unknown))} in "
+            f"{dict(value)!r}. minitrain supports only 'env_vars' and 'working_dir'; it does not install "
+            f"packages (pip, conda, uv, py_modules): install them on every host before the run.")
+    env: dict[str, Any] = {}
+    if "env_vars" in value:
+        env["env_vars"] = _env_vars(value["env_vars"])
+    if "working_dir" in value:
+        working_dir = value["working_dir"]
+        if isinstance(working_dir, os.PathLike):
+            working_dir = os.fspath(working_dir)
+        if not isinstance(working_dir, str) or not working_dir:
+            raise ConfigError(f"RunConfig.worker_runtime_env['working_dir'] must be a non-empty str, got "
+                              f"{working_dir!r}. Use the directory the workers should run in.")
+        env["working_dir"] = working_dir
+    return ReadOnlyDict(env)
+
+
+def _instance(value: Any, cls: type, name: str) -> Any:
+    if value is None:
+        return cls()
+    if not isinstance(value, cls):
+        raise ConfigError(
+            f"RunConfig.{name} must be None or a minitrain.{cls.__name__}, got {value!r} "
+            f"(type {type(value).__module__}.{type(value).__qualname__}). Build it with "
+            f"minitrain.{cls.__name__}(...); Ray's config classes are not accepted.")
+    return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RunConfig:
+    """Where a run writes and how it handles failures, checkpoints and logs.
+
+    The run directory is `run_path` = `<storage_path>/<name>`; rerunning with the same `name` and
+    `storage_path` resumes from its latest checkpoint. `name` defaults to
+    `minitrain_run-YYYY-MM-DD_HH-MM-SS` (local time); `storage_path` to `~/minitrain_results`. Local
+    paths are expanded and made absolute; URLs (`s3://`, `file://`, `memory://`, ...) and paths inside a
+    given `storage_filesystem` (an fsspec filesystem) are kept as given. None for a sub-config means its
+    default; `callbacks` is stored as a tuple and `worker_runtime_env` as a read-only dict holding at
+    most `env_vars` (str -> str) and `working_dir` (str).
+    """
+
+    name: Optional[str] = None
+    storage_path: Optional[str | os.PathLike] = None
+    storage_filesystem: Any = None
+    failure_config: Optional[FailureConfig] = None
+    checkpoint_config: Optional[CheckpointConfig] = None
+    callbacks: Optional[tuple[Any, ...]] = None
+    worker_runtime_env: Optional[Mapping[str, Any]] = None
+    logging_config: Optional[LoggingConfig] = None
+    sync_config: Any = _deprecated_field()
+    verbose: Any = _deprecated_field()
+    stop: Any = _deprecated_field()
+    progress_reporter: Any = _deprecated_field()
+    log_to_file: Any = _deprecated_field()
+
+    def __post_init__(self) -> None:
+        _reject_deprecated("RunConfig", {
+            "sync_config": self.sync_config, "verbose": self.verbose, "stop": self.stop,
+            "progress_reporter": self.progress_reporter, "log_to_file": self.log_to_file,
+        }, {
+            "sync_config": "Workers write checkpoints straight to storage_path, so there is nothing to "
+                           "sync; use a storage_path every node can reach (or storage_filesystem).",
+            "verbose": "Set the detail of minitrain's logs with RunConfig(logging_config=LoggingConfig("
+                       "log_level=...)).",
+            "stop": "Stop from inside the training function: return from it when your condition is met.",
+            "progress_reporter": "Metrics passed to minitrain.report() are logged and kept in the run "
+                                 "directory; use callbacks for custom reporting.",
+            "log_to_file": "minitrain always writes each worker's output to "
+                           "<storage_path>/<name>/logs/attempt_<n>/rank_<r>.log.",
+        })
+        object.__setattr__(self, "name", self._checked_name())
+        object.__setattr__(self, "storage_path", _storage_path(
+            os.path.expanduser(_DEFAULT_STORAGE_PATH) if self.storage_path is None else self.storage_path,
+            self.storage_filesystem is not None))
+        for name, cls in (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig),
+                          ("logging_config", LoggingConfig)):
+            object.__setattr__(self, name, _instance(getattr(self, name), cls, name))
+        if self.callbacks is not None and not isinstance(self.callbacks, (list, tuple)):
+            raise _fail("RunConfig", "callbacks", "None or a list of callbacks", self.callbacks,
+                        "Wrap a single callback in a list: callbacks=[my_callback].")
+        object.__setattr__(self, "callbacks", tuple(self.callbacks or ()))
+        object.__setattr__(self, "worker_runtime_env", _runtime_env(self.worker_runtime_env))
+
+    def _checked_name(self) -> str:
+        name = _default_name() if self.name is None else self.name
+        if (not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\\" in name
+                or "\0" in name):
+            raise _fail("RunConfig", "name", "a non-empty str without '/' or '\\', other than '.' and '..'",
+                        name, "The name is a directory created under storage_path and the key a rerun "
+                              "resumes by; use e.g. 'resnet50-lr0.1', or None for a dated default.")
+        return name
+
+    @property
+    def run_path(self) -> str:
+        """`storage_path` and `name` joined with "/": the run directory, as a local path or URL."""
+        separator = "" if self.storage_path.endswith("/") else "/"
+        return f"{self.storage_path}{separator}{self.name}"
+
+
+_BACKENDS = ("gloo", "nccl", "mpi")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TorchConfig:
+    """How workers set up `torch.distributed`.
+
+    `backend=None` means "nccl" with GPUs, else "gloo": ask `resolved_backend(use_gpu)`. Unlike Ray,
+    which overwrites `backend` inside `TorchTrainer`, minitrain never changes the config.
+    `init_method` is "env" (MASTER_ADDR/MASTER_PORT) or "tcp"; `timeout_s` becomes the process-group
+    timeout in seconds.
+    """
+
+    backend: Optional[str] = None
+    init_method: str = "env"
+    timeout_s: float = 1800
+
+    def __post_init__(self) -> None:
+        if self.backend is not None and self.backend not in _BACKENDS:
+            raise _fail("TorchConfig", "backend", "None or one of 'gloo', 'nccl', 'mpi'", self.backend,
+                        "Use None to pick 'nccl' with GPUs and 'gloo' without, or name one of these.")
+        _choice(self.init_method, "TorchConfig", "init_method", ("env", "tcp"))
+        object.__setattr__(self, "timeout_s", _number(
+            self.timeout_s, "TorchConfig", "timeout_s", above=0,
+            fix="Use the seconds a collective may wait before the process group times out (default 1800)."))
+
+    def resolved_backend(self, use_gpu: bool) -> str:
+        """The backend to use: `backend` if set, else "nccl" when `use_gpu` and "gloo" otherwise."""
+        if self.backend is not None:
+            return self.backend
+        return "nccl" if use_gpu else "gloo"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a new plain dict (as Ray's `TorchConfig.to_dict`)."""
+        return {"backend": self.backend, "init_method": self.init_method, "timeout_s": self.timeout_s}
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DataConfig:
+    """Which datasets are split across workers: "all" or a list of dataset names (stored as a tuple).
+
+    Split datasets give each rank a disjoint shard; the others give every rank the full data. Anything
+    other than "all" or a list/tuple of str raises `TypeError`, as Ray does.
+    """
+
+    datasets_to_split: Any = "all"
+
+    def __post_init__(self) -> None:
+        value = self.datasets_to_split
+        if isinstance(value, str) and value == "all":
+            return
+        if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+            object.__setattr__(self, "datasets_to_split", tuple(value))
+            return
+        raise TypeError(f"DataConfig.datasets_to_split must be 'all' or a list of dataset names (str), got "
+                        f"{value!r}. For example DataConfig(datasets_to_split=['train']).")
+
+    def should_split(self, name: str) -> bool:
+        """Whether the dataset called `name` is split across workers."""
+        return self.datasets_to_split == "all" or name in self.datasets_to_split

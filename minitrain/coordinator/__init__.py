@@ -1,0 +1,1 @@
+"""The coordinator runtime (L2): runs inside the driver's `fit()`; never imports torch."""

@@ -1,0 +1,155 @@
+"""Bookkeeping of one attempt: what each rank has done so far (pure; no I/O).
+
+The controller feeds events in and asks questions (`all_training`, `finished`, `failed`); turning an
+exit into a failure, or ignoring it because minitrain stopped that worker, happens here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Optional
+
+from minitrain.coordinator import events as ev
+from minitrain.records import Phase, WorkerAssignment, WorkerFailure
+
+
+@dataclass
+class RankState:
+    """What is known about one rank in one attempt."""
+
+    assignment: WorkerAssignment
+    node_name: str
+    pid: int = 0
+    connected: bool = False
+    phase: Phase = Phase.UNSPECIFIED
+    done: bool = False
+    exited: bool = False
+    failure: Optional[WorkerFailure] = None
+    exc_pickle: bytes = b""
+
+
+@dataclass
+class AttemptTracker:
+    """All ranks of one attempt. `stop_requested` is set once minitrain starts tearing it down."""
+
+    attempt: int
+    ranks: dict[int, RankState]
+    rendezvous: Optional[tuple[str, int]] = None
+    stop_requested: bool = False
+    failure_order: list[int] = field(default_factory=list)
+
+    @classmethod
+    def create(cls, attempt: int, assignments: list[WorkerAssignment],
+               node_names: dict[str, str]) -> "AttemptTracker":
+        """A tracker for `assignments`; `node_names` maps node_id -> hostname for messages."""
+        ranks = {a.rank: RankState(a, node_names.get(a.node_id, a.node_id)) for a in assignments}
+        return cls(attempt=attempt, ranks=ranks)
+
+    # ------------------------------------------------------------------ facts in
+
+    def on_spawned(self, event: ev.WorkerSpawned) -> None:
+        """Remember the pid of a started worker."""
+        state = self.ranks.get(event.rank)
+        if state is not None:
+            state.pid = event.pid
+
+    def on_connected(self, event: ev.WorkerConnected) -> None:
+        """The worker opened its stream."""
+        state = self.ranks[event.rank]
+        state.connected = True
+        state.pid = event.pid or state.pid
+        state.phase = max(state.phase, Phase.STARTUP)
+
+    def on_phase(self, event: ev.WorkerPhaseChanged) -> None:
+        """The worker moved to a later phase."""
+        state = self.ranks.get(event.rank)
+        if state is not None:
+            state.phase = event.phase
+
+    def on_done(self, event: ev.WorkerDone) -> None:
+        """The worker's function returned and its reports were flushed."""
+        state = self.ranks.get(event.rank)
+        if state is not None:
+            state.done = True
+
+    def on_failed(self, event: ev.WorkerFailed) -> None:
+        """The worker captured an exception."""
+        state = self.ranks.get(event.failure.rank)
+        if state is None or state.failure is not None:
+            return
+        state.failure = replace(event.failure, node=state.node_name, pid=state.pid)
+        state.exc_pickle = event.exc_pickle
+        self.failure_order.append(state.assignment.rank)
+
+    def on_exited(self, event: ev.WorkerExited) -> None:
+        """The process ended: a failure unless it finished cleanly or minitrain stopped it."""
+        state = self.ranks.get(event.rank)
+        if state is None or state.exited:
+            return
+        state.exited = True
+        state.pid = event.pid or state.pid
+        if state.failure is not None:
+            state.failure = replace(state.failure, exit_code=event.exit_code, signal=event.signal,
+                                    oom_suspected=event.oom_suspected)
+            return
+        clean = state.done and event.exit_code == 0
+        if clean or event.stopped_by_agent:
+            return
+        self._record_death(state, event)
+
+    def _record_death(self, state: RankState, event: ev.WorkerExited) -> None:
+        message = ""
+        if event.spawn_error:
+            message = f"could not be started: {event.spawn_error}"
+        elif event.exit_code == 0:
+            message = "the process exited with code 0 before its training function returned"
+        state.failure = WorkerFailure(
+            rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
+            time=event.time, exc_type="" if not message else "WorkerProcessError", message=message,
+            exit_code=event.exit_code, signal=event.signal, oom_suspected=event.oom_suspected,
+        )
+        self.failure_order.append(state.assignment.rank)
+
+    def on_node_lost(self, node_id: str, reason: str, time: float) -> None:
+        """Every rank of a lost node that has not exited is gone; outside a stop it is a failure."""
+        for state in self.ranks.values():
+            if state.assignment.node_id != node_id or state.exited:
+                continue
+            state.exited = True
+            if state.failure is None and not self.stop_requested and not state.done:
+                state.failure = WorkerFailure(
+                    rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
+                    time=time, exc_type="NodeLostError",
+                    message=f"node {state.node_name} was lost: {reason}",
+                )
+                self.failure_order.append(state.assignment.rank)
+
+    # ------------------------------------------------------------------ questions
+
+    def all_training(self) -> bool:
+        """Every rank reached its training function (or beyond)."""
+        return all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+
+    def finished(self) -> bool:
+        """Every rank returned from its training function and exited cleanly."""
+        return all(s.done and s.exited and s.failure is None for s in self.ranks.values())
+
+    def failed(self) -> bool:
+        """At least one rank failed."""
+        return bool(self.failure_order)
+
+    def all_exited(self) -> bool:
+        """No process of this attempt is left."""
+        return all(s.exited for s in self.ranks.values())
+
+    def failures(self) -> list[WorkerFailure]:
+        """The failures, in the order they were learned."""
+        return [self.ranks[r].failure for r in self.failure_order]
+
+    def exc_pickles(self) -> dict[int, bytes]:
+        """rank -> pickled exception, for ranks that reported one."""
+        return {r: self.ranks[r].exc_pickle for r in self.failure_order if self.ranks[r].exc_pickle}
+
+    def nodes(self) -> set[str]:
+        """The node ids that run ranks of this attempt."""
+        return {s.assignment.node_id for s in self.ranks.values()}

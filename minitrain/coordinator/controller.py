@@ -1,0 +1,338 @@
+"""The controller: the one owner of a run's lifecycle.
+
+It runs on the thread that called `fit()`. Servicer threads put facts (events) into its queue; the
+controller alone moves the run between states (through `RunStateMachine`), starts and stops attempts,
+and applies the failure budget. Nothing else decides to retry or give up.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional, Protocol
+
+from minitrain.coordinator import events as ev
+from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.service import Hub
+from minitrain.coordinator.states import RunState, RunStateMachine
+from minitrain.errors import LaunchError, render_failures
+from minitrain.records import NodeInfo, RunOutcome, WorkerAssignment
+from minitrain.rpc import convert
+from minitrain.rpc._gen import minitrain_pb2 as pb
+
+logger = logging.getLogger("minitrain")
+
+POLL_S = 0.05
+STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
+
+
+class FailurePolicy(Protocol):
+    """The part of FailureConfig the controller uses."""
+
+    max_failures: int
+    worker_stop_grace_s: float
+
+    def allows_retry(self, failures_so_far: int) -> bool:
+        """True when one more attempt may start after `failures_so_far` failures."""
+
+
+class AgentHandles(Protocol):
+    """The launcher's view of the agent processes it started."""
+
+    def dead_agents(self) -> dict[str, str]:
+        """node_id -> why, for agents whose process ended before they should have."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """Everything the controller needs to run one `fit()`; built by the trainer."""
+
+    run_id: str
+    experiment_name: str
+    run_path: str
+    num_workers: int
+    node_ids: tuple[str, ...]
+    payload: bytes
+    backend: str
+    dist_timeout_s: float
+    failure_policy: FailurePolicy
+    worker_env: Mapping[str, str] = field(default_factory=dict)
+    cwd: str = ""
+    gpus_per_worker: float = 0.0
+    placement_strategy: str = "PACK"
+    agent_start_timeout_s: float = 60.0
+
+
+@dataclass
+class _History:
+    last_metrics: Optional[dict] = None
+    metrics: list = field(default_factory=list)
+
+
+class Controller:
+    """Runs attempts until the run succeeds, fails past its budget, or is aborted."""
+
+    def __init__(self, spec: RunSpec, hub: Hub, events: "queue.SimpleQueue[ev.RunEvent]",
+                 agents: AgentHandles, clock: Callable[[], float] = time.time):
+        self._spec = spec
+        self._hub = hub
+        self._events = events
+        self._agents = agents
+        self._clock = clock
+        self._machine = RunStateMachine(clock)
+        self._nodes: dict[str, NodeInfo] = {}
+        self._lost_nodes: dict[str, str] = {}
+        self._tracker: Optional[AttemptTracker] = None
+        self._history = _History()
+        self._attempt = 0
+        self._failures = 0
+
+    @property
+    def state(self) -> RunState:
+        """The current run state."""
+        return self._machine.state
+
+    # ------------------------------------------------------------------ the run
+
+    def run(self) -> RunOutcome:
+        """Drive the run to a terminal state and describe how it ended.
+
+        KeyboardInterrupt: the workers are stopped gracefully (a second interrupt skips the grace),
+        the run ends ABORTED, and the interrupt is re-raised.
+        """
+        try:
+            self._machine.move(RunState.LAUNCHING, "starting node agents", 0)
+            self._wait_for_agents()
+            return self._run_attempts()
+        except KeyboardInterrupt:
+            self._abort("interrupted by the user (Ctrl-C)")
+            raise
+        except LaunchError as exc:
+            self._stop(RunState.FAILED, str(exc))
+            return RunOutcome(state="FAILED", attempt=self._attempt, last_metrics=None,
+                              error_message=str(exc))
+        finally:
+            self._shutdown_agents()
+
+    def _run_attempts(self) -> RunOutcome:
+        while True:
+            self._machine.move(RunState.STARTING, f"starting attempt {self._attempt}", self._attempt)
+            tracker = self._start_attempt()
+            self._supervise(tracker)
+            if not tracker.failed():
+                self._stop(RunState.SUCCEEDED, "every rank finished")
+                return self._outcome("SUCCEEDED", tracker)
+            self._failures += 1
+            self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
+            policy = self._spec.failure_policy
+            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1]
+            if policy.allows_retry(self._failures):
+                logger.warning("attempt %d failed (%s); restarting, failure %d of max_failures=%d",
+                               tracker.attempt, root, self._failures, policy.max_failures)
+                self._machine.move(RunState.RESTARTING, root, self._attempt)
+                self._attempt += 1
+                continue
+            logger.error("attempt %d failed (%s); failure budget spent (max_failures=%d)",
+                         tracker.attempt, root, policy.max_failures)
+            self._stop(RunState.FAILED, root)
+            return self._outcome("FAILED", tracker)
+
+    # ------------------------------------------------------------------ launching
+
+    def _wait_for_agents(self) -> None:
+        deadline = self._clock() + self._spec.agent_start_timeout_s
+        expected = set(self._spec.node_ids)
+        while not expected.issubset(self._nodes):
+            dead = {n: why for n, why in self._agents.dead_agents().items() if n not in self._nodes}
+            if dead:
+                raise LaunchError("node agent(s) failed to start: " +
+                                  "; ".join(f"{n}: {why}" for n, why in sorted(dead.items())))
+            if self._clock() > deadline:
+                missing = ", ".join(sorted(expected - set(self._nodes)))
+                raise LaunchError(f"node agent(s) {missing} did not connect within "
+                                  f"{self._spec.agent_start_timeout_s:g} s")
+            self._next_event()
+
+    def _start_attempt(self) -> AttemptTracker:
+        nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes]
+        assignments = assign_ranks(nodes, self._spec.num_workers, self._spec.gpus_per_worker,
+                                   self._spec.placement_strategy)
+        names = {n.node_id: n.hostname for n in nodes}
+        tracker = AttemptTracker.create(self._attempt, assignments, names)
+        self._tracker = tracker
+        by_node: dict[str, list[WorkerAssignment]] = {}
+        for assignment in assignments:
+            by_node.setdefault(assignment.node_id, []).append(assignment)
+        for node_id, node_assignments in by_node.items():
+            command = pb.AgentCommand(start=pb.StartWorkers(
+                attempt=self._attempt,
+                workers=[pb.WorkerLaunch(rank=a.rank, local_rank=a.local_rank) for a in node_assignments],
+                cwd=self._spec.cwd,
+                env=self._node_env(self._nodes[node_id], node_assignments),
+            ))
+            if not self._hub.send_to_agent(node_id, command):
+                tracker.on_node_lost(node_id, "its session closed before the workers started", self._clock())
+        logger.info("attempt %d: starting %d worker(s) on %d node(s)", self._attempt,
+                    len(assignments), len(by_node))
+        return tracker
+
+    def _node_env(self, node: NodeInfo, assignments: list[WorkerAssignment]) -> dict[str, str]:
+        env = dict(self._spec.worker_env)
+        # torchrun's default: one OpenMP thread per worker when several share a node, unless set.
+        if len(assignments) > 1 and "OMP_NUM_THREADS" not in env:
+            env["OMP_NUM_THREADS"] = "1"
+        indices = sorted({i for a in assignments for i in a.gpu_ids})
+        if indices:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(str(node.gpu_ids[i]) for i in indices)
+        return env
+
+    # ------------------------------------------------------------------ supervising
+
+    def _supervise(self, tracker: AttemptTracker) -> None:
+        """Handle events until every rank finished or one failed."""
+        while not tracker.failed() and not tracker.finished():
+            self._next_event()
+            if self._machine.state is RunState.STARTING and tracker.all_training():
+                self._machine.move(RunState.RUNNING, "every rank is training", tracker.attempt)
+
+    def _stop_attempt(self, tracker: AttemptTracker, grace_s: float) -> None:
+        """Stop every worker of the attempt and wait (bounded) until each has exited."""
+        tracker.stop_requested = True
+        for node_id in tracker.nodes():
+            command = pb.AgentCommand(stop=pb.StopWorkers(attempt=tracker.attempt, grace_s=grace_s))
+            if not self._hub.send_to_agent(node_id, command):
+                tracker.on_node_lost(node_id, "its session is closed", self._clock())
+        deadline = self._clock() + grace_s + STOP_MARGIN_S
+        while not tracker.all_exited():
+            if self._clock() > deadline:
+                alive = [r for r, s in tracker.ranks.items() if not s.exited]
+                logger.error("ranks %s of attempt %d did not confirm their exit in time", alive,
+                             tracker.attempt)
+                break
+            self._next_event()
+
+    def _abort(self, reason: str) -> None:
+        tracker = self._tracker
+        if not self._machine.state.is_terminal and self._machine.state is not RunState.STOPPING:
+            self._machine.move(RunState.STOPPING, reason, self._attempt, target=RunState.ABORTED)
+        if tracker is not None and not tracker.all_exited():
+            logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", reason)
+            try:
+                self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
+            except KeyboardInterrupt:
+                self._stop_attempt(tracker, 0.0)
+        if self._machine.state is RunState.STOPPING:
+            self._machine.move(RunState.ABORTED, reason, self._attempt)
+
+    def _stop(self, target: RunState, reason: str) -> None:
+        self._machine.move(RunState.STOPPING, reason, self._attempt, target=target)
+        tracker = self._tracker
+        if tracker is not None and not tracker.all_exited():
+            self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
+        self._machine.move(target, reason, self._attempt)
+
+    def _shutdown_agents(self) -> None:
+        for node_id in list(self._nodes):
+            self._hub.send_to_agent(node_id, pb.AgentCommand(shutdown=pb.Shutdown(reason="run ended")))
+
+    # ------------------------------------------------------------------ events
+
+    def _next_event(self) -> None:
+        try:
+            event = self._events.get(timeout=POLL_S)
+        except queue.Empty:
+            return
+        self._handle(event)
+
+    def _handle(self, event: ev.RunEvent) -> None:
+        tracker = self._tracker
+        if isinstance(event, ev.ReportReceived):
+            self._on_report(event)
+        elif isinstance(event, ev.AgentConnected):
+            self._nodes[event.node.node_id] = event.node
+        elif isinstance(event, ev.AgentLost):
+            self._on_agent_lost(event)
+        elif tracker is None or getattr(event, "attempt", tracker.attempt) != tracker.attempt:
+            self._reject_stale(event)
+        elif isinstance(event, ev.WorkerConnected):
+            self._on_worker_connected(tracker, event)
+        elif isinstance(event, ev.StoreReady):
+            tracker.rendezvous = (event.address, event.port)
+            for rank, state in tracker.ranks.items():
+                if state.connected:
+                    self._send_rendezvous(tracker, rank)
+        elif isinstance(event, ev.WorkerPhaseChanged):
+            tracker.on_phase(event)
+        elif isinstance(event, ev.WorkerSpawned):
+            tracker.on_spawned(event)
+        elif isinstance(event, ev.WorkerDone):
+            tracker.on_done(event)
+        elif isinstance(event, ev.WorkerFailed):
+            tracker.on_failed(event)
+        elif isinstance(event, ev.WorkerExited):
+            tracker.on_exited(event)
+
+    def _reject_stale(self, event: ev.RunEvent) -> None:
+        if isinstance(event, ev.WorkerConnected):
+            # A worker of an earlier attempt: end its stream so it exits.
+            self._hub.close_worker(event.attempt, event.rank)
+        logger.debug("ignoring %s of a stale attempt", type(event).__name__)
+
+    def _on_report(self, event: ev.ReportReceived) -> None:
+        report = event.report
+        tracker = self._tracker
+        if tracker is None or report.attempt != tracker.attempt:
+            return
+        if report.rank == 0:
+            self._history.last_metrics = report.metrics
+            self._history.metrics.append(report.metrics)
+
+    def _on_agent_lost(self, event: ev.AgentLost) -> None:
+        if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
+            return
+        self._lost_nodes[event.node_id] = event.reason
+        if self._tracker is not None:
+            self._tracker.on_node_lost(event.node_id, event.reason, self._clock())
+        if self._machine.state is not RunState.STOPPING:
+            logger.warning("node %s lost: %s", event.node_id, event.reason)
+
+    def _on_worker_connected(self, tracker: AttemptTracker, event: ev.WorkerConnected) -> None:
+        if event.rank not in tracker.ranks or tracker.stop_requested:
+            self._hub.close_worker(event.attempt, event.rank)
+            return
+        tracker.on_connected(event)
+        state = tracker.ranks[event.rank]
+        rank0_node = self._nodes[tracker.ranks[0].assignment.node_id]
+        message = convert.assignment_message(
+            state.assignment, experiment_name=self._spec.experiment_name, backend=self._spec.backend,
+            dist_timeout_s=self._spec.dist_timeout_s, payload=self._spec.payload,
+            store_address=rank0_node.address, storage_path=self._spec.run_path,
+        )
+        self._hub.send_to_worker(tracker.attempt, event.rank, pb.WorkerCommand(assignment=message))
+        if tracker.rendezvous is not None:
+            self._send_rendezvous(tracker, event.rank)
+
+    def _send_rendezvous(self, tracker: AttemptTracker, rank: int) -> None:
+        address, port = tracker.rendezvous
+        command = pb.WorkerCommand(rendezvous=pb.Rendezvous(master_addr=address, master_port=port))
+        self._hub.send_to_worker(tracker.attempt, rank, command)
+
+    # ------------------------------------------------------------------ outcome
+
+    def _outcome(self, state: str, tracker: AttemptTracker) -> RunOutcome:
+        failures = tuple(tracker.failures())
+        message = ""
+        if failures:
+            hint = (f"The failure budget is spent (FailureConfig.max_failures="
+                    f"{self._spec.failure_policy.max_failures}); raise it to retry more often. "
+                    f"Worker logs: {self._spec.run_path}/logs/attempt_{tracker.attempt}/")
+            message = render_failures(list(failures), tracker.attempt, hint)
+        return RunOutcome(
+            state=state, attempt=tracker.attempt, last_metrics=self._history.last_metrics,
+            metrics_history=tuple(self._history.metrics), failures=failures,
+            exceptions=tracker.exc_pickles(), error_message=message,
+        )
+

@@ -1,0 +1,107 @@
+"""The facts the controller consumes. Servicer threads create them; only the controller acts on them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minitrain.records import NodeInfo, Phase, ReportRecord, RunEvent, WorkerFailure
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConnected(RunEvent):
+    """An agent opened its session stream and said hello."""
+
+    node: NodeInfo
+
+
+@dataclass(frozen=True, slots=True)
+class AgentLost(RunEvent):
+    """An agent's session stream ended or its heartbeats stopped."""
+
+    node_id: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpawned(RunEvent):
+    """An agent started a worker process."""
+
+    node_id: str
+    attempt: int
+    rank: int
+    pid: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExited(RunEvent):
+    """A worker process ended (seen by its agent after its output was drained)."""
+
+    node_id: str
+    attempt: int
+    rank: int
+    pid: int
+    exit_code: int | None
+    signal: int | None
+    stopped_by_agent: bool
+    time: float
+    spawn_error: str = ""
+    oom_suspected: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConnected(RunEvent):
+    """A worker opened its session stream."""
+
+    attempt: int
+    rank: int
+    pid: int
+    hostname: str
+
+
+@dataclass(frozen=True, slots=True)
+class StoreReady(RunEvent):
+    """Rank 0 opened its TCPStore at address:port."""
+
+    attempt: int
+    address: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerPhaseChanged(RunEvent):
+    """A worker entered a new phase."""
+
+    attempt: int
+    rank: int
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class ReportReceived(RunEvent):
+    """One report() of one rank."""
+
+    report: ReportRecord
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerDone(RunEvent):
+    """A worker's training function returned and its reports were flushed."""
+
+    attempt: int
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailed(RunEvent):
+    """A worker captured an exception; `exc_pickle` may rebuild it in the driver."""
+
+    attempt: int
+    failure: WorkerFailure
+    exc_pickle: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequested(RunEvent):
+    """The user interrupted the run (Ctrl-C) or the trainer asked to stop."""
+
+    reason: str

@@ -1,0 +1,50 @@
+"""Composes one run's coordinator: server, agents, controller; tears all of it down at the end."""
+
+from __future__ import annotations
+
+import logging
+import queue
+from typing import Protocol
+
+from minitrain.coordinator.controller import AgentHandles, Controller, RunSpec
+from minitrain.coordinator.server import CoordinatorServer
+from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
+from minitrain.errors import LaunchError
+from minitrain.records import RunOutcome
+from minitrain.rpc.auth import new_token
+
+logger = logging.getLogger("minitrain")
+
+LEASE_TIMEOUT_S = 5.0
+
+
+class Launcher(Protocol):
+    """Starts node agents (see minitrain.launcher)."""
+
+    def start(self, node_ids: list[str], coordinator_address: str, token: str, run_id: str):
+        """Start one agent per node id; returns handles with `dead_agents()` and `stop()`."""
+
+
+def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
+                    bind_host: str = "127.0.0.1") -> RunOutcome:
+    """Serve one run to its end and leave nothing running.
+
+    A fresh 256-bit token authenticates every RPC of the run. KeyboardInterrupt propagates after the
+    workers were stopped.
+    """
+    token = new_token()
+    events: "queue.SimpleQueue" = queue.SimpleQueue()
+    hub = Hub()
+    service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S)
+    server = CoordinatorServer(service, hub, token, host=bind_host).start()
+    agents = None
+    try:
+        try:
+            agents = launcher.start(list(spec.node_ids), server.address, token, spec.run_id)
+        except OSError as exc:
+            raise LaunchError(f"could not start the node agents: {exc}") from exc
+        return Controller(spec, hub, events, agents).run()
+    finally:
+        if agents is not None:
+            agents.stop()
+        server.stop()

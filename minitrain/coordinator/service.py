@@ -1,0 +1,256 @@
+"""The coordinator's gRPC servicer and the hub that routes commands to open streams.
+
+Handlers run on the server's asyncio loop. They only translate messages into events for the
+controller (or hand log lines to the log sink); they never decide anything. The controller, on its
+own thread, sends commands through the `Hub`, which hops onto the loop thread-safely.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Optional, Protocol
+
+from minitrain.coordinator import events as ev
+from minitrain.records import Phase, ReportRecord
+from minitrain.rpc import convert
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+
+logger = logging.getLogger("minitrain.coordinator")
+
+_CLOSE = object()  # ends a response stream
+
+
+class LogSinkProtocol(Protocol):
+    """Where forwarded worker output goes (see minitrain.logs.LogSink)."""
+
+    def write(self, attempt: int, rank: int, node: str, stderr: bool, lines: list[str]) -> None:
+        """Show and store lines of one worker's output."""
+
+
+class Hub:
+    """Thread-safe routing of commands to the open agent and worker streams.
+
+    Each stream registers an asyncio queue (its outbox) on the server loop; `send_*` may be called from
+    any thread. Sending to a stream that is gone returns False.
+    """
+
+    def __init__(self) -> None:
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._lock = threading.Lock()
+        self._agents: dict[str, asyncio.Queue] = {}
+        self._workers: dict[tuple[int, int], asyncio.Queue] = {}
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called once by the server thread with its loop."""
+        self._loop = loop
+
+    def _put(self, outbox: Optional[asyncio.Queue], item) -> bool:
+        if outbox is None or self._loop is None or self._loop.is_closed():
+            return False
+        try:
+            self._loop.call_soon_threadsafe(outbox.put_nowait, item)
+        except RuntimeError:  # loop closed between the check and the call
+            return False
+        return True
+
+    def register_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
+        """Route commands for `node_id` to `outbox`."""
+        with self._lock:
+            self._agents[node_id] = outbox
+
+    def unregister_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
+        """Forget `node_id` if `outbox` is still its stream."""
+        with self._lock:
+            if self._agents.get(node_id) is outbox:
+                del self._agents[node_id]
+
+    def send_to_agent(self, node_id: str, command: pb.AgentCommand) -> bool:
+        """Queue a command for an agent; False when its stream is gone."""
+        with self._lock:
+            outbox = self._agents.get(node_id)
+        return self._put(outbox, command)
+
+    def agent_ids(self) -> list[str]:
+        """The node ids with an open stream."""
+        with self._lock:
+            return list(self._agents)
+
+    def register_worker(self, attempt: int, rank: int, outbox: asyncio.Queue) -> None:
+        """Route commands for (attempt, rank) to `outbox`."""
+        with self._lock:
+            self._workers[(attempt, rank)] = outbox
+
+    def unregister_worker(self, attempt: int, rank: int, outbox: asyncio.Queue) -> None:
+        """Forget (attempt, rank) if `outbox` is still its stream."""
+        with self._lock:
+            if self._workers.get((attempt, rank)) is outbox:
+                del self._workers[(attempt, rank)]
+
+    def send_to_worker(self, attempt: int, rank: int, command: pb.WorkerCommand) -> bool:
+        """Queue a command for a worker; False when its stream is gone."""
+        with self._lock:
+            outbox = self._workers.get((attempt, rank))
+        return self._put(outbox, command)
+
+    def close_worker(self, attempt: int, rank: int) -> None:
+        """End a worker's response stream (it sees the stream finish)."""
+        with self._lock:
+            outbox = self._workers.get((attempt, rank))
+        self._put(outbox, _CLOSE)
+
+
+def _peer_host(peer: str) -> str:
+    """'ipv4:127.0.0.1:5000' -> '127.0.0.1'; 'ipv6:[::1]:5000' -> '::1'."""
+    _, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    """Turns stream messages into controller events; see the module docstring.
+
+    `lease_timeout_s`: an agent silent for this long is reported lost (its stream is closed too).
+    """
+
+    def __init__(self, run_id: str, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub,
+                 log_sink: LogSinkProtocol, lease_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic):
+        self._run_id = run_id
+        self._events = events
+        self._hub = hub
+        self._log_sink = log_sink
+        self._lease_timeout_s = lease_timeout_s
+        self._clock = clock
+        self._last_seen: dict[str, float] = {}
+        self._node_names: dict[str, str] = {}
+
+    # ------------------------------------------------------------------ agents
+
+    async def AgentSession(self, request_iterator, context):
+        outbox: asyncio.Queue = asyncio.Queue()
+        state = {"node_id": "", "reason": "the agent closed its session"}
+        reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
+        try:
+            while True:
+                command = await outbox.get()
+                if command is _CLOSE:
+                    break
+                yield command
+        finally:
+            reader.cancel()
+            node_id = state["node_id"]
+            if node_id:
+                self._hub.unregister_agent(node_id, outbox)
+                self._last_seen.pop(node_id, None)
+                self._events.put(ev.AgentLost(node_id, state["reason"]))
+
+    async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
+        try:
+            async for message in request_iterator:
+                if message.run_id != self._run_id:
+                    state["reason"] = f"the agent belongs to run {message.run_id!r}"
+                    break
+                node_id = message.node_id
+                self._last_seen[node_id] = self._clock()
+                kind = message.WhichOneof("body")
+                if kind == "hello" and not state["node_id"]:
+                    state["node_id"] = node_id
+                    node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
+                    self._node_names[node_id] = node.hostname
+                    self._hub.register_agent(node_id, outbox)
+                    self._events.put(ev.AgentConnected(node))
+                elif kind == "logs":
+                    logs = message.logs
+                    self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
+                                         logs.stderr, list(logs.lines))
+                elif kind == "spawned":
+                    s = message.spawned
+                    self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
+                elif kind == "exited":
+                    self._events.put(_exited_event(node_id, message.exited))
+        except Exception as exc:  # the stream broke: the agent or its host is gone
+            state["reason"] = f"its connection broke ({type(exc).__name__})"
+        finally:
+            outbox.put_nowait(_CLOSE)
+
+    async def watch_leases(self, interval_s: float) -> None:
+        """Heartbeat every agent and report the ones that went silent; runs on the server loop."""
+        heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
+        while True:
+            await asyncio.sleep(interval_s)
+            now = self._clock()
+            for node_id in self._hub.agent_ids():
+                last = self._last_seen.get(node_id, now)
+                if now - last > self._lease_timeout_s:
+                    logger.warning("node %s sent nothing for %.1f s; treating it as lost", node_id, now - last)
+                    self._last_seen.pop(node_id, None)
+                    self._hub.send_to_agent(node_id, _CLOSE)
+                else:
+                    heartbeat.heartbeat.sent_at = time.time()
+                    self._hub.send_to_agent(node_id, heartbeat)
+
+    # ------------------------------------------------------------------ workers
+
+    async def WorkerSession(self, request_iterator, context):
+        outbox: asyncio.Queue = asyncio.Queue()
+        key: list[tuple[int, int]] = []
+        reader = asyncio.ensure_future(self._read_worker(request_iterator, context, outbox, key))
+        try:
+            while True:
+                command = await outbox.get()
+                if command is _CLOSE:
+                    break
+                yield command
+        finally:
+            reader.cancel()
+            if key:
+                self._hub.unregister_worker(*key[0], outbox)
+
+    async def _read_worker(self, request_iterator, context, outbox: asyncio.Queue, key: list) -> None:
+        put = self._events.put
+        try:
+            async for message in request_iterator:
+                if message.run_id != self._run_id:
+                    break
+                attempt, rank = message.attempt, message.rank
+                kind = message.WhichOneof("body")
+                if kind == "report":
+                    put(ev.ReportReceived(_report_record(attempt, rank, message.report)))
+                elif kind == "hello" and not key:
+                    key.append((attempt, rank))
+                    self._hub.register_worker(attempt, rank, outbox)
+                    put(ev.WorkerConnected(attempt, rank, message.hello.pid, message.hello.hostname))
+                elif kind == "phase":
+                    put(ev.WorkerPhaseChanged(attempt, rank, Phase(message.phase.phase)))
+                elif kind == "store_ready":
+                    put(ev.StoreReady(attempt, message.store_ready.address, message.store_ready.port))
+                elif kind == "done":
+                    put(ev.WorkerDone(attempt, rank))
+                elif kind == "failure":
+                    failure = convert.failure_from_message(rank, "", 0, message.failure)
+                    put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
+        except Exception:  # the worker died mid-stream; its agent reports the exit
+            pass
+        finally:
+            outbox.put_nowait(_CLOSE)
+
+
+def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
+    return ev.WorkerExited(
+        node_id=node_id, attempt=exited.attempt, rank=exited.rank, pid=exited.pid,
+        exit_code=None if exited.signal else exited.exit_code,
+        signal=exited.signal or None, stopped_by_agent=exited.stopped_by_agent,
+        time=exited.exited_at, spawn_error=exited.spawn_error, oom_suspected=exited.oom_suspected,
+    )
+
+
+def _report_record(attempt: int, rank: int, report: pb.Report) -> ReportRecord:
+    return ReportRecord(attempt=attempt, rank=rank, round=report.round,
+                        metrics=json.loads(report.metrics_json), reported_at=report.reported_at,
+                        checkpoint_dir_name=report.checkpoint_dir_name)

@@ -1,0 +1,138 @@
+"""Public error types and the rendering of worker failures (L0: stdlib only).
+
+Names follow `ray.train`: `TrainingFailedError` is what `fit()` raises (not a `RuntimeError`, as in
+Ray v2), `WorkerGroupError.worker_failures` maps world rank -> the original exception. User mistakes in
+configuration raise `ConfigError`, a `ValueError`, before any process starts.
+"""
+
+from __future__ import annotations
+
+import re
+
+from minitrain.records import WorkerFailure
+
+# Long tracebacks keep their head and tail (Ray keeps 500 characters of each); the end carries the error.
+_SNIPPET_HEAD = 600
+_SNIPPET_TAIL = 2400
+
+
+class MinitrainError(Exception):
+    """Base of every error minitrain raises on purpose."""
+
+
+class ConfigError(MinitrainError, ValueError):
+    """A configuration value is invalid. The message names the field, the value and the fix."""
+
+
+class TrainingFailedError(MinitrainError):
+    """Training did not finish: the union of what `TorchTrainer.fit()` raises after it started."""
+
+
+class WorkerGroupError(TrainingFailedError):
+    """One or more workers failed and the failure budget is spent.
+
+    `worker_failures` maps world rank -> the exception that rank raised, rebuilt in the driver with its
+    original type when possible (else a `RemoteWorkerError`), or a `WorkerProcessError` when the
+    process died without raising. Only ranks that failed on their own are present: ranks stopped by
+    minitrain because another rank failed are not.
+    """
+
+    def __init__(self, error_message: str, worker_failures: dict[int, BaseException]):
+        super().__init__(error_message)
+        self.worker_failures = dict(worker_failures)
+
+    def __reduce__(self):
+        return (self.__class__, (self.args[0], self.worker_failures))
+
+
+class ControllerError(TrainingFailedError):
+    """The coordinator itself failed (storage, launch, or an internal error); wraps the cause."""
+
+    def __init__(self, controller_failure: BaseException):
+        super().__init__(f"Training failed due to controller error:\n{controller_failure}")
+        self.controller_failure = controller_failure
+
+    def __reduce__(self):
+        return (self.__class__, (self.controller_failure,))
+
+
+class LaunchError(MinitrainError):
+    """Nodes or workers could not be started (agent start-up, pre-flight)."""
+
+
+class RemoteWorkerError(MinitrainError):
+    """Stands in for a worker's exception whose type cannot be rebuilt in the driver.
+
+    `exc_type` is the qualified name of the original type; `traceback` its remote traceback text.
+    """
+
+    def __init__(self, exc_type: str, message: str, traceback: str = ""):
+        super().__init__(f"{exc_type}: {message}" if message else exc_type)
+        self.exc_type = exc_type
+        self.remote_message = message
+        self.traceback = traceback
+
+    def __reduce__(self):
+        return (self.__class__, (self.exc_type, self.remote_message, self.traceback))
+
+
+class WorkerProcessError(MinitrainError):
+    """A worker process died without raising: it exited with a code or was killed by a signal."""
+
+    def __init__(self, message: str, exit_code: int | None = None, signal: int | None = None):
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.signal = signal
+
+    def __reduce__(self):
+        return (self.__class__, (self.args[0], self.exit_code, self.signal))
+
+
+def _snippet(text: str) -> str:
+    text = text.rstrip()
+    if len(text) <= _SNIPPET_HEAD + _SNIPPET_TAIL:
+        return text
+    skipped = len(text) - _SNIPPET_HEAD - _SNIPPET_TAIL
+    return f"{text[:_SNIPPET_HEAD]}\n... ({skipped} characters skipped) ...\n{text[-_SNIPPET_TAIL:]}"
+
+
+def _grouping_key(failure: WorkerFailure) -> str:
+    """Failures that differ only in numbers (pids, ranks, ports, addresses) render once."""
+    body = failure.traceback or failure.cause
+    return re.sub(r"\d+", "#", f"{failure.phase.name}|{failure.cause}|{body}")
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(str(r) for r in ranks)
+
+
+def render_failures(failures: list[WorkerFailure], attempt: int, remaining_hint: str = "") -> str:
+    """The text of a `WorkerGroupError`: root cause first, identical failures grouped by rank.
+
+    The root cause is the earliest failure. Each group shows the ranks, node, pid, phase and cause,
+    then the traceback tail of its first member. `remaining_hint` is appended as the last line.
+    """
+    if not failures:
+        return "Training failed, but no worker reported a failure."
+    ordered = sorted(failures, key=lambda f: (f.time, f.rank))
+    root = ordered[0]
+    lines = [
+        f"Training failed due to worker errors (attempt {attempt}).",
+        f"Root cause: rank {root.rank} on {root.node} (pid {root.pid}) {root.phase.description}: {root.cause}",
+    ]
+    groups: dict[str, list[WorkerFailure]] = {}
+    for failure in ordered:
+        groups.setdefault(_grouping_key(failure), []).append(failure)
+    for members in groups.values():
+        first = members[0]
+        ranks = [m.rank for m in members]
+        where = ", ".join(f"rank {m.rank} on {m.node} pid {m.pid}" for m in members)
+        tag = " (root cause)" if first is root else ""
+        lines.append("")
+        lines.append(f"[{_ranks_text(ranks)}{tag}] {first.phase.description}: {first.cause}  ({where})")
+        if first.traceback:
+            lines.append(_snippet(first.traceback))
+    if remaining_hint:
+        lines.append("")
+        lines.append(remaining_hint)
+    return "\n".join(lines)

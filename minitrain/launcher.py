@@ -1,0 +1,124 @@
+"""Starting node agents (L1): a local subprocess today; SSH hosts reuse the same handle type.
+
+The run token goes to the agent on its stdin, never on its command line or in its environment.
+The agent's own stderr (not its workers' output, which travels over gRPC) is relayed to the driver's
+log so a crash at start-up is explained.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Optional
+
+from minitrain import procs
+
+logger = logging.getLogger("minitrain")
+
+_TAIL_LINES = 40
+
+
+@dataclass
+class AgentProcess:
+    """One started agent: its process and the tail of its stderr."""
+
+    node_id: str
+    process: subprocess.Popen
+    tail: collections.deque = field(default_factory=lambda: collections.deque(maxlen=_TAIL_LINES))
+    relay: Optional[threading.Thread] = None
+    expected_exit: bool = False
+
+    def failure(self) -> Optional[str]:
+        """Why the agent ended, or None while it runs (or when its exit was expected)."""
+        code = self.process.poll()
+        if code is None or self.expected_exit:
+            return None
+        exit_code, signal = procs.decode_returncode(code)
+        how = f"killed by signal {signal}" if signal else f"exited with code {exit_code}"
+        if self.relay is not None:
+            self.relay.join(timeout=2)
+        tail = "\n".join(self.tail)
+        return f"the agent process {how}" + (f"; its last output:\n{tail}" if tail else "")
+
+
+class LaunchedAgents:
+    """The agents of one run; implements the controller's `AgentHandles`."""
+
+    def __init__(self, agents: list[AgentProcess]):
+        self.agents = agents
+
+    def dead_agents(self) -> dict[str, str]:
+        """node_id -> why, for agents that ended unexpectedly."""
+        dead = {}
+        for agent in self.agents:
+            why = agent.failure()
+            if why is not None:
+                dead[agent.node_id] = why
+        return dead
+
+    def stop(self, timeout_s: float = 10.0, grace_s: float = 2.0) -> None:
+        """Wait up to `timeout_s` for each agent to exit after its Shutdown; then stop its group."""
+        for agent in self.agents:
+            agent.expected_exit = True
+            try:
+                agent.process.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                logger.warning("agent %s (pid %d) did not exit; stopping it", agent.node_id,
+                               agent.process.pid)
+            # The agent's group may still hold stragglers even after a clean exit.
+            procs.stop_process_group(agent.process, grace_s=grace_s)
+            if agent.relay is not None:
+                agent.relay.join(timeout=2)
+            for stream in (agent.process.stdin, agent.process.stdout, agent.process.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _relay(agent: AgentProcess) -> None:
+    stream = agent.process.stderr
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        agent.tail.append(line)
+        logger.warning("[agent %s] %s", agent.node_id, line)
+
+
+def agent_argv(python: str, coordinator_address: str, node_id: str, run_id: str) -> list[str]:
+    """The agent's command line (no secrets: the token goes over stdin)."""
+    return [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
+            "--node-id", node_id, "--run-id", run_id]
+
+
+class LocalLauncher:
+    """Starts one agent on this machine as a subprocess in its own session.
+
+    `pythonpath` entries are put in front of the agent's PYTHONPATH so that the agent (and the workers
+    it starts) import the same minitrain and user modules as the driver.
+    """
+
+    def __init__(self, python: str = sys.executable, pythonpath: tuple[str, ...] = ()):
+        self._python = python
+        self._pythonpath = pythonpath
+
+    def start(self, node_ids: list[str], coordinator_address: str, token: str,
+              run_id: str) -> LaunchedAgents:
+        """Start one agent per node id (all on this machine) and hand each the token on stdin."""
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["PYTHONUNBUFFERED"] = "1"
+        agents = []
+        for node_id in node_ids:
+            process = procs.spawn(agent_argv(self._python, coordinator_address, node_id, run_id),
+                                  env=env, stdout=subprocess.DEVNULL)
+            process.stdin.write(token.encode() + b"\n")
+            process.stdin.close()
+            agent = AgentProcess(node_id, process)
+            agent.relay = threading.Thread(target=_relay, args=(agent,), daemon=True,
+                                           name=f"minitrain-agent-{node_id}-stderr")
+            agent.relay.start()
+            agents.append(agent)
+        return LaunchedAgents(agents)

@@ -1,0 +1,65 @@
+"""Metrics must be JSON-safe: encoding and the error that names the offending key (L0)."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+
+def _numpy_scalar(value: Any) -> Any:
+    # NumPy scalars are plain numbers in disguise; tensors and other objects are refused.
+    if type(value).__module__ == "numpy" and getattr(value, "shape", None) == ():
+        return value.item()
+    raise TypeError(type(value).__name__)
+
+
+def _find_unencodable(value: Any, path: str) -> tuple[str, Any] | None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = _find_unencodable(item, f"{path}/{key}" if path else str(key))
+            if found:
+                return found
+        return None
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            found = _find_unencodable(item, f"{path}[{index}]")
+            if found:
+                return found
+        return None
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return None
+    try:
+        _numpy_scalar(value)
+        return None
+    except TypeError:
+        return path, value
+
+
+def encode_metrics(metrics: Any) -> str:
+    """JSON text of `metrics`; ValueError naming the key of the first value that is not JSON-safe.
+
+    Accepted values: str, int, float (NaN and infinities included), bool, None, NumPy scalars, and
+    lists/tuples/dicts of those. A torch tensor must be turned into a number with `.item()` first.
+    """
+    if not isinstance(metrics, dict):
+        raise ValueError(f"minitrain.report(metrics) expects a dict of metrics, got "
+                         f"{type(metrics).__name__}. Pass e.g. {{'loss': loss.item()}}.")
+    try:
+        return json.dumps(metrics, default=_numpy_scalar)
+    except (TypeError, ValueError):
+        pass
+    found = _find_unencodable(metrics, "")
+    if found is None:
+        raise ValueError("minitrain.report(metrics): the metrics cannot be encoded as JSON "
+                         "(a key that is not a string, or a circular reference).")
+    key, value = found
+    hint = " (a tensor: pass tensor.item() for a scalar, or tensor.tolist())" if hasattr(value, "tolist") else ""
+    raise ValueError(f"minitrain.report(metrics): metrics[{key!r}] is a {type(value).__module__}."
+                     f"{type(value).__name__}, which is not JSON-safe{hint}. Report numbers, strings, "
+                     "booleans, None, or lists/dicts of them.")
+
+
+def is_number(value: Any) -> bool:
+    """True for int/float values (not bool) that are finite or NaN-free comparisons may use."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)

@@ -1,0 +1,151 @@
+"""Domain records shared by every layer (L0: stdlib only).
+
+Records are frozen dataclasses: facts that cross a boundary (agent -> coordinator, worker ->
+coordinator, coordinator -> trainer). Protobuf messages are converted to and from these in
+`minitrain.rpc.convert` only; past that edge the code sees records.
+"""
+
+from __future__ import annotations
+
+import enum
+import signal as _signal
+from dataclasses import dataclass, field
+
+
+class Phase(enum.IntEnum):
+    """Where a worker was in its life when something happened (values match the proto enum)."""
+
+    UNSPECIFIED = 0
+    STARTUP = 1
+    DIST_INIT = 2
+    TRAINING = 3
+    CHECKPOINT_UPLOAD = 4
+    FINISHING = 5
+
+    @property
+    def description(self) -> str:
+        """Human words for error messages: 'during process-group init'."""
+        return _PHASE_WORDS[self]
+
+
+_PHASE_WORDS = {
+    Phase.UNSPECIFIED: "before it connected",
+    Phase.STARTUP: "during start-up",
+    Phase.DIST_INIT: "during process-group init",
+    Phase.TRAINING: "during training",
+    Phase.CHECKPOINT_UPLOAD: "during checkpoint upload",
+    Phase.FINISHING: "while finishing",
+}
+
+
+def signal_name(signum: int) -> str:
+    """'SIGKILL' for 9; 'signal 77' for a number with no name."""
+    try:
+        return _signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """One node as its agent described itself in its hello."""
+
+    node_id: str
+    hostname: str
+    address: str  # the address other nodes and the coordinator reach this node by
+    agent_pid: int
+    cpus: int
+    memory_bytes: int
+    gpu_ids: tuple[int, ...] = ()
+    python: str = ""
+    minitrain_version: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerAssignment:
+    """Where one rank runs in one attempt. Ranks are ordered by node, then local rank."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    node_id: str
+    gpu_ids: tuple[int, ...] = ()  # indices into the node's CUDA_VISIBLE_DEVICES
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFailure:
+    """Everything known about one rank's failure; rendered by `errors.render_failures`.
+
+    Either an exception was captured (`exc_type`, `message`, `traceback`), or the process died
+    (`exit_code` / `signal`), or both (the worker reported its exception, then exited 1).
+    """
+
+    rank: int
+    node: str
+    pid: int
+    phase: Phase
+    time: float
+    exc_type: str = ""
+    message: str = ""
+    traceback: str = ""
+    exit_code: int | None = None
+    signal: int | None = None
+    oom_suspected: bool = False
+
+    @property
+    def cause(self) -> str:
+        """One line: 'ValueError: boom', 'killed by signal SIGKILL (9)' or 'exited with code 3'."""
+        if self.exc_type:
+            short = self.exc_type.rsplit(".", 1)[-1]
+            return f"{short}: {self.message}" if self.message else short
+        if self.signal:
+            text = f"killed by signal {signal_name(self.signal)} ({self.signal})"
+            if self.oom_suspected:
+                text += ", likely by the out-of-memory killer (the cgroup's oom_kill counter rose)"
+            return text
+        if self.exit_code is not None:
+            return f"exited with code {self.exit_code}"
+        return "failed for an unknown reason"
+
+
+@dataclass(frozen=True, slots=True)
+class ReportRecord:
+    """One `report()` call of one rank, as received by the coordinator."""
+
+    attempt: int
+    rank: int
+    round: int
+    metrics: dict
+    reported_at: float
+    checkpoint_dir_name: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEvent:
+    """Base of the facts the controller consumes; see coordinator/events.py for the kinds."""
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One state transition of a run, kept for logs and failure reports."""
+
+    previous: str
+    next: str
+    reason: str
+    attempt: int
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class RunOutcome:
+    """What the coordinator hands back to the trainer when a run ends."""
+
+    state: str  # SUCCEEDED | FAILED | ABORTED
+    attempt: int
+    last_metrics: dict | None
+    metrics_history: tuple[dict, ...] = ()
+    failures: tuple[WorkerFailure, ...] = ()
+    exceptions: dict = field(default_factory=dict)  # rank -> rebuilt exception, for WorkerGroupError
+    error_message: str = ""

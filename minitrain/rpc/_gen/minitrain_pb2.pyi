@@ -1,0 +1,298 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Phase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PHASE_UNSPECIFIED: _ClassVar[Phase]
+    PHASE_STARTUP: _ClassVar[Phase]
+    PHASE_DIST_INIT: _ClassVar[Phase]
+    PHASE_TRAINING: _ClassVar[Phase]
+    PHASE_CHECKPOINT_UPLOAD: _ClassVar[Phase]
+    PHASE_FINISHING: _ClassVar[Phase]
+PHASE_UNSPECIFIED: Phase
+PHASE_STARTUP: Phase
+PHASE_DIST_INIT: Phase
+PHASE_TRAINING: Phase
+PHASE_CHECKPOINT_UPLOAD: Phase
+PHASE_FINISHING: Phase
+
+class AgentMessage(_message.Message):
+    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SPAWNED_FIELD_NUMBER: _ClassVar[int]
+    EXITED_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    node_id: str
+    hello: AgentHello
+    heartbeat: Heartbeat
+    spawned: WorkerSpawned
+    exited: WorkerExited
+    logs: LogLines
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ...) -> None: ...
+
+class AgentHello(_message.Message):
+    __slots__ = ("hostname", "pid", "minitrain_version", "python", "cpus", "memory_bytes", "gpu_ids")
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    MINITRAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    hostname: str
+    pid: int
+    minitrain_version: str
+    python: str
+    cpus: int
+    memory_bytes: int
+    gpu_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, hostname: _Optional[str] = ..., pid: _Optional[int] = ..., minitrain_version: _Optional[str] = ..., python: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpu_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Heartbeat(_message.Message):
+    __slots__ = ("sent_at",)
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    sent_at: float
+    def __init__(self, sent_at: _Optional[float] = ...) -> None: ...
+
+class WorkerSpawned(_message.Message):
+    __slots__ = ("attempt", "rank", "pid")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    pid: int
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ...) -> None: ...
+
+class WorkerExited(_message.Message):
+    __slots__ = ("attempt", "rank", "pid", "exit_code", "signal", "stopped_by_agent", "exited_at", "spawn_error", "oom_suspected")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_BY_AGENT_FIELD_NUMBER: _ClassVar[int]
+    EXITED_AT_FIELD_NUMBER: _ClassVar[int]
+    SPAWN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    OOM_SUSPECTED_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    pid: int
+    exit_code: int
+    signal: int
+    stopped_by_agent: bool
+    exited_at: float
+    spawn_error: str
+    oom_suspected: bool
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., signal: _Optional[int] = ..., stopped_by_agent: _Optional[bool] = ..., exited_at: _Optional[float] = ..., spawn_error: _Optional[str] = ..., oom_suspected: _Optional[bool] = ...) -> None: ...
+
+class LogLines(_message.Message):
+    __slots__ = ("attempt", "rank", "stderr", "lines")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    STDERR_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    stderr: bool
+    lines: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stderr: _Optional[bool] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AgentCommand(_message.Message):
+    __slots__ = ("start", "stop", "heartbeat", "shutdown")
+    START_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    start: StartWorkers
+    stop: StopWorkers
+    heartbeat: Heartbeat
+    shutdown: Shutdown
+    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+
+class WorkerLaunch(_message.Message):
+    __slots__ = ("rank", "local_rank")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ...) -> None: ...
+
+class StartWorkers(_message.Message):
+    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    WORKERS_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    workers: _containers.RepeatedCompositeFieldContainer[WorkerLaunch]
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    coordinator_address: str
+    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
+
+class StopWorkers(_message.Message):
+    __slots__ = ("attempt", "grace_s")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    grace_s: float
+    def __init__(self, attempt: _Optional[int] = ..., grace_s: _Optional[float] = ...) -> None: ...
+
+class Shutdown(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class WorkerMessage(_message.Message):
+    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat")
+    RUN_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    STORE_READY_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    FAILURE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    run_id: str
+    attempt: int
+    rank: int
+    hello: WorkerHello
+    store_ready: StoreReady
+    phase: PhaseChange
+    report: Report
+    done: WorkerDone
+    failure: WorkerFailure
+    heartbeat: Heartbeat
+    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+
+class WorkerHello(_message.Message):
+    __slots__ = ("pid", "hostname")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    hostname: str
+    def __init__(self, pid: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class StoreReady(_message.Message):
+    __slots__ = ("address", "port")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    port: int
+    def __init__(self, address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class PhaseChange(_message.Message):
+    __slots__ = ("phase",)
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    phase: Phase
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
+
+class Report(_message.Message):
+    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    metrics_json: str
+    reported_at: float
+    checkpoint_dir_name: str
+    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ...) -> None: ...
+
+class WorkerDone(_message.Message):
+    __slots__ = ("finished_at",)
+    FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    finished_at: float
+    def __init__(self, finished_at: _Optional[float] = ...) -> None: ...
+
+class WorkerFailure(_message.Message):
+    __slots__ = ("phase", "exc_type", "message", "traceback", "exc_pickle", "failed_at")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    EXC_TYPE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    TRACEBACK_FIELD_NUMBER: _ClassVar[int]
+    EXC_PICKLE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_AT_FIELD_NUMBER: _ClassVar[int]
+    phase: Phase
+    exc_type: str
+    message: str
+    traceback: str
+    exc_pickle: bytes
+    failed_at: float
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
+
+class WorkerCommand(_message.Message):
+    __slots__ = ("assignment", "rendezvous", "abort")
+    ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
+    RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    assignment: Assignment
+    rendezvous: Rendezvous
+    abort: Abort
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+
+class Assignment(_message.Message):
+    __slots__ = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "node_id", "experiment_name", "backend", "dist_timeout_s", "payload", "store_address", "gpu_ids", "storage_path")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EXPERIMENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    DIST_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_PATH_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    node_id: str
+    experiment_name: str
+    backend: str
+    dist_timeout_s: float
+    payload: bytes
+    store_address: str
+    gpu_ids: _containers.RepeatedScalarFieldContainer[int]
+    storage_path: str
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_world_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., node_id: _Optional[str] = ..., experiment_name: _Optional[str] = ..., backend: _Optional[str] = ..., dist_timeout_s: _Optional[float] = ..., payload: _Optional[bytes] = ..., store_address: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., storage_path: _Optional[str] = ...) -> None: ...
+
+class Rendezvous(_message.Message):
+    __slots__ = ("master_addr", "master_port")
+    MASTER_ADDR_FIELD_NUMBER: _ClassVar[int]
+    MASTER_PORT_FIELD_NUMBER: _ClassVar[int]
+    master_addr: str
+    master_port: int
+    def __init__(self, master_addr: _Optional[str] = ..., master_port: _Optional[int] = ...) -> None: ...
+
+class Abort(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...

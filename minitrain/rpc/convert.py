@@ -1,0 +1,79 @@
+"""The only translation between protobuf messages and minitrain records (L1).
+
+Servicers and clients call these functions at the edge; everything past them works with the frozen
+dataclasses of `minitrain.records`.
+"""
+
+from __future__ import annotations
+
+from minitrain.records import NodeInfo, Phase, WorkerAssignment, WorkerFailure
+from minitrain.rpc._gen import minitrain_pb2 as pb
+
+
+def node_from_hello(node_id: str, hello: pb.AgentHello, address: str) -> NodeInfo:
+    """A NodeInfo from an agent's hello; `address` is how the coordinator saw the agent connect."""
+    return NodeInfo(
+        node_id=node_id,
+        hostname=hello.hostname,
+        address=address,
+        agent_pid=hello.pid,
+        cpus=hello.cpus,
+        memory_bytes=hello.memory_bytes,
+        gpu_ids=tuple(hello.gpu_ids),
+        python=hello.python,
+        minitrain_version=hello.minitrain_version,
+    )
+
+
+def hello_from_node(node: NodeInfo) -> pb.AgentHello:
+    """The agent's hello for a NodeInfo (the address is observed by the coordinator, not sent)."""
+    return pb.AgentHello(
+        hostname=node.hostname, pid=node.agent_pid, minitrain_version=node.minitrain_version,
+        python=node.python, cpus=node.cpus, memory_bytes=node.memory_bytes, gpu_ids=list(node.gpu_ids),
+    )
+
+
+def assignment_message(assignment: WorkerAssignment, *, experiment_name: str, backend: str,
+                       dist_timeout_s: float, payload: bytes, store_address: str,
+                       storage_path: str) -> pb.Assignment:
+    """The Assignment a worker receives after its hello."""
+    return pb.Assignment(
+        rank=assignment.rank,
+        local_rank=assignment.local_rank,
+        world_size=assignment.world_size,
+        local_world_size=assignment.local_world_size,
+        node_rank=assignment.node_rank,
+        node_id=assignment.node_id,
+        experiment_name=experiment_name,
+        backend=backend,
+        dist_timeout_s=dist_timeout_s,
+        payload=payload,
+        store_address=store_address,
+        gpu_ids=list(assignment.gpu_ids),
+        storage_path=storage_path,
+    )
+
+
+def assignment_from_message(message: pb.Assignment) -> WorkerAssignment:
+    """The record view of an Assignment message."""
+    return WorkerAssignment(
+        rank=message.rank, local_rank=message.local_rank, world_size=message.world_size,
+        local_world_size=message.local_world_size, node_rank=message.node_rank,
+        node_id=message.node_id, gpu_ids=tuple(message.gpu_ids),
+    )
+
+
+def failure_from_message(rank: int, node: str, pid: int, message: pb.WorkerFailure) -> WorkerFailure:
+    """A WorkerFailure from the exception a worker reported (exit code/signal are added later)."""
+    return WorkerFailure(
+        rank=rank, node=node, pid=pid, phase=Phase(message.phase), time=message.failed_at,
+        exc_type=message.exc_type, message=message.message, traceback=message.traceback,
+    )
+
+
+def failure_message(failure: WorkerFailure, exc_pickle: bytes = b"") -> pb.WorkerFailure:
+    """The proto form of a captured exception, sent by the worker."""
+    return pb.WorkerFailure(
+        phase=int(failure.phase), exc_type=failure.exc_type, message=failure.message,
+        traceback=failure.traceback, exc_pickle=exc_pickle, failed_at=failure.time,
+    )

@@ -1,0 +1,71 @@
+"""`minitrain.torch`: the counterpart of `ray.train.torch`.
+
+`TorchTrainer` and `TorchConfig` start and configure a run; `get_device`, `get_devices`,
+`prepare_model`, `prepare_data_loader` and `enable_reproducibility` are used inside the training
+function; `accelerate`, `backward` and `prepare_optimizer` were removed in Ray Train v2 and raise
+`DeprecationWarning` here too.
+
+Every name is loaded on first use, so `import minitrain.torch` does not import torch: the driver, the
+coordinator and the launcher import this package for `TorchTrainer` without paying for torch (or
+creating a CUDA context); torch loads only when a torch utility is touched.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__all__ = [
+    "TorchTrainer",
+    "TorchConfig",
+    "get_device",
+    "get_devices",
+    "prepare_model",
+    "prepare_data_loader",
+    "enable_reproducibility",
+    "accelerate",
+    "backward",
+    "prepare_optimizer",
+]
+
+_UTILS = "minitrain.torch.train_loop_utils"
+# public name -> module that defines it
+_LAZY = {
+    "TorchTrainer": "minitrain.trainer",
+    "TorchConfig": "minitrain.config",
+    "get_device": _UTILS,
+    "get_devices": _UTILS,
+    "prepare_model": _UTILS,
+    "prepare_data_loader": _UTILS,
+    "enable_reproducibility": _UTILS,
+    "accelerate": _UTILS,
+    "backward": _UTILS,
+    "prepare_optimizer": _UTILS,
+}
+
+if TYPE_CHECKING:  # for type checkers and IDEs only; never executed
+    from minitrain.config import TorchConfig
+    from minitrain.torch.train_loop_utils import (
+        accelerate,
+        backward,
+        enable_reproducibility,
+        get_device,
+        get_devices,
+        prepare_data_loader,
+        prepare_model,
+        prepare_optimizer,
+    )
+    from minitrain.trainer import TorchTrainer
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

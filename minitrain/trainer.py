@@ -1,0 +1,262 @@
+"""`TorchTrainer`: validate, run the coordinator in this process, return a `Result` or raise (L3)."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import sys
+import uuid
+from typing import Any, Callable, Optional
+
+import cloudpickle
+
+from minitrain import _session, hostinfo
+from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
+from minitrain.context import TrainContext
+from minitrain.coordinator.controller import RunSpec
+from minitrain.coordinator.run import run_coordinator
+from minitrain.errors import (
+    ConfigError, ControllerError, LaunchError, RemoteWorkerError, WorkerGroupError, WorkerProcessError,
+)
+from minitrain.launcher import LocalLauncher
+from minitrain.logs import LogSink, configure_driver_logging
+from minitrain.metrics import encode_metrics
+from minitrain.records import RunOutcome, WorkerFailure
+from minitrain.result import Result
+
+logger = logging.getLogger("minitrain")
+
+LOCAL_NODE_ID = "localhost"
+
+
+def count_required_parameters(fn: Callable) -> int:
+    """Positional parameters without a default; `*args` counts as one (Ray's rule)."""
+    count = 0
+    for parameter in inspect.signature(fn).parameters.values():
+        if parameter.kind is parameter.VAR_POSITIONAL:
+            count += 1
+        elif (parameter.kind in (parameter.POSITIONAL_ONLY, parameter.POSITIONAL_OR_KEYWORD)
+              and parameter.default is parameter.empty):
+            count += 1
+    return count
+
+
+def _check_type(value: Any, expected: type, field: str) -> None:
+    if not isinstance(value, expected):
+        raise ConfigError(f"TorchTrainer({field}=...) must be a minitrain.{expected.__name__}, got "
+                          f"{type(value).__module__}.{type(value).__name__}. Import it from minitrain "
+                          f"(a ray.train config object does not work here).")
+
+
+class TorchTrainer:
+    """Runs `train_loop_per_worker` on `scaling_config.num_workers` worker processes with DDP.
+
+    The function takes zero arguments or one (it is called with `train_loop_config or {}`). Every
+    argument after it is keyword-only, as in Ray. Invalid arguments raise `ConfigError` (a ValueError)
+    here or in `fit()`, before any process starts.
+    """
+
+    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
+                 torch_config: Optional[TorchConfig] = None, scaling_config: Optional[ScalingConfig] = None,
+                 run_config: Optional[RunConfig] = None, datasets: Optional[dict] = None,
+                 dataset_config: Optional[DataConfig] = None, metadata: Any = None,
+                 resume_from_checkpoint: Any = None):
+        if metadata is not None:
+            raise DeprecationWarning("TorchTrainer(metadata=...) was removed in Ray Train v2, which minitrain "
+                                     "mirrors. Pass the values through train_loop_config instead.")
+        if resume_from_checkpoint is not None:
+            raise DeprecationWarning(
+                "TorchTrainer(resume_from_checkpoint=...) was removed in Ray Train v2, which minitrain mirrors. "
+                "Pass the checkpoint path in train_loop_config and load it in the training function when "
+                "minitrain.get_checkpoint() is None; re-running with the same RunConfig(name, storage_path) "
+                "resumes a run.")
+        if not callable(train_loop_per_worker):
+            raise ConfigError(f"TorchTrainer(train_loop_per_worker=...) must be callable, got "
+                              f"{type(train_loop_per_worker).__name__}. Pass your training function.")
+        required = count_required_parameters(train_loop_per_worker)
+        if required > 1:
+            raise ConfigError(
+                f"train_loop_per_worker should take in 0 or 1 required arguments, but "
+                f"{getattr(train_loop_per_worker, '__name__', train_loop_per_worker)!r} takes {required}. "
+                "Take a single `config` dict (TorchTrainer passes train_loop_config) or nothing.")
+        if train_loop_config is not None and not isinstance(train_loop_config, dict):
+            raise ConfigError(f"TorchTrainer(train_loop_config=...) must be a dict or None, got "
+                              f"{type(train_loop_config).__name__}.")
+        self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
+        self.run_config = run_config if run_config is not None else RunConfig()
+        self.torch_config = torch_config if torch_config is not None else TorchConfig()
+        self.dataset_config = dataset_config if dataset_config is not None else DataConfig()
+        _check_type(self.scaling_config, ScalingConfig, "scaling_config")
+        _check_type(self.run_config, RunConfig, "run_config")
+        _check_type(self.torch_config, TorchConfig, "torch_config")
+        _check_type(self.dataset_config, DataConfig, "dataset_config")
+        if datasets:
+            raise ConfigError("TorchTrainer(datasets=...) is not supported yet; load data inside the "
+                              "training function (e.g. with prepare_data_loader) for now.")
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self._takes_config = required == 1 or _accepts_one_argument(train_loop_per_worker)
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self) -> Result:
+        """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
+        past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
+        and KeyboardInterrupt after stopping the workers when interrupted."""
+        configure_driver_logging(self.run_config.logging_config.log_level)
+        if self.scaling_config.num_workers == 0:
+            return self._fit_local()
+        payload = self._payload()
+        self._check_gpus()
+        run_path = _prepare_run_dir(self.run_config)
+        spec = RunSpec(
+            run_id=uuid.uuid4().hex,
+            experiment_name=self.run_config.name,
+            run_path=run_path,
+            num_workers=self.scaling_config.num_workers,
+            node_ids=(LOCAL_NODE_ID,),
+            payload=payload,
+            backend=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
+            dist_timeout_s=float(self.torch_config.timeout_s),
+            failure_policy=self.run_config.failure_config,
+            worker_env=dict(self.run_config.worker_runtime_env.get("env_vars", {})),
+            cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
+            gpus_per_worker=self.scaling_config.num_gpus_per_worker,
+            placement_strategy=self.scaling_config.placement_strategy,
+        )
+        log_sink = LogSink(os.path.join(run_path, "logs"))
+        try:
+            outcome = run_coordinator(spec, LocalLauncher(pythonpath=_driver_pythonpath()), log_sink)
+        except LaunchError as exc:
+            raise ControllerError(exc) from None
+        finally:
+            log_sink.close()
+        return _result_or_raise(outcome, run_path)
+
+    def _payload(self) -> bytes:
+        try:
+            cloudpickle.dumps(self.train_loop_per_worker)
+        except Exception as exc:
+            raise ConfigError(
+                f"train_loop_per_worker cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
+                "worker. Create unpicklable objects (locks, open files, sockets) inside the function.") from exc
+        try:
+            return cloudpickle.dumps((self.train_loop_per_worker, self.train_loop_config or {},
+                                      self._takes_config))
+        except Exception as exc:
+            raise ConfigError(
+                f"train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
+                "worker. Keep it to plain values (numbers, strings, lists, dicts) and build other objects "
+                "inside the training function.") from exc
+
+    def _check_gpus(self) -> None:
+        needed = math.ceil(self.scaling_config.num_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
+        if needed <= 0:
+            return
+        have = len(hostinfo.gpu_ids())
+        if have < needed:
+            raise ConfigError(
+                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.num_workers}) needs {needed} "
+                f"GPU(s), but this machine has {have} (none listed by CUDA_VISIBLE_DEVICES, "
+                "/proc/driver/nvidia/gpus or nvidia-smi). Set use_gpu=False to train on CPUs, or lower "
+                "num_workers.")
+
+    def _fit_local(self) -> Result:
+        """`num_workers=0`: run the function in this process, as Ray's local mode does."""
+        session = _LocalSession(TrainContext(experiment_name=self.run_config.name, local_mode=True))
+        _session.set_current(session)
+        try:
+            if self._takes_config:
+                value = self.train_loop_per_worker(self.train_loop_config or {})
+            else:
+                value = self.train_loop_per_worker()
+        finally:
+            _session.set_current(None)
+        return Result(metrics=session.last_metrics, checkpoint=session.last_checkpoint, error=None,
+                      path=None, return_value=value)
+
+    # ------------------------------------------------------------------ removed APIs
+
+    def __repr__(self) -> str:
+        return (f"TorchTrainer({getattr(self.train_loop_per_worker, '__name__', '?')}, "
+                f"scaling_config={self.scaling_config!r})")
+
+
+def _accepts_one_argument(fn: Callable) -> bool:
+    """True when fn can be called with one positional argument (e.g. `def f(config=None)`)."""
+    try:
+        inspect.signature(fn).bind(None)
+        return True
+    except TypeError:
+        return False
+
+
+class _LocalSession:
+    """Local mode's session: remembers the last report (metrics and checkpoint), like Ray's."""
+
+    def __init__(self, context: TrainContext):
+        self.context = context
+        self.last_metrics: Optional[dict] = None
+        self.last_checkpoint: Any = None
+
+    def report(self, metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
+               **options: Any) -> None:
+        encode_metrics(metrics)  # the same JSON-safety rule as in workers
+        self.last_metrics = dict(metrics)
+        self.last_checkpoint = checkpoint
+
+    def get_checkpoint(self) -> Any:
+        return self.last_checkpoint
+
+
+def _driver_pythonpath() -> tuple[str, ...]:
+    """The driver's import path, so workers import the same minitrain and user modules."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    entries = [package_root] + [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
+    seen: dict[str, None] = {}
+    for entry in entries:
+        if os.path.isdir(entry):
+            seen.setdefault(entry, None)
+    return tuple(seen)
+
+
+def _prepare_run_dir(run_config: RunConfig) -> str:
+    run_path = run_config.run_path
+    if "://" in run_path and not run_path.startswith("file://"):
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r}: only local paths are "
+                          "supported so far. Use a local or NFS directory.")
+    run_path = run_path.removeprefix("file://")
+    try:
+        os.makedirs(run_path, exist_ok=True)
+        with open(os.path.join(run_path, ".validate_storage_marker"), "w"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not writable "
+                          f"({exc.strerror}: {exc.filename}). Choose a directory you can write to.") from None
+    return run_path
+
+
+def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
+    if exc_pickle:
+        try:
+            rebuilt = cloudpickle.loads(exc_pickle)
+            if isinstance(rebuilt, BaseException):
+                return rebuilt
+        except Exception:  # the type does not exist in the driver: fall back below
+            pass
+    if failure.exc_type and failure.exc_type not in ("WorkerProcessError", "NodeLostError"):
+        return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
+    return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
+                              f"{failure.phase.description}: {failure.cause}",
+                              exit_code=failure.exit_code, signal=failure.signal)
+
+
+def _result_or_raise(outcome: RunOutcome, run_path: str) -> Result:
+    if outcome.state == "SUCCEEDED":
+        return Result(metrics=outcome.last_metrics, checkpoint=None, error=None, path=run_path)
+    if not outcome.failures:
+        raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
+    exceptions = {f.rank: _rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
+    raise WorkerGroupError(outcome.error_message, exceptions)

@@ -1,0 +1,138 @@
+"""A worker's life: connect, load the training function, bring up torch.distributed, run, report.
+
+Every failure, in any phase, is captured as a record (phase, exception type, message, traceback, and
+the pickled exception when it pickles) and sent to the coordinator before the process exits with
+code 1; no decorator is needed in user code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from typing import Any
+
+from minitrain import _session
+from minitrain.context import TrainContext
+from minitrain.records import Phase
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.worker import distributed
+from minitrain.worker.client import SessionClosed, WorkerClient
+from minitrain.worker.session import WorkerSession
+
+ASSIGNMENT_TIMEOUT_S = 120.0
+CLOSE_TIMEOUT_S = 10.0
+
+
+def read_bootstrap(stream) -> dict:
+    """The JSON line the agent writes on our stdin: coordinator address, token, run, attempt, rank."""
+    line = stream.readline()
+    if not line:
+        raise SystemExit("minitrain.worker: no bootstrap line on stdin (workers are started by an agent)")
+    return json.loads(line)
+
+
+def _qualified_name(exc: BaseException) -> str:
+    cls = type(exc)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _pickle_exception(exc: BaseException) -> bytes:
+    try:
+        import cloudpickle
+
+        data = cloudpickle.dumps(exc)
+        cloudpickle.loads(data)  # refuse what would not come back (e.g. unpicklable arguments)
+        return data
+    except Exception:
+        return b""
+
+
+def failure_message(phase: Phase, exc: BaseException) -> pb.WorkerFailure:
+    """The record of a captured exception."""
+    return pb.WorkerFailure(
+        phase=int(phase), exc_type=_qualified_name(exc), message=str(exc),
+        traceback="".join(traceback.format_exception(exc)), exc_pickle=_pickle_exception(exc),
+        failed_at=time.time(),
+    )
+
+
+def _context(assignment: pb.Assignment) -> TrainContext:
+    return TrainContext(
+        experiment_name=assignment.experiment_name, world_size=assignment.world_size,
+        world_rank=assignment.rank, local_rank=assignment.local_rank,
+        local_world_size=assignment.local_world_size, node_rank=assignment.node_rank,
+        device_indices=tuple(assignment.gpu_ids), storage_path=assignment.storage_path,
+    )
+
+
+def _load_payload(payload: bytes) -> tuple[Any, Any, bool]:
+    import cloudpickle
+
+    train_fn, config, takes_config = cloudpickle.loads(payload)
+    return train_fn, config, takes_config
+
+
+class WorkerRun:
+    """One worker process's run; `execute()` returns the process exit code."""
+
+    def __init__(self, bootstrap: dict):
+        self._bootstrap = bootstrap
+        self._phase = Phase.UNSPECIFIED
+        self._client: WorkerClient | None = None
+
+    def _enter(self, phase: Phase) -> None:
+        self._phase = phase
+        self._client.send(phase=pb.PhaseChange(phase=int(phase)))
+
+    def execute(self) -> int:
+        """Run the phases; capture any failure; flush everything to the coordinator."""
+        b = self._bootstrap
+        try:
+            self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
+            self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))
+            self._enter(Phase.STARTUP)
+            assignment = self._client.wait_assignment(ASSIGNMENT_TIMEOUT_S)
+            distributed.set_rank_environment(assignment)
+            train_fn, config, takes_config = _load_payload(assignment.payload)
+            _session.set_current(WorkerSession(self._client, _context(assignment)))
+            self._enter(Phase.DIST_INIT)
+            store = distributed.init_process_group(assignment, self._client)
+            self._enter(Phase.TRAINING)
+            train_fn(config) if takes_config else train_fn()
+            self._enter(Phase.FINISHING)
+            del store
+        except SessionClosed:
+            # The coordinator ended this attempt (stale or stopping); there is nobody to tell.
+            return 0 if self._phase <= Phase.STARTUP else 1
+        except BaseException as exc:  # noqa: BLE001 - every failure is reported, SystemExit included
+            traceback.print_exc()
+            if self._client is not None:
+                self._client.send(failure=failure_message(self._phase, exc))
+                self._client.close(CLOSE_TIMEOUT_S)
+            return 1
+        self._client.send(done=pb.WorkerDone(finished_at=time.time()))
+        self._client.close(CLOSE_TIMEOUT_S)
+        distributed.destroy_process_group()
+        return 0
+
+
+def main() -> None:
+    """Entry point of `python -m minitrain.worker`."""
+    from minitrain import procs
+
+    bootstrap = read_bootstrap(sys.stdin)
+    procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
+    sys.stdin.close()
+    sys.stdin = open(os.devnull)
+    code = WorkerRun(bootstrap).execute()
+    # Run the user's atexit hooks, then skip interpreter teardown: joining library threads (gRPC,
+    # gloo) at shutdown is where stuck exits come from.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -1,0 +1,112 @@
+"""The worker's session stream with the coordinator.
+
+Outgoing messages are queued and sent by gRPC's own thread, so `send()` never waits on the network;
+that is what keeps `report()` without a checkpoint in the microseconds. Incoming commands (the
+assignment, the rendezvous) are picked up by a reader thread and awaited with deadlines.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Optional
+
+import grpc
+
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.auth import call_metadata
+from minitrain.rpc.channel import client_channel
+
+_END = object()
+
+
+class SessionClosed(RuntimeError):
+    """The coordinator ended this worker's session (the run or attempt is over)."""
+
+
+class WorkerClient:
+    """One worker's bidirectional stream; every message carries run_id, attempt and rank."""
+
+    def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int):
+        self.run_id, self.attempt, self.rank = run_id, attempt, rank
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._channel = client_channel(address)
+        stub = pb_grpc.CoordinatorStub(self._channel)
+        self._call = stub.WorkerSession(self._requests(), metadata=call_metadata(token))
+        self._cond = threading.Condition()
+        self._assignment: Optional[pb.Assignment] = None
+        self._rendezvous: Optional[pb.Rendezvous] = None
+        self._closed = False
+        self._close_reason = ""
+        self._reader = threading.Thread(target=self._read, name="minitrain-session", daemon=True)
+        self._reader.start()
+
+    def _requests(self):
+        while True:
+            item = self._outbox.get()
+            if item is _END:
+                return
+            yield item
+
+    def _read(self) -> None:
+        try:
+            for command in self._call:
+                kind = command.WhichOneof("body")
+                with self._cond:
+                    if kind == "assignment":
+                        self._assignment = command.assignment
+                    elif kind == "rendezvous":
+                        self._rendezvous = command.rendezvous
+                    self._cond.notify_all()
+            reason = "the coordinator closed the session"
+        except grpc.RpcError as exc:
+            reason = f"the session broke: {exc.code().name} {exc.details()}"
+        with self._cond:
+            self._closed = True
+            self._close_reason = reason
+            self._cond.notify_all()
+
+    def message(self, **body) -> pb.WorkerMessage:
+        """A message of this worker with the given body field."""
+        return pb.WorkerMessage(run_id=self.run_id, attempt=self.attempt, rank=self.rank, **body)
+
+    def send(self, **body) -> None:
+        """Queue a message; returns at once."""
+        self._outbox.put(pb.WorkerMessage(run_id=self.run_id, attempt=self.attempt, rank=self.rank, **body))
+
+    def put(self, message: pb.WorkerMessage) -> None:
+        """Queue a prepared message; returns at once."""
+        self._outbox.put(message)
+
+    def _wait_for(self, attribute: str, timeout_s: float, what: str):
+        with self._cond:
+            ready = self._cond.wait_for(lambda: getattr(self, attribute) is not None or self._closed,
+                                        timeout=timeout_s)
+            value = getattr(self, attribute)
+            if value is not None:
+                return value
+            if self._closed:
+                raise SessionClosed(f"waiting for {what}: {self._close_reason}")
+        assert not ready
+        raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
+
+    def wait_assignment(self, timeout_s: float) -> pb.Assignment:
+        """The assignment sent after hello; SessionClosed / TimeoutError otherwise."""
+        return self._wait_for("_assignment", timeout_s, "assignment")
+
+    def wait_rendezvous(self, timeout_s: float) -> pb.Rendezvous:
+        """Rank 0's TCPStore address; SessionClosed / TimeoutError otherwise."""
+        return self._wait_for("_rendezvous", timeout_s, "rendezvous")
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Flush every queued message, end the stream, and wait for the coordinator to close its side.
+
+        Returns True when the coordinator acknowledged the end within the timeout: everything sent
+        before was received.
+        """
+        self._outbox.put(_END)
+        with self._cond:
+            closed = self._cond.wait_for(lambda: self._closed, timeout=timeout_s)
+        self._channel.close()
+        return closed

@@ -1,0 +1,75 @@
+"""torch.distributed bring-up and teardown for one worker.
+
+Rendezvous cannot collide on ports: rank 0 opens a TCPStore on port 0 (the kernel picks a free
+port), tells the coordinator, and the coordinator passes address:port to the other ranks. No fixed
+port exists anywhere. Note: torch's TCPStore is unauthenticated and listens on all interfaces; keep
+training traffic on a trusted network (the same holds for torchrun).
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.worker.client import WorkerClient
+
+
+def set_rank_environment(assignment: pb.Assignment) -> None:
+    """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and NODE_RANK, as torchrun and Ray set them."""
+    os.environ.update({
+        "RANK": str(assignment.rank),
+        "LOCAL_RANK": str(assignment.local_rank),
+        "WORLD_SIZE": str(assignment.world_size),
+        "LOCAL_WORLD_SIZE": str(assignment.local_world_size),
+        "NODE_RANK": str(assignment.node_rank),
+        "GROUP_RANK": str(assignment.node_rank),
+    })
+
+
+def init_process_group(assignment: pb.Assignment, client: WorkerClient):
+    """Open (rank 0) or join the run's TCPStore and initialise the default process group.
+
+    Sets MASTER_ADDR/MASTER_PORT to the store's address for code that reads them. Returns the store
+    (kept referenced by the caller for the life of the process group).
+    """
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=assignment.dist_timeout_s)
+    world_size = assignment.world_size
+    if assignment.rank == 0:
+        store = dist.TCPStore(assignment.store_address, 0, world_size, is_master=True,
+                              timeout=timeout, wait_for_workers=False)
+        address, port = assignment.store_address, store.port
+        client.send(store_ready=pb.StoreReady(address=address, port=port))
+    else:
+        rendezvous = client.wait_rendezvous(assignment.dist_timeout_s)
+        address, port = rendezvous.master_addr, rendezvous.master_port
+        store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
+    os.environ["MASTER_ADDR"] = address
+    os.environ["MASTER_PORT"] = str(port)
+    backend = assignment.backend
+    if backend == "nccl":
+        if "TORCH_NCCL_BLOCKING_WAIT" not in os.environ:
+            os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+        if assignment.gpu_ids:
+            torch.cuda.set_device(assignment.gpu_ids[0])
+    if assignment.gpu_ids:
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", f"cuda:{assignment.gpu_ids[0]}")
+    else:
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
+    dist.init_process_group(backend, store=store, rank=assignment.rank, world_size=world_size,
+                            timeout=timeout)
+    return store
+
+
+def destroy_process_group() -> None:
+    """Tear down the default process group if one is up (best effort, never raises)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:  # teardown must not turn a success into a failure
+        pass

@@ -1,0 +1,284 @@
+"""minitrain.procs against tiny real processes (python -c scripts); no mocks of os or signal.
+
+Every test registers what it starts with the `tracked` fixture, which SIGKILLs those process groups
+(and lone pids) on the way out, so a failing assertion leaves nothing behind. Waits are on
+conditions with deadlines, never fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from minitrain import procs
+
+REPO_ROOT = str(Path(__file__).resolve().parents[2])
+DEADLINE_S = 10.0  # generous: a 2-core machine under xdist can be slow to start python
+
+
+class Tracker:
+    """Remembers process groups and pids started by a test and kills them all at teardown."""
+
+    def __init__(self) -> None:
+        self.popens: list[subprocess.Popen] = []
+        self.pids: list[psutil.Process] = []
+
+    def spawn(self, script: str, **kwargs) -> subprocess.Popen:
+        proc = procs.spawn([sys.executable, "-c", textwrap.dedent(script)], env=_env(), **kwargs)
+        self.popens.append(proc)
+        return proc
+
+    def add_pid(self, pid: int) -> int:
+        # psutil.Process remembers the start time, so kill() at teardown cannot hit a reused pid.
+        self.pids.append(psutil.Process(pid))
+        return pid
+
+    def cleanup(self) -> None:
+        for proc in self.popens:
+            # While the leader is unreaped, or its group has members, the pgid cannot be reused.
+            if proc.poll() is None or procs.group_members(proc.pid):
+                _ignore_gone(os.killpg, proc.pid, signal.SIGKILL)
+        for process in self.pids:
+            _ignore_gone(process.kill)
+        for proc in self.popens:
+            proc.wait(timeout=DEADLINE_S)
+            for stream in (proc.stdin, proc.stdout, proc.stderr):
+                if stream is not None:
+                    stream.close()
+        assert procs.wait_until_gone([p.pid for p in self.pids], DEADLINE_S) == []
+
+
+def _ignore_gone(kill, *args) -> None:
+    try:
+        kill(*args)
+    except (ProcessLookupError, psutil.NoSuchProcess):
+        pass
+
+
+@pytest.fixture
+def tracked():
+    tracker = Tracker()
+    try:
+        yield tracker
+    finally:
+        tracker.cleanup()
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env["PYTHONPATH"] = REPO_ROOT
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _read_lines(proc: subprocess.Popen, count: int, timeout: float = DEADLINE_S) -> list[str]:
+    """Read `count` lines from proc.stdout (binary pipe) within `timeout`, without blocking past it."""
+    fd, buf, deadline = proc.stdout.fileno(), b"", time.monotonic() + timeout
+    while buf.count(b"\n") < count:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(0.0, remaining))
+        if not ready:
+            raise AssertionError(f"timed out waiting for {count} lines; got {buf!r}")
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            raise AssertionError(f"EOF after {buf!r}; exit status {proc.poll()}")
+        buf += chunk
+    return buf.decode().splitlines()[:count]
+
+
+IGNORE_TERM = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN)"
+
+SPAWN_GRANDCHILD = """
+    import signal, subprocess, sys, time
+    gc = subprocess.Popen([sys.executable, "-c", {gc_script!r}])
+    print(gc.pid, flush=True)   # the grandchild prints 'ready' on the same pipe
+    time.sleep(120)
+"""
+
+
+def _with_grandchild(tracked: Tracker, gc_script: str) -> tuple[subprocess.Popen, int]:
+    leader = tracked.spawn(SPAWN_GRANDCHILD.format(gc_script=gc_script))
+    pid_line, ready = _read_lines(leader, 2)
+    assert ready == "ready"
+    return leader, tracked.add_pid(int(pid_line))
+
+
+def test_spawn_starts_a_new_session(tracked):
+    proc = tracked.spawn("import time; print('ready', flush=True); time.sleep(120)")
+    assert _read_lines(proc, 1) == ["ready"]
+    assert os.getsid(proc.pid) == proc.pid
+    assert os.getpgid(proc.pid) == proc.pid
+    assert procs.group_members(proc.pid) == [proc.pid]
+
+
+def test_sigterm_is_enough_for_a_cooperative_child(tracked):
+    proc = tracked.spawn("import time; print('ready', flush=True); time.sleep(120)")
+    _read_lines(proc, 1)
+    result = procs.stop_process_group(proc, grace_s=DEADLINE_S)
+    assert result == procs.StopResult(proc.pid, None, signal.SIGTERM, sigkill_sent=False)
+    assert proc.returncode == -signal.SIGTERM  # reaped
+
+
+def test_child_ignoring_sigterm_is_killed_after_grace(tracked):
+    proc = tracked.spawn(IGNORE_TERM + "; print('ready', flush=True); time.sleep(120)")
+    _read_lines(proc, 1)
+    start = time.monotonic()
+    result = procs.stop_process_group(proc, grace_s=0.5)
+    assert time.monotonic() - start >= 0.5
+    assert result.sigkill_sent and result.survivors == ()
+    assert (result.exit_code, result.signal) == (None, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("by", ["popen", "pid"])
+def test_grandchild_in_the_group_is_stopped_too(tracked, by):
+    leader, gc = _with_grandchild(tracked, "import time; print('ready', flush=True); time.sleep(120)")
+    assert sorted(procs.group_members(leader.pid)) == sorted([leader.pid, gc])
+    assert [p.pid for p in procs.living_descendants(leader.pid)] == [gc]
+    result = procs.stop_process_group(leader if by == "popen" else leader.pid, grace_s=DEADLINE_S)
+    assert not result.sigkill_sent
+    assert procs.wait_until_gone([leader.pid, gc], DEADLINE_S) == []
+    if by == "pid":  # a bare pid is not reaped by stop_process_group, and its status is unknown
+        assert (result.exit_code, result.signal) == (None, None)
+        assert leader.wait(timeout=DEADLINE_S) == -signal.SIGTERM
+
+
+def test_grandchild_that_outlives_its_leader_is_killed(tracked):
+    leader, gc = _with_grandchild(tracked, IGNORE_TERM + "; print('ready', flush=True); time.sleep(120)")
+    result = procs.stop_process_group(leader, grace_s=0.5)
+    assert result.signal == signal.SIGTERM  # the leader obeyed...
+    assert result.sigkill_sent  # ...the grandchild had to be killed
+    assert result.survivors == ()
+    assert procs.wait_until_gone([gc], DEADLINE_S) == []
+    assert procs.group_members(leader.pid) == []
+
+
+def test_stopping_an_already_reaped_leader_signals_nothing(tracked):
+    proc = tracked.spawn("raise SystemExit(4)")
+    assert proc.wait(timeout=DEADLINE_S) == 4
+    result = procs.stop_process_group(proc, grace_s=1.0)
+    assert result == procs.StopResult(proc.pid, 4, None, sigkill_sent=False)
+
+
+INTERMEDIATE = """
+    import os, sys, time
+    from minitrain import procs
+    child = procs.spawn(
+        [sys.executable, "-c", {child!r}], env=os.environ, stdin=None, stdout=None, stderr=None)
+    print(child.pid, flush=True)
+    time.sleep(120)
+"""
+CHILD_OF_INTERMEDIATE = """
+import time
+from minitrain import procs
+procs.die_with_parent()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def test_die_with_parent_kills_child_when_parent_is_sigkilled(tracked):
+    script = INTERMEDIATE.format(child=CHILD_OF_INTERMEDIATE)
+    intermediate = tracked.spawn(script)
+    pid_line, ready = _read_lines(intermediate, 2)
+    assert ready == "ready"
+    child = tracked.add_pid(int(pid_line))  # its own session: the intermediate's group kill misses it
+    assert psutil.Process(child).ppid() == intermediate.pid
+    os.kill(intermediate.pid, signal.SIGKILL)  # the pid only, not the group
+    assert intermediate.wait(timeout=DEADLINE_S) == -signal.SIGKILL
+    assert procs.wait_until_gone([child], DEADLINE_S) == []
+
+
+def test_die_with_parent_exits_when_parent_already_changed(tracked):
+    not_my_parent = 1 if os.getpid() != 1 else 2
+    proc = tracked.spawn(
+        f"import time; from minitrain import procs; procs.die_with_parent(expected_parent={not_my_parent});"
+        " time.sleep(120)"
+    )
+    assert proc.wait(timeout=DEADLINE_S) == 1
+
+
+SEGFAULT = """
+    import ctypes, resource
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE=0: no core file, even via a pipe handler
+    ctypes.string_at(0)
+"""
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("raise SystemExit(3)", (3, None)),
+        ("import os, signal; os.kill(os.getpid(), signal.SIGKILL)", (None, signal.SIGKILL)),
+        (SEGFAULT, (None, signal.SIGSEGV)),
+    ],
+    ids=["exit3", "sigkill", "sigsegv"],
+)
+def test_decode_returncode_of_real_deaths(tracked, tmp_path, script, expected):
+    proc = tracked.spawn(script, cwd=tmp_path)
+    returncode = proc.wait(timeout=DEADLINE_S)
+    assert procs.decode_returncode(returncode) == expected
+
+
+def test_decode_returncode_plain_values():
+    assert procs.decode_returncode(0) == (0, None)
+    assert procs.decode_returncode(-15) == (None, 15)
+
+
+def test_wait_until_gone_reports_the_living_at_the_deadline(tracked):
+    proc = tracked.spawn("import time; time.sleep(120)")
+    start = time.monotonic()
+    assert procs.wait_until_gone([proc.pid], 0.2) == [proc.pid]
+    assert 0.2 <= time.monotonic() - start < 2.0
+
+
+def test_oom_kill_count_of_this_host_is_int_or_none():
+    count = procs.oom_kill_count()
+    assert count is None or (isinstance(count, int) and count >= 0)
+
+
+def _fake_proc_self(tmp_path: Path, cgroup: str, mountinfo: str) -> Path:
+    proc_self = tmp_path / "proc_self"
+    proc_self.mkdir()
+    (proc_self / "cgroup").write_text(cgroup)
+    (proc_self / "mountinfo").write_text(mountinfo)
+    return proc_self
+
+
+def test_oom_kill_count_reads_cgroup_v2_memory_events(tmp_path):
+    cg = tmp_path / "cg2" / "job" / "agent"
+    cg.mkdir(parents=True)
+    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 7\noom_group_kill 0\n")
+    proc_self = _fake_proc_self(
+        tmp_path,
+        "0::/job/agent\n",
+        f"30 23 0:26 / {tmp_path / 'cg2'} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
+    )
+    assert procs.oom_kill_count(proc_self) == 7
+
+
+def test_oom_kill_count_reads_cgroup_v1_oom_control_under_a_subtree_mount(tmp_path):
+    cg = tmp_path / "mem" / "agent"
+    cg.mkdir(parents=True)
+    (cg / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    proc_self = _fake_proc_self(
+        tmp_path,
+        "4:memory:/docker/abc/agent\n3:cpu,cpuacct:/docker/abc\n0::/\n",
+        f"34 31 0:31 /docker/abc {tmp_path / 'mem'} rw - cgroup cgroup rw,memory\n",
+    )
+    assert procs.oom_kill_count(proc_self) == 3
+
+
+def test_oom_kill_count_is_none_without_a_memory_cgroup(tmp_path):
+    proc_self = _fake_proc_self(tmp_path, "0::/\n", "")
+    assert procs.oom_kill_count(proc_self) is None
+    assert procs.oom_kill_count(tmp_path / "missing") is None

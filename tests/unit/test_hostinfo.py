@@ -1,0 +1,86 @@
+"""minitrain.hostinfo: GPU discovery from CUDA_VISIBLE_DEVICES, a fake driver /proc dir, and a fake
+`nvidia-smi` (a python -c script), plus sanity checks of the host facts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minitrain import hostinfo
+
+NO_PROC = "/nonexistent/proc/driver/nvidia/gpus"
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [
+        ("", ()),
+        ("-1", ()),
+        ("  ", ()),
+        ("0", (0,)),
+        ("2,0", (2, 0)),
+        ("0, 1 ,3", (0, 1, 3)),
+        ("1,-1,2", (1,)),  # CUDA stops at the first invalid entry
+        ("1,x,2", (1,)),
+        ("GPU-5f1c2a3b-aaaa-bbbb-cccc-000000000001,GPU-5f1c2a3b-aaaa-bbbb-cccc-000000000002", (0, 1)),
+        ("MIG-3b2d5c1e-0000-1111-2222-333333333333", (0,)),
+        ("MIG-GPU-5f1c2a3b/1/0,MIG-GPU-5f1c2a3b/2/0", (0, 1)),  # legacy MIG id form
+    ],
+)
+def test_cuda_visible_devices_decides_when_set(tmp_path, value, expected):
+    proc_dir = _fake_proc_gpus(tmp_path, 4)  # ignored: the variable wins
+    assert hostinfo.gpu_ids({"CUDA_VISIBLE_DEVICES": value}, proc_gpus_dir=proc_dir) == expected
+
+
+def _fake_proc_gpus(tmp_path, count):
+    gpus = tmp_path / "gpus"
+    gpus.mkdir()
+    for i in range(count):
+        (gpus / f"0000:{i:02x}:00.0").mkdir()
+    return gpus
+
+
+def test_driver_proc_entries_are_counted(tmp_path):
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=_fake_proc_gpus(tmp_path, 3), nvidia_smi=None) == (0, 1, 2)
+
+
+def _fake_smi(text: str) -> tuple[str, ...]:
+    return (sys.executable, "-c", f"print({text!r}, end='')")
+
+
+def test_nvidia_smi_lines_are_counted_when_proc_is_missing():
+    listing = (
+        "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaa)\n"
+        "  MIG 1g.10gb     Device  0: (UUID: MIG-bbbb)\n"
+        "GPU 1: NVIDIA H100 80GB HBM3 (UUID: GPU-cccc)\n"
+    )
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=NO_PROC, nvidia_smi=_fake_smi(listing)) == (0, 1)
+
+
+def test_failing_or_missing_nvidia_smi_means_no_gpus(tmp_path):
+    failing = (sys.executable, "-c", "import sys; print('GPU 0: x'); sys.exit(9)")
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=NO_PROC, nvidia_smi=failing) == ()
+    missing = (str(tmp_path / "no-such-nvidia-smi"), "-L")
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=NO_PROC, nvidia_smi=missing) == ()
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=NO_PROC, nvidia_smi=None) == ()
+
+
+def test_empty_proc_dir_falls_back_to_nvidia_smi(tmp_path):
+    smi = _fake_smi("GPU 0: NVIDIA A100 (UUID: GPU-x)\n")
+    assert hostinfo.gpu_ids({}, proc_gpus_dir=_fake_proc_gpus(tmp_path, 0), nvidia_smi=smi) == (0,)
+
+
+def test_host_facts_are_sane():
+    assert 1 <= hostinfo.cpu_count() <= (os.cpu_count() or 1)
+    assert hostinfo.memory_bytes() > 64 * 2**20
+    assert isinstance(hostinfo.hostname(), str) and hostinfo.hostname()
+
+
+def test_hostinfo_does_not_import_torch():
+    # The agent imports this module; torch would cost seconds and a CUDA context in a supervisor.
+    code = "import sys, minitrain.hostinfo, minitrain.procs; sys.exit('torch' in sys.modules)"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode == 0
