@@ -48,6 +48,11 @@ class LogSink:
             self._files[(attempt, rank)] = handle
         return handle
 
+    def open(self, attempt: int, rank: int) -> None:
+        """Create the (possibly empty) log file of a worker that was just started."""
+        with self._lock:
+            self._file(attempt, rank)
+
     def write(self, attempt: int, rank: int, node: str, stderr: bool, lines: list[str]) -> None:
         """Show and store lines of one worker's output."""
         prefix = line_prefix(rank, node)

@@ -128,7 +128,7 @@ class Controller:
             self._failures += 1
             self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
             policy = self._spec.failure_policy
-            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1]
+            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
             if policy.allows_retry(self._failures):
                 logger.warning("attempt %d failed (%s); restarting, failure %d of max_failures=%d",
                                tracker.attempt, root, self._failures, policy.max_failures)
@@ -266,6 +266,8 @@ class Controller:
                     self._send_rendezvous(tracker, rank)
         elif isinstance(event, ev.WorkerPhaseChanged):
             tracker.on_phase(event)
+            ack = pb.WorkerCommand(phase_ack=pb.PhaseAck(phase=int(event.phase)))
+            self._hub.send_to_worker(event.attempt, event.rank, ack)
         elif isinstance(event, ev.WorkerSpawned):
             tracker.on_spawned(event)
         elif isinstance(event, ev.WorkerDone):

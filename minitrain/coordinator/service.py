@@ -32,6 +32,9 @@ class LogSinkProtocol(Protocol):
     def write(self, attempt: int, rank: int, node: str, stderr: bool, lines: list[str]) -> None:
         """Show and store lines of one worker's output."""
 
+    def open(self, attempt: int, rank: int) -> None:
+        """Create the (possibly empty) log of a worker that was just started."""
+
 
 class Hub:
     """Thread-safe routing of commands to the open agent and worker streams.
@@ -171,6 +174,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                          logs.stderr, list(logs.lines))
                 elif kind == "spawned":
                     s = message.spawned
+                    self._log_sink.open(s.attempt, s.rank)
                     self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
                 elif kind == "exited":
                     self._events.put(_exited_event(node_id, message.exited))

@@ -26,6 +26,7 @@ from minitrain.worker.session import WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0
+PHASE_ACK_TIMEOUT_S = 30.0
 
 
 def read_bootstrap(stream) -> dict:
@@ -52,12 +53,19 @@ def _pickle_exception(exc: BaseException) -> bytes:
         return b""
 
 
+def _user_traceback(exc: BaseException) -> str:
+    """The traceback without minitrain's own bootstrap frames at its top."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__ and tb.tb_next is not None:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb))
+
+
 def failure_message(phase: Phase, exc: BaseException) -> pb.WorkerFailure:
     """The record of a captured exception."""
     return pb.WorkerFailure(
         phase=int(phase), exc_type=_qualified_name(exc), message=str(exc),
-        traceback="".join(traceback.format_exception(exc)), exc_pickle=_pickle_exception(exc),
-        failed_at=time.time(),
+        traceback=_user_traceback(exc), exc_pickle=_pickle_exception(exc), failed_at=time.time(),
     )
 
 
@@ -103,6 +111,7 @@ class WorkerRun:
             self._enter(Phase.DIST_INIT)
             store = distributed.init_process_group(assignment, self._client)
             self._enter(Phase.TRAINING)
+            self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
             train_fn(config) if takes_config else train_fn()
             self._enter(Phase.FINISHING)
             del store
@@ -110,9 +119,10 @@ class WorkerRun:
             # The coordinator ended this attempt (stale or stopping); there is nobody to tell.
             return 0 if self._phase <= Phase.STARTUP else 1
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, SystemExit included
-            traceback.print_exc()
+            failure = failure_message(self._phase, exc)
+            sys.stderr.write(failure.traceback)
             if self._client is not None:
-                self._client.send(failure=failure_message(self._phase, exc))
+                self._client.send(failure=failure)
                 self._client.close(CLOSE_TIMEOUT_S)
             return 1
         self._client.send(done=pb.WorkerDone(finished_at=time.time()))

@@ -37,6 +37,7 @@ class WorkerClient:
         self._cond = threading.Condition()
         self._assignment: Optional[pb.Assignment] = None
         self._rendezvous: Optional[pb.Rendezvous] = None
+        self._acked_phase = 0
         self._closed = False
         self._close_reason = ""
         self._reader = threading.Thread(target=self._read, name="minitrain-session", daemon=True)
@@ -58,6 +59,8 @@ class WorkerClient:
                         self._assignment = command.assignment
                     elif kind == "rendezvous":
                         self._rendezvous = command.rendezvous
+                    elif kind == "phase_ack":
+                        self._acked_phase = max(self._acked_phase, command.phase_ack.phase)
                     self._cond.notify_all()
             reason = "the coordinator closed the session"
         except grpc.RpcError as exc:
@@ -98,6 +101,16 @@ class WorkerClient:
     def wait_rendezvous(self, timeout_s: float) -> pb.Rendezvous:
         """Rank 0's TCPStore address; SessionClosed / TimeoutError otherwise."""
         return self._wait_for("_rendezvous", timeout_s, "rendezvous")
+
+    def wait_phase_ack(self, phase: int, timeout_s: float) -> None:
+        """Block until the coordinator recorded `phase` (or later); SessionClosed / TimeoutError."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._acked_phase >= phase or self._closed, timeout=timeout_s)
+            if self._acked_phase >= phase:
+                return
+            if self._closed:
+                raise SessionClosed(f"waiting for the phase acknowledgement: {self._close_reason}")
+        raise TimeoutError(f"the coordinator did not acknowledge phase {phase} within {timeout_s:g} s")
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Flush every queued message, end the stream, and wait for the coordinator to close its side.

@@ -244,14 +244,22 @@ class WorkerFailure(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("assignment", "rendezvous", "abort")
+    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    PHASE_ACK_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     rendezvous: Rendezvous
     abort: Abort
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ...) -> None: ...
+    phase_ack: PhaseAck
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ...) -> None: ...
+
+class PhaseAck(_message.Message):
+    __slots__ = ("phase",)
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    phase: Phase
+    def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Assignment(_message.Message):
     __slots__ = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "node_id", "experiment_name", "backend", "dist_timeout_s", "payload", "store_address", "gpu_ids", "storage_path")

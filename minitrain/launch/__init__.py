@@ -1,0 +1,1 @@
+"""The command line: `python -m minitrain.launch` (see `minitrain.launch.cli`)."""

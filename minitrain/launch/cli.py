@@ -1,0 +1,141 @@
+"""Run a training function or a whole script under minitrain from the command line (L3).
+
+    python -m minitrain.launch --num-workers 2 examples/quickstart.py:train_func --config '{"epochs": 3}'
+    python -m minitrain.launch examples/quickstart.py --epochs 3
+
+With `FILE.py:FUNCTION`, the function is trained by a `TorchTrainer` built from the options. With a
+plain `FILE.py`, the script runs as `__main__` (it builds its own trainer) with the remaining
+arguments as its `sys.argv[1:]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import runpy
+import sys
+from typing import Callable, Optional
+
+_USER_MODULE = "__minitrain_user_module__"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's argument parser."""
+    parser = argparse.ArgumentParser(
+        prog="python -m minitrain.launch",
+        description="Train a function (FILE.py:FUNCTION) or run a script (FILE.py) under minitrain.",
+    )
+    parser.add_argument("target", help="FILE.py:FUNCTION to train, or FILE.py to run as __main__ "
+                        "(every argument after FILE.py goes to the script)")
+    group = parser.add_argument_group("trainer options (FILE.py:FUNCTION only)")
+    group.add_argument("--num-workers", type=int, default=1, help="worker processes (default 1; 0 = in this process)")
+    group.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL backend")
+    group.add_argument("--config", default=None, help="train_loop_config as a JSON object")
+    group.add_argument("--name", default=None, help="run name under the storage path (the resume key)")
+    group.add_argument("--storage-path", default=None, help="run directory root (default ~/minitrain_results)")
+    group.add_argument("--max-failures", type=int, default=0, help="restarts allowed (-1 = unlimited)")
+    group.add_argument("--backend", default=None, choices=("gloo", "nccl"), help="torch.distributed backend")
+    return parser
+
+
+_VALUE_OPTIONS = {"--num-workers", "--config", "--name", "--storage-path", "--max-failures", "--backend"}
+
+
+def split_target(argv: list[str]) -> tuple[list[str], Optional[str], list[str]]:
+    """(options before the target, the target, everything after it). None when there is no target."""
+    index = 0
+    while index < len(argv):
+        token = argv[index]
+        if token in _VALUE_OPTIONS:
+            index += 2
+            continue
+        if not token.startswith("-"):
+            return argv[:index], token, argv[index + 1:]
+        index += 1
+    return argv, None, []
+
+
+def _load_function(path: str, function_name: str) -> Callable:
+    """Import FILE.py as a module whose code is pickled by value (workers need not find the file)."""
+    import cloudpickle
+
+    if not os.path.isfile(path):
+        raise SystemExit(f"minitrain.launch: no such file: {path}")
+    directory = os.path.dirname(os.path.abspath(path))
+    if directory not in sys.path:
+        sys.path.insert(0, directory)
+    spec = importlib.util.spec_from_file_location(_USER_MODULE, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_USER_MODULE] = module
+    spec.loader.exec_module(module)
+    cloudpickle.register_pickle_by_value(module)
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise SystemExit(f"minitrain.launch: {path} has no function {function_name!r}")
+    return function
+
+
+def _train_function(options: argparse.Namespace, path: str, function_name: str) -> int:
+    import minitrain
+    from minitrain import FailureConfig, RunConfig, ScalingConfig
+    from minitrain.config import TorchConfig
+    from minitrain.torch import TorchTrainer
+
+    try:
+        config = json.loads(options.config) if options.config else {}
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"minitrain.launch: --config is not valid JSON ({exc}); pass e.g. '{{\"epochs\": 3}}'")
+    if not isinstance(config, dict):
+        raise SystemExit("minitrain.launch: --config must be a JSON object, e.g. '{\"epochs\": 3}'")
+    function = _load_function(path, function_name)
+    trainer = TorchTrainer(
+        function,
+        train_loop_config=config,
+        scaling_config=ScalingConfig(num_workers=options.num_workers, use_gpu=options.use_gpu),
+        run_config=RunConfig(name=options.name, storage_path=options.storage_path,
+                             failure_config=FailureConfig(max_failures=options.max_failures)),
+        torch_config=TorchConfig(backend=options.backend),
+    )
+    try:
+        result = trainer.fit()
+    except minitrain.TrainingFailedError as exc:
+        print(f"minitrain.launch: training failed\n{exc}", file=sys.stderr)
+        return 1
+    print(f"minitrain.launch: finished; metrics: {json.dumps(result.metrics)}; run directory: {result.path}")
+    return 0
+
+
+def _run_script(path: str, script_args: list[str]) -> int:
+    if not os.path.isfile(path):
+        raise SystemExit(f"minitrain.launch: no such file: {path}")
+    sys.argv = [path, *script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    try:
+        runpy.run_path(path, run_name="__main__")
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    """Parse `argv` and run; returns the exit code."""
+    argv = sys.argv[1:] if argv is None else argv
+    before, target, after = split_target(argv)
+    parser = build_parser()
+    if target is None:
+        parser.parse_args(before)  # prints the usage error for the missing target
+        return 2
+    path, colon, function_name = target.rpartition(":")
+    if not colon or not function_name.isidentifier():
+        parser.parse_args([*before, target])  # options before a script are still checked
+        return _run_script(target, after)
+    options = parser.parse_args([*before, target, *after])
+    from minitrain.errors import ConfigError
+
+    try:
+        return _train_function(options, path, function_name)
+    except ConfigError as exc:
+        print(f"minitrain.launch: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Creates .venv (once) and installs minitrain, editable, with its dependencies.
+# torch is pinned to 2.13.0 so that an unpinned install never pulls a newer multi-GB CUDA build;
+# on a GPU host, install the torch build you want into .venv first and this keeps it.
+#   bash scripts/setup_env.sh          runtime dependencies
+#   bash scripts/setup_env.sh --dev    plus the test tools (pytest, pytest-xdist, hypothesis, grpcio-tools)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))'; then
+    echo "minitrain needs Python >= 3.10; set PYTHON=/path/to/python3.x" >&2
+    exit 1
+fi
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    .venv/bin/python -m pip install -q "torch==2.13.0"
+fi
+extras=""
+if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
+.venv/bin/python -m pip install -q -e ".${extras}"
