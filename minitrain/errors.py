@@ -96,10 +96,11 @@ def _snippet(text: str) -> str:
     return f"{text[:_SNIPPET_HEAD]}\n... ({skipped} characters skipped) ...\n{text[-_SNIPPET_TAIL:]}"
 
 
-def _grouping_key(failure: WorkerFailure) -> str:
-    """Failures that differ only in numbers (pids, ranks, ports, addresses) render once."""
-    body = failure.traceback or failure.cause
-    return re.sub(r"\d+", "#", f"{failure.phase.name}|{failure.cause}|{body}")
+def _grouping_key(failure: WorkerFailure) -> tuple:
+    """Failures that differ only in numbers inside their text (pids, ranks, ports, addresses) render
+    once; the phase, exception type, exit code and signal must match exactly."""
+    text = re.sub(r"\d+", "#", f"{failure.message}|{failure.traceback}")
+    return (failure.phase, failure.exc_type, failure.exit_code, failure.signal, failure.oom_suspected, text)
 
 
 def _ranks_text(ranks: list[int]) -> str:

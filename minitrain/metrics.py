@@ -14,26 +14,29 @@ def _numpy_scalar(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
-def _find_unencodable(value: Any, path: str) -> tuple[str, Any] | None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            found = _find_unencodable(item, f"{path}/{key}" if path else str(key))
-            if found:
-                return found
-        return None
-    if isinstance(value, (list, tuple)):
-        for index, item in enumerate(value):
-            found = _find_unencodable(item, f"{path}[{index}]")
+_CIRCULAR = object()
+
+
+def _find_unencodable(value: Any, path: str, seen: frozenset = frozenset()) -> tuple[str, Any] | None:
+    if isinstance(value, (dict, list, tuple)):
+        if id(value) in seen:
+            return path, _CIRCULAR
+        seen = seen | {id(value)}
+        items = (value.items() if isinstance(value, dict) else
+                 ((f"[{i}]", item) for i, item in enumerate(value)))
+        for key, item in items:
+            child = (f"{path}/{key}" if path else str(key)) if isinstance(value, dict) else f"{path}{key}"
+            found = _find_unencodable(item, child, seen)
             if found:
                 return found
         return None
     if value is None or isinstance(value, (str, int, float, bool)):
         return None
     try:
-        _numpy_scalar(value)
-        return None
+        plain = _numpy_scalar(value)
     except TypeError:
         return path, value
+    return None if plain is None or isinstance(plain, (str, int, float, bool)) else (path, value)
 
 
 def encode_metrics(metrics: Any) -> str:
@@ -54,6 +57,9 @@ def encode_metrics(metrics: Any) -> str:
         raise ValueError("minitrain.report(metrics): the metrics cannot be encoded as JSON "
                          "(a key that is not a string, or a circular reference).")
     key, value = found
+    if value is _CIRCULAR:
+        raise ValueError(f"minitrain.report(metrics): metrics[{key!r}] refers back to itself (a circular "
+                         "reference). Report plain values.")
     hint = " (a tensor: pass tensor.item() for a scalar, or tensor.tolist())" if hasattr(value, "tolist") else ""
     raise ValueError(f"minitrain.report(metrics): metrics[{key!r}] is a {type(value).__module__}."
                      f"{type(value).__name__}, which is not JSON-safe{hint}. Report numbers, strings, "

@@ -93,12 +93,13 @@ def report_train_func(config: dict) -> None:
     os.replace(path + ".tmp", path)
 
 
-def _fit(train_func, config: dict, storage: str) -> None:
+def _fit(train_func, config: dict, storage: str):
     from minitrain import RunConfig, ScalingConfig
     from minitrain.torch import TorchTrainer
 
-    TorchTrainer(train_func, train_loop_config=config, scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
-                 run_config=RunConfig(name="bench", storage_path=storage)).fit()
+    return TorchTrainer(train_func, train_loop_config=config,
+                        scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
+                        run_config=RunConfig(name="bench", storage_path=storage)).fit()
 
 
 def role_torchrun_worker() -> None:
@@ -307,9 +308,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "torchrun-worker":
         role_torchrun_worker()
     elif args.role == "minitrain-job":
-        _fit(trivial_train_func, {}, args.storage)
+        result = _fit(trivial_train_func, {}, args.storage)
+        # A fast job must also be a correct one: the all_reduce summed both ranks, every report arrived.
+        assert result.metrics == {"x": float(NUM_WORKERS), "step": 2.0, "loss": 1 / 3}, result.metrics
     elif args.role == "minitrain-report":
-        _fit(report_train_func, {"calls": args.calls, "out_dir": args.out_dir}, args.storage)
+        result = _fit(report_train_func, {"calls": args.calls, "out_dir": args.out_dir}, args.storage)
+        assert result.metrics["loss"] == 1.0 / args.calls, result.metrics  # the last report arrived
     else:
         if args.repeats < 1 or args.calls < 100:
             parser.error("--repeats must be >= 1 and --calls >= 100")

@@ -156,6 +156,7 @@ class NodeAgent:
             self._end_reason = f"the connection broke: {exc.code().name}"
         finally:
             self._finished.set()
+            self._commands.put(pb.AgentCommand())  # wake the command loop now, not at its next poll
 
     def _heartbeat(self) -> None:
         while not self._finished.wait(HEARTBEAT_INTERVAL_S):

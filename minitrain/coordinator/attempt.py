@@ -75,7 +75,14 @@ class AttemptTracker:
     def on_failed(self, event: ev.WorkerFailed) -> None:
         """The worker captured an exception."""
         state = self.ranks.get(event.failure.rank)
-        if state is None or state.failure is not None:
+        if state is None:
+            return
+        if state.failure is not None:
+            if not state.failure.exc_type:  # the exit was learned first: add what the worker said
+                state.failure = replace(event.failure, node=state.node_name, pid=state.pid,
+                                        time=state.failure.time, exit_code=state.failure.exit_code,
+                                        signal=state.failure.signal)
+                state.exc_pickle = event.exc_pickle
             return
         state.failure = replace(event.failure, node=state.node_name, pid=state.pid)
         state.exc_pickle = event.exc_pickle

@@ -12,10 +12,37 @@ from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo, WorkerAssignment
 
 
+def _gpus_held(gpus_per_worker: float) -> float:
+    """GPUs one worker occupies: a fraction shares a GPU; above one, whole GPUs are taken."""
+    return gpus_per_worker if gpus_per_worker <= 1 else math.ceil(gpus_per_worker - 1e-9)
+
+
 def _capacity(node: NodeInfo, gpus_per_worker: float) -> float:
     if gpus_per_worker > 0:
-        return math.floor(len(node.gpu_ids) / gpus_per_worker + 1e-9)
+        return math.floor(len(node.gpu_ids) / _gpus_held(gpus_per_worker) + 1e-9)
     return math.inf  # CPU workers may oversubscribe cores, as torchrun allows
+
+
+def _gpu_indices(local_rank: int, gpus_per_worker: float) -> tuple[int, ...]:
+    if gpus_per_worker <= 0:
+        return ()
+    if gpus_per_worker <= 1:
+        return (math.floor(local_rank * gpus_per_worker + 1e-9),)
+    each = int(_gpus_held(gpus_per_worker))
+    return tuple(range(local_rank * each, (local_rank + 1) * each))
+
+
+def _strict_check(nodes: list[NodeInfo], counts: list[int], num_workers: int, strategy: str) -> None:
+    used = sum(1 for c in counts if c > 0)
+    if strategy == "STRICT_PACK" and used > 1:
+        raise ConfigError(
+            f"ScalingConfig(placement_strategy='STRICT_PACK') needs all {num_workers} workers on one node, "
+            "but no node has room for them all. Use placement_strategy='PACK' to allow several nodes.")
+    if strategy == "STRICT_SPREAD" and any(c > 1 for c in counts):
+        raise ConfigError(
+            f"ScalingConfig(placement_strategy='STRICT_SPREAD') needs a separate node for each of the "
+            f"{num_workers} workers, but there are {len(nodes)} node(s). Use placement_strategy='SPREAD' "
+            "to allow several workers per node.")
 
 
 def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float = 0.0,
@@ -23,12 +50,16 @@ def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float
     """Place `num_workers` ranks on `nodes`; ConfigError naming what is missing when they do not fit.
 
     PACK fills each node to its capacity before the next; SPREAD deals ranks round-robin over the
-    nodes that still have room. Each worker gets ceil(gpus_per_worker) GPU indices of its node.
+    nodes that still have room; the STRICT_ variants fail instead of bending (one node for
+    STRICT_PACK, one worker per node for STRICT_SPREAD). A fractional GPU share places several
+    workers on one GPU; above one GPU, each worker takes whole GPUs.
     """
     if num_workers <= 0:
         return []
     capacity = [_capacity(n, gpus_per_worker) for n in nodes]
     counts = [0] * len(nodes)
+    if placement_strategy == "STRICT_SPREAD":
+        capacity = [min(c, 1) for c in capacity]
     if placement_strategy in ("SPREAD", "STRICT_SPREAD"):
         placed = 0
         while placed < num_workers:
@@ -53,14 +84,14 @@ def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float
             f"nodes have room for {sum(counts)} ({have}). Lower ScalingConfig.num_workers or "
             "resources_per_worker['GPU'], or add hosts."
         )
-    gpus_each = math.ceil(gpus_per_worker) if gpus_per_worker > 0 else 0
+    _strict_check(nodes, counts, num_workers, placement_strategy)
     used = [(i, c) for i, c in enumerate(counts) if c > 0]
     assignments = []
     rank = 0
     for node_rank, (i, count) in enumerate(used):
         node = nodes[i]
         for local_rank in range(count):
-            gpu_ids = tuple(range(local_rank * gpus_each, (local_rank + 1) * gpus_each))
+            gpu_ids = _gpu_indices(local_rank, gpus_per_worker)
             assignments.append(WorkerAssignment(
                 rank=rank, local_rank=local_rank, world_size=num_workers, local_world_size=count,
                 node_rank=node_rank, node_id=node.node_id, gpu_ids=gpu_ids,

@@ -8,10 +8,12 @@ code 1; no decorator is needed in user code.
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from typing import Any
@@ -78,6 +80,13 @@ def _context(assignment: pb.Assignment) -> TrainContext:
     )
 
 
+def _preimport_torch() -> None:
+    try:
+        importlib.import_module("torch.distributed")
+    except Exception:  # the main thread's own import reports the problem in the right phase
+        pass
+
+
 def _load_payload(payload: bytes) -> tuple[Any, Any, bool]:
     import cloudpickle
 
@@ -100,6 +109,9 @@ class WorkerRun:
     def execute(self) -> int:
         """Run the phases; capture any failure; flush everything to the coordinator."""
         b = self._bootstrap
+        # Importing torch takes most of a worker's start-up; overlap it with the connection and the
+        # assignment round trip. Later imports of torch simply wait for this one to finish.
+        threading.Thread(target=_preimport_torch, name="minitrain-preimport", daemon=True).start()
         try:
             self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
             self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))

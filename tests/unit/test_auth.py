@@ -83,7 +83,8 @@ def sync_server():
         yield token, servicer, refused, channel
     finally:
         channel.close()
-        server.stop(grace=None).wait(timeout=RPC_TIMEOUT_S)
+        # A grace (not None) makes stop() return at once; the wait is bounded either way.
+        assert server.stop(grace=0.5).wait(timeout=RPC_TIMEOUT_S), "sync server did not stop"
 
 
 def _sync_worker_call(channel, metadata, messages=None):
@@ -133,15 +134,6 @@ def test_sync_refused_request_bytes_are_never_parsed(sync_server):
         _sync_raw_call(channel, auth.call_metadata("wrong-token"), GARBAGE)
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert servicer.calls == []
-
-
-def test_sync_garbage_with_right_token_is_a_parse_error(sync_server):
-    """The control for the test above: with the right token the same bytes *are* parsed and fail."""
-    token, servicer, refused, channel = sync_server
-    with pytest.raises(grpc.RpcError) as info:
-        _sync_raw_call(channel, auth.call_metadata(token), GARBAGE)
-    assert info.value.code() not in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.OK)
-    assert refused == []
 
 
 def test_sync_right_token_reaches_handler(sync_server):

@@ -151,8 +151,6 @@ def test_gpu_request_on_cpu_only_nodes_fails():
         assign_ranks([node("a"), node("b")], 1, gpus_per_worker=1)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: fractional GPUs per worker get GPU indices past the node's "
-                                       "GPUs (0.5 GPU x 2 workers on a 1-GPU node -> rank 1 gets index 1)")
 def test_fractional_gpus_share_the_node_gpus():
     nodes = [node("a", gpus=1)]
     result = assign_ranks(nodes, 2, gpus_per_worker=0.5)
@@ -160,8 +158,6 @@ def test_fractional_gpus_share_the_node_gpus():
     assert [a.gpu_ids for a in result] == [(0,), (0,)]
 
 
-@pytest.mark.xfail(strict=True, reason="bug: 1.5 GPUs per worker counts capacity as floor(gpus/1.5) but "
-                                       "hands out ceil(1.5)=2 indices each, past the node's GPUs")
 def test_gpus_above_one_never_index_past_the_node():
     nodes = [node("a", gpus=3)]
     try:
@@ -171,15 +167,11 @@ def test_gpus_above_one_never_index_past_the_node():
     check_invariants(result, nodes, 2, 1.5)
 
 
-@pytest.mark.xfail(strict=True, reason="bug: STRICT_SPREAD is treated as SPREAD: two ranks share a node "
-                                       "instead of a ConfigError (Ray requires distinct nodes)")
 def test_strict_spread_needs_a_node_per_worker():
     with pytest.raises(ConfigError):
         assign_ranks([node("a"), node("b")], 3, placement_strategy="STRICT_SPREAD")
 
 
-@pytest.mark.xfail(strict=True, reason="bug: STRICT_PACK is treated as PACK: ranks spill to a second node "
-                                       "instead of a ConfigError (Ray requires one node)")
 def test_strict_pack_needs_one_node():
     with pytest.raises(ConfigError):
         assign_ranks([node("a", gpus=1), node("b", gpus=1)], 2, gpus_per_worker=1,
@@ -208,7 +200,7 @@ def placements(draw, fits: bool = True):
     return nodes, num_workers, gpus_per_worker, strategy
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, database=None)  # no example files in the repo
 @given(placements())
 def test_property_every_fitting_request_yields_a_valid_placement(case):
     nodes, num_workers, gpus_per_worker, strategy = case
@@ -224,7 +216,7 @@ def test_property_every_fitting_request_yields_a_valid_placement(case):
             assert max(counts.values()) - min(unsaturated) <= 1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, database=None)
 @given(placements(fits=False))
 def test_property_requests_that_do_not_fit_raise_config_error(case):
     nodes, num_workers, gpus_per_worker, strategy = case

@@ -1,0 +1,277 @@
+"""minitrain.coordinator.attempt.AttemptTracker driven by the event records of coordinator/events.py.
+
+No processes: each test plays the facts an agent and its workers would send, in the order they would
+arrive, and asks the tracker what it concluded.
+"""
+
+from __future__ import annotations
+
+import pickle
+import signal
+
+import pytest
+
+from minitrain.coordinator import events as ev
+from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.ranks import assign_ranks
+from minitrain.records import NodeInfo, Phase, WorkerFailure
+
+ATTEMPT = 2
+
+
+def _node(node_id: str, hostname: str) -> NodeInfo:
+    return NodeInfo(node_id=node_id, hostname=hostname, address="127.0.0.1", agent_pid=1, cpus=2,
+                    memory_bytes=1 << 30)
+
+
+NODES = [_node("n-a", "host-a"), _node("n-b", "host-b")]
+
+
+def make_tracker(num_workers: int = 4) -> AttemptTracker:
+    """Ranks 0,1 on host-a and 2,3 on host-b (SPREAD keeps ranks node-ordered)."""
+    assignments = assign_ranks(NODES, num_workers, placement_strategy="SPREAD")
+    return AttemptTracker.create(ATTEMPT, assignments, {n.node_id: n.hostname for n in NODES})
+
+
+def node_of(tracker: AttemptTracker, rank: int) -> str:
+    return tracker.ranks[rank].assignment.node_id
+
+
+def start(tracker: AttemptTracker, rank: int, phase: Phase = Phase.TRAINING) -> None:
+    """Spawn, connect and move one rank to `phase`."""
+    pid = 1000 + rank
+    tracker.on_spawned(ev.WorkerSpawned(node_of(tracker, rank), ATTEMPT, rank, pid))
+    tracker.on_connected(ev.WorkerConnected(ATTEMPT, rank, pid, "host"))
+    for p in (Phase.DIST_INIT, Phase.TRAINING, Phase.CHECKPOINT_UPLOAD, Phase.FINISHING):
+        if p > phase:
+            break
+        tracker.on_phase(ev.WorkerPhaseChanged(ATTEMPT, rank, p))
+
+
+def exited(tracker: AttemptTracker, rank: int, *, exit_code=None, sig=None, stopped_by_agent=False,
+           time=50.0, spawn_error="", oom=False) -> None:
+    tracker.on_exited(ev.WorkerExited(
+        node_id=node_of(tracker, rank), attempt=ATTEMPT, rank=rank, pid=1000 + rank, exit_code=exit_code,
+        signal=sig, stopped_by_agent=stopped_by_agent, time=time, spawn_error=spawn_error,
+        oom_suspected=oom,
+    ))
+
+
+def reported(tracker: AttemptTracker, rank: int, exc_type="builtins.ValueError", message="boom",
+             time=40.0, phase=Phase.TRAINING) -> None:
+    # As the servicer builds it: no node and pid 0; the tracker fills them in.
+    failure = WorkerFailure(rank=rank, node="", pid=0, phase=phase, time=time, exc_type=exc_type,
+                            message=message, traceback="Traceback ...\nValueError: boom\n")
+    tracker.on_failed(ev.WorkerFailed(ATTEMPT, failure, pickle.dumps(ValueError(message))))
+
+
+def finish(tracker: AttemptTracker, rank: int) -> None:
+    start(tracker, rank, Phase.FINISHING)
+    tracker.on_done(ev.WorkerDone(ATTEMPT, rank))
+    exited(tracker, rank, exit_code=0)
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+def test_create_names_ranks_by_hostname():
+    tracker = make_tracker()
+    assert sorted(tracker.ranks) == [0, 1, 2, 3]
+    assert [tracker.ranks[r].node_name for r in range(4)] == ["host-a", "host-a", "host-b", "host-b"]
+    assert tracker.nodes() == {"n-a", "n-b"}
+    assert not tracker.failed() and not tracker.finished() and not tracker.all_exited()
+
+
+def test_all_training_needs_every_rank():
+    tracker = make_tracker()
+    for rank in range(3):
+        start(tracker, rank)
+    assert not tracker.all_training()
+    start(tracker, 3, Phase.DIST_INIT)
+    assert not tracker.all_training()
+    tracker.on_phase(ev.WorkerPhaseChanged(ATTEMPT, 3, Phase.TRAINING))
+    assert tracker.all_training()
+
+
+def test_clean_finish_is_not_a_failure():
+    tracker = make_tracker()
+    for rank in range(4):
+        finish(tracker, rank)
+    assert not tracker.failed()
+    assert tracker.failures() == []
+    assert tracker.finished() and tracker.all_exited()
+
+
+def test_finished_waits_for_exit_after_done():
+    tracker = make_tracker(num_workers=1)
+    start(tracker, 0, Phase.FINISHING)
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 0))
+    assert not tracker.finished()
+    exited(tracker, 0, exit_code=0)
+    assert tracker.finished()
+
+
+def test_exit_zero_without_done_is_a_failure():
+    tracker = make_tracker()
+    start(tracker, 1)
+    exited(tracker, 1, exit_code=0)
+    assert tracker.failed() and not tracker.finished()
+    (failure,) = tracker.failures()
+    assert failure.rank == 1 and failure.exit_code == 0
+    assert failure.exc_type == "WorkerProcessError"
+    assert "before its training function returned" in failure.message
+
+
+def test_exit_code_is_a_failure_with_the_last_phase():
+    tracker = make_tracker()
+    start(tracker, 2, Phase.DIST_INIT)
+    exited(tracker, 2, exit_code=3, time=77.0)
+    (failure,) = tracker.failures()
+    assert (failure.rank, failure.exit_code, failure.signal, failure.phase) == (2, 3, None, Phase.DIST_INIT)
+    assert (failure.node, failure.pid, failure.time) == ("host-b", 1002, 77.0)
+    assert failure.exc_type == "" and failure.cause == "exited with code 3"
+
+
+def test_death_before_connecting_keeps_unspecified_phase():
+    tracker = make_tracker()
+    tracker.on_spawned(ev.WorkerSpawned("n-a", ATTEMPT, 0, 1000))
+    exited(tracker, 0, exit_code=1)
+    (failure,) = tracker.failures()
+    assert failure.phase is Phase.UNSPECIFIED and failure.pid == 1000
+
+
+def test_signal_is_a_failure_with_the_signal():
+    tracker = make_tracker()
+    start(tracker, 0)
+    exited(tracker, 0, sig=int(signal.SIGKILL), oom=True)
+    (failure,) = tracker.failures()
+    assert failure.signal == signal.SIGKILL and failure.exit_code is None and failure.oom_suspected
+    assert "SIGKILL (9)" in failure.cause and "out-of-memory" in failure.cause
+
+
+def test_spawn_error_is_a_failure_saying_so():
+    tracker = make_tracker()
+    exited(tracker, 3, exit_code=None, spawn_error="No such file or directory: 'python9'")
+    (failure,) = tracker.failures()
+    assert failure.exc_type == "WorkerProcessError"
+    assert "could not be started" in failure.message and "python9" in failure.message
+
+
+def test_reported_exception_then_exit_is_one_failure_with_both():
+    tracker = make_tracker()
+    start(tracker, 1)
+    reported(tracker, 1, time=40.0)
+    assert tracker.failed()
+    exited(tracker, 1, exit_code=1, time=41.0)
+    (failure,) = tracker.failures()
+    assert tracker.failure_order == [1]
+    assert failure.exc_type == "builtins.ValueError" and failure.message == "boom"
+    assert failure.exit_code == 1 and failure.signal is None
+    assert failure.node == "host-a" and failure.pid == 1001  # filled in from what the tracker knew
+    assert failure.time == 40.0  # when the exception happened, not when the process ended
+    assert failure.traceback.startswith("Traceback")
+    assert pickle.loads(tracker.exc_pickles()[1]).args == ("boom",)
+
+
+def test_second_reported_exception_is_ignored():
+    tracker = make_tracker()
+    start(tracker, 0)
+    reported(tracker, 0, message="first")
+    reported(tracker, 0, message="second")
+    (failure,) = tracker.failures()
+    assert failure.message == "first" and tracker.failure_order == [0]
+
+
+def test_exit_stopped_by_agent_is_not_a_failure():
+    tracker = make_tracker()
+    start(tracker, 0)
+    tracker.stop_requested = True
+    exited(tracker, 0, sig=int(signal.SIGTERM), stopped_by_agent=True)
+    exited(tracker, 1, sig=int(signal.SIGKILL), stopped_by_agent=True)
+    assert not tracker.failed() and tracker.failures() == []
+    assert tracker.ranks[0].exited and tracker.ranks[1].exited
+
+
+def test_duplicate_exit_is_ignored():
+    tracker = make_tracker()
+    start(tracker, 0)
+    exited(tracker, 0, exit_code=3)
+    exited(tracker, 0, exit_code=4)
+    (failure,) = tracker.failures()
+    assert failure.exit_code == 3
+
+
+def test_events_for_unknown_ranks_are_ignored():
+    tracker = make_tracker(num_workers=2)
+    tracker.on_spawned(ev.WorkerSpawned("n-a", ATTEMPT, 9, 1))
+    tracker.on_phase(ev.WorkerPhaseChanged(ATTEMPT, 9, Phase.TRAINING))
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 9))
+    reported(tracker, 9)
+    tracker.on_exited(ev.WorkerExited("n-a", ATTEMPT, 9, 1, 1, None, False, 1.0))
+    assert not tracker.failed() and sorted(tracker.ranks) == [0, 1]
+
+
+def test_node_lost_fails_its_unfinished_ranks_only():
+    tracker = make_tracker()
+    for rank in range(4):
+        start(tracker, rank)
+    tracker.on_node_lost("n-b", "heartbeats stopped", time=90.0)
+    assert tracker.failure_order == [2, 3]
+    for failure in tracker.failures():
+        assert failure.exc_type == "NodeLostError" and failure.node == "host-b"
+        assert "host-b" in failure.message and "heartbeats stopped" in failure.message
+        assert failure.time == 90.0 and failure.phase is Phase.TRAINING
+    assert tracker.ranks[2].exited and tracker.ranks[3].exited
+    assert not tracker.ranks[0].exited and not tracker.ranks[1].exited
+
+
+def test_node_lost_skips_exited_and_done_ranks():
+    tracker = make_tracker()
+    finish(tracker, 2)  # exited cleanly before the node went away
+    start(tracker, 3, Phase.FINISHING)
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 3))  # done, exit not yet seen
+    tracker.on_node_lost("n-b", "connection broke", time=1.0)
+    assert not tracker.failed()
+    assert tracker.ranks[3].exited
+
+
+def test_node_lost_during_stop_is_not_a_failure():
+    tracker = make_tracker()
+    for rank in range(4):
+        start(tracker, rank)
+    tracker.stop_requested = True
+    tracker.on_node_lost("n-a", "shut down", time=1.0)
+    assert not tracker.failed()
+    assert tracker.ranks[0].exited and tracker.ranks[1].exited
+
+
+def test_node_lost_keeps_an_already_reported_exception():
+    tracker = make_tracker()
+    start(tracker, 0)
+    reported(tracker, 0)
+    tracker.on_node_lost("n-a", "gone", time=99.0)
+    assert tracker.failure_order == [0, 1]
+    assert tracker.ranks[0].failure.exc_type == "builtins.ValueError"
+    assert tracker.ranks[1].failure.exc_type == "NodeLostError"
+
+
+def test_failure_order_keeps_arrival_order():
+    tracker = make_tracker()
+    for rank in range(4):
+        start(tracker, rank)
+    exited(tracker, 2, exit_code=1, time=5.0)
+    reported(tracker, 0, time=1.0)  # earlier timestamp, learned later
+    exited(tracker, 3, sig=9, time=6.0)
+    exited(tracker, 1, exit_code=7, time=7.0)
+    exited(tracker, 0, exit_code=1, time=8.0)
+    assert tracker.failure_order == [2, 0, 3, 1]
+    assert [f.rank for f in tracker.failures()] == [2, 0, 3, 1]
+    assert tracker.all_exited()
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_phase_is_recorded_as_sent(phase):
+    tracker = make_tracker(num_workers=1)
+    tracker.on_phase(ev.WorkerPhaseChanged(ATTEMPT, 0, phase))
+    exited(tracker, 0, exit_code=2)
+    assert tracker.failures()[0].phase is phase

@@ -1,0 +1,235 @@
+"""The layer rules of docs/architecture.md section 3, enforced on the AST of every minitrain module.
+
+Imports go downward only:
+  L0 vocabulary  config, errors, records, context, metrics, _session (stdlib + each other only)
+  L1 primitives  rpc/, procs, hostinfo, logs, launcher (L0 + L1 + third-party, never torch)
+  L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
+  L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
+Only worker/ and minitrain/torch/ may import torch, at module level or inside a function.
+
+Every import statement counts, wherever it is (functions, TYPE_CHECKING blocks), as do
+`importlib.import_module("literal")` calls and `minitrain.<LazyName>` attribute uses of the lazy
+package exports. A bare `import minitrain` is allowed anywhere: the package __init__ is lazy (the agent
+reads `minitrain.__version__`). A new module must be given a layer below before this test passes.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import minitrain
+import minitrain.torch as minitrain_torch
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE = ROOT / "minitrain"
+SKIP = {PACKAGE / "rpc" / "_gen"}  # generated code
+
+# Module (or package prefix) -> layer. Names from the architecture that do not exist yet are listed so
+# that adding them needs no edit here; anything else unlisted fails `test_every_module_has_a_layer`.
+L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.context", "minitrain.metrics",
+      "minitrain._session", "minitrain.clock"}
+L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.hostinfo", "minitrain.logs", "minitrain.launcher",
+      "minitrain.storage", "minitrain.checkpoint", "minitrain.net"}
+L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
+L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
+      "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface"}
+TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch"}
+LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
+
+
+def _within(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def _longest(module: str, prefixes: set[str]) -> str | None:
+    matches = [p for p in prefixes if _within(module, p)]
+    return max(matches, key=len) if matches else None
+
+
+def layer_of(module: str) -> tuple[int, str] | None:
+    """(layer, group) of a minitrain module; the group is the L2 runtime or the matched name."""
+    best: tuple[int, str] | None = None
+    for level, names in ((0, L0), (1, L1), (2, L2_RUNTIMES), (3, L3)):
+        match = _longest(module, names)
+        if match is not None and (best is None or len(match) > len(best[1])):
+            best = (level, match)
+    return best
+
+
+@dataclass(frozen=True)
+class Import:
+    target: str  # dotted module name
+    line: int
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_modules() -> list[tuple[str, Path]]:
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if any(skip in path.parents for skip in SKIP):
+            continue
+        found.append((module_name(path), path))
+    return found
+
+
+def _is_package_module(dotted: str) -> bool:
+    rel = Path(*dotted.split("."))
+    return (ROOT / rel).with_suffix(".py").exists() or (ROOT / rel / "__init__.py").exists()
+
+
+def _resolve_from(base: str, name: str) -> str:
+    """`from base import name` -> the module it really loads."""
+    candidate = f"{base}.{name}"
+    if base.split(".")[0] == "minitrain" and _is_package_module(candidate):
+        return candidate
+    lazy = LAZY_EXPORTS.get(base, {})
+    return lazy.get(name, base)
+
+
+def imports_of(module: str, path: Path) -> list[Import]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    is_package = path.name == "__init__.py"
+    package_parts = module.split(".") if is_package else module.split(".")[:-1]
+    bare_minitrain_aliases = set()
+    found: list[Import] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append(Import(alias.name, node.lineno))
+                if alias.name == "minitrain":
+                    bare_minitrain_aliases.add(alias.asname or "minitrain")
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package_parts[: len(package_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            for alias in node.names:
+                found.append(Import(_resolve_from(base, alias.name), node.lineno))
+        elif isinstance(node, ast.Call):
+            func = node.func
+            named = (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+                    (isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
+            if named and node.args and isinstance(node.args[0], ast.Constant) and \
+                    isinstance(node.args[0].value, str):
+                found.append(Import(node.args[0].value, node.lineno))
+    # `import minitrain` then `minitrain.report(...)`: the lazy export loads its real module.
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and \
+                node.value.id in bare_minitrain_aliases and node.attr in LAZY_EXPORTS["minitrain"]:
+            found.append(Import(LAZY_EXPORTS["minitrain"][node.attr], node.lineno))
+    return found
+
+
+def _top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def violations_of(module: str, path: Path) -> list[str]:
+    own = layer_of(module)
+    assert own is not None, module
+    level, group = own
+    problems = []
+    where = str(path.relative_to(ROOT)) if ROOT in path.parents else str(path)
+    for imp in imports_of(module, path):
+        target, top = imp.target, _top(imp.target)
+        at = f"{where}:{imp.line} imports {target}"
+        if top == "torch":
+            if not any(_within(module, allowed) for allowed in TORCH_ALLOWED):
+                problems.append(f"{at}: only worker/ and minitrain/torch/ may import torch")
+            continue
+        if top != "minitrain":
+            if level == 0 and top not in sys.stdlib_module_names:
+                problems.append(f"{at}: L0 modules use the standard library only")
+            continue
+        if target == "minitrain":
+            continue  # the lazy package __init__ (e.g. for __version__)
+        theirs = layer_of(target)
+        if theirs is None:
+            problems.append(f"{at}: {target} has no layer (add it to test_layering.py)")
+            continue
+        their_level, their_group = theirs
+        if their_level > level:
+            problems.append(f"{at}: L{level} must not import L{their_level} ({their_group})")
+        elif level == 2 and their_level == 2 and their_group != group:
+            problems.append(f"{at}: runtimes never import each other ({group} -> {their_group})")
+    return problems
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+def test_every_module_has_a_layer():
+    missing = [module for module, _ in source_modules() if layer_of(module) is None]
+    assert not missing, f"give these modules a layer in tests/unit/test_layering.py: {missing}"
+
+
+def test_walker_sees_the_modules_it_should():
+    names = {module for module, _ in source_modules()}
+    for expected in ("minitrain", "minitrain.config", "minitrain.rpc.auth", "minitrain.coordinator.states",
+                     "minitrain.agent.agent", "minitrain.worker.bootstrap", "minitrain.trainer"):
+        assert expected in names
+    assert not any(name.startswith("minitrain.rpc._gen") for name in names)
+
+
+def test_resolver_on_known_imports():
+    agent = dict(source_modules())["minitrain.agent.agent"]
+    targets = {imp.target for imp in imports_of("minitrain.agent.agent", agent)}
+    assert {"minitrain", "minitrain.hostinfo", "minitrain.procs", "minitrain.rpc.auth"} <= targets
+    distributed = dict(source_modules())["minitrain.worker.distributed"]
+    assert "torch" in {imp.target for imp in imports_of("minitrain.worker.distributed", distributed)}
+
+
+def test_the_checker_catches_upward_and_torch_imports(tmp_path):
+    """The rules themselves work: a planted bad module is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import minitrain\nfrom minitrain.trainer import TorchTrainer\n"
+                   "from minitrain import report\n\n"
+                   "def f():\n    import torch\n    from minitrain.agent import agent\n"
+                   "    return minitrain.Result\n")
+    problems = violations_of("minitrain.coordinator.bad", bad)
+    text = "\n".join(problems)
+    assert "minitrain.trainer" in text and "minitrain.train_api" in text and "minitrain.result" in text
+    assert "torch" in text and "runtimes never import each other" in text
+    assert len(problems) == 5, text
+
+
+@pytest.mark.parametrize(("module", "path"), source_modules(), ids=[m for m, _ in source_modules()])
+def test_module_respects_the_layers(module, path):
+    problems = violations_of(module, path)
+    assert not problems, "\n".join(problems)
+
+
+def _python(code: str, tmp_path: Path) -> str:
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_supervisors_start_without_torch(tmp_path):
+    code = ("import minitrain.agent.agent, minitrain.coordinator.run, minitrain.trainer, minitrain; "
+            "import sys; print('torch' in sys.modules)")
+    assert _python(code, tmp_path) == "False"
+
+
+def test_worker_never_loads_the_coordinator(tmp_path):
+    code = ("import minitrain.worker.bootstrap, minitrain, sys; "
+            "minitrain.report, minitrain.get_context, minitrain.get_checkpoint; "
+            "print(sorted(m for m in sys.modules if m.startswith(('minitrain.coordinator', "
+            "'minitrain.trainer', 'minitrain.agent'))))")
+    assert _python(code, tmp_path) == "[]"
