@@ -103,6 +103,27 @@ def _grouping_key(failure: WorkerFailure) -> tuple:
     return (failure.phase, failure.exc_type, failure.exit_code, failure.signal, failure.oom_suspected, text)
 
 
+# Errors a healthy rank raises because a peer died: they are consequences, not root causes.
+_PEER_LOSS = re.compile(
+    r"Connection reset by peer|Connection closed by peer|Broken pipe|Socket Timeout|"
+    r"NCCL communicator was aborted|ProcessGroupNCCL.*(?:abort|watchdog|timed out)|"
+    r"DistNetworkError|connection to the rendezvous store",
+    re.IGNORECASE,
+)
+
+
+def looks_like_peer_loss(failure: WorkerFailure) -> bool:
+    """True when the failure reads as a collective that broke because another rank went away."""
+    return bool(failure.exc_type) and bool(_PEER_LOSS.search(f"{failure.message}\n{failure.traceback}"))
+
+
+def root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
+    """The earliest failure that is not a consequence of a peer's loss (else the earliest)."""
+    ordered = sorted(failures, key=lambda f: (f.time, f.rank))
+    primary = [f for f in ordered if not looks_like_peer_loss(f)]
+    return (primary or ordered)[0]
+
+
 def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(str(r) for r in ranks)
 
@@ -110,13 +131,14 @@ def _ranks_text(ranks: list[int]) -> str:
 def render_failures(failures: list[WorkerFailure], attempt: int, remaining_hint: str = "") -> str:
     """The text of a `WorkerGroupError`: root cause first, identical failures grouped by rank.
 
-    The root cause is the earliest failure. Each group shows the ranks, node, pid, phase and cause,
+    The root cause is the earliest failure that is not a mere consequence of a peer's loss (a gloo
+    "Connection reset by peer" on a healthy rank, say); see `root_cause`. Each group shows the ranks, node, pid, phase and cause,
     then the traceback tail of its first member. `remaining_hint` is appended as the last line.
     """
     if not failures:
         return "Training failed, but no worker reported a failure."
     ordered = sorted(failures, key=lambda f: (f.time, f.rank))
-    root = ordered[0]
+    root = root_cause(failures)
     lines = [
         f"Training failed due to worker errors (attempt {attempt}).",
         f"Root cause: rank {root.rank} on {root.node} (pid {root.pid}) {root.phase.description}: {root.cause}",

@@ -301,3 +301,31 @@ def _read_key(path: Path, key: str) -> int | None:
         if name == key and value.strip().isdigit():
             return int(value)
     return None
+
+
+_PF_EXITING = 0x4  # include/linux/sched.h: set at the very start of do_exit()
+
+
+def _is_exiting(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            fields = handle.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return True  # no such process any more
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & _PF_EXITING)
+
+
+def has_exited(pid: int) -> bool:
+    """True when child `pid` has begun to exit, has exited, or is gone; it is never reaped here.
+
+    Unlike `Popen.poll()`, this answers correctly while another thread is blocked in `Popen.wait()`
+    (poll() then returns None, "unknown"). It also sees a process that is still tearing down: its
+    sockets close (so its peers fail) before it becomes a zombie, and during that window it is
+    already flagged PF_EXITING.
+    """
+    try:
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+    except ChildProcessError:
+        return True  # already reaped
+    return _is_exiting(pid)

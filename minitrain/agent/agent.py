@@ -213,23 +213,26 @@ class NodeAgent:
 
     def _wait_for_exit(self, worker: WorkerProcess) -> None:
         returncode = worker.process.wait()
+        exited_at = time.time()  # before draining output: the root-cause order depends on it
         for reader in worker.readers:
             reader.join(timeout=OUTPUT_DRAIN_S)
         # Leftovers of its process group (e.g. DataLoader children) must not outlive the worker.
         procs.stop_process_group(worker.process, grace_s=0.0)
         self._send_exit(worker.attempt, worker.rank, worker.process.pid, returncode,
-                        stopped=worker.stopped_by_agent)
+                        stopped=worker.stopped_by_agent, exited_at=exited_at)
         worker.exited.set()
 
     def _send_exit(self, attempt: int, rank: int, pid: int, returncode: Optional[int],
-                   stopped: bool = False, exc: Optional[BaseException] = None) -> None:
+                   stopped: bool = False, exc: Optional[BaseException] = None,
+                   exited_at: Optional[float] = None) -> None:
         exit_code, signum = procs.decode_returncode(returncode) if returncode is not None else (None, None)
         oom = False
         if signum == signal.SIGKILL and not stopped:
             count = procs.oom_kill_count()
             oom = count is not None and self._oom_baseline is not None and count > self._oom_baseline
         exited = pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0,
-                                 signal=signum or 0, stopped_by_agent=stopped, exited_at=time.time(),
+                                 signal=signum or 0, stopped_by_agent=stopped,
+                                 exited_at=exited_at if exited_at is not None else time.time(),
                                  spawn_error=f"{type(exc).__name__}: {exc}" if exc else "",
                                  oom_suspected=oom)
         self._outbox.put(self._message(exited=exited))
@@ -250,7 +253,9 @@ class NodeAgent:
         """Stop the workers in parallel; each: SIGTERM its group, grace, SIGKILL, bounded wait."""
         threads = []
         for worker in workers:
-            if worker.process.poll() is not None:
+            if procs.has_exited(worker.process.pid):
+                # It is dying or dead on its own (peers that saw its sockets close are why we were
+                # told to stop): that exit is a fact to report, not our doing.
                 continue
             worker.stopped_by_agent = True
             thread = threading.Thread(target=procs.stop_process_group, args=(worker.process,),

@@ -13,7 +13,6 @@ import json
 import os
 import socket
 import sys
-import threading
 import time
 import traceback
 from typing import Any
@@ -109,13 +108,14 @@ class WorkerRun:
     def execute(self) -> int:
         """Run the phases; capture any failure; flush everything to the coordinator."""
         b = self._bootstrap
-        # Importing torch takes most of a worker's start-up; overlap it with the connection and the
-        # assignment round trip. Later imports of torch simply wait for this one to finish.
-        threading.Thread(target=_preimport_torch, name="minitrain-preimport", daemon=True).start()
         try:
             self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
             self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))
             self._enter(Phase.STARTUP)
+            # Importing torch takes most of a worker's start-up. Do it while gRPC's own threads carry
+            # the hello and fetch the assignment. It stays on this thread: importing torch from two
+            # threads at once breaks its C-extension initialisation.
+            _preimport_torch()
             assignment = self._client.wait_assignment(ASSIGNMENT_TIMEOUT_S)
             distributed.set_rank_environment(assignment)
             train_fn, config, takes_config = _load_payload(assignment.payload)

@@ -262,3 +262,18 @@ def test_local_mode_runs_in_the_driver(tmp_path):
     assert result.metrics == {"step": 2, "world": 1}
     assert result.return_value == "done" and result.path is None
     assert not (tmp_path / "local").exists()
+
+
+def _make_closure(scale: float):
+    offset = {"value": 10.0}  # captured state, not a global: cloudpickle ships it by value
+
+    def train(config):
+        minitrain.report({"value": scale * minitrain.get_context().get_world_size() + offset["value"]})
+
+    return train
+
+
+def test_closure_runs_on_workers(tmp_path):
+    result = TorchTrainer(_make_closure(3.0), scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="closure", storage_path=str(tmp_path))).fit()
+    assert result.metrics == {"value": 16.0}

@@ -282,3 +282,19 @@ def test_oom_kill_count_is_none_without_a_memory_cgroup(tmp_path):
     proc_self = _fake_proc_self(tmp_path, "0::/\n", "")
     assert procs.oom_kill_count(proc_self) is None
     assert procs.oom_kill_count(tmp_path / "missing") is None
+
+
+def test_has_exited_sees_running_dead_and_reaped_children():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert procs.has_exited(child.pid) is False
+        child.kill()
+        deadline = time.monotonic() + 10
+        while not procs.has_exited(child.pid):  # a zombie counts as exited, and is not reaped
+            assert time.monotonic() < deadline, "the killed child never showed as exited"
+            time.sleep(0.01)
+        assert child.poll() is not None  # still reapable: has_exited did not reap it
+        assert procs.has_exited(child.pid) is True
+    finally:
+        child.kill()
+        child.wait()

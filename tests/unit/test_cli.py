@@ -33,6 +33,17 @@ def test_cli_trains_the_quickstart_function(tmp_path):
     assert (tmp_path / "cli" / "logs" / "attempt_0" / "rank_1.log").exists()
 
 
+@pytest.mark.e2e
+def test_cli_runs_a_script_whose_train_function_lives_in_main(tmp_path):
+    # In script mode quickstart's train_func is defined in __main__: it reaches workers by value.
+    command = [sys.executable, "-m", "minitrain.launch", str(ROOT / "examples" / "quickstart.py"),
+               "--epochs", "2", "--storage-path", str(tmp_path)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr
+    assert "loss dropped" in done.stdout and "(rank 0, " in done.stdout
+
+
 def test_cli_rejects_a_config_that_is_not_an_object(tmp_path):
     done = subprocess.run([sys.executable, "-m", "minitrain.launch", "x.py:f", "--config", "[1]"],
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,

@@ -231,3 +231,14 @@ def test_public_names_are_exported_from_the_package():
     for name in ("TrainingFailedError", "WorkerGroupError", "ControllerError", "ConfigError",
                  "RemoteWorkerError", "WorkerProcessError"):
         assert getattr(minitrain, name) is getattr(errors, name)
+
+
+def test_peer_loss_errors_are_not_chosen_as_root_cause():
+    # Rank 0's gloo error is stamped before rank 1's death was seen: the death is still the root.
+    consequence = failure(0, 1.0, exc_type="builtins.RuntimeError",
+                          message="[gloo/pair.cc:553] Connection closed by peer [127.0.0.1]:5000")
+    death = failure(1, 1.2, signal=int(signal.SIGKILL))
+    text = render_failures([consequence, death], attempt=0)
+    assert "Root cause: rank 1 " in text and "SIGKILL" in text.splitlines()[1]
+    # With only consequences at hand, the earliest one is still named.
+    assert "Root cause: rank 0 " in render_failures([consequence], attempt=0)
