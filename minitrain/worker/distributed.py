@@ -62,14 +62,3 @@ def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     dist.init_process_group(backend, store=store, rank=assignment.rank, world_size=world_size,
                             timeout=timeout)
     return store
-
-
-def destroy_process_group() -> None:
-    """Tear down the default process group if one is up (best effort, never raises)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:  # teardown must not turn a success into a failure
-        pass

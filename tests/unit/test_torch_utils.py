@@ -312,7 +312,10 @@ _DDP_WORKER = textwrap.dedent(
         "grad": model.module.weight.grad.flatten().tolist(),
     }
     (tmp / f"rank{rank}.json").write_text(json.dumps(result))
-    dist.destroy_process_group()
+    dist.barrier()
+    # Exit as minitrain workers do: rank 0 hosts the TCPStore, and a peer still tearing down its
+    # process group when rank 0 is gone can abort ("terminate called without an active exception").
+    os._exit(0)
     """
 )
 
