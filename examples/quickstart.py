@@ -4,7 +4,9 @@
 
 Each worker builds the same synthetic dataset (y = X @ w_true + noise, fixed seed; nothing is
 downloaded), trains a small MLP on its shard with DistributedDataParallel over gloo, and reports its
-loss every epoch. `result.metrics` is rank 0's last report.
+loss every epoch together with a checkpoint. Running it again with the same `--storage-path` resumes
+from the latest checkpoint (pass a larger `--epochs` to train further). `result.metrics` is rank 0's
+last report.
 
 The training function alone also runs under the launcher:
 
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
 
 import torch
 from torch import nn
@@ -23,7 +26,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import minitrain
 from minitrain import RunConfig, ScalingConfig
-from minitrain.torch import TorchTrainer, prepare_data_loader, prepare_model
+from minitrain.torch import TorchTrainer, get_device, prepare_data_loader, prepare_model
 
 NUM_SAMPLES = 4096
 NUM_FEATURES = 16
@@ -39,7 +42,7 @@ def make_dataset(num_samples: int = NUM_SAMPLES, num_features: int = NUM_FEATURE
 
 
 def train_func(config: dict) -> None:
-    """Runs on every worker: train, and report {"epoch", "loss", "first_loss"} once per epoch."""
+    """Runs on every worker: train, then report {"epoch", "loss"} and a checkpoint once per epoch."""
     epochs = config.get("epochs", 5)
     context = minitrain.get_context()
     is_rank_zero = context.get_world_rank() == 0
@@ -51,8 +54,19 @@ def train_func(config: dict) -> None:
     loader = DataLoader(make_dataset(), batch_size=config.get("batch_size", 64), shuffle=True)
     loader = prepare_data_loader(loader)  # gives each worker its own shard
 
+    start_epoch = 0
+    checkpoint = minitrain.get_checkpoint()  # set when resuming a run of the same name
+    if checkpoint:
+        with checkpoint.as_directory() as checkpoint_dir:
+            state = torch.load(os.path.join(checkpoint_dir, "state.pt"), map_location=get_device())
+        _unwrap(model).load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start_epoch = state["epoch"] + 1
+        if is_rank_zero:
+            print(f"resuming after epoch {state['epoch']}")
+
     first_loss = None
-    for epoch in range(epochs):
+    for epoch in range(start_epoch, epochs):
         if context.get_world_size() > 1:
             loader.sampler.set_epoch(epoch)  # a different shuffle every epoch
         total, batches = 0.0, 0
@@ -64,11 +78,22 @@ def train_func(config: dict) -> None:
             total += loss.item()
             batches += 1
         epoch_loss = total / max(batches, 1)  # this worker's shard; rank 0's value is the one kept
-
         first_loss = epoch_loss if first_loss is None else first_loss
-        minitrain.report({"epoch": epoch, "loss": epoch_loss, "first_loss": first_loss})
+
+        with tempfile.TemporaryDirectory() as tmp:
+            checkpoint = None
+            if is_rank_zero:  # one copy of the (replicated) weights is enough
+                state = {"epoch": epoch, "model": _unwrap(model).state_dict(), "optimizer": optimizer.state_dict()}
+                torch.save(state, os.path.join(tmp, "state.pt"))
+                checkpoint = minitrain.Checkpoint.from_directory(tmp)
+            minitrain.report({"epoch": epoch, "loss": epoch_loss, "first_loss": first_loss}, checkpoint=checkpoint)
         if is_rank_zero:
             print(f"epoch {epoch}: loss {epoch_loss:.4f}")
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    """The user's model inside a DistributedDataParallel wrapper (or the model itself)."""
+    return getattr(model, "module", model)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-workers", type=int, default=2, help="training processes (default 2)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs in total (default 5)")
     parser.add_argument("--storage-path", default="~/minitrain_results",
-                        help="where the run directory goes (default ~/minitrain_results)")
+                        help="where the run's checkpoints go (default ~/minitrain_results)")
     args = parser.parse_args(argv)
 
     trainer = TorchTrainer(
@@ -89,11 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     result = trainer.fit()
     print(f"result.metrics: {result.metrics}")
 
+    if result.metrics is None or result.metrics["epoch"] < 1:
+        print("fewer than two epochs ran in this call; nothing to compare")
+        return 0
     first, last = result.metrics["first_loss"], result.metrics["loss"]
     if not last < first:
         print(f"FAILED: loss did not drop ({first:.4f} -> {last:.4f})", file=sys.stderr)
         return 1
-    print(f"loss dropped from {first:.4f} to {last:.4f}; logs are in {result.path}/logs")
+    print(f"loss dropped from {first:.4f} to {last:.4f}; latest checkpoint: {result.checkpoint.path}")
     return 0
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import signal as _signal
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class Phase(enum.IntEnum):
@@ -120,6 +121,7 @@ class ReportRecord:
     metrics: dict
     reported_at: float
     checkpoint_dir_name: str = ""
+    wants_ack: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,6 +140,20 @@ class Step:
     time: float
 
 
+@dataclass(frozen=True)
+class RunPayload:
+    """What every worker unpickles: the training function, its config, and the run's storage.
+
+    `storage` is a `minitrain.storage.Storage` (fsspec filesystems pickle), so workers upload to the
+    same place the coordinator commits in.
+    """
+
+    train_fn: Any
+    config: Any
+    takes_config: bool
+    storage: Any
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What the coordinator hands back to the trainer when a run ends."""
@@ -147,5 +163,6 @@ class RunOutcome:
     last_metrics: dict | None
     metrics_history: tuple[dict, ...] = ()
     failures: tuple[WorkerFailure, ...] = ()
-    exceptions: dict = field(default_factory=dict)  # rank -> rebuilt exception, for WorkerGroupError
+    exceptions: dict = field(default_factory=dict)  # rank -> pickled exception, for WorkerGroupError
     error_message: str = ""
+    return_value: bytes = b""  # rank 0's pickled return value

@@ -10,28 +10,33 @@ from typing import Any, Optional
 
 from minitrain import _session
 from minitrain.context import TrainContext
+from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 
 
 def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
-           checkpoint_upload_mode: Any = None, delete_local_checkpoint_after_upload: Optional[bool] = None,
+           checkpoint_upload_mode: CheckpointUploadMode = CheckpointUploadMode.SYNC,
+           delete_local_checkpoint_after_upload: Optional[bool] = None,
            checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
-    """Report this rank's metrics (and, later, a checkpoint) for the current round.
+    """Report this rank's metrics, and optionally a checkpoint, for the current round.
 
     Without a checkpoint the call returns at once: it never waits for the other ranks (unlike Ray,
     where every report is a barrier). Metrics must be JSON-safe; a value that is not (a tensor, say)
-    raises ValueError naming its key. Rank 0's reports form the run's metrics history, and
-    `Result.metrics` is rank 0's last report.
+    raises ValueError naming its key. Rank 0's reports form the run's metrics history (also in
+    `<run>/metrics.jsonl`), and `Result.metrics` is rank 0's last report.
+
+    With a checkpoint, this rank's directory is uploaded into `<run>/<checkpoint_dir_name>/` (every
+    rank of the round merges into that one directory; the default name comes from the round number,
+    so ranks agree without talking) and the call returns once the coordinator recorded the report.
+    The round is committed when every rank has reported it: the index is replaced atomically, then
+    checkpoints evicted by `CheckpointConfig` are deleted. `checkpoint_upload_mode`: SYNC (upload,
+    then return), ASYNC (return at once; uploads run in order in the background, and a failed upload
+    fails the worker), NO_UPLOAD (the directory already lies in the run directory).
+    `delete_local_checkpoint_after_upload` defaults to True for ASYNC, False otherwise.
     """
-    options = {}
-    if checkpoint_upload_mode is not None:
-        options["checkpoint_upload_mode"] = checkpoint_upload_mode
-    if delete_local_checkpoint_after_upload is not None:
-        options["delete_local_checkpoint_after_upload"] = delete_local_checkpoint_after_upload
-    if checkpoint_upload_fn is not None:
-        options["checkpoint_upload_fn"] = checkpoint_upload_fn
-    if validation:
-        options["validation"] = validation
-    _session.current("report").report(metrics, checkpoint, checkpoint_dir_name, **options)
+    _session.current("report").report(
+        metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode=checkpoint_upload_mode,
+        delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
+        checkpoint_upload_fn=checkpoint_upload_fn, validation=validation)
 
 
 def get_checkpoint() -> Any:
@@ -42,6 +47,15 @@ def get_checkpoint() -> Any:
 def get_context() -> TrainContext:
     """This worker's `TrainContext` (ranks, world sizes, experiment name)."""
     return _session.current("get_context").context
+
+
+def get_all_reported_checkpoints(consistency_mode: Any = None,
+                                 timeout_s: Optional[float] = None) -> list[ReportedCheckpoint]:
+    """The run's committed checkpoints (across attempts and resumed runs) with their metrics, in
+    retention order, once this rank's earlier reports have been recorded. Empty in local mode."""
+    session = _session.current("get_all_reported_checkpoints")
+    lister = getattr(session, "get_all_reported_checkpoints", None)
+    return lister(timeout_s) if lister is not None else []
 
 
 def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:

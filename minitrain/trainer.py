@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import math
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from typing import Any, Callable, Optional
 
 import cloudpickle
 
 from minitrain import _session, hostinfo
+from minitrain.checkpoint import Checkpoint
+from minitrain.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
+from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.run import run_coordinator
 from minitrain.errors import (
     ConfigError, ControllerError, LaunchError, RemoteWorkerError, WorkerGroupError, WorkerProcessError,
@@ -23,8 +29,9 @@ from minitrain.errors import (
 from minitrain.launcher import LocalLauncher
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
-from minitrain.records import RunOutcome, WorkerFailure
+from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
+from minitrain.storage import Storage, StorageError
 
 logger = logging.getLogger("minitrain")
 
@@ -108,13 +115,17 @@ class TorchTrainer:
         configure_driver_logging(self.run_config.logging_config.log_level)
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
-        payload = self._payload()
+        storage = _prepare_storage(self.run_config)
+        payload = self._payload(storage)
         self._check_gpus()
-        run_path = _prepare_run_dir(self.run_config)
+        checkpoints = _load_checkpoints(storage, self.run_config)
+        if checkpoints.resumed:
+            logger.info("resuming run %r from %s (latest checkpoint: %s)", self.run_config.name, storage.url(),
+                        checkpoints.latest.dir_name if checkpoints.latest else "none")
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             experiment_name=self.run_config.name,
-            run_path=run_path,
+            run_path=storage.url(),
             num_workers=self.scaling_config.num_workers,
             node_ids=(LOCAL_NODE_ID,),
             payload=payload,
@@ -126,16 +137,52 @@ class TorchTrainer:
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
         )
-        log_sink = LogSink(os.path.join(run_path, "logs"))
+        logs_dir = storage.path("logs") if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
+        log_sink = LogSink(logs_dir)
         try:
-            outcome = run_coordinator(spec, LocalLauncher(pythonpath=_driver_pythonpath()), log_sink)
+            outcome = run_coordinator(spec, LocalLauncher(pythonpath=_driver_pythonpath()), log_sink,
+                                      checkpoints, MetricsLog(storage))
         except LaunchError as exc:
             raise ControllerError(exc) from None
         finally:
             log_sink.close()
-        return _result_or_raise(outcome, run_path)
+            if not storage.is_local:
+                _upload_logs(storage, logs_dir)
+        return _result_or_raise(outcome, storage, checkpoints)
 
-    def _payload(self) -> bytes:
+    # ------------------------------------------------------------------ restore (the seeds' API)
+
+    @classmethod
+    def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
+        """True when `path` (a run directory `<storage_path>/<name>`) holds a checkpoint index."""
+        storage = _storage_at(path, storage_filesystem)
+        return storage.exists(INDEX_NAME)
+
+    @classmethod
+    def restore(cls, path: str, train_loop_per_worker: Optional[Callable] = None,
+                train_loop_config: Optional[dict] = None, storage_filesystem: Any = None,
+                **trainer_kwargs: Any) -> "TorchTrainer":
+        """A trainer that resumes the run in `path` when `fit()` is called.
+
+        The run's name and storage path come from `path`; pass the training function again (minitrain
+        never unpickles a trainer from storage). Other keyword arguments are TorchTrainer's; a given
+        `run_config` keeps its other fields. Equivalent to re-running with the same RunConfig(name,
+        storage_path).
+        """
+        if train_loop_per_worker is None:
+            raise ConfigError("TorchTrainer.restore(path, train_loop_per_worker=...) needs the training "
+                              "function: minitrain does not store a pickled trainer in the run directory.")
+        if not cls.can_restore(path, storage_filesystem):
+            raise ConfigError(f"TorchTrainer.restore({path!r}): no {INDEX_NAME} there, so there is no run to "
+                              "resume. Check the path (it is <storage_path>/<name>).")
+        parent, name = path.rstrip("/").rsplit("/", 1) if "/" in path.rstrip("/") else (".", path)
+        base = trainer_kwargs.pop("run_config", None) or RunConfig(name=name)
+        run_config = dataclasses.replace(base, name=name, storage_path=parent,
+                                         storage_filesystem=storage_filesystem or base.storage_filesystem)
+        return cls(train_loop_per_worker, train_loop_config=train_loop_config, run_config=run_config,
+                   **trainer_kwargs)
+
+    def _payload(self, storage: Storage) -> bytes:
         try:
             cloudpickle.dumps(self.train_loop_per_worker)
         except Exception as exc:
@@ -143,8 +190,8 @@ class TorchTrainer:
                 f"train_loop_per_worker cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
                 "worker. Create unpicklable objects (locks, open files, sockets) inside the function.") from exc
         try:
-            return cloudpickle.dumps((self.train_loop_per_worker, self.train_loop_config or {},
-                                      self._takes_config))
+            return cloudpickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
+                                                self._takes_config, storage))
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
@@ -203,11 +250,16 @@ class _LocalSession:
 
     def report(self, metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
                **options: Any) -> None:
+        """Remember the last metrics and checkpoint (nothing is uploaded in local mode, as in Ray)."""
         encode_metrics(metrics)  # the same JSON-safety rule as in workers
+        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"minitrain.report(checkpoint=...) expects a minitrain.Checkpoint, got "
+                            f"{type(checkpoint).__name__}; use minitrain.Checkpoint.from_directory(path).")
         self.last_metrics = dict(metrics)
         self.last_checkpoint = checkpoint
 
     def get_checkpoint(self) -> Any:
+        """The last reported checkpoint argument (None after a metrics-only report), as Ray's local mode."""
         return self.last_checkpoint
 
 
@@ -222,20 +274,41 @@ def _driver_pythonpath() -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _prepare_run_dir(run_config: RunConfig) -> str:
-    run_path = run_config.run_path
-    if "://" in run_path and not run_path.startswith("file://"):
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r}: only local paths are "
-                          "supported so far. Use a local or NFS directory.")
-    run_path = run_path.removeprefix("file://")
+def _storage_at(path: str, storage_filesystem: Any = None) -> Storage:
+    parent, _, name = path.rstrip("/").rpartition("/")
+    return Storage.for_run(parent or ".", name, storage_filesystem)
+
+
+def _prepare_storage(run_config: RunConfig) -> Storage:
+    """The run directory, checked writable before any process starts (ConfigError otherwise)."""
     try:
-        os.makedirs(run_path, exist_ok=True)
-        with open(os.path.join(run_path, ".validate_storage_marker"), "w"):
-            pass
-    except OSError as exc:
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not writable "
-                          f"({exc.strerror}: {exc.filename}). Choose a directory you can write to.") from None
-    return run_path
+        storage = Storage.for_run(run_config.storage_path, run_config.name, run_config.storage_filesystem)
+    except (ValueError, ImportError) as exc:
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} cannot be used: {exc}") from None
+    if storage.fs.protocol in ("memory", ("memory",)) or type(storage.fs).__name__ == "MemoryFileSystem":
+        raise ConfigError(
+            f"RunConfig.storage_path={run_config.storage_path!r}: memory:// storage lives inside one process, "
+            "and workers are separate processes that could not see it. Use a local or NFS directory, or an "
+            "object store such as s3://, or ScalingConfig(num_workers=0) to run in this process.")
+    try:
+        storage.validate_writable()
+    except StorageError as exc:
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
+    return storage
+
+
+def _load_checkpoints(storage: Storage, run_config: RunConfig) -> CheckpointManager:
+    # A corrupted index is an error here, before any process starts; it never silently starts fresh.
+    return CheckpointManager.load(storage, run_config.checkpoint_config)
+
+
+def _upload_logs(storage: Storage, logs_dir: str) -> None:
+    try:
+        storage.upload_dir(logs_dir, "logs")
+    except Exception as exc:  # the run's result matters more than its logs
+        logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url("logs"), exc)
+        return
+    shutil.rmtree(logs_dir, ignore_errors=True)
 
 
 def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
@@ -253,10 +326,24 @@ def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> B
                               exit_code=failure.exit_code, signal=failure.signal)
 
 
-def _result_or_raise(outcome: RunOutcome, run_path: str) -> Result:
-    if outcome.state == "SUCCEEDED":
-        return Result(metrics=outcome.last_metrics, checkpoint=None, error=None, path=run_path)
-    if not outcome.failures:
-        raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
-    exceptions = {f.rank: _rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
-    raise WorkerGroupError(outcome.error_message, exceptions)
+def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager) -> Result:
+    if outcome.state != "SUCCEEDED":
+        if not outcome.failures:
+            raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
+        exceptions = {f.rank: _rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
+        raise WorkerGroupError(outcome.error_message, exceptions)
+
+    def checkpoint(record) -> Checkpoint:
+        return Checkpoint(storage.path(record.dir_name), filesystem=storage.fs)
+
+    latest = checkpoints.latest
+    return Result(
+        metrics=outcome.last_metrics,
+        checkpoint=checkpoint(latest) if latest is not None else None,
+        error=None,
+        path=storage.path(),
+        best_checkpoints=[(checkpoint(r), r.metrics) for r in checkpoints.best()],
+        _storage_filesystem=storage.fs,
+        return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
+        _metrics_history=[entry["metrics"] for entry in read_metrics_history(storage)],
+    )

@@ -7,6 +7,7 @@ and applies the failure budget. Nothing else decides to retry or give up.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import time
@@ -15,11 +16,14 @@ from typing import Callable, Mapping, Optional, Protocol
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.errors import LaunchError, render_failures
-from minitrain.records import NodeInfo, RunOutcome, WorkerAssignment
+from minitrain.records import NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
+from minitrain.retention import CheckpointRecord
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -37,6 +41,27 @@ class FailurePolicy(Protocol):
 
     def allows_retry(self, failures_so_far: int) -> bool:
         """True when one more attempt may start after `failures_so_far` failures."""
+
+
+class CheckpointBook(Protocol):
+    """The part of `minitrain.checkpoint_manager.CheckpointManager` the controller uses."""
+
+    report_index: int
+    latest: Optional[CheckpointRecord]
+    records: list
+    committed_dir_names: set
+
+    def register(self, record: CheckpointRecord):
+        """Commit a checkpoint: index first, then evictions."""
+
+    def advance_report_index(self, n: int) -> None:
+        """Rounds up to n were processed."""
+
+    def delete_garbage(self) -> list[str]:
+        """Remove directories of uncommitted checkpoints."""
+
+    def save(self) -> None:
+        """Write the index now."""
 
 
 class AgentHandles(Protocol):
@@ -76,8 +101,14 @@ class Controller:
     """Runs attempts until the run succeeds, fails past its budget, or is aborted."""
 
     def __init__(self, spec: RunSpec, hub: Hub, events: "queue.SimpleQueue[ev.RunEvent]",
-                 agents: AgentHandles, clock: Callable[[], float] = time.time):
+                 agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
+                 clock: Callable[[], float] = time.time):
         self._spec = spec
+        self._checkpoints = checkpoints
+        self._metrics_log = metrics_log
+        self._rounds: Optional[RoundTracker] = None
+        self._report_base = 0
+        self._return_value = b""
         self._hub = hub
         self._events = events
         self._agents = agents
@@ -116,6 +147,15 @@ class Controller:
                               error_message=str(exc))
         finally:
             self._shutdown_agents()
+            self._persist()
+
+    def _persist(self) -> None:
+        """Keep the metrics history and the report counter, however the run ended."""
+        try:
+            self._metrics_log.flush()
+            self._checkpoints.save()
+        except Exception as exc:  # the run's own outcome matters more; say what was not saved
+            logger.error("could not save the run's metrics history or index: %s", exc)
 
     def _run_attempts(self) -> RunOutcome:
         while True:
@@ -157,12 +197,18 @@ class Controller:
             self._next_event()
 
     def _start_attempt(self) -> AttemptTracker:
+        garbage = self._checkpoints.delete_garbage()
+        if garbage:
+            logger.info("removed %d uncommitted checkpoint director%s: %s", len(garbage),
+                        "y" if len(garbage) == 1 else "ies", ", ".join(garbage))
         nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes]
         assignments = assign_ranks(nodes, self._spec.num_workers, self._spec.gpus_per_worker,
                                    self._spec.placement_strategy)
         names = {n.node_id: n.hostname for n in nodes}
         tracker = AttemptTracker.create(self._attempt, assignments, names)
         self._tracker = tracker
+        self._rounds = RoundTracker(len(assignments))
+        self._report_base = self._checkpoints.report_index
         by_node: dict[str, list[WorkerAssignment]] = {}
         for assignment in assignments:
             by_node.setdefault(assignment.node_id, []).append(assignment)
@@ -272,6 +318,11 @@ class Controller:
             tracker.on_spawned(event)
         elif isinstance(event, ev.WorkerDone):
             tracker.on_done(event)
+            if event.rank == 0:
+                self._return_value = event.return_value
+            self._complete(tracker, self._rounds.finish(event.rank, event.reports))
+        elif isinstance(event, ev.CheckpointsRequested):
+            self._send_checkpoint_list(event)
         elif isinstance(event, ev.WorkerFailed):
             tracker.on_failed(event)
         elif isinstance(event, ev.WorkerExited):
@@ -286,11 +337,52 @@ class Controller:
     def _on_report(self, event: ev.ReportReceived) -> None:
         report = event.report
         tracker = self._tracker
-        if tracker is None or report.attempt != tracker.attempt:
+        if tracker is None or report.attempt != tracker.attempt or tracker.stop_requested:
             return
         if report.rank == 0:
             self._history.last_metrics = report.metrics
             self._history.metrics.append(report.metrics)
+            self._metrics_log.append(report.metrics, self._report_base + report.round, report.attempt,
+                                     report.reported_at)
+        try:
+            completed = self._rounds.add(report.rank, report.round, report.metrics, report.checkpoint_dir_name)
+        except RoundConflict as exc:
+            self._fail_rank(tracker, report.rank, "CheckpointDirConflict", str(exc))
+            return
+        self._complete(tracker, completed)
+        if report.wants_ack:
+            ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=report.round))
+            self._hub.send_to_worker(tracker.attempt, report.rank, ack)
+
+    def _complete(self, tracker: AttemptTracker, completed: list[CompletedRound]) -> None:
+        """Commit the checkpoint rounds among `completed`: the index is written before any ack."""
+        for done in completed:
+            index = self._report_base + done.round
+            self._checkpoints.advance_report_index(index + 1)
+            if not done.checkpoint_dir_name:
+                continue
+            record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
+                                      report_index=index, attempt=tracker.attempt, committed_at=self._clock())
+            try:
+                self._metrics_log.flush()
+                self._checkpoints.register(record)
+            except ValueError as exc:  # e.g. a non-numeric checkpoint_score_attribute
+                self._fail_rank(tracker, 0, type(exc).__name__, str(exc))
+                return
+            logger.debug("committed %s (round %d)", record.dir_name, index)
+
+    def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
+        state = tracker.ranks[rank]
+        tracker.on_failed(ev.WorkerFailed(tracker.attempt, WorkerFailure(
+            rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
+            exc_type=exc_type, message=message), b""))
+
+    def _send_checkpoint_list(self, event: ev.CheckpointsRequested) -> None:
+        entries = [pb.CheckpointEntry(dir_name=r.dir_name, metrics_json=json.dumps(r.metrics))
+                   for r in self._checkpoints.records]
+        command = pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=event.request_id,
+                                                                     checkpoints=entries))
+        self._hub.send_to_worker(event.attempt, event.rank, command)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
@@ -313,6 +405,10 @@ class Controller:
             dist_timeout_s=self._spec.dist_timeout_s, payload=self._spec.payload,
             store_address=rank0_node.address, storage_path=self._spec.run_path,
         )
+        latest = self._checkpoints.latest
+        message.initial_checkpoint_dir = latest.dir_name if latest is not None else ""
+        message.report_index_base = self._report_base
+        message.committed_dir_names.extend(sorted(self._checkpoints.committed_dir_names))
         self._hub.send_to_worker(tracker.attempt, event.rank, pb.WorkerCommand(assignment=message))
         if tracker.rendezvous is not None:
             self._send_rendezvous(tracker, event.rank)
@@ -335,6 +431,6 @@ class Controller:
         return RunOutcome(
             state=state, attempt=tracker.attempt, last_metrics=self._history.last_metrics,
             metrics_history=tuple(self._history.metrics), failures=failures,
-            exceptions=tracker.exc_pickles(), error_message=message,
+            exceptions=tracker.exc_pickles(), error_message=message, return_value=self._return_value,
         )
 

@@ -89,6 +89,17 @@ class WorkerDone(RunEvent):
 
     attempt: int
     rank: int
+    reports: int = 0
+    return_value: bytes = b""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointsRequested(RunEvent):
+    """A worker asked for the run's committed checkpoints."""
+
+    attempt: int
+    rank: int
+    request_id: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,8 @@ import logging
 import queue
 from typing import Protocol
 
-from minitrain.coordinator.controller import AgentHandles, Controller, RunSpec
+from minitrain.coordinator.controller import AgentHandles, CheckpointBook, Controller, RunSpec
+from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
 from minitrain.errors import LaunchError
@@ -26,6 +27,7 @@ class Launcher(Protocol):
 
 
 def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
+                    checkpoints: CheckpointBook, metrics_log: MetricsLog,
                     bind_host: str = "127.0.0.1") -> RunOutcome:
     """Serve one run to its end and leave nothing running.
 
@@ -43,7 +45,7 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
             agents = launcher.start(list(spec.node_ids), server.address, token, spec.run_id)
         except OSError as exc:
             raise LaunchError(f"could not start the node agents: {exc}") from exc
-        return Controller(spec, hub, events, agents).run()
+        return Controller(spec, hub, events, agents, checkpoints, metrics_log).run()
     finally:
         if agents is not None:
             agents.stop()

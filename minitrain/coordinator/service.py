@@ -235,7 +235,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 elif kind == "store_ready":
                     put(ev.StoreReady(attempt, message.store_ready.address, message.store_ready.port))
                 elif kind == "done":
-                    put(ev.WorkerDone(attempt, rank))
+                    done = message.done
+                    put(ev.WorkerDone(attempt, rank, done.reports, done.return_value))
+                elif kind == "list_checkpoints":
+                    put(ev.CheckpointsRequested(attempt, rank, message.list_checkpoints.request_id))
                 elif kind == "failure":
                     failure = convert.failure_from_message(rank, "", 0, message.failure)
                     put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
@@ -257,4 +260,4 @@ def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
 def _report_record(attempt: int, rank: int, report: pb.Report) -> ReportRecord:
     return ReportRecord(attempt=attempt, rank=rank, round=report.round,
                         metrics=json.loads(report.metrics_json), reported_at=report.reported_at,
-                        checkpoint_dir_name=report.checkpoint_dir_name)
+                        checkpoint_dir_name=report.checkpoint_dir_name, wants_ack=report.wants_ack)

@@ -19,11 +19,11 @@ from typing import Any
 
 from minitrain import _session
 from minitrain.context import TrainContext
-from minitrain.records import Phase
+from minitrain.records import Phase, RunPayload
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker import distributed
 from minitrain.worker.client import SessionClosed, WorkerClient
-from minitrain.worker.session import WorkerSession
+from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0
@@ -86,11 +86,23 @@ def _preimport_torch() -> None:
         pass
 
 
-def _load_payload(payload: bytes) -> tuple[Any, Any, bool]:
+def _load_payload(payload: bytes) -> RunPayload:
     import cloudpickle
 
-    train_fn, config, takes_config = cloudpickle.loads(payload)
-    return train_fn, config, takes_config
+    return cloudpickle.loads(payload)
+
+
+def _pickle_return_value(value: Any) -> bytes:
+    """Rank 0's return value for `Result.return_value`; ValueError when it cannot travel."""
+    import cloudpickle
+
+    if value is None:
+        return b""
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:
+        raise ValueError(f"the training function's return value on rank 0 cannot be pickled ({exc}); "
+                         "return plain values (numbers, strings, lists, dicts) or nothing.") from exc
 
 
 class WorkerRun:
@@ -100,6 +112,7 @@ class WorkerRun:
         self._bootstrap = bootstrap
         self._phase = Phase.UNSPECIFIED
         self._client: WorkerClient | None = None
+        self._session: WorkerSession | None = None
 
     def _enter(self, phase: Phase) -> None:
         self._phase = phase
@@ -118,30 +131,64 @@ class WorkerRun:
             _preimport_torch()
             assignment = self._client.wait_assignment(ASSIGNMENT_TIMEOUT_S)
             distributed.set_rank_environment(assignment)
-            train_fn, config, takes_config = _load_payload(assignment.payload)
-            _session.set_current(WorkerSession(self._client, _context(assignment)))
+            payload = _load_payload(assignment.payload)
+            self._session = self._make_session(assignment, payload.storage)
+            _session.set_current(self._session)
             self._enter(Phase.DIST_INIT)
             store = distributed.init_process_group(assignment, self._client)
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
-            train_fn(config) if takes_config else train_fn()
+            if payload.takes_config:
+                value = payload.train_fn(payload.config)
+            else:
+                value = payload.train_fn()
+            self._session.finish()  # pending ASYNC uploads belong to the training
             self._enter(Phase.FINISHING)
+            returned = _pickle_return_value(value) if assignment.rank == 0 else b""
             del store
         except SessionClosed:
             # The coordinator ended this attempt (stale or stopping); there is nobody to tell.
             return 0 if self._phase <= Phase.STARTUP else 1
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, SystemExit included
-            failure = failure_message(self._phase, exc)
-            sys.stderr.write(failure.traceback)
-            if self._client is not None:
-                self._client.send(failure=failure)
-                self._client.close(CLOSE_TIMEOUT_S)
+            self._report_failure(exc)
             return 1
-        self._client.send(done=pb.WorkerDone(finished_at=time.time()))
+        done = pb.WorkerDone(finished_at=time.time(), reports=self._session.rounds_reported,
+                             return_value=returned)
+        self._client.send(done=done)
         self._client.close(CLOSE_TIMEOUT_S)
         # No destroy_process_group(): the process exits with os._exit right after this. Tearing the
         # group down can abort a rank whose peer (rank 0 hosts the TCPStore) has already exited.
         return 0
+
+
+    def _failure_phase(self) -> Phase:
+        uploading = self._session is not None and self._session.upload_in_progress
+        return Phase.CHECKPOINT_UPLOAD if uploading else self._phase
+
+    def _report_failure(self, exc: BaseException) -> None:
+        phase = Phase.CHECKPOINT_UPLOAD if isinstance(exc, UploadFailed) else self._failure_phase()
+        failure = failure_message(phase, exc)
+        sys.stderr.write(failure.traceback)
+        if self._client is not None:
+            self._client.send(failure=failure)
+            self._client.close(CLOSE_TIMEOUT_S)
+
+    def _make_session(self, assignment: pb.Assignment, storage: Any) -> WorkerSession:
+        session = WorkerSession(
+            self._client, _context(assignment), storage, report_index_base=assignment.report_index_base,
+            initial_checkpoint_dir=assignment.initial_checkpoint_dir,
+            committed_dir_names=tuple(assignment.committed_dir_names))
+        session.on_async_failure(self._fail_from_upload_thread)
+        return session
+
+    def _fail_from_upload_thread(self, exc: BaseException) -> None:
+        """An ASYNC upload failed on the upload thread: that is this worker's failure; end now."""
+        failure = failure_message(Phase.CHECKPOINT_UPLOAD, exc)
+        sys.stderr.write(failure.traceback)
+        self._client.send(failure=failure)
+        self._client.close(CLOSE_TIMEOUT_S)
+        sys.stderr.flush()
+        os._exit(1)
 
 
 def main() -> None:

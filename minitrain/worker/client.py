@@ -7,6 +7,7 @@ assignment, the rendezvous) are picked up by a reader thread and awaited with de
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from typing import Optional
@@ -38,6 +39,8 @@ class WorkerClient:
         self._assignment: Optional[pb.Assignment] = None
         self._rendezvous: Optional[pb.Rendezvous] = None
         self._acked_phase = 0
+        self._acked_round = -1
+        self._checkpoint_lists: dict[int, list] = {}
         self._closed = False
         self._close_reason = ""
         self._reader = threading.Thread(target=self._read, name="minitrain-session", daemon=True)
@@ -61,6 +64,12 @@ class WorkerClient:
                         self._rendezvous = command.rendezvous
                     elif kind == "phase_ack":
                         self._acked_phase = max(self._acked_phase, command.phase_ack.phase)
+                    elif kind == "report_ack":
+                        self._acked_round = max(self._acked_round, command.report_ack.round)
+                    elif kind == "checkpoint_list":
+                        listing = command.checkpoint_list
+                        self._checkpoint_lists[listing.request_id] = [
+                            (entry.dir_name, json.loads(entry.metrics_json)) for entry in listing.checkpoints]
                     self._cond.notify_all()
             reason = "the coordinator closed the session"
         except grpc.RpcError as exc:
@@ -104,13 +113,27 @@ class WorkerClient:
 
     def wait_phase_ack(self, phase: int, timeout_s: float) -> None:
         """Block until the coordinator recorded `phase` (or later); SessionClosed / TimeoutError."""
+        self._wait_until(lambda: self._acked_phase >= phase, timeout_s, f"acknowledgement of phase {phase}")
+
+    def _wait_until(self, ready, timeout_s: float, what: str) -> None:
         with self._cond:
-            self._cond.wait_for(lambda: self._acked_phase >= phase or self._closed, timeout=timeout_s)
-            if self._acked_phase >= phase:
+            self._cond.wait_for(lambda: ready() or self._closed, timeout=timeout_s)
+            if ready():
                 return
             if self._closed:
-                raise SessionClosed(f"waiting for the phase acknowledgement: {self._close_reason}")
-        raise TimeoutError(f"the coordinator did not acknowledge phase {phase} within {timeout_s:g} s")
+                raise SessionClosed(f"waiting for {what}: {self._close_reason}")
+        raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
+
+    def wait_report_ack(self, round_: int, timeout_s: float) -> None:
+        """Block until the coordinator recorded report `round_` of this worker."""
+        self._wait_until(lambda: self._acked_round >= round_, timeout_s, f"acknowledgement of report {round_}")
+
+    def list_checkpoints(self, request_id: int, timeout_s: float) -> list[tuple[str, dict]]:
+        """Ask for the run's committed checkpoints: [(dir_name, metrics)] in retention order."""
+        self.send(list_checkpoints=pb.ListCheckpoints(request_id=request_id))
+        self._wait_until(lambda: request_id in self._checkpoint_lists, timeout_s, "checkpoint list")
+        with self._cond:
+            return self._checkpoint_lists.pop(request_id)
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Flush every queued message, end the stream, and wait for the coordinator to close its side.

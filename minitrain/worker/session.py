@@ -1,44 +1,299 @@
-"""The training session inside a worker: what `minitrain.report()` and friends talk to."""
+"""The training session inside a worker: what `minitrain.report()` and friends talk to.
+
+Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
+microseconds and never waits for other ranks. A report with a checkpoint uploads the directory into
+`<run>/<dir>/` (ranks merge into one directory), sends the report, and waits for the coordinator to
+record it: one round trip, not a barrier. ASYNC uploads run in order on one background thread, and
+reports made meanwhile queue behind them so every rank's reports stay in call order.
+"""
 
 from __future__ import annotations
 
+import logging
+import os
+import queue
+import shutil
+import sys
+import tempfile
+import threading
 import time
 from typing import Any, Optional
 
+from fsspec.implementations.local import LocalFileSystem
+
+from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
 from minitrain.metrics import encode_metrics
+from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker.client import WorkerClient
 
+logger = logging.getLogger("minitrain")
+
+ACK_TIMEOUT_S = 600.0
+_RESERVED_NAMES = {"logs", "checkpoint_manager_snapshot.json", "metrics.jsonl", ".validate_storage_marker"}
+
+
+class UploadFailed(RuntimeError):
+    """An ASYNC checkpoint upload failed; the worker fails with it."""
+
+
+def _check_dir_name(name: str) -> None:
+    if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"checkpoint_dir_name={name!r} must be a plain directory name (no '/'), e.g. "
+                         "'checkpoint_epoch_3'.")
+    if name in _RESERVED_NAMES or name.startswith("."):
+        raise ValueError(f"checkpoint_dir_name={name!r} is reserved for minitrain's own files in the run "
+                         "directory; choose another name.")
+
+
+class _AsyncUploads:
+    """One background thread that uploads ASYNC checkpoints and sends queued reports in order."""
+
+    def __init__(self, session: "WorkerSession"):
+        self._session = session
+        self._jobs: "queue.Queue" = queue.Queue()
+        self._thread = threading.Thread(target=self._run, name="minitrain-async-upload", daemon=True)
+        self._thread.start()
+        self._idle = threading.Condition()
+        self._pending = 0
+        self.error: Optional[BaseException] = None
+
+    @property
+    def busy(self) -> bool:
+        """True while an upload (or a report queued behind one) is not sent yet."""
+        return self._pending > 0
+
+    def submit(self, job) -> None:
+        """Queue a callable; it runs after every job queued before it."""
+        with self._idle:
+            self._pending += 1
+        self._jobs.put(job)
+
+    def drain(self) -> None:
+        """Wait until every queued job ran; raises UploadFailed if one failed."""
+        with self._idle:
+            self._idle.wait_for(lambda: self._pending == 0 or self.error is not None)
+        if self.error is not None:
+            raise UploadFailed(f"an ASYNC checkpoint upload failed: {self.error}") from self.error
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - an upload failure fails the worker
+                self.error = exc
+                with self._idle:
+                    self._idle.notify_all()
+                self._session.fail_from_upload_thread(exc)
+                return
+            with self._idle:
+                self._pending -= 1
+                self._idle.notify_all()
+
 
 class WorkerSession:
-    """Implements `minitrain._session.Session` for one rank of one attempt.
+    """Implements `minitrain._session.Session` for one rank of one attempt."""
 
-    `report()` without a checkpoint validates and queues the metrics and returns: it never waits for
-    other ranks or for the network. Reports are delivered in call order and flushed before the
-    worker's outcome is sent.
-    """
-
-    def __init__(self, client: WorkerClient, context: TrainContext):
+    def __init__(self, client: WorkerClient, context: TrainContext, storage: Any, *,
+                 report_index_base: int = 0, initial_checkpoint_dir: str = "",
+                 committed_dir_names: tuple[str, ...] = ()):
         self.context = context
+        self.storage = storage
+        self.upload_in_progress = False
         self._client = client
         self._round = 0
+        self._base = report_index_base
+        self._used_names = set(committed_dir_names)
+        self._checkpoint = self._checkpoint_at(initial_checkpoint_dir) if initial_checkpoint_dir else None
+        self._async: Optional[_AsyncUploads] = None
+        self._on_async_failure = None
+        self._request_ids = 0
+
+    # ------------------------------------------------------------------ public contract
+
+    @property
+    def rounds_reported(self) -> int:
+        """How many report() calls this rank made in this attempt."""
+        return self._round
 
     def report(self, metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
-               **options: Any) -> None:
-        """Queue one report of this rank (see `minitrain.report`)."""
-        if checkpoint is not None:
-            raise NotImplementedError(
-                "minitrain.report(checkpoint=...) is not available yet: checkpoint upload and commit "
-                "are the next milestone. Report metrics only for now.")
+               checkpoint_upload_mode: Any = CheckpointUploadMode.SYNC,
+               delete_local_checkpoint_after_upload: Optional[bool] = None,
+               checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
+        """One report of this rank (see `minitrain.report` for the contract)."""
         text = encode_metrics(metrics)
-        client = self._client
-        client.put(pb.WorkerMessage(
-            run_id=client.run_id, attempt=client.attempt, rank=client.rank,
-            report=pb.Report(round=self._round, metrics_json=text, reported_at=time.time()),
-        ))
-        self._round += 1
+        if validation:
+            raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
+                             "ValidationConfig. Evaluate in the training function and report the metrics.")
+        if checkpoint is None:
+            message = self._message(self._round, text, "")
+            self._round += 1
+            if self._async is not None and self._async.busy:
+                self._async.submit(lambda: self._client.put(message))
+            else:
+                self._client.put(message)
+            return
+        self._report_checkpoint(text, checkpoint, checkpoint_dir_name,
+                                CheckpointUploadMode(checkpoint_upload_mode),
+                                delete_local_checkpoint_after_upload, checkpoint_upload_fn)
 
-    def get_checkpoint(self) -> Any:
-        """The checkpoint to resume from: None until checkpoints can be committed."""
-        return None
+    def get_checkpoint(self) -> Optional[Checkpoint]:
+        """The latest committed checkpoint at attempt start, then this rank's last reported one."""
+        return self._checkpoint
+
+    def get_all_reported_checkpoints(self, timeout_s: Optional[float] = None) -> list[ReportedCheckpoint]:
+        """The run's committed checkpoints (kept, retention order), after this rank's reports landed."""
+        if self._async is not None:
+            self._async.drain()
+        self._request_ids += 1
+        entries = self._client.list_checkpoints(self._request_ids, timeout_s or ACK_TIMEOUT_S)
+        return [ReportedCheckpoint(self._checkpoint_at(name), metrics) for name, metrics in entries]
+
+    def finish(self) -> None:
+        """Called when the training function returned: wait for pending uploads (may raise)."""
+        if self._async is not None:
+            self._async.drain()
+
+    def fail_from_upload_thread(self, exc: BaseException) -> None:
+        """An ASYNC upload failed: report it as this worker's failure and end the process."""
+        if self._on_async_failure is not None:
+            self._on_async_failure(exc)
+
+    def on_async_failure(self, callback) -> None:
+        """Register what ends the worker when an ASYNC upload fails (set by the bootstrap)."""
+        self._on_async_failure = callback
+
+    # ------------------------------------------------------------------ checkpoints
+
+    def _message(self, round_: int, text: str, dir_name: str) -> pb.WorkerMessage:
+        client = self._client
+        return pb.WorkerMessage(
+            run_id=client.run_id, attempt=client.attempt, rank=client.rank,
+            report=pb.Report(round=round_, metrics_json=text, reported_at=time.time(),
+                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name)))
+
+    def _checkpoint_at(self, dir_name: str) -> Checkpoint:
+        return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.fs)
+
+    def _dir_name_for(self, round_: int, requested: Optional[str]) -> str:
+        if requested is None:
+            return f"checkpoint_{self._base + round_:06d}"
+        _check_dir_name(requested)
+        if requested in self._used_names:
+            raise ValueError(f"checkpoint_dir_name={requested!r} is already used by a committed checkpoint "
+                             "or an earlier report of this run; committed checkpoints are never overwritten. "
+                             "Use a unique name per report, e.g. f'checkpoint_epoch_{epoch}'.")
+        return requested
+
+    def _report_checkpoint(self, text: str, checkpoint: Any, requested_name: Optional[str],
+                           mode: CheckpointUploadMode, delete_local: Optional[bool], upload_fn: Any) -> None:
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"minitrain.report(checkpoint=...) expects a minitrain.Checkpoint, got "
+                            f"{type(checkpoint).__name__}; use minitrain.Checkpoint.from_directory(path).")
+        round_ = self._round
+        if delete_local is None:
+            delete_local = (mode.default_delete_local_checkpoint_after_upload()
+                            or getattr(checkpoint, "_owns_directory", False))
+        if mode is CheckpointUploadMode.NO_UPLOAD:
+            dir_name = self._name_in_run_dir(checkpoint, "NO_UPLOAD")
+        else:
+            dir_name = self._dir_name_for(round_, requested_name)
+            if delete_local and self._inside_run_dir(checkpoint):
+                raise ValueError("delete_local_checkpoint_after_upload=True would delete a directory inside "
+                                 "the run directory; pass a checkpoint from a local scratch directory.")
+        self._used_names.add(dir_name)
+        self._round += 1
+        if mode is CheckpointUploadMode.ASYNC:
+            self._submit_async(round_, text, checkpoint, dir_name, delete_local, upload_fn)
+            return
+        if self._async is not None:
+            self._async.drain()  # earlier rounds first: every rank's reports stay in call order
+        if mode is CheckpointUploadMode.SYNC:
+            dir_name = self._upload(checkpoint, dir_name, upload_fn)
+        self._send_and_wait(round_, text, dir_name)
+        if delete_local and mode is not CheckpointUploadMode.NO_UPLOAD:
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+    def _upload(self, checkpoint: Checkpoint, dir_name: str, upload_fn: Any) -> str:
+        self.upload_in_progress = True
+        try:
+            if upload_fn is not None:
+                persisted = upload_fn(checkpoint, dir_name)
+                return self._name_in_run_dir(persisted, "checkpoint_upload_fn's result")
+            with checkpoint.as_directory() as local_dir:
+                self.storage.upload_dir(local_dir, dir_name)
+            return dir_name
+        finally:
+            self.upload_in_progress = False
+
+    def _send_and_wait(self, round_: int, text: str, dir_name: str) -> None:
+        self._client.put(self._message(round_, text, dir_name))
+        self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
+        self._checkpoint = self._checkpoint_at(dir_name)
+
+    def _submit_async(self, round_: int, text: str, checkpoint: Checkpoint, dir_name: str,
+                      delete_local: bool, upload_fn: Any) -> None:
+        # The caller may delete its directory as soon as report() returns (a TemporaryDirectory, say):
+        # hard-link its files into a private staging directory first. That costs a link per file, not
+        # a copy, because the staging directory sits beside the original on the same filesystem.
+        staged = _stage(checkpoint.path) if isinstance(checkpoint.filesystem, LocalFileSystem) else None
+        source = Checkpoint.from_directory(staged) if staged else checkpoint
+        if self._async is None:
+            self._async = _AsyncUploads(self)
+
+        def job() -> None:
+            try:
+                name = self._upload(source, dir_name, upload_fn)
+            finally:
+                if staged:
+                    shutil.rmtree(staged, ignore_errors=True)
+            self._send_and_wait(round_, text, name)
+            if delete_local:
+                shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+        self._async.submit(job)
+
+    def _inside_run_dir(self, checkpoint: Checkpoint) -> bool:
+        root = self.storage.path("").rstrip("/") + "/"
+        return type(checkpoint.filesystem) is type(self.storage.fs) and checkpoint.path.startswith(root)
+
+    def _name_in_run_dir(self, checkpoint: Any, what: str) -> str:
+        root = self.storage.path("").rstrip("/")
+        path = getattr(checkpoint, "path", "").rstrip("/")
+        parent, _, name = path.rpartition("/")
+        if not isinstance(checkpoint, Checkpoint) or parent != root or not name:
+            raise ValueError(f"{what}: the checkpoint must be a directory directly inside the run directory "
+                             f"{self.storage.url('')!r} on the run's filesystem, got {path!r}.")
+        _check_dir_name(name)
+        return name
+
+
+def _stage(path: str) -> str:
+    """Hard-link (or copy, across filesystems) every file of `path` into a fresh sibling directory."""
+    parent = os.path.dirname(os.path.abspath(path))
+    try:
+        staged = tempfile.mkdtemp(prefix=".minitrain_staged_", dir=parent)
+    except OSError:
+        staged = tempfile.mkdtemp(prefix="minitrain_staged_")
+    try:
+        shutil.copytree(path, staged, dirs_exist_ok=True, copy_function=_link_or_copy)
+    except BaseException:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise
+    return staged
+
+
+def _link_or_copy(source: str, destination: str) -> None:
+    try:
+        os.link(source, destination)
+    except OSError:
+        shutil.copy2(source, destination)
+
+
+def print_upload_failure(exc: BaseException) -> None:
+    """Write an ASYNC upload failure to stderr (it lands in the rank's log)."""
+    import traceback
+
+    sys.stderr.write("".join(traceback.format_exception(exc)))

@@ -1,8 +1,9 @@
 """The layer rules of docs/architecture.md section 3, enforced on the AST of every minitrain module.
 
 Imports go downward only:
-  L0 vocabulary  config, errors, records, context, metrics, _session (stdlib + each other only)
-  L1 primitives  rpc/, procs, hostinfo, logs, launcher (L0 + L1 + third-party, never torch)
+  L0 vocabulary  config, errors, records, context, metrics, _session, retention (stdlib + each other only)
+  L1 primitives  rpc/, procs, hostinfo, logs, launcher, storage, checkpoint_manager (L0 + L1 + third-party,
+                 never torch)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
   L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
 Only worker/ and minitrain/torch/ may import torch, at module level or inside a function.
@@ -34,9 +35,10 @@ SKIP = {PACKAGE / "rpc" / "_gen"}  # generated code
 # Module (or package prefix) -> layer. Names from the architecture that do not exist yet are listed so
 # that adding them needs no edit here; anything else unlisted fails `test_every_module_has_a_layer`.
 L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.context", "minitrain.metrics",
-      "minitrain._session", "minitrain.clock"}
+      "minitrain.reporting",
+      "minitrain._session", "minitrain.clock", "minitrain.retention"}
 L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.hostinfo", "minitrain.logs", "minitrain.launcher",
-      "minitrain.storage", "minitrain.checkpoint", "minitrain.net"}
+      "minitrain.storage", "minitrain.checkpoint", "minitrain.checkpoint_manager", "minitrain.net"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface"}

@@ -164,7 +164,7 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat")
+    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -175,6 +175,7 @@ class WorkerMessage(_message.Message):
     DONE_FIELD_NUMBER: _ClassVar[int]
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    LIST_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     attempt: int
     rank: int
@@ -185,7 +186,8 @@ class WorkerMessage(_message.Message):
     done: WorkerDone
     failure: WorkerFailure
     heartbeat: Heartbeat
-    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ...) -> None: ...
+    list_checkpoints: ListCheckpoints
+    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ...) -> None: ...
 
 class WorkerHello(_message.Message):
     __slots__ = ("pid", "hostname")
@@ -210,22 +212,34 @@ class PhaseChange(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name")
+    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    WANTS_ACK_FIELD_NUMBER: _ClassVar[int]
     round: int
     metrics_json: str
     reported_at: float
     checkpoint_dir_name: str
-    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ...) -> None: ...
+    wants_ack: bool
+    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ...) -> None: ...
 
 class WorkerDone(_message.Message):
-    __slots__ = ("finished_at",)
+    __slots__ = ("finished_at", "reports", "return_value")
     FINISHED_AT_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_VALUE_FIELD_NUMBER: _ClassVar[int]
     finished_at: float
-    def __init__(self, finished_at: _Optional[float] = ...) -> None: ...
+    reports: int
+    return_value: bytes
+    def __init__(self, finished_at: _Optional[float] = ..., reports: _Optional[int] = ..., return_value: _Optional[bytes] = ...) -> None: ...
+
+class ListCheckpoints(_message.Message):
+    __slots__ = ("request_id",)
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
 
 class WorkerFailure(_message.Message):
     __slots__ = ("phase", "exc_type", "message", "traceback", "exc_pickle", "failed_at")
@@ -244,16 +258,42 @@ class WorkerFailure(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack")
+    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     PHASE_ACK_FIELD_NUMBER: _ClassVar[int]
+    REPORT_ACK_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_LIST_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     rendezvous: Rendezvous
     abort: Abort
     phase_ack: PhaseAck
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ...) -> None: ...
+    report_ack: ReportAck
+    checkpoint_list: CheckpointList
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ...) -> None: ...
+
+class ReportAck(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class CheckpointEntry(_message.Message):
+    __slots__ = ("dir_name", "metrics_json")
+    DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    dir_name: str
+    metrics_json: str
+    def __init__(self, dir_name: _Optional[str] = ..., metrics_json: _Optional[str] = ...) -> None: ...
+
+class CheckpointList(_message.Message):
+    __slots__ = ("request_id", "checkpoints")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    request_id: int
+    checkpoints: _containers.RepeatedCompositeFieldContainer[CheckpointEntry]
+    def __init__(self, request_id: _Optional[int] = ..., checkpoints: _Optional[_Iterable[_Union[CheckpointEntry, _Mapping]]] = ...) -> None: ...
 
 class PhaseAck(_message.Message):
     __slots__ = ("phase",)
@@ -262,7 +302,7 @@ class PhaseAck(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Assignment(_message.Message):
-    __slots__ = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "node_id", "experiment_name", "backend", "dist_timeout_s", "payload", "store_address", "gpu_ids", "storage_path")
+    __slots__ = ("rank", "local_rank", "world_size", "local_world_size", "node_rank", "node_id", "experiment_name", "backend", "dist_timeout_s", "payload", "store_address", "gpu_ids", "storage_path", "initial_checkpoint_dir", "report_index_base", "committed_dir_names")
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +316,9 @@ class Assignment(_message.Message):
     STORE_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     GPU_IDS_FIELD_NUMBER: _ClassVar[int]
     STORAGE_PATH_FIELD_NUMBER: _ClassVar[int]
+    INITIAL_CHECKPOINT_DIR_FIELD_NUMBER: _ClassVar[int]
+    REPORT_INDEX_BASE_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_DIR_NAMES_FIELD_NUMBER: _ClassVar[int]
     rank: int
     local_rank: int
     world_size: int
@@ -289,7 +332,10 @@ class Assignment(_message.Message):
     store_address: str
     gpu_ids: _containers.RepeatedScalarFieldContainer[int]
     storage_path: str
-    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_world_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., node_id: _Optional[str] = ..., experiment_name: _Optional[str] = ..., backend: _Optional[str] = ..., dist_timeout_s: _Optional[float] = ..., payload: _Optional[bytes] = ..., store_address: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., storage_path: _Optional[str] = ...) -> None: ...
+    initial_checkpoint_dir: str
+    report_index_base: int
+    committed_dir_names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., world_size: _Optional[int] = ..., local_world_size: _Optional[int] = ..., node_rank: _Optional[int] = ..., node_id: _Optional[str] = ..., experiment_name: _Optional[str] = ..., backend: _Optional[str] = ..., dist_timeout_s: _Optional[float] = ..., payload: _Optional[bytes] = ..., store_address: _Optional[str] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., storage_path: _Optional[str] = ..., initial_checkpoint_dir: _Optional[str] = ..., report_index_base: _Optional[int] = ..., committed_dir_names: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Rendezvous(_message.Message):
     __slots__ = ("master_addr", "master_port")

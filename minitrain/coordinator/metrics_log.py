@@ -1,0 +1,46 @@
+"""`<run>/metrics.jsonl`: every rank-0 report of the run, in order, with round, attempt and time.
+
+Lines are buffered and appended at commits, at the end of the run, and at least every second, so a
+run that reports thousands of times per second does not pay a storage write per report.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+METRICS_NAME = "metrics.jsonl"
+FLUSH_INTERVAL_S = 1.0
+FLUSH_LINES = 1000
+
+
+class MetricsLog:
+    """Appends JSON lines to METRICS_NAME in the run directory of `storage`."""
+
+    def __init__(self, storage: Any, clock: Callable[[], float] = time.monotonic):
+        self._storage = storage
+        self._clock = clock
+        self._lines: list[str] = []
+        self._last_flush = clock()
+
+    def append(self, metrics: dict, report_index: int, attempt: int, reported_at: float) -> None:
+        """Queue one rank-0 report; flushes when the buffer is old or large."""
+        self._lines.append(json.dumps({"metrics": metrics, "report_index": report_index,
+                                       "attempt": attempt, "time": reported_at}) + "\n")
+        if len(self._lines) >= FLUSH_LINES or self._clock() - self._last_flush > FLUSH_INTERVAL_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the buffered lines (one append)."""
+        if self._lines:
+            self._storage.append_text(METRICS_NAME, "".join(self._lines))
+            self._lines.clear()
+        self._last_flush = self._clock()
+
+
+def read_metrics_history(storage: Any) -> list[dict]:
+    """Every entry of METRICS_NAME (empty when the file does not exist)."""
+    if not storage.exists(METRICS_NAME):
+        return []
+    return [json.loads(line) for line in storage.read_text(METRICS_NAME).splitlines() if line.strip()]

@@ -1,0 +1,89 @@
+"""Report rounds: collect round r from every rank of an attempt, then release it (pure).
+
+Round r is the r-th `report()` call of each rank in one attempt. A round completes when every rank
+has reported it, or has finished (returned from its training function) without reporting it. A round
+is a checkpoint round when any rank passed a checkpoint; all ranks that did must name the same
+directory, or the round is refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+
+class RoundConflict(ValueError):
+    """Ranks of one round named different checkpoint directories."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompletedRound:
+    """A round every rank has reported (or finished without reporting)."""
+
+    round: int
+    checkpoint_dir_name: str  # "" when no rank passed a checkpoint
+    rank0_metrics: Optional[dict]
+    metrics_by_rank: dict
+
+
+@dataclass
+class _Pending:
+    metrics: dict = field(default_factory=dict)  # rank -> metrics
+    dir_names: dict = field(default_factory=dict)  # rank -> checkpoint dir name
+
+
+class RoundTracker:
+    """Round bookkeeping for one attempt of `world_size` ranks."""
+
+    def __init__(self, world_size: int):
+        self._world_size = world_size
+        self._pending: dict[int, _Pending] = {}
+        self._next = 0  # the lowest round not yet completed
+        self._finished: dict[int, int] = {}  # rank -> number of rounds it reported before finishing
+
+    @property
+    def next_round(self) -> int:
+        """The lowest round not completed yet."""
+        return self._next
+
+    def add(self, rank: int, round_: int, metrics: dict, checkpoint_dir_name: str) -> list[CompletedRound]:
+        """Record one report; returns the rounds it completed, in order. RoundConflict on disagreement."""
+        pending = self._pending.setdefault(round_, _Pending())
+        pending.metrics[rank] = metrics
+        if checkpoint_dir_name:
+            for other_rank, other_name in pending.dir_names.items():
+                if other_name != checkpoint_dir_name:
+                    raise RoundConflict(
+                        f"report round {round_}: rank {other_rank} passed checkpoint_dir_name "
+                        f"{other_name!r} but rank {rank} passed {checkpoint_dir_name!r}. Every rank that "
+                        "reports a checkpoint in a round must use the same directory name (or leave "
+                        "checkpoint_dir_name unset for the default).")
+            pending.dir_names[rank] = checkpoint_dir_name
+        return self._release()
+
+    def finish(self, rank: int, rounds_reported: int) -> list[CompletedRound]:
+        """Rank returned from its training function after `rounds_reported` reports."""
+        self._finished[rank] = rounds_reported
+        return self._release()
+
+    def _has_answered(self, rank: int, round_: int, pending: Optional[_Pending]) -> bool:
+        if pending is not None and rank in pending.metrics:
+            return True
+        return rank in self._finished and self._finished[rank] <= round_
+
+    def _release(self) -> list[CompletedRound]:
+        done = []
+        while True:
+            pending = self._pending.get(self._next)
+            if pending is None and len(self._finished) < self._world_size:
+                break
+            if not all(self._has_answered(r, self._next, pending) for r in range(self._world_size)):
+                break
+            if pending is None:  # every rank finished before this round: nothing more will come
+                break
+            names = set(pending.dir_names.values())
+            done.append(CompletedRound(self._next, names.pop() if names else "",
+                                       pending.metrics.get(0), dict(pending.metrics)))
+            del self._pending[self._next]
+            self._next += 1
+        return done

@@ -1,0 +1,272 @@
+"""A run directory on any fsspec filesystem (L1: fsspec).
+
+`Storage` is the run directory `<storage_path>/<name>/` (layout in docs/architecture.md section 5).
+Paths given to its methods are "/"-separated and relative to the run directory ("" is the run
+directory itself); absolute paths and ".." are refused, so no method reaches outside the run directory.
+
+Local and remote filesystems differ in two places, both deliberate:
+
+- `write_text_atomic`: locally a temporary file in the same directory is written, flushed, fsynced and
+  renamed over the target (then the directory is fsynced). Temporary files are named
+  `.<name>.<random>.minitrain-tmp`; a crash can leave one behind and `is_temp_name` recognises it.
+  Elsewhere one `pipe_file` call: object stores replace a key atomically.
+- `append_text`: locally an append; elsewhere a read and a rewrite of the whole file, O(size).
+
+Object stores have no empty directories, so an empty directory uploaded there does not exist.
+Every I/O failure raises `StorageError` naming the path; a `Storage` pickles (it is sent to workers).
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Optional
+
+import fsspec
+import fsspec.core
+from fsspec.implementations.local import LocalFileSystem
+
+from minitrain.errors import MinitrainError
+
+TEMP_SUFFIX = ".minitrain-tmp"
+VALIDATE_MARKER = ".validate_storage_marker"
+
+
+class StorageError(MinitrainError):
+    """Reading or writing the run directory failed; the message names the path and the cause."""
+
+
+def is_temp_name(name: str) -> bool:
+    """True for the name of a temporary file `write_text_atomic` makes (left behind by a crash)."""
+    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+
+
+def _check_rel(rel: str) -> str:
+    parts = [part for part in rel.split("/") if part not in ("", ".")]
+    if rel.startswith("/") or ".." in parts:
+        raise ValueError(f"storage paths are relative to the run directory and stay inside it, got {rel!r}")
+    return "/".join(parts)
+
+
+class Storage:
+    """The run directory `root` (a path without protocol) on the fsspec filesystem `fs`."""
+
+    __slots__ = ("fs", "root")
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+        self.fs = fs
+        self.root = root.rstrip("/") or "/"
+
+    @classmethod
+    def for_run(cls, storage_path: str, name: str,
+                filesystem: Optional[fsspec.AbstractFileSystem] = None) -> "Storage":
+        """The run directory `name` under `storage_path`.
+
+        `storage_path` is a local path (relative paths and "~" are made absolute) or any fsspec URL
+        ("file://", "memory://", "s3://", ...). With `filesystem`, `storage_path` is a path inside it.
+        """
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"the run name must be a single path component, got {name!r}")
+        if filesystem is None:
+            fs, base = fsspec.core.url_to_fs(storage_path)
+        else:
+            fs, base = filesystem, filesystem._strip_protocol(storage_path)
+        return cls(fs, posixpath.join(base.rstrip("/") or "/", name))
+
+    def __reduce__(self):
+        return (Storage, (self.fs, self.root))
+
+    def __repr__(self) -> str:
+        return f"Storage({self.url()!r})"
+
+    # ------------------------------------------------------------------------------ paths
+
+    @property
+    def is_local(self) -> bool:
+        """True when the run directory is on the local filesystem (plain files, os.replace, fsync)."""
+        return isinstance(self.fs, LocalFileSystem)
+
+    @property
+    def _plain_local(self) -> bool:
+        # A LocalFileSystem subclass that overrides put_file (throttling, auditing) must be used as is.
+        return self.is_local and type(self.fs).put_file is LocalFileSystem.put_file
+
+    def path(self, rel: str = "") -> str:
+        """The filesystem path (no protocol) of `rel`."""
+        rel = _check_rel(rel)
+        return posixpath.join(self.root, rel) if rel else self.root
+
+    def url(self, rel: str = "") -> str:
+        """`rel` as a string `fsspec.core.url_to_fs` accepts: a plain absolute path when local, else
+        protocol-qualified ("s3://bucket/runs/demo/ckpt")."""
+        path = self.path(rel)
+        return path if self.is_local else self.fs.unstrip_protocol(path)
+
+    @contextmanager
+    def _io(self, action: str, rel: str) -> Iterator[None]:
+        try:
+            yield
+        except OSError as exc:
+            raise StorageError(f"could not {action} {self.url(rel)}: {exc}") from exc
+
+    # ------------------------------------------------------------------------------ queries
+
+    def exists(self, rel: str) -> bool:
+        """True when `rel` is a file or a directory."""
+        with self._io("check", rel):
+            return self.fs.exists(self.path(rel))
+
+    def isdir(self, rel: str) -> bool:
+        """True when `rel` is a directory."""
+        with self._io("check", rel):
+            return self.fs.isdir(self.path(rel))
+
+    def _ls(self, rel: str) -> list[dict]:
+        path = self.path(rel)
+        with self._io("list", rel):
+            try:
+                return self.fs.ls(path, detail=True)
+            except FileNotFoundError:
+                return []
+
+    def list_dirs(self, rel: str = "") -> list[str]:
+        """Sorted names of the immediate subdirectories of `rel` ([] when `rel` does not exist)."""
+        return sorted(posixpath.basename(entry["name"].rstrip("/")) for entry in self._ls(rel)
+                      if entry.get("type") == "directory")
+
+    def list_entries(self, rel: str = "") -> list[str]:
+        """Sorted names of the files and directories directly under `rel` ([] when it does not exist)."""
+        return sorted(posixpath.basename(entry["name"].rstrip("/")) for entry in self._ls(rel))
+
+    # ------------------------------------------------------------------------------ files
+
+    def makedirs(self, rel: str = "") -> None:
+        """Create the directory `rel` and its parents (no-op when it exists)."""
+        with self._io("create the directory", rel):
+            self.fs.makedirs(self.path(rel), exist_ok=True)
+
+    def read_text(self, rel: str) -> str:
+        """The UTF-8 text of the file `rel` (StorageError when missing; UnicodeDecodeError when not text)."""
+        with self._io("read", rel):
+            data = self.fs.cat_file(self.path(rel))
+        return data.decode("utf-8")
+
+    def write_text_atomic(self, rel: str, text: str) -> None:
+        """Replace the file `rel` by `text` so that readers (and a crash) see the old or the new file,
+        never a mix. Parents are created."""
+        path = self.path(rel)
+        with self._io("write", rel):
+            if not self.is_local:
+                self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+                self.fs.pipe_file(path, text.encode("utf-8"))
+                return
+            self._write_local_atomic(path, text.encode("utf-8"))
+
+    @staticmethod
+    def _write_local_atomic(path: str, data: bytes) -> None:
+        directory, base = os.path.split(path)
+        os.makedirs(directory, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{base}.", suffix=TEMP_SUFFIX)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)  # make the rename itself durable
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    def append_text(self, rel: str, text: str) -> None:
+        """Append `text` to the file `rel` (created with its parents when missing). On a non-local
+        filesystem this reads and rewrites the whole file: O(size) per call."""
+        path = self.path(rel)
+        with self._io("append to", rel):
+            if self.is_local:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                with open(path, "a", encoding="utf-8") as handle:
+                    handle.write(text)
+                return
+            old = self.fs.cat_file(path) if self.fs.exists(path) else b""
+            self.fs.makedirs(posixpath.dirname(path), exist_ok=True)
+            self.fs.pipe_file(path, old + text.encode("utf-8"))
+
+    def remove_tree(self, rel: str) -> None:
+        """Delete the file or directory tree `rel`; a missing one is fine. The run directory itself
+        ("") is refused."""
+        if not _check_rel(rel):
+            raise ValueError("remove_tree('') would delete the whole run directory; name a path inside it")
+        path = self.path(rel)
+        with self._io("delete", rel):
+            try:
+                self.fs.rm(path, recursive=True)
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------------------ directories
+
+    def upload_dir(self, local_dir: str, rel: str) -> int:
+        """Copy every file under the local directory `local_dir` into the directory `rel`, merging with
+        files already there (same relative name: overwritten). Parents are created. Returns the bytes
+        copied. Locally `shutil.copyfile` per file (copy_file_range/sendfile: as fast as `cp`)."""
+        if not os.path.isdir(local_dir):
+            raise StorageError(f"could not upload {local_dir!r} to {self.url(rel)}: not a local directory")
+        copied = 0
+        with self._io(f"upload {local_dir!r} to", rel):
+            self.fs.makedirs(self.path(rel), exist_ok=True)
+            for current, dirs, files in os.walk(local_dir):
+                sub = os.path.relpath(current, local_dir).replace(os.sep, "/")
+                target_dir = self.path("/".join(part for part in (rel, sub) if part not in ("", ".")))
+                self.fs.makedirs(target_dir, exist_ok=True)
+                for name in files:
+                    source = os.path.join(current, name)
+                    target = posixpath.join(target_dir, name)
+                    if self._plain_local:
+                        shutil.copyfile(source, target)
+                    else:
+                        self.fs.put_file(source, target)
+                    copied += os.path.getsize(source)
+        return copied
+
+    def download_dir(self, rel: str, local_dir: str) -> int:
+        """Copy every file under the directory `rel` into the local directory `local_dir` (created,
+        merged with what is there). Returns the bytes copied."""
+        source_root = self.path(rel)
+        if not self.isdir(rel):
+            raise StorageError(f"could not download {self.url(rel)}: it is not a directory")
+        copied = 0
+        with self._io(f"download to {local_dir!r}", rel):
+            os.makedirs(local_dir, exist_ok=True)
+            for source in self.fs.find(source_root, withdirs=False):
+                relative = source[len(source_root):].lstrip("/")
+                target = os.path.join(local_dir, *relative.split("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if self.is_local:
+                    shutil.copyfile(source, target)
+                else:
+                    self.fs.get_file(source, target)
+                copied += os.path.getsize(target)
+        return copied
+
+    def validate_writable(self) -> None:
+        """Create the run directory and write the empty `.validate_storage_marker` in it; StorageError
+        naming the run directory, the cause and the fix when that fails."""
+        try:
+            self.fs.makedirs(self.root, exist_ok=True)
+            self.fs.pipe_file(self.path(VALIDATE_MARKER), b"")
+        except OSError as exc:
+            raise StorageError(
+                f"The run directory {self.url()} is not writable: {type(exc).__name__}: {exc}. "
+                "Choose a storage_path you can write to (RunConfig(storage_path=...)).") from exc
