@@ -42,7 +42,13 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
+# Subpackages reachable as attributes, as in `from ray import train; train.torch.prepare_model(...)`.
+_SUBPACKAGES = {"torch"}
+
+
 def __getattr__(name: str):
+    if name in _SUBPACKAGES:
+        return importlib.import_module(f"minitrain.{name}")
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'minitrain' has no attribute {name!r}")

@@ -35,7 +35,7 @@ class CheckpointRecord:
 
     `dir_name` is the checkpoint directory relative to the run directory; `metrics` are the rank-0
     metrics of the report that produced it; `report_index` is the run-wide number of that report round
-    (1 for the first round of a run; it keeps counting across attempts and resumes) and orders recency;
+    (it keeps counting across attempts and resumes; higher is more recent) and orders recency;
     `attempt` is the attempt that produced it; `committed_at` the wall-clock time of the commit.
     """
 

@@ -24,6 +24,7 @@ from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.errors import LaunchError, render_failures
 from minitrain.records import NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
 from minitrain.retention import CheckpointRecord
+from minitrain.storage import StorageError
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -366,8 +367,8 @@ class Controller:
             try:
                 self._metrics_log.flush()
                 self._checkpoints.register(record)
-            except ValueError as exc:  # e.g. a non-numeric checkpoint_score_attribute
-                self._fail_rank(tracker, 0, type(exc).__name__, str(exc))
+            except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
+                self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
                 return
             logger.debug("committed %s (round %d)", record.dir_name, index)
 

@@ -134,8 +134,11 @@ def train_epochs_with_resume(config):
     if checkpoint is not None:
         with checkpoint.as_directory() as directory:
             start = json.load(open(os.path.join(directory, "state.json")))["epoch"] + 1
+    import torch.distributed as dist
+
     rank = minitrain.get_context().get_world_rank()
     for epoch in range(start, config["epochs"]):
+        dist.barrier()  # lock-step like DDP's gradient all-reduce: no rank runs an epoch ahead
         if config.get("fail_at") == epoch and rank == 1 and not os.path.exists(config["failed_once"]):
             open(config["failed_once"], "w").close()
             raise RuntimeError(f"injected failure at epoch {epoch}")
@@ -193,3 +196,63 @@ def test_s3_storage_on_a_loopback_server(tmp_path, s3):
         assert json.load(open(os.path.join(local, "state.json"))) == {"epoch": 1}
     again = minitrain.Result.from_path(f"{s3.bucket}/runs/s3run", storage_filesystem=fs)
     assert again.checkpoint.path == result.checkpoint.path
+
+
+# ---------------------------------------------------------------------------------- guarantees
+
+
+def train_checkpoint_then_die(config):
+    import time
+
+    import torch.distributed as dist
+
+    rank = minitrain.get_context().get_world_rank()
+    with tempfile.TemporaryDirectory() as tmp:
+        open(os.path.join(tmp, f"rank{rank}.txt"), "w").close()
+        minitrain.report({"step": 0}, checkpoint=minitrain.Checkpoint.from_directory(tmp))
+    dist.barrier()  # now report() has returned on every rank
+    if rank == 1:
+        os._exit(1)  # dies right after
+    time.sleep(600)
+
+
+def test_checkpoint_that_returned_on_every_rank_is_committed_even_if_a_rank_dies_next(tmp_path):
+    with pytest.raises(minitrain.WorkerGroupError):
+        _fit(train_checkpoint_then_die, tmp_path, name="durable")
+    run_path = tmp_path / "results" / "durable"
+    index = json.loads((run_path / INDEX_NAME).read_text())
+    assert index["latest_checkpoint_result"]["checkpoint_dir_name"] == "checkpoint_000000"
+    assert sorted(os.listdir(run_path / "checkpoint_000000")) == ["rank0.txt", "rank1.txt"]
+
+
+def train_reports_then_raises(config):
+    for i in range(config["reports"]):
+        minitrain.report({"i": i})
+    raise ValueError("after the reports")
+
+
+def test_metrics_only_reports_are_flushed_before_a_failure(tmp_path):
+    with pytest.raises(minitrain.WorkerGroupError):
+        _fit(train_reports_then_raises, tmp_path, {"reports": 500}, name="flushed", num_workers=1)
+    lines = (tmp_path / "results" / "flushed" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["metrics"]["i"] for line in lines] == list(range(500))
+
+
+def train_lists_checkpoints(config):
+    for step in range(3):
+        checkpoint = None
+        with tempfile.TemporaryDirectory() as tmp:
+            if minitrain.get_context().get_world_rank() == 0:
+                open(os.path.join(tmp, "w.txt"), "w").close()
+                checkpoint = minitrain.Checkpoint.from_directory(tmp)
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+    listed = minitrain.get_all_reported_checkpoints()
+    if minitrain.get_context().get_world_rank() == 0:
+        json.dump([[os.path.basename(c.checkpoint.path), c.metrics] for c in listed], open(config["out"], "w"))
+
+
+def test_get_all_reported_checkpoints_lists_the_committed_ones(tmp_path):
+    out = str(tmp_path / "listed.json")
+    _fit(train_lists_checkpoints, tmp_path, {"out": out}, name="listed")
+    assert json.load(open(out)) == [["checkpoint_000000", {"step": 0}], ["checkpoint_000001", {"step": 1}],
+                                    ["checkpoint_000002", {"step": 2}]]

@@ -33,8 +33,7 @@ def _drop(storage: Storage) -> None:
         storage.fs.rm(storage.root, recursive=True)
 
 
-@pytest.fixture(params=["local", "memory", "s3"])
-def storage(request, tmp_path):
+def _make_storage(request, tmp_path):
     if request.param == "s3":  # a real S3 API (moto) with its own bucket; skipped without s3fs/moto
         s3 = request.getfixturevalue("s3")
         yield Storage.for_run(s3.url("results"), "run", filesystem=s3.filesystem())
@@ -42,6 +41,17 @@ def storage(request, tmp_path):
     made = Storage.for_run(str(tmp_path / "results"), "run") if request.param == "local" else _memory_storage()
     yield made
     _drop(made)
+
+
+@pytest.fixture(params=["local", "memory"])
+def storage(request, tmp_path):
+    yield from _make_storage(request, tmp_path)
+
+
+@pytest.fixture(params=["local", "memory", "s3"])
+def any_storage(request, tmp_path):
+    """Also S3, for the tests where a backend could matter (~1 s each against moto)."""
+    yield from _make_storage(request, tmp_path)
 
 
 def upload(storage, name: str) -> None:
@@ -70,7 +80,8 @@ TOP2 = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="score", check
 # ---------------------------------------------------------------------------------- commits
 
 
-def test_disk_holds_exactly_the_kept_checkpoints(storage):
+def test_disk_holds_exactly_the_kept_checkpoints(any_storage):
+    storage = any_storage
     manager = CheckpointManager.load(storage, TOP2)
     assert not manager.resumed and manager.records == () and manager.latest is None
     scores = [5, None, 1, 7, None, 3, 9, 2, 8, 8]
@@ -104,7 +115,8 @@ def test_latest_is_kept_beyond_the_top_k(storage):
     assert storage.list_dirs() == ["checkpoint_000001", "checkpoint_000002", "checkpoint_000003"]
 
 
-def test_resume_continues_where_the_index_left_off(storage):
+def test_resume_continues_where_the_index_left_off(any_storage):
+    storage = any_storage
     first = CheckpointManager.load(storage, TOP2)
     for index, score in enumerate([5, 1, 7, 3], start=1):
         commit(first, index, score)
@@ -121,7 +133,8 @@ def test_resume_continues_where_the_index_left_off(storage):
     assert set(storage.list_dirs()) == resumed.committed_dir_names
 
 
-def test_a_resumed_run_with_a_new_config_deletes_nothing_until_the_next_commit(storage):
+def test_a_resumed_run_with_a_new_config_deletes_nothing_until_the_next_commit(any_storage):
+    storage = any_storage
     keep_all = CheckpointConfig(checkpoint_score_attribute="score")
     manager = CheckpointManager.load(storage, keep_all)
     for index, score in enumerate([5, 1, 7, 3], start=1):
@@ -240,7 +253,8 @@ def test_an_unreadable_index_is_refused_never_started_fresh(storage, content):
     assert storage.list_dirs() == ["checkpoint_000001", "checkpoint_000002"]  # nothing touched
 
 
-def test_an_index_naming_a_missing_directory_is_refused(storage):
+def test_an_index_naming_a_missing_directory_is_refused(any_storage):
+    storage = any_storage
     _committed_run(storage)
     storage.remove_tree("checkpoint_000001")
     with pytest.raises(CheckpointIndexError) as info:
@@ -252,7 +266,8 @@ def test_an_index_naming_a_missing_directory_is_refused(storage):
 # ---------------------------------------------------------------------------------- garbage
 
 
-def test_delete_garbage_keeps_committed_checkpoints_and_minitrains_own_files(storage):
+def test_delete_garbage_keeps_committed_checkpoints_and_minitrains_own_files(any_storage):
+    storage = any_storage
     manager = CheckpointManager.load(storage, TOP2)
     storage.validate_writable()
     storage.append_text(METRICS_NAME, "{}\n")

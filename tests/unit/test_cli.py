@@ -49,3 +49,12 @@ def test_cli_rejects_a_config_that_is_not_an_object(tmp_path):
                           capture_output=True, text=True, timeout=60, cwd=tmp_path,
                           env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode != 0 and "--config must be a JSON object" in done.stderr
+
+
+@pytest.mark.e2e
+def test_ported_ray_checkpoint_example_resumes(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "examples" / "ray_port_checkpointing.py"),
+                           "--storage-path", str(tmp_path)], capture_output=True, text=True, timeout=180,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "'start_epoch': 3" in done.stdout and "checkpoint_000004" in done.stdout

@@ -88,3 +88,25 @@ def test_per_worker_functions_refuse_to_run_outside_training():
 def test_training_failed_error_is_not_a_runtime_error():
     assert not issubclass(minitrain.TrainingFailedError, RuntimeError)
     assert issubclass(minitrain.WorkerGroupError, minitrain.TrainingFailedError)
+
+
+def test_corrupted_index_is_an_error_before_anything_starts(tmp_path):
+    from minitrain.checkpoint_manager import INDEX_NAME, CheckpointIndexError
+
+    run_dir = tmp_path / "validation"
+    run_dir.mkdir()
+    (run_dir / INDEX_NAME).write_text("{not json")
+    before = _children()
+    trainer = TorchTrainer(_no_args, scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(name="validation", storage_path=str(tmp_path)))
+    with pytest.raises(CheckpointIndexError, match=INDEX_NAME):
+        trainer.fit()
+    assert _children() == before
+    assert (run_dir / INDEX_NAME).read_text() == "{not json"  # never silently replaced
+
+
+def test_memory_storage_is_refused_for_worker_processes():
+    trainer = TorchTrainer(_no_args, scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(name="m", storage_path="memory://runs"))
+    with pytest.raises(ConfigError, match=r"memory://.*separate processes"):
+        trainer.fit()
