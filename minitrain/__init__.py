@@ -37,6 +37,8 @@ _EXPORTS = {
     "ConfigError": "minitrain.errors",
     "RemoteWorkerError": "minitrain.errors",
     "WorkerProcessError": "minitrain.errors",
+    "WorkerHangError": "minitrain.errors",
+    "NodeLostError": "minitrain.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -76,6 +76,25 @@ class RemoteWorkerError(MinitrainError):
         return (self.__class__, (self.exc_type, self.remote_message, self.traceback))
 
 
+class WorkerHangError(MinitrainError):
+    """A rank made no progress (no report) for `FailureConfig.worker_hang_timeout_s`.
+
+    `stacks` holds every thread's Python stack of that rank when it was found hung (empty when the
+    process did not answer: stopped, or blocked in the kernel).
+    """
+
+    def __init__(self, message: str, stacks: str = ""):
+        super().__init__(message)
+        self.stacks = stacks
+
+    def __reduce__(self):
+        return (self.__class__, (self.args[0], self.stacks))
+
+
+class NodeLostError(MinitrainError):
+    """The node a rank ran on was lost: its agent died or its host stopped answering."""
+
+
 class WorkerProcessError(MinitrainError):
     """A worker process died without raising: it exited with a code or was killed by a signal."""
 
@@ -113,7 +132,10 @@ _PEER_LOSS = re.compile(
 
 
 def looks_like_peer_loss(failure: WorkerFailure) -> bool:
-    """True when the failure reads as a collective that broke because another rank went away."""
+    """True when the failure is a consequence of another rank's: flagged so, or a collective that broke
+    because a peer went away."""
+    if failure.consequence:
+        return True
     return bool(failure.exc_type) and bool(_PEER_LOSS.search(f"{failure.message}\n{failure.traceback}"))
 
 

@@ -47,10 +47,25 @@ class AgentProcess:
 
 
 class LaunchedAgents:
-    """The agents of one run; implements the controller's `AgentHandles`."""
+    """The agents of one run; implements the controller's `AgentHandles`.
 
-    def __init__(self, agents: list[AgentProcess]):
+    `start_agent(node_id)` starts one more agent (used to replace a dead one); None when the
+    launcher cannot start agents again.
+    """
+
+    def __init__(self, agents: list[AgentProcess], start_agent=None):
         self.agents = agents
+        self._start_agent = start_agent
+
+    def relaunch(self, node_id: str) -> bool:
+        """Replace the agent of `node_id` with a new one; False when this launcher cannot."""
+        if self._start_agent is None:
+            return False
+        for agent in self.agents:
+            if agent.node_id == node_id:
+                agent.expected_exit = True
+        self.agents.append(self._start_agent(node_id))
+        return True
 
     def dead_agents(self) -> dict[str, str]:
         """node_id -> why, for agents that ended unexpectedly."""
@@ -110,8 +125,8 @@ class LocalLauncher:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
-        agents = []
-        for node_id in node_ids:
+
+        def start_agent(node_id: str) -> AgentProcess:
             process = procs.spawn(agent_argv(self._python, coordinator_address, node_id, run_id),
                                   env=env, stdout=subprocess.DEVNULL)
             process.stdin.write(token.encode() + b"\n")
@@ -120,5 +135,6 @@ class LocalLauncher:
             agent.relay = threading.Thread(target=_relay, args=(agent,), daemon=True,
                                            name=f"minitrain-agent-{node_id}-stderr")
             agent.relay.start()
-            agents.append(agent)
-        return LaunchedAgents(agents)
+            return agent
+
+        return LaunchedAgents([start_agent(node_id) for node_id in node_ids], start_agent)

@@ -36,11 +36,12 @@ def spawn(
     stdin=subprocess.PIPE,
     stdout=subprocess.PIPE,
     stderr=subprocess.PIPE,
+    pass_fds: Sequence[int] = (),
 ) -> subprocess.Popen:
     """Start `argv` in a new session (its own process group, pgid == pid) and return the Popen.
 
     `env` is the child's complete environment (nothing is inherited implicitly). File descriptors
-    other than 0-2 are closed in the child. The caller owns the Popen: it must reap it (`wait`) or
+    other than 0-2 and `pass_fds` are closed in the child. The caller owns the Popen: it must reap it (`wait`) or
     pass it to `stop_process_group`.
     """
     # start_new_session is done by the C fork/exec helper. preexec_fn would run Python code between
@@ -55,6 +56,7 @@ def spawn(
         stderr=stderr,
         start_new_session=True,
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
 
 
@@ -129,6 +131,9 @@ def stop_process_group(
         # Leader reaped and group empty: its pid may already belong to someone else; signal nothing.
         return StopResult(pgid, *decode_returncode(proc.returncode), sigkill_sent=False)
     _signal_group(pgid, signal.SIGTERM)
+    # A stopped process (SIGSTOP, a debugger) keeps SIGTERM pending until it runs again: wake it so
+    # the SIGTERM takes effect now instead of after the whole grace period.
+    _signal_group(pgid, signal.SIGCONT)
     alive = _wait_group(proc, pgid, time.monotonic() + grace_s)
     sigkill_sent = bool(alive)
     if alive:

@@ -94,6 +94,7 @@ class WorkerFailure:
     exit_code: int | None = None
     signal: int | None = None
     oom_suspected: bool = False
+    consequence: bool = False  # known to be an effect of another rank's failure (e.g. stuck in a collective)
 
     @property
     def cause(self) -> str:

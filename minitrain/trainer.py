@@ -24,7 +24,8 @@ from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.run import run_coordinator
 from minitrain.errors import (
-    ConfigError, ControllerError, LaunchError, RemoteWorkerError, WorkerGroupError, WorkerProcessError,
+    ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
+    WorkerHangError, WorkerProcessError,
 )
 from minitrain.launcher import LocalLauncher
 from minitrain.logs import LogSink, configure_driver_logging
@@ -319,7 +320,11 @@ def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> B
                 return rebuilt
         except Exception:  # the type does not exist in the driver: fall back below
             pass
-    if failure.exc_type and failure.exc_type not in ("WorkerProcessError", "NodeLostError"):
+    if failure.exc_type == "WorkerHangError":
+        return WorkerHangError(failure.message, failure.traceback)
+    if failure.exc_type == "NodeLostError":
+        return NodeLostError(failure.message)
+    if failure.exc_type and failure.exc_type != "WorkerProcessError":
         return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
     return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
                               f"{failure.phase.description}: {failure.cause}",

@@ -15,6 +15,7 @@ import queue
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -37,6 +38,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 LEASE_TIMEOUT_S = 5.0
 LOST_LEASE_GRACE_S = 1.0  # the coordinator is gone: nobody waits for a graceful stop
 OUTPUT_DRAIN_S = 2.0  # a grandchild may hold a worker's pipe open; do not wait on it forever
+STACK_DUMP_WAIT_S = 2.0
 _END = object()
 
 
@@ -50,6 +52,7 @@ class WorkerProcess:
     readers: list = field(default_factory=list)
     stopped_by_agent: bool = False
     exited: threading.Event = field(default_factory=threading.Event)
+    stack_fd: int = -1  # an unlinked file shared with the worker: its faulthandler writes there on SIGUSR1
 
 
 class NodeAgent:
@@ -139,6 +142,9 @@ class NodeAgent:
             # Stopping waits out the grace period; do it aside so commands keep flowing.
             threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
                              daemon=True, name="agent-stop").start()
+        elif kind == "dump_stacks":
+            threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
+                             daemon=True, name="agent-dump-stacks").start()
 
     def _receive(self) -> None:
         try:
@@ -178,21 +184,23 @@ class NodeAgent:
 
     def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict) -> None:
         attempt, rank = start.attempt, launch.rank
+        stack_fd = _anonymous_file()
         try:
             process = procs.spawn([sys.executable, "-m", "minitrain.worker"], env=env,
-                                  cwd=start.cwd or None)
+                                  cwd=start.cwd or None, pass_fds=(stack_fd,))
         except OSError as exc:
+            os.close(stack_fd)
             self._send_exit(attempt, rank, 0, None, exc=exc)
             return
         bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
                      "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
-                     "agent_pid": os.getpid()}
+                     "agent_pid": os.getpid(), "stack_fd": stack_fd}
         try:
             process.stdin.write(json.dumps(bootstrap).encode() + b"\n")
             process.stdin.close()
         except OSError:
             pass  # it died already; the waiter reports how
-        worker = WorkerProcess(attempt, rank, process)
+        worker = WorkerProcess(attempt, rank, process, stack_fd=stack_fd)
         for stream, is_stderr in ((process.stdout, False), (process.stderr, True)):
             reader = threading.Thread(target=self._forward_output, args=(worker, stream, is_stderr),
                                       daemon=True, name=f"worker-{rank}-{'err' if is_stderr else 'out'}")
@@ -218,6 +226,7 @@ class NodeAgent:
             reader.join(timeout=OUTPUT_DRAIN_S)
         # Leftovers of its process group (e.g. DataLoader children) must not outlive the worker.
         procs.stop_process_group(worker.process, grace_s=0.0)
+        os.close(worker.stack_fd)
         self._send_exit(worker.attempt, worker.rank, worker.process.pid, returncode,
                         stopped=worker.stopped_by_agent, exited_at=exited_at)
         worker.exited.set()
@@ -236,6 +245,21 @@ class NodeAgent:
                                  spawn_error=f"{type(exc).__name__}: {exc}" if exc else "",
                                  oom_suspected=oom)
         self._outbox.put(self._message(exited=exited))
+
+    def _dump_stacks(self, attempt: int) -> None:
+        """Ask every worker of the attempt for all its threads' stacks (faulthandler on SIGUSR1)."""
+        with self._lock:
+            targets = [w for (a, _), w in self._workers.items() if a == attempt and not w.exited.is_set()]
+        sizes = {}
+        for worker in targets:
+            sizes[worker.rank] = _size(worker.stack_fd)
+            try:
+                os.kill(worker.process.pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        for worker in targets:
+            text = _read_when_settled(worker.stack_fd, sizes[worker.rank], STACK_DUMP_WAIT_S)
+            self._outbox.put(self._message(stack_dump=pb.StackDump(attempt=attempt, rank=worker.rank, text=text)))
 
     def _stop_attempt(self, attempt: int, grace_s: float) -> None:
         with self._lock:
@@ -264,6 +288,44 @@ class NodeAgent:
             threads.append(thread)
         for thread in threads:
             thread.join(timeout=grace_s + 10)
+
+
+def _anonymous_file() -> int:
+    """A read-write file descriptor with no name: nothing is left on disk, whoever dies first."""
+    handle, path = tempfile.mkstemp(prefix="minitrain-stacks-")  # created 0600
+    os.unlink(path)
+    return handle
+
+
+def _size(fd: int) -> int:
+    try:
+        return os.fstat(fd).st_size
+    except OSError:
+        return 0
+
+
+def _read_when_settled(fd: int, start: int, timeout_s: float) -> str:
+    """The bytes a worker appended after `start`, once they stop growing (bounded wait).
+
+    A stopped (SIGSTOP) or kernel-blocked process never writes: the result is then empty.
+    """
+    deadline = time.monotonic() + timeout_s
+    last = start
+    settled_since = None
+    while time.monotonic() < deadline:
+        size = _size(fd)
+        if size > start and size == last:
+            settled_since = settled_since or time.monotonic()
+            if time.monotonic() - settled_since > 0.1:
+                break
+        else:
+            settled_since = None
+        last = size
+        time.sleep(0.02)
+    try:
+        return os.pread(fd, max(_size(fd) - start, 0), start).decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def install_signal_handlers(agent: NodeAgent) -> None:

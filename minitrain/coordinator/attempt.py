@@ -26,6 +26,7 @@ class RankState:
     exited: bool = False
     failure: Optional[WorkerFailure] = None
     exc_pickle: bytes = b""
+    last_progress: float = 0.0  # when it entered training or last reported (controller's clock)
 
 
 @dataclass

@@ -16,12 +16,13 @@ from typing import Callable, Mapping, Optional, Protocol
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.hangs import waits_in_collective
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
-from minitrain.errors import LaunchError, render_failures
+from minitrain.errors import ConfigError, LaunchError, render_failures
 from minitrain.records import NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
 from minitrain.retention import CheckpointRecord
 from minitrain.storage import StorageError
@@ -31,6 +32,7 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 logger = logging.getLogger("minitrain")
 
 POLL_S = 0.05
+STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
 STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
 
 
@@ -39,6 +41,7 @@ class FailurePolicy(Protocol):
 
     max_failures: int
     worker_stop_grace_s: float
+    worker_hang_timeout_s: Optional[float]
 
     def allows_retry(self, failures_so_far: int) -> bool:
         """True when one more attempt may start after `failures_so_far` failures."""
@@ -70,6 +73,9 @@ class AgentHandles(Protocol):
 
     def dead_agents(self) -> dict[str, str]:
         """node_id -> why, for agents whose process ended before they should have."""
+
+    def relaunch(self, node_id: str) -> bool:
+        """Start a new agent for a node whose agent died; False when that is not possible."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,9 @@ class Controller:
         self._clock = clock
         self._machine = RunStateMachine(clock)
         self._nodes: dict[str, NodeInfo] = {}
+        self._sessions: dict[str, int] = {}
         self._lost_nodes: dict[str, str] = {}
+        self._stack_dumps: dict[int, str] = {}
         self._tracker: Optional[AttemptTracker] = None
         self._history = _History()
         self._attempt = 0
@@ -146,6 +154,9 @@ class Controller:
             self._stop(RunState.FAILED, str(exc))
             return RunOutcome(state="FAILED", attempt=self._attempt, last_metrics=None,
                               error_message=str(exc))
+        except ConfigError as exc:  # an unsatisfiable request: fail at once with the reason, never retry
+            self._stop(RunState.FAILED, str(exc))
+            raise
         finally:
             self._shutdown_agents()
             self._persist()
@@ -171,8 +182,10 @@ class Controller:
             policy = self._spec.failure_policy
             root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
             if policy.allows_retry(self._failures):
-                logger.warning("attempt %d failed (%s); restarting, failure %d of max_failures=%d",
-                               tracker.attempt, root, self._failures, policy.max_failures)
+                left = policy.retries_left(self._failures)
+                logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, "
+                               "%s)", tracker.attempt, root, tracker.attempt + 1, self._failures,
+                               policy.max_failures, "unlimited retries" if left is None else f"{left} retries left")
                 self._machine.move(RunState.RESTARTING, root, self._attempt)
                 self._attempt += 1
                 continue
@@ -185,7 +198,7 @@ class Controller:
 
     def _wait_for_agents(self) -> None:
         deadline = self._clock() + self._spec.agent_start_timeout_s
-        expected = set(self._spec.node_ids)
+        expected = set(self._spec.node_ids) - set(self._lost_nodes)
         while not expected.issubset(self._nodes):
             dead = {n: why for n, why in self._agents.dead_agents().items() if n not in self._nodes}
             if dead:
@@ -197,7 +210,19 @@ class Controller:
                                   f"{self._spec.agent_start_timeout_s:g} s")
             self._next_event()
 
+    def _relaunch_lost_agents(self) -> None:
+        """Before a new attempt, replace agents that died (their host is assumed fine)."""
+        for node_id in list(self._lost_nodes):
+            if self._agents.relaunch(node_id):
+                logger.warning("node %s: starting a new agent (the old one was lost: %s)", node_id,
+                               self._lost_nodes[node_id])
+                self._nodes.pop(node_id, None)
+                del self._lost_nodes[node_id]
+        self._wait_for_agents()
+
     def _start_attempt(self) -> AttemptTracker:
+        if self._lost_nodes:
+            self._relaunch_lost_agents()
         garbage = self._checkpoints.delete_garbage()
         if garbage:
             logger.info("removed %d uncommitted checkpoint director%s: %s", len(garbage),
@@ -239,11 +264,50 @@ class Controller:
     # ------------------------------------------------------------------ supervising
 
     def _supervise(self, tracker: AttemptTracker) -> None:
-        """Handle events until every rank finished or one failed."""
+        """Handle events until every rank finished or one failed (a hang counts as a failure)."""
+        hang_timeout = self._spec.failure_policy.worker_hang_timeout_s
         while not tracker.failed() and not tracker.finished():
             self._next_event()
             if self._machine.state is RunState.STARTING and tracker.all_training():
                 self._machine.move(RunState.RUNNING, "every rank is training", tracker.attempt)
+            if hang_timeout:
+                self._check_hangs(tracker, hang_timeout)
+
+    def _check_hangs(self, tracker: AttemptTracker, timeout_s: float) -> None:
+        now = self._clock()
+        hung = [r for r, s in sorted(tracker.ranks.items())
+                if s.phase >= Phase.TRAINING and not s.done and not s.exited
+                and now - s.last_progress > timeout_s]
+        if not hung:
+            return
+        dumps = self._collect_stacks(tracker)
+        for rank in hung:
+            silent = now - tracker.ranks[rank].last_progress
+            text = dumps.get(rank) or ("(no stack: the process did not answer SIGUSR1; it is stopped, e.g. by "
+                                       "SIGSTOP, or blocked in the kernel)")
+            failure = WorkerFailure(
+                rank=rank, node=tracker.ranks[rank].node_name, pid=tracker.ranks[rank].pid,
+                phase=tracker.ranks[rank].phase, time=now, exc_type="WorkerHangError",
+                message=(f"rank {rank} made no progress (no report) for {silent:.1f} s, past "
+                         f"FailureConfig.worker_hang_timeout_s={timeout_s:g}; the stacks of every thread of "
+                         "every rank are in the logs"),
+                traceback=f"Stacks of rank {rank} when it was found hung:\n{text}",
+                consequence=waits_in_collective(dumps.get(rank, "")))
+            tracker.on_failed(ev.WorkerFailed(tracker.attempt, failure, b""))
+        logger.error("attempt %d: rank(s) %s stopped making progress for over %g s", tracker.attempt,
+                     ",".join(map(str, hung)), timeout_s)
+
+    def _collect_stacks(self, tracker: AttemptTracker) -> dict[int, str]:
+        """Ask every node for every worker's stacks; wait (bounded) for the answers."""
+        self._stack_dumps = {}
+        alive = {r for r, s in tracker.ranks.items() if not s.exited}
+        for node_id in tracker.nodes():
+            self._hub.send_to_agent(node_id, pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=tracker.attempt)))
+        deadline = self._clock() + STACK_WAIT_S
+        while not alive.issubset(self._stack_dumps) and self._clock() < deadline:
+            self._next_event()
+            alive = {r for r, s in tracker.ranks.items() if not s.exited}
+        return dict(self._stack_dumps)
 
     def _stop_attempt(self, tracker: AttemptTracker, grace_s: float) -> None:
         """Stop every worker of the attempt and wait (bounded) until each has exited."""
@@ -300,8 +364,13 @@ class Controller:
             self._on_report(event)
         elif isinstance(event, ev.AgentConnected):
             self._nodes[event.node.node_id] = event.node
+            self._sessions[event.node.node_id] = event.session
         elif isinstance(event, ev.AgentLost):
-            self._on_agent_lost(event)
+            if event.session == self._sessions.get(event.node_id, event.session):
+                self._on_agent_lost(event)
+        elif isinstance(event, ev.StackDumped):
+            if tracker is not None and event.attempt == tracker.attempt:
+                self._stack_dumps[event.rank] = event.text
         elif tracker is None or getattr(event, "attempt", tracker.attempt) != tracker.attempt:
             self._reject_stale(event)
         elif isinstance(event, ev.WorkerConnected):
@@ -313,6 +382,8 @@ class Controller:
                     self._send_rendezvous(tracker, rank)
         elif isinstance(event, ev.WorkerPhaseChanged):
             tracker.on_phase(event)
+            if event.rank in tracker.ranks:
+                tracker.ranks[event.rank].last_progress = self._clock()
             ack = pb.WorkerCommand(phase_ack=pb.PhaseAck(phase=int(event.phase)))
             self._hub.send_to_worker(event.attempt, event.rank, ack)
         elif isinstance(event, ev.WorkerSpawned):
@@ -340,6 +411,8 @@ class Controller:
         tracker = self._tracker
         if tracker is None or report.attempt != tracker.attempt or tracker.stop_requested:
             return
+        if report.rank in tracker.ranks:
+            tracker.ranks[report.rank].last_progress = self._clock()
         if report.rank == 0:
             self._history.last_metrics = report.metrics
             self._history.metrics.append(report.metrics)

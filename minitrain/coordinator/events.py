@@ -9,9 +9,10 @@ from minitrain.records import NodeInfo, Phase, ReportRecord, RunEvent, WorkerFai
 
 @dataclass(frozen=True, slots=True)
 class AgentConnected(RunEvent):
-    """An agent opened its session stream and said hello."""
+    """An agent opened its session stream and said hello; `session` numbers its streams."""
 
     node: NodeInfo
+    session: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +21,16 @@ class AgentLost(RunEvent):
 
     node_id: str
     reason: str
+    session: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StackDumped(RunEvent):
+    """An agent sent the thread stacks of one worker (empty when it did not answer)."""
+
+    attempt: int
+    rank: int
+    text: str
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,6 +8,7 @@ own thread, sends commands through the `Hub`, which hops onto the loop thread-sa
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import queue
@@ -132,12 +133,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._clock = clock
         self._last_seen: dict[str, float] = {}
         self._node_names: dict[str, str] = {}
+        self._sessions = itertools.count(1)
 
     # ------------------------------------------------------------------ agents
 
     async def AgentSession(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
-        state = {"node_id": "", "reason": "the agent closed its session"}
+        state = {"node_id": "", "reason": "the agent closed its session", "session": next(self._sessions)}
         reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
         try:
             while True:
@@ -151,7 +153,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if node_id:
                 self._hub.unregister_agent(node_id, outbox)
                 self._last_seen.pop(node_id, None)
-                self._events.put(ev.AgentLost(node_id, state["reason"]))
+                self._events.put(ev.AgentLost(node_id, state["reason"], state["session"]))
 
     async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
         try:
@@ -167,7 +169,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
                     self._node_names[node_id] = node.hostname
                     self._hub.register_agent(node_id, outbox)
-                    self._events.put(ev.AgentConnected(node))
+                    self._events.put(ev.AgentConnected(node, state["session"]))
                 elif kind == "logs":
                     logs = message.logs
                     self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
@@ -178,6 +180,13 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
                 elif kind == "exited":
                     self._events.put(_exited_event(node_id, message.exited))
+                elif kind == "stack_dump":
+                    dump = message.stack_dump
+                    header = f"minitrain: every thread's stack of rank {dump.rank} (hang detection):"
+                    text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
+                    self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
+                                         True, [header, *text.rstrip().splitlines()])
+                    self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
         except Exception as exc:  # the stream broke: the agent or its host is gone
             state["reason"] = f"its connection broke ({type(exc).__name__})"
         finally:

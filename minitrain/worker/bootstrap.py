@@ -191,12 +191,24 @@ class WorkerRun:
         os._exit(1)
 
 
+def _arm_stack_dumps(fd: int | None) -> None:
+    """On SIGUSR1, write every thread's Python stack to the file descriptor the agent passed us
+    (the agent asks when a rank hangs, and reads the dump from its side of the same file)."""
+    if fd is None or fd < 0:
+        return
+    import faulthandler
+    import signal
+
+    faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
+
+
 def main() -> None:
     """Entry point of `python -m minitrain.worker`."""
     from minitrain import procs
 
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
+    _arm_stack_dumps(bootstrap.get("stack_fd"))
     sys.stdin.close()
     sys.stdin = open(os.devnull)
     code = WorkerRun(bootstrap).execute()

@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs")
+    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class AgentMessage(_message.Message):
     SPAWNED_FIELD_NUMBER: _ClassVar[int]
     EXITED_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
+    STACK_DUMP_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     hello: AgentHello
@@ -38,7 +39,18 @@ class AgentMessage(_message.Message):
     spawned: WorkerSpawned
     exited: WorkerExited
     logs: LogLines
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ...) -> None: ...
+    stack_dump: StackDump
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ...) -> None: ...
+
+class StackDump(_message.Message):
+    __slots__ = ("attempt", "rank", "text")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TEXT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    text: str
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class AgentHello(_message.Message):
     __slots__ = ("hostname", "pid", "minitrain_version", "python", "cpus", "memory_bytes", "gpu_ids")
@@ -109,16 +121,24 @@ class LogLines(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stderr: _Optional[bool] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
-    __slots__ = ("start", "stop", "heartbeat", "shutdown")
+    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks")
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
+    DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
     start: StartWorkers
     stop: StopWorkers
     heartbeat: Heartbeat
     shutdown: Shutdown
-    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ...) -> None: ...
+    dump_stacks: DumpStacks
+    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ...) -> None: ...
+
+class DumpStacks(_message.Message):
+    __slots__ = ("attempt",)
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    def __init__(self, attempt: _Optional[int] = ...) -> None: ...
 
 class WorkerLaunch(_message.Message):
     __slots__ = ("rank", "local_rank")

@@ -1,0 +1,42 @@
+"""Reading faulthandler dumps: which hung rank waits in a collective (a consequence) and which is the cause."""
+
+from __future__ import annotations
+
+from minitrain.coordinator.hangs import main_thread_stack, waits_in_collective
+
+_READER = """Thread 0x00007f28c37fe6c0 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/venv/lib/python3.11/site-packages/grpc/_channel.py", line 956 in _next
+  File "/work/main/minitrain/worker/client.py", line 58 in _read
+
+"""
+
+_IN_COLLECTIVE = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py", line 2811 in all_reduce
+  File "/tmp/train.py", line 12 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+  File "/work/main/minitrain/worker/bootstrap.py", line 201 in main
+"""
+
+_IN_USER_LOOP = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/tmp/train.py", line 15 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+"""
+
+
+def test_main_thread_is_the_one_running_the_bootstrap():
+    section = main_thread_stack(_IN_COLLECTIVE)
+    assert section.startswith("Current thread") and "all_reduce" in section and "_read" not in section
+
+
+def test_a_rank_blocked_in_a_collective_is_a_consequence():
+    assert waits_in_collective(_IN_COLLECTIVE)
+
+
+def test_a_rank_spinning_in_user_code_is_a_cause():
+    assert not waits_in_collective(_IN_USER_LOOP)
+
+
+def test_no_answer_is_not_a_consequence():
+    # An empty dump (a stopped process) is never explained away.
+    assert not waits_in_collective("")
