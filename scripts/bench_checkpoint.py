@@ -19,18 +19,21 @@ What is measured, and how:
    repetition); outputs are deleted after each measurement, so disk use stays near 2x the size.
    Printed: the medians and the ratio minitrain / copy. Target: >= 0.9. Each minitrain rank also
    reports where its report() time went (upload, waiting for the coordinator's ack).
-2. Step time with a checkpoint every step: a 2-worker DDP MLP (gloo, a fixed batch, ~5 MiB of weights)
-   runs warm-up steps and then `--steps` timed steps; rank 0 times each step (forward, backward,
-   optimizer step, then the variant's saving and reporting), so start-up is excluded. Variants:
+2. Step time with a checkpoint every step: a 2-worker DDP MLP (gloo, a fixed batch, ~5 MiB of weights);
+   rank 0 times each step (forward, backward, optimizer step, then the variant's saving and reporting),
+   so start-up is excluded. Variants:
      plain:    report(metrics) only;
      metrics:  torch.save of this rank's state dict into a fresh scratch directory (deleted again) and
                report(metrics): the same user work as the checkpoint variants, no checkpoint reported;
      async:    the same torch.save, then report(metrics, checkpoint, ASYNC);
      sync:     the same torch.save, then report(metrics, checkpoint, SYNC).
-   CheckpointConfig(num_to_keep=2). The variants rotate order every repetition. Printed: median and mean
-   step per variant (medians over repetitions) and the ASYNC overhead against `metrics` (identical user
-   work, so the difference is minitrain's). Target: <= 5%. The overhead against `plain` (which also
-   counts torch.save, the user's own cost) is printed too.
+   All four run in ONE job, interleaved in blocks of 10 timed steps (each after an untimed lead-in step,
+   and followed by a drain of the ASYNC queue, so no upload spills into another variant's block), so
+   load from elsewhere on the machine hits every variant alike; `--steps` timed steps per variant, one
+   job per repetition, the variants' order rotating. CheckpointConfig(num_to_keep=2). Printed: median
+   and mean step per variant (medians over repetitions), the workers' CPU time per step, and the ASYNC
+   overhead against `metrics` (identical user work, so the difference is minitrain's). Target: <= 5%.
+   The overhead against `plain` (which also counts torch.save, the user's own cost) is printed too.
 
 The measured processes run this same file with `--role ...`. Everything (sources, storage, the
 workers' JSON) lives under one tempfile.TemporaryDirectory(); every child runs in its own session with a
@@ -61,6 +64,7 @@ TARGET_ASYNC_OVERHEAD_PCT = 5.0
 JOB_TIMEOUT_S = 300.0
 COPY_TIMEOUT_S = 300.0
 STEP_VARIANTS = ("plain", "metrics", "async", "sync")
+STEP_BLOCK = 10
 MLP_IN, MLP_HIDDEN, MLP_OUT, BATCH = 256, 1024, 10, 384
 DROP_CACHES = "/proc/sys/vm/drop_caches"
 
@@ -134,66 +138,88 @@ def persist_train_func(config: dict) -> None:
                  "instrumented": instrumented, **stats, "drop_caches_error": drop_note})
 
 
+def _make_block_plan(variants: list, steps: int, block: int) -> list:
+    """The variants' blocks in run order: ceil(steps / block) rounds, each running every variant once,
+    the order rotating by one every round (so no variant always follows the same one)."""
+    rounds = -(-steps // block)
+    return [variants[(r + i) % len(variants)] for r in range(rounds) for i in range(len(variants))]
+
+
 def steps_train_func(config: dict) -> None:
-    """Benchmark 2, every rank: warm-up steps, then timed steps of a DDP MLP with the variant's report."""
+    """Benchmark 2, every rank: one DDP MLP trained in blocks of steps, the variants interleaved.
+
+    Each block runs one lead-in step (untimed: it has no earlier checkpoint's upload running beside
+    it), `block` timed steps, then drains (get_all_reported_checkpoints waits for this rank's ASYNC
+    uploads and their acks), so no background work spills into the next variant's block.
+    """
     import torch
     import torch.nn.functional as F
 
     import minitrain
     from minitrain.torch import prepare_model
 
-    variant, scratch = config["variant"], config["scratch"]
     rank = minitrain.get_context().get_world_rank()
     torch.manual_seed(0)
     model = prepare_model(torch.nn.Sequential(
         torch.nn.Linear(MLP_IN, MLP_HIDDEN), torch.nn.ReLU(), torch.nn.Linear(MLP_HIDDEN, MLP_HIDDEN),
         torch.nn.ReLU(), torch.nn.Linear(MLP_HIDDEN, MLP_OUT)))
+    module = getattr(model, "module", model)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     generator = torch.Generator().manual_seed(rank)
     x = torch.randn(BATCH, MLP_IN, generator=generator)
     y = torch.randint(0, MLP_OUT, (BATCH,), generator=generator)
-    mode = {"async": minitrain.CheckpointUploadMode.ASYNC, "sync": minitrain.CheckpointUploadMode.SYNC}
-    stats: dict = {}
-    clock = time.perf_counter
-    step_s, save_s, report_s = [], [], []
-    instrumented = False
-    total = config["warmup"] + config["steps"]
-    for step in range(total):
-        if step == config["warmup"]:
-            instrumented = _instrument(stats)  # count the timed steps only
+    modes = {"async": minitrain.CheckpointUploadMode.ASYNC, "sync": minitrain.CheckpointUploadMode.SYNC}
+    clock, counter = time.perf_counter, [0]
+
+    def step(variant: str, timed: dict) -> None:
         start = clock()
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         optimizer.step()
-        metrics = {"step": step, "loss": loss.item()}
+        metrics = {"step": counter[0], "variant": variant, "loss": loss.item()}
+        counter[0] += 1
         saved = clock()
         directory = None
         if variant != "plain":
-            directory = tempfile.mkdtemp(prefix=f"step{step}_", dir=scratch)
-            torch.save(model.module.state_dict() if hasattr(model, "module") else model.state_dict(),
-                       os.path.join(directory, f"model_rank{rank}.pt"))
+            directory = tempfile.mkdtemp(prefix="step_", dir=config["scratch"])
+            torch.save(module.state_dict(), os.path.join(directory, f"model_rank{rank}.pt"))
         reported = clock()
-        if variant in mode:
+        if variant in modes:
             minitrain.report(metrics, checkpoint=minitrain.Checkpoint.from_directory(directory),
-                             checkpoint_upload_mode=mode[variant], delete_local_checkpoint_after_upload=True)
+                             checkpoint_upload_mode=modes[variant], delete_local_checkpoint_after_upload=True)
         else:
             minitrain.report(metrics)
             if directory is not None:
                 shutil.rmtree(directory)
         end = clock()
-        if step >= config["warmup"]:
-            step_s.append(end - start)
-            save_s.append(reported - saved)
-            report_s.append(end - reported)
-    tail_start = clock()
-    committed = minitrain.get_all_reported_checkpoints()  # drains the ASYNC queue, one round trip
-    tail = clock() - tail_start
-    if rank == 0:
-        _write_json(os.path.join(config["out_dir"], f"steps_{variant}.json"),
-                    {"variant": variant, "step_s": step_s, "save_s": save_s, "report_s": report_s,
-                     "tail_s": tail, "committed_seen": len(committed), "instrumented": instrumented,
-                     **stats})
+        if timed is not None:
+            timed["step_s"].append(end - start)
+            timed["save_s"].append(reported - saved)
+            timed["report_s"].append(end - reported)
+
+    variants = config["variants"]
+    for variant in variants:  # warm-up: first-time costs of every path (allocations, first upload, ...)
+        for _ in range(config["warmup"]):
+            step(variant, None)
+        minitrain.get_all_reported_checkpoints()
+    stats: dict = {}
+    instrumented = _instrument(stats)
+    figures = {v: {"step_s": [], "save_s": [], "report_s": [], "drain_s": [], "cpu_s": 0.0} for v in variants}
+    for variant in _make_block_plan(variants, config["steps"], config["block"]):
+        timed = figures[variant]
+        step(variant, None)  # lead-in
+        before, cpu_before = dict(stats), time.process_time()
+        for _ in range(min(config["block"], config["steps"] - len(timed["step_s"]))):
+            step(variant, timed)
+        drain_start = clock()
+        minitrain.get_all_reported_checkpoints()
+        timed["drain_s"].append(clock() - drain_start)
+        timed["cpu_s"] += time.process_time() - cpu_before  # this worker, every thread, the drain included
+        for key, value in stats.items():
+            timed[key] = timed.get(key, 0.0) + value - before.get(key, 0.0)
+    _write_json(os.path.join(config["out_dir"], f"steps_rank{rank}.json"),
+                {"rank": rank, "instrumented": instrumented, "variants": figures, "reports": counter[0]})
 
 
 def _fit(train_func, config: dict, storage: str, num_to_keep=None):
@@ -218,15 +244,15 @@ def role_persist_job(spec: dict) -> None:
 
 
 def role_steps_job(spec: dict) -> None:
-    """Benchmark 2 for one variant (a driver process); checks the last step's report and checkpoint."""
+    """Benchmark 2 (a driver process); checks the last report arrived and the kept checkpoints."""
     result = _fit(steps_train_func, spec, spec["storage"], num_to_keep=2)
-    last = spec["warmup"] + spec["steps"] - 1
-    assert result.metrics["step"] == last, result.metrics
-    if spec["variant"] in ("async", "sync"):
-        names = sorted(os.listdir(result.checkpoint.path))
-        assert names == [f"model_rank{r}.pt" for r in range(NUM_WORKERS)], names
-        assert len(result.best_checkpoints) == 2, result.best_checkpoints
-        assert result.best_checkpoints[-1][0].path == result.checkpoint.path
+    with open(os.path.join(spec["out_dir"], "steps_rank0.json")) as f:
+        reports = json.load(f)["reports"]
+    assert result.metrics["step"] == reports - 1, result.metrics
+    assert len(result.best_checkpoints) == 2, result.best_checkpoints
+    for checkpoint, _ in result.best_checkpoints:
+        names = sorted(os.listdir(checkpoint.path))
+        assert names == [f"model_rank{r}.pt" for r in range(NUM_WORKERS)], (checkpoint.path, names)
 
 
 # ---------------------------------------------------------------------- the benchmark driver
@@ -337,52 +363,61 @@ def bench_persist(tmp: str, size_mib: int, repeats: int, drop: bool) -> dict:
             "target_ratio": TARGET_THROUGHPUT_RATIO}
 
 
-def bench_steps(tmp: str, steps: int, warmup: int, repeats: int) -> dict:
-    """Benchmark 2: every variant once per repetition, rotating the order; rank 0's step times."""
+def bench_steps(tmp: str, steps: int, warmup: int, block: int, repeats: int) -> dict:
+    """Benchmark 2: `repeats` jobs, each running every variant in interleaved blocks; rank 0's steps."""
     runs: dict[str, list] = {variant: [] for variant in STEP_VARIANTS}
     for index in range(repeats):
         shift = index % len(STEP_VARIANTS)
-        for variant in STEP_VARIANTS[shift:] + STEP_VARIANTS[:shift]:
-            name = f"{variant}_{index}"
-            out_dir, scratch = os.path.join(tmp, "out", f"steps_{name}"), os.path.join(tmp, "scratch", name)
-            storage = os.path.join(tmp, "storage", f"steps_{name}")
-            os.makedirs(out_dir)
-            os.makedirs(scratch)
-            spec = {"variant": variant, "steps": steps, "warmup": warmup, "out_dir": out_dir,
-                    "scratch": scratch, "storage": storage}
-            wall = run_role(tmp, "steps-job", spec, f"steps_{name}")
-            with open(os.path.join(out_dir, f"steps_{variant}.json")) as f:
-                figures = json.load(f)
-            shutil.rmtree(storage)
-            shutil.rmtree(scratch)
+        variants = list(STEP_VARIANTS[shift:] + STEP_VARIANTS[:shift])
+        out_dir, scratch = os.path.join(tmp, "out", f"steps_{index}"), os.path.join(tmp, "scratch", f"steps_{index}")
+        storage = os.path.join(tmp, "storage", f"steps_{index}")
+        os.makedirs(out_dir)
+        os.makedirs(scratch)
+        spec = {"variants": variants, "steps": steps, "warmup": warmup, "block": block, "out_dir": out_dir,
+                "scratch": scratch, "storage": storage}
+        wall = run_role(tmp, "steps-job", spec, f"steps_{index}")
+        ranks = []
+        for rank in range(NUM_WORKERS):
+            with open(os.path.join(out_dir, f"steps_rank{rank}.json")) as f:
+                ranks.append(json.load(f)["variants"])
+        shutil.rmtree(storage)
+        shutil.rmtree(scratch)
+        print(f"  run {index + 1}/{repeats} (one job, {wall:.1f} s):")
+        for variant in STEP_VARIANTS:
+            figures = ranks[0][variant]
             step_s = figures["step_s"]
+            n = len(step_s)
             run = {"median_ms": statistics.median(step_s) * 1e3, "mean_ms": statistics.fmean(step_s) * 1e3,
                    "save_ms": statistics.median(figures["save_s"]) * 1e3,
                    "report_ms": statistics.median(figures["report_s"]) * 1e3,
                    "report_mean_ms": statistics.fmean(figures["report_s"]) * 1e3,
-                   "tail_ms": figures["tail_s"] * 1e3, "job_wall_s": wall,
-                   "upload_ms_per_step": figures.get("upload_s", 0.0) * 1e3 / steps,
-                   "ack_wait_ms_per_step": figures.get("ack_wait_s", 0.0) * 1e3 / steps,
-                   "stage_ms_per_step": figures.get("stage_s", 0.0) * 1e3 / steps, "step_s": step_s}
+                   "drain_ms": statistics.median(figures["drain_s"]) * 1e3,
+                   "cpu_ms_per_step": sum(r[variant]["cpu_s"] for r in ranks) * 1e3 / n,
+                   "upload_ms_per_step": figures.get("upload_s", 0.0) * 1e3 / n,
+                   "ack_wait_ms_per_step": figures.get("ack_wait_s", 0.0) * 1e3 / n,
+                   "stage_ms_per_step": figures.get("stage_s", 0.0) * 1e3 / n, "step_s": step_s}
             runs[variant].append(run)
-            print(f"  run {index + 1}/{repeats} {variant:>7}: step median {run['median_ms']:6.2f} ms, mean "
-                  f"{run['mean_ms']:6.2f} ms; in the step: torch.save {run['save_ms']:5.2f} ms, report() "
-                  f"{run['report_ms']:6.2f} ms; background upload {run['upload_ms_per_step']:5.2f} ms, "
+            print(f"    {variant:>7}: step median {run['median_ms']:6.2f} ms, mean {run['mean_ms']:6.2f} ms; "
+                  f"torch.save {run['save_ms']:5.2f} ms, report() {run['report_ms']:5.2f} ms; workers' CPU "
+                  f"{run['cpu_ms_per_step']:6.2f} ms/step; rank 0 upload {run['upload_ms_per_step']:5.2f} ms, "
                   f"ack wait {run['ack_wait_ms_per_step']:5.2f} ms per step", flush=True)
-    summary = {variant: {key: statistics.median(r[key] for r in rs)
-                         for key in ("median_ms", "mean_ms", "save_ms", "report_ms", "tail_ms")}
+    keys = ("median_ms", "mean_ms", "save_ms", "report_ms", "drain_ms", "cpu_ms_per_step",
+            "upload_ms_per_step", "ack_wait_ms_per_step", "stage_ms_per_step")
+    summary = {variant: {key: statistics.median(r[key] for r in rs) for key in keys}
                for variant, rs in runs.items()}
 
-    def overhead(variant: str, base: str, key: str) -> float:
+    def overhead(variant: str, base: str, key: str = "median_ms") -> float:
         return 100.0 * (summary[variant][key] / summary[base][key] - 1.0)
 
-    return {"steps": steps, "warmup": warmup, "repeats": repeats, "workers": NUM_WORKERS,
+    return {"steps": steps, "warmup": warmup, "block": block, "repeats": repeats, "workers": NUM_WORKERS,
             "model": f"MLP {MLP_IN}-{MLP_HIDDEN}-{MLP_HIDDEN}-{MLP_OUT}, batch {BATCH}", "runs": runs,
             "summary": summary,
-            "async_overhead_pct": overhead("async", "metrics", "median_ms"),
+            "async_overhead_pct": overhead("async", "metrics"),
             "async_overhead_mean_pct": overhead("async", "metrics", "mean_ms"),
-            "async_overhead_vs_plain_pct": overhead("async", "plain", "median_ms"),
-            "sync_overhead_pct": overhead("sync", "metrics", "median_ms"),
+            "async_overhead_vs_plain_pct": overhead("async", "plain"),
+            "sync_overhead_pct": overhead("sync", "metrics"),
+            "async_extra_cpu_ms_per_step": summary["async"]["cpu_ms_per_step"]
+            - summary["metrics"]["cpu_ms_per_step"],
             "target_overhead_pct": TARGET_ASYNC_OVERHEAD_PCT}
 
 
@@ -402,7 +437,7 @@ def markdown_table(machine: dict, persist: dict, steps: dict, command: str) -> s
         f"(median of {n}; {cache}) | {persist['minitrain_mib_s']:.0f} MiB/s "
         f"| 2 concurrent `cp` {persist['copy_mib_s']:.0f} MiB/s | {persist['ratio']:.2f}x "
         f"| >= {TARGET_THROUGHPUT_RATIO}x | {met(persist['ratio'] >= TARGET_THROUGHPUT_RATIO)} |",
-        f"| Step, metrics-only report ({steps['steps']} steps x {steps['repeats']}), median / mean "
+        f"| Step, metrics-only report ({steps['steps']} steps x {steps['repeats']} jobs), median / mean "
         f"| {s['plain']['median_ms']:.2f} / {s['plain']['mean_ms']:.2f} ms | - | - | - | - |",
         step_row.format("metrics-only + torch.save (not reported)", f"save {s['metrics']['save_ms']:.2f} ms",
                         s["metrics"]["median_ms"], s["metrics"]["mean_ms"], "baseline", "-", "-", "-"),
@@ -440,6 +475,7 @@ def run_benchmarks(args: argparse.Namespace) -> int:
     size_mib = 64 if args.quick else args.size_mib
     steps = 8 if args.quick else args.steps
     warmup = 2 if args.quick else 5
+    block = 4 if args.quick else STEP_BLOCK
     base = os.path.realpath(args.tmp_dir or tempfile.gettempdir())
     machine = machine_info()
     machine["disk"] = disk_info(base)
@@ -456,18 +492,22 @@ def run_benchmarks(args: argparse.Namespace) -> int:
             print(f"  median: minitrain {persist['minitrain_mib_s']:.1f} MiB/s, cp {persist['copy_mib_s']:.1f} "
                   f"MiB/s, ratio {persist['ratio']:.2f}x (target >= {TARGET_THROUGHPUT_RATIO}x)")
             shutil.rmtree(os.path.join(tmp, "sources"))
-            print(f"\n2. Step time with a report every step, {NUM_WORKERS}-worker DDP MLP, {steps} timed steps "
-                  f"(+{warmup} warm-up), variants {', '.join(STEP_VARIANTS)} ({repeats} repetition(s))")
-            step_figures = bench_steps(tmp, steps, warmup, repeats)
+            print(f"\n2. Step time with a report every step, {NUM_WORKERS}-worker DDP MLP: {steps} timed steps per "
+                  f"variant ({', '.join(STEP_VARIANTS)}) in interleaved blocks of {block}, +{warmup} warm-up "
+                  f"steps each, in one job per repetition ({repeats} repetition(s))")
+            step_figures = bench_steps(tmp, steps, warmup, block, repeats)
             s = step_figures["summary"]
+            print("  medians over the repetitions:")
             for variant in STEP_VARIANTS:
-                print(f"  {variant:>7}: step median {s[variant]['median_ms']:6.2f} ms, mean "
-                      f"{s[variant]['mean_ms']:6.2f} ms, report() median {s[variant]['report_ms']:6.2f} ms, "
-                      f"end-of-loop drain {s[variant]['tail_ms']:6.2f} ms")
+                print(f"    {variant:>7}: step median {s[variant]['median_ms']:6.2f} ms, mean "
+                      f"{s[variant]['mean_ms']:6.2f} ms, report() median {s[variant]['report_ms']:5.2f} ms, "
+                      f"workers' CPU {s[variant]['cpu_ms_per_step']:6.2f} ms/step, "
+                      f"drain after a block {s[variant]['drain_ms']:5.2f} ms")
             print(f"  ASYNC overhead: {step_figures['async_overhead_pct']:+.1f}% median, "
                   f"{step_figures['async_overhead_mean_pct']:+.1f}% mean vs `metrics` (target <= "
                   f"+{TARGET_ASYNC_OVERHEAD_PCT:g}%); {step_figures['async_overhead_vs_plain_pct']:+.1f}% vs "
-                  f"`plain`. SYNC: {step_figures['sync_overhead_pct']:+.1f}% vs `metrics`.")
+                  f"`plain`; {step_figures['async_extra_cpu_ms_per_step']:+.2f} ms of workers' CPU per step. "
+                  f"SYNC: {step_figures['sync_overhead_pct']:+.1f}% vs `metrics`.")
         except BenchError as exc:
             print(f"\nbenchmark failed: {exc}", file=sys.stderr)
             return 1

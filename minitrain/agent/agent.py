@@ -15,7 +15,6 @@ import queue
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ import grpc
 
 import minitrain
 from minitrain import hostinfo, procs
+from minitrain.agent.spares import Spare, SparePool, start_worker
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -78,6 +78,8 @@ class NodeAgent:
         self._end_reason = ""
         self._call = None
         self._oom_baseline = procs.oom_kill_count()
+        self._spares = SparePool()
+        self._last_start: Optional[tuple] = None
 
     # ------------------------------------------------------------------ session
 
@@ -116,9 +118,11 @@ class NodeAgent:
                 try:
                     command = self._commands.get(timeout=0.2)
                 except queue.Empty:
+                    self._spares.refill()
                     continue
                 self._execute(command)
         finally:
+            self._spares.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
             self._outbox.put(_END)
             self._call.cancel()
@@ -142,6 +146,10 @@ class NodeAgent:
             # Stopping waits out the grace period; do it aside so commands keep flowing.
             threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
                              daemon=True, name="agent-stop").start()
+        elif kind == "prepare_spares" and self._last_start is not None:
+            key, env, cwd = self._last_start
+            self._spares.want(key, command.prepare_spares.count, env, cwd)
+            self._spares.refill()
         elif kind == "dump_stacks":
             threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
@@ -179,19 +187,21 @@ class NodeAgent:
         env = dict(os.environ)
         env.update(start.env)
         env["PYTHONUNBUFFERED"] = "1"
+        key = (tuple(sorted(env.items())), start.cwd)
         for launch in start.workers:
-            self._spawn(start, launch, env)
+            self._spawn(start, launch, env, self._spares.take(key))
+        self._last_start = (key, env, start.cwd or None)
 
-    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict) -> None:
+    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict,
+               spare: Optional[Spare]) -> None:
         attempt, rank = start.attempt, launch.rank
-        stack_fd = _anonymous_file()
-        try:
-            process = procs.spawn([sys.executable, "-m", "minitrain.worker"], env=env,
-                                  cwd=start.cwd or None, pass_fds=(stack_fd,))
-        except OSError as exc:
-            os.close(stack_fd)
-            self._send_exit(attempt, rank, 0, None, exc=exc)
-            return
+        if spare is None:
+            try:
+                spare = start_worker(env, start.cwd or None, preload=False)
+            except OSError as exc:
+                self._send_exit(attempt, rank, 0, None, exc=exc)
+                return
+        process, stack_fd = spare.process, spare.stack_fd
         bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
                      "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
                      "agent_pid": os.getpid(), "stack_fd": stack_fd}
@@ -288,13 +298,6 @@ class NodeAgent:
             threads.append(thread)
         for thread in threads:
             thread.join(timeout=grace_s + 10)
-
-
-def _anonymous_file() -> int:
-    """A read-write file descriptor with no name: nothing is left on disk, whoever dies first."""
-    handle, path = tempfile.mkstemp(prefix="minitrain-stacks-")  # created 0600
-    os.unlink(path)
-    return handle
 
 
 def _size(fd: int) -> int:

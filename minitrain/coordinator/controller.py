@@ -270,8 +270,19 @@ class Controller:
             self._next_event()
             if self._machine.state is RunState.STARTING and tracker.all_training():
                 self._machine.move(RunState.RUNNING, "every rank is training", tracker.attempt)
+                self._prepare_spares(tracker)
             if hang_timeout:
                 self._check_hangs(tracker, hang_timeout)
+
+    def _prepare_spares(self, tracker: AttemptTracker) -> None:
+        """Warm spares make a restart cheap; keep them only when a restart may come."""
+        if not self._spec.failure_policy.allows_retry(self._failures + 1):
+            return
+        per_node: dict[str, int] = {}
+        for state in tracker.ranks.values():
+            per_node[state.assignment.node_id] = per_node.get(state.assignment.node_id, 0) + 1
+        for node_id, count in per_node.items():
+            self._hub.send_to_agent(node_id, pb.AgentCommand(prepare_spares=pb.PrepareSpares(count=count)))
 
     def _check_hangs(self, tracker: AttemptTracker, timeout_s: float) -> None:
         now = self._clock()

@@ -206,6 +206,10 @@ def main() -> None:
     """Entry point of `python -m minitrain.worker`."""
     from minitrain import procs
 
+    if "--preload" in sys.argv[1:]:
+        # A warm spare: die with the agent from the start, import torch now, then wait for work.
+        procs.die_with_parent(expected_parent=os.getppid())
+        _preimport_torch()
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
     _arm_stack_dumps(bootstrap.get("stack_fd"))
