@@ -178,9 +178,10 @@ class Controller:
                 self._stop(RunState.SUCCEEDED, "every rank finished")
                 return self._outcome("SUCCEEDED", tracker)
             self._failures += 1
+            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
+            logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt, root)
             self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
             policy = self._spec.failure_policy
-            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
             if policy.allows_retry(self._failures):
                 left = policy.retries_left(self._failures)
                 logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, "
