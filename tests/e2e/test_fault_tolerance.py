@@ -138,20 +138,18 @@ def test_second_ctrl_c_kills_at_once(tmp_path):
 
 
 def _read_until(driver: subprocess.Popen, text: str, timeout: float) -> str:
-    """The driver's output up to and including the first line containing `text`."""
+    """The driver's output up to `text` (raw reads: nothing hides in a reader's buffer)."""
     deadline = time.monotonic() + timeout
-    seen = []
-    while time.monotonic() < deadline:
-        ready, _, _ = select.select([driver.stdout], [], [], max(deadline - time.monotonic(), 0))
-        if not ready:
-            break
-        line = driver.stdout.readline()
-        if not line:
-            break
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-    raise AssertionError(f"{text!r} never appeared:\n{''.join(seen)}")
+    seen = b""
+    fd = driver.stdout.fileno()
+    while text.encode() not in seen:
+        remaining = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(remaining, 0))
+        chunk = os.read(fd, 65536) if ready else b""
+        if not chunk:
+            raise AssertionError(f"{text!r} never appeared:\n{seen.decode(errors='replace')}")
+        seen += chunk
+    return seen.decode(errors="replace")
 
 
 def test_sigkill_of_the_driver_leaves_no_process(tmp_path):

@@ -1,0 +1,588 @@
+"""Property-based fault injection: real 2-worker DDP runs under schedules of faults drawn by hypothesis.
+
+Every example is a real `TorchTrainer.fit()` (coordinator, agent, 2 gloo workers) of a deterministic
+DDP training function that checkpoints every k steps on rank 0 and resumes from `get_checkpoint()`.
+A schedule of 0..3 faults (rank, step, kind) and a failure budget are drawn; the faults are fired from
+inside the training function. Invariants checked on every example:
+
+- `fit()` succeeds iff the number of faults that fired <= max_failures; otherwise the
+  `WorkerGroupError` names the rank and the kind of the last fault that fired (the one that spent
+  the budget).
+- On success the final parameters are bit-identical to a fault-free run's, and the last attempt
+  reported steps resume_step+1 .. N-1 exactly once each, in order.
+- Committed checkpoints are never lost (each attempt resumes from a step >= the previous one's) or
+  corrupt: every directory the index names exists, is complete, loads, and holds the step its metrics
+  say; at most K+1 checkpoint directories exist; on success exactly the indexed ones remain.
+- No process survives `fit()`: none of the pids the run noted, no minitrain agent/worker below the
+  test process, and no process anywhere carrying this run's environment tag (orphans and spares too).
+
+How faults fire. Fault i fires the first time its (rank, step) is reached after fault i-1 fired, in a
+LATER attempt than fault i-1 (each attempt draws a token that rank 0 broadcasts; a marker file holding
+the token is written right before a fault fires). Without "later attempt", a fault on rank 1 at the
+step where rank 0 just failed could fire within the same doomed attempt, and two faults would cost one
+failure. So every fired fault costs exactly one failure, and a fault whose step is never reached again
+(the run resumed past it) never fires. Upload faults only exist on rank 0's checkpoint steps.
+
+Profiles (registered in tests/conftest.py): "ci" by default; `--hypothesis-profile=soak` or
+`MINITRAIN_FAULTS_PROFILE=soak` for hundreds of examples. A failing example prints its
+`@reproduce_failure` blob. Set MINITRAIN_FAULTS_KEEP=1 to keep each example's run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+import psutil
+import pytest
+from hypothesis import given, note, settings
+from hypothesis import strategies as st
+
+import minitrain
+from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from minitrain.procs import living_descendants, wait_until_gone
+from minitrain.torch import TorchTrainer
+
+pytestmark = pytest.mark.e2e
+
+N_STEPS = 8
+HANG_TIMEOUT_S = 2.0
+STOP_GRACE_S = 1.0
+RUN_NAME = "faults"
+TAG_VAR = "MINITRAIN_FAULTS_TAG"
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "meta.json")
+
+PROCESS_KINDS = ("exception", "exit_code", "sigkill", "sigsegv", "hang_sigstop", "hang_loop", "agent_sigkill")
+CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_checkpoint_report")
+KINDS = PROCESS_KINDS + CHECKPOINT_KINDS
+PARTIAL_UPLOAD_EXIT_CODE = 13
+
+
+class InjectedFault(Exception):
+    """Raised by the training function on purpose."""
+
+
+class InjectedUploadError(OSError):
+    """Raised by a checkpoint_upload_fn on purpose, after copying part of the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Fire `kind` on `rank` at `step`; `arg` is the exit code (exit_code) or the kill delay in ms
+    (kill_during_checkpoint_report)."""
+
+    rank: int
+    step: int
+    kind: str
+    arg: int = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    faults: tuple[Fault, ...]
+    max_failures: int
+    every: int  # rank 0 checkpoints at steps s with (s + 1) % every == 0
+    num_to_keep: Optional[int]
+
+
+def checkpoint_steps(every: int) -> list[int]:
+    return [s for s in range(N_STEPS) if (s + 1) % every == 0]
+
+
+# ---------------------------------------------------------------------------------- in the workers
+
+
+def _touch(path: str, text: str = "") -> None:
+    with open(path + ".tmp", "w") as handle:
+        handle.write(text)
+    os.replace(path + ".tmp", path)
+
+
+def _batch(step: int, rank: int):
+    """The same batch for (step, rank) in every attempt."""
+    import torch
+
+    generator = torch.Generator().manual_seed(10_000 + 100 * step + rank)
+    x = torch.randn(16, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(16, 1, generator=generator)
+    return x, y
+
+
+def _claim_fault(config: dict, rank: int, step: int, token: str) -> Optional[Fault]:
+    """The fault due at (rank, step) in this attempt, marked as fired; None when none is due."""
+    markers = os.path.join(config["out"], "markers")
+    for i, fields in enumerate(config["faults"]):
+        marker = os.path.join(markers, f"fault_{i}")
+        if os.path.exists(marker):
+            continue
+        if i > 0:  # the previous fault fired; only a later attempt may fire this one
+            with open(os.path.join(markers, f"fault_{i - 1}")) as handle:
+                if handle.read() == token:
+                    return None
+        fault = Fault(**fields)
+        if (fault.rank, fault.step) != (rank, step):
+            return None
+        _touch(marker, token)
+        return fault
+    return None
+
+
+def _fire(fault: Fault) -> None:
+    """Fire a fault that is not about checkpoints; never returns normally."""
+    kind = fault.kind
+    if kind == "exception":
+        raise InjectedFault(f"injected on rank {fault.rank} at step {fault.step}")
+    if kind == "exit_code":
+        os._exit(fault.arg)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "sigsegv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "hang_sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "agent_sigkill":
+        os.kill(os.getppid(), signal.SIGKILL)  # a worker's parent is its node agent
+    elif kind != "hang_loop":
+        raise AssertionError(f"unknown fault kind {kind!r}")
+    while True:  # hung (or waiting for the signal to land); never carry on training
+        time.sleep(0.05)
+
+
+def _partial_upload(run_dir: str, kind: str):
+    """A checkpoint_upload_fn that copies one file, half of another, then fails or dies."""
+
+    def upload(checkpoint, dir_name):
+        target = os.path.join(run_dir, dir_name)
+        os.makedirs(target, exist_ok=True)
+        shutil.copyfile(os.path.join(checkpoint.path, "model.pt"), os.path.join(target, "model.pt"))
+        with open(os.path.join(checkpoint.path, "optim.pt"), "rb") as handle:
+            data = handle.read()
+        with open(os.path.join(target, "optim.pt"), "wb") as handle:
+            handle.write(data[: len(data) // 2])
+        if kind == "upload_fails":
+            raise InjectedUploadError(f"injected upload failure of {dir_name} after a partial copy")
+        os._exit(PARTIAL_UPLOAD_EXIT_CODE)
+
+    return upload
+
+
+def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Optional[Fault]) -> None:
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save({"model": module.state_dict(), "step": step}, os.path.join(tmp, "model.pt"))
+        torch.save({"optimizer": optimizer.state_dict(), "step": step}, os.path.join(tmp, "optim.pt"))
+        with open(os.path.join(tmp, "meta.json"), "w") as handle:
+            json.dump({"step": step}, handle)
+        checkpoint = minitrain.Checkpoint.from_directory(tmp)
+        kind = fault.kind if fault is not None else None
+        if kind is None:
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+        elif kind == "kill_during_checkpoint_report":
+            # The kill lands in the upload, the wait for the ack, the commit, or just after report().
+            threading.Timer(fault.arg / 1000.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+            while True:  # the kill is at most 30 ms away: never carry on training
+                time.sleep(0.05)
+        else:
+            minitrain.report({"step": step}, checkpoint=checkpoint,
+                             checkpoint_upload_fn=_partial_upload(config["run_dir"], kind))
+            raise AssertionError("the injected upload fault did not end the report")
+
+
+def train_fn(config: dict):
+    """Deterministic DDP regression: N_STEPS steps, rank 0 checkpoints every config['every'] steps."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from minitrain.torch import prepare_model
+
+    rank = minitrain.get_context().get_world_rank()
+    out = config["out"]
+    for pid in (os.getpid(), os.getppid()):
+        _touch(os.path.join(out, "pids", str(pid)))
+    token = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)  # one token per attempt, the same on both ranks
+    token = token[0]
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    resume_step, optimizer_state = -1, None
+    checkpoint = minitrain.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            saved_model = torch.load(os.path.join(directory, "model.pt"))
+            saved_optimizer = torch.load(os.path.join(directory, "optim.pt"))
+        model.load_state_dict(saved_model["model"])
+        optimizer_state = saved_optimizer["optimizer"]
+        resume_step = saved_model["step"]
+        assert saved_optimizer["step"] == resume_step
+    if rank == 0:
+        _touch(os.path.join(out, "attempts", f"{time.time_ns():020d}_{token}"),
+               json.dumps({"resume_step": resume_step, "checkpoint": checkpoint and checkpoint.path}))
+    model = prepare_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    module = getattr(model, "module", model)
+
+    for step in range(resume_step + 1, N_STEPS):
+        x, y = _batch(step, rank)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        fault = _claim_fault(config, rank, step, token)
+        if fault is not None and fault.kind in PROCESS_KINDS:
+            _fire(fault)
+        if rank == 0 and (step + 1) % config["every"] == 0:
+            _report_checkpoint(config, module, optimizer, step, fault)
+        else:
+            minitrain.report({"step": step})
+
+    if rank == 0:
+        bits = b"".join(p.detach().numpy().tobytes() for p in module.parameters()).hex()
+        _touch(os.path.join(out, "final_params.hex"), bits)
+
+
+# ---------------------------------------------------------------------------------- running one schedule
+
+
+@dataclass
+class Outcome:
+    schedule: Schedule
+    root: Path  # the example's temporary directory
+    result: Optional[minitrain.Result]
+    error: Optional[minitrain.WorkerGroupError]
+    seconds: float
+    descendants_after: list  # minitrain agents/workers below the test process right after fit()
+    tag: str  # the value of TAG_VAR in the environment of the run's processes
+
+    @property
+    def out(self) -> Path:
+        return self.root / "out"
+
+    @property
+    def run_dir(self) -> Path:
+        return self.root / "results" / RUN_NAME
+
+    def fired(self) -> list[int]:
+        """Indices of the faults that fired."""
+        return sorted(int(p.name.split("_")[1]) for p in (self.out / "markers").glob("fault_*")
+                      if not p.name.endswith(".tmp"))
+
+    def attempts(self) -> list[dict]:
+        """What rank 0 saw at the start of each attempt, oldest first."""
+        return [json.loads(p.read_text()) for p in sorted((self.out / "attempts").iterdir())
+                if not p.name.endswith(".tmp")]
+
+    def diagnostics(self) -> str:
+        """The schedule, the error, metrics and the tail of every rank's log, for assertion messages."""
+        parts = [f"schedule: {self.schedule}", f"fired: {self.fired()}", f"attempts: {self.attempts()}",
+                 f"fit() took {self.seconds:.1f} s", f"error: {self.error}"]
+        metrics = self.run_dir / "metrics.jsonl"
+        if metrics.exists():
+            parts.append("metrics.jsonl:\n" + metrics.read_text()[-3000:])
+        for log in sorted((self.run_dir / "logs").glob("attempt_*/rank_*.log")):
+            parts.append(f"--- {log.relative_to(self.run_dir)}:\n" + log.read_text()[-1500:])
+        return "\n".join(parts)
+
+
+def _tagged_processes(tag: str) -> list[int]:
+    """Pids of living processes anywhere whose environment carries this run's tag."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != os.getpid() and process.environ().get(TAG_VAR) == tag \
+                    and process.status() != psutil.STATUS_ZOMBIE:
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _minitrain_descendants() -> list[str]:
+    found = []
+    for process in living_descendants(os.getpid()):
+        try:
+            command = " ".join(process.cmdline())
+        except psutil.Error:
+            continue
+        if "minitrain.worker" in command or "minitrain.agent" in command:
+            found.append(f"{process.pid}: {command}")
+    return found
+
+
+def run_schedule(schedule: Schedule, root: Path) -> Outcome:
+    """Run fit() once under `schedule`, with everything under `root`."""
+    out = root / "out"
+    for sub in ("pids", "markers", "attempts"):
+        (out / sub).mkdir(parents=True, exist_ok=True)
+    config = {"out": str(out), "faults": [asdict(f) for f in schedule.faults], "every": schedule.every,
+              "run_dir": str(root / "results" / RUN_NAME)}
+    trainer = TorchTrainer(
+        train_fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name=RUN_NAME, storage_path=str(root / "results"),
+            checkpoint_config=CheckpointConfig(num_to_keep=schedule.num_to_keep),
+            failure_config=FailureConfig(max_failures=schedule.max_failures,
+                                         worker_hang_timeout_s=HANG_TIMEOUT_S,
+                                         worker_stop_grace_s=STOP_GRACE_S)))
+    tag = uuid.uuid4().hex
+    previous = os.environ.get(TAG_VAR)
+    os.environ[TAG_VAR] = tag  # agents, workers and spares inherit it: found even when orphaned
+    result = error = None
+    started = time.monotonic()
+    try:
+        try:
+            result = trainer.fit()
+        except minitrain.WorkerGroupError as exc:
+            error = exc
+        seconds = time.monotonic() - started
+        descendants = _minitrain_descendants()
+    finally:
+        if previous is None:
+            os.environ.pop(TAG_VAR, None)
+        else:
+            os.environ[TAG_VAR] = previous
+    return Outcome(schedule, root, result, error, seconds, descendants, tag)
+
+
+# ---------------------------------------------------------------------------------- invariants
+
+
+def _expected_cause(fault: Fault) -> tuple[type, str]:
+    """The exception type worker_failures[rank] must have, and a text the message must contain."""
+    if fault.kind == "exception":
+        return InjectedFault, "InjectedFault: injected on rank"
+    if fault.kind == "exit_code":
+        return minitrain.WorkerProcessError, f"exited with code {fault.arg}"
+    if fault.kind == "upload_partial_then_die":
+        return minitrain.WorkerProcessError, f"exited with code {PARTIAL_UPLOAD_EXIT_CODE}"
+    if fault.kind in ("sigkill", "kill_during_checkpoint_report"):
+        return minitrain.WorkerProcessError, "killed by signal SIGKILL (9)"
+    if fault.kind == "sigsegv":
+        return minitrain.WorkerProcessError, "killed by signal SIGSEGV (11)"
+    if fault.kind in ("hang_sigstop", "hang_loop"):
+        return minitrain.WorkerHangError, "WorkerHangError: rank"
+    if fault.kind == "agent_sigkill":
+        return minitrain.NodeLostError, "NodeLostError: node"
+    if fault.kind == "upload_fails":
+        return InjectedUploadError, "InjectedUploadError: injected upload failure"
+    raise AssertionError(fault.kind)
+
+
+def check_processes(outcome: Outcome) -> None:
+    assert outcome.descendants_after == [], f"minitrain processes outlived fit(): {outcome.descendants_after}"
+    pids = sorted(int(p.name) for p in (outcome.out / "pids").iterdir() if not p.name.endswith(".tmp"))
+    assert len(pids) >= 2, "the run noted no pids: the check would prove nothing"
+    assert wait_until_gone(pids, timeout=10.0) == [], "processes of the run survived fit()"
+    assert wait_until_gone(_tagged_processes(outcome.tag), timeout=10.0) == [], \
+        "processes with this run's environment (agents, workers, spares) survived fit()"
+
+
+def check_outcome(outcome: Outcome) -> None:
+    schedule, fired = outcome.schedule, outcome.fired()
+    budget = schedule.max_failures
+    assert fired == list(range(len(fired))), "faults fired out of order"
+    assert len(fired) <= budget + 1, "a fault fired after the failure budget was spent"
+    succeeded = outcome.error is None
+    assert succeeded == (len(fired) <= budget), \
+        f"{len(fired)} fault(s) fired with max_failures={budget}, yet fit() " + \
+        ("succeeded" if succeeded else f"failed:\n{outcome.error}")
+    # Every fired fault cost one attempt, and nothing else did.
+    assert len(outcome.attempts()) == len(fired) + (1 if succeeded else 0)
+    if succeeded:
+        return
+    last = schedule.faults[fired[-1]]
+    error, text = outcome.error, str(outcome.error)
+    expected_type, expected_text = _expected_cause(last)
+    assert last.rank in error.worker_failures, f"rank {last.rank} ({last.kind}) is not among the failures"
+    assert isinstance(error.worker_failures[last.rank], expected_type), \
+        f"worker_failures[{last.rank}] is {error.worker_failures[last.rank]!r}, expected {expected_type.__name__}"
+    assert expected_text in text, f"{expected_text!r} is not in the error message"
+    root_line = next(line for line in text.splitlines() if line.startswith("Root cause: "))
+    if last.kind == "agent_sigkill":
+        # Both ranks lived on the killed agent: either may be named as the root cause.
+        assert "NodeLostError" in root_line, root_line
+    else:
+        assert root_line.startswith(f"Root cause: rank {last.rank} "), root_line
+        assert expected_text in root_line, root_line
+
+
+def check_success(outcome: Outcome, reference_params: str) -> None:
+    if outcome.error is not None:
+        return
+    final = (outcome.out / "final_params.hex").read_text()
+    assert final == reference_params, "final parameters differ from the fault-free run's"
+    assert outcome.result.metrics == {"step": N_STEPS - 1}
+    resume = outcome.attempts()[-1]["resume_step"]
+    last_attempt = len(outcome.fired())
+    entries = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert max((e["attempt"] for e in entries), default=0) <= last_attempt
+    steps = [e["metrics"]["step"] for e in entries if e["attempt"] == last_attempt]
+    assert steps == list(range(resume + 1, N_STEPS)), \
+        f"the last attempt (resumed after step {resume}) reported steps {steps}"
+
+
+def _load_checkpoint_dir(path: Path) -> int:
+    """The step a complete checkpoint directory holds (every file loads and agrees)."""
+    import torch
+
+    assert sorted(os.listdir(path)) == sorted(CHECKPOINT_FILES), f"{path.name} holds {os.listdir(path)}"
+    model = torch.load(path / "model.pt")
+    optim = torch.load(path / "optim.pt")
+    meta = json.loads((path / "meta.json").read_text())
+    assert model["step"] == optim["step"] == meta["step"], f"{path.name}: steps disagree"
+    assert set(model["model"]) == {"weight", "bias"} and optim["optimizer"]["state"]
+    return meta["step"]
+
+
+def check_checkpoints(outcome: Outcome) -> None:
+    schedule, run_dir = outcome.schedule, outcome.run_dir
+    index_path = run_dir / "checkpoint_manager_snapshot.json"
+    index = json.loads(index_path.read_text()) if index_path.exists() else {}
+    records = list(index.get("checkpoint_results") or [])
+    latest = index.get("latest_checkpoint_result")
+    if latest is not None:
+        assert latest["checkpoint_dir_name"] in {r["checkpoint_dir_name"] for r in records}
+    named = {}
+    for record in records:
+        step = _load_checkpoint_dir(run_dir / record["checkpoint_dir_name"])
+        assert step == record["metrics"]["step"], f"{record['checkpoint_dir_name']} holds step {step}"
+        assert step in checkpoint_steps(schedule.every)
+        named[record["checkpoint_dir_name"]] = step
+    steps = sorted(named.values())
+    assert len(steps) == len(set(steps)), f"a step was committed twice: {records}"
+    on_disk = sorted(d.name for d in run_dir.iterdir() if d.is_dir() and d.name.startswith("checkpoint_"))
+    if schedule.num_to_keep is not None:
+        assert len(records) <= schedule.num_to_keep
+        assert len(on_disk) <= schedule.num_to_keep + 1, f"too many checkpoint directories: {on_disk}"
+    # Committed checkpoints are never lost: each attempt resumes from at least the previous one's step.
+    resumes = [a["resume_step"] for a in outcome.attempts()]
+    assert resumes == sorted(resumes), f"an attempt resumed from an older checkpoint: {resumes}"
+    if latest is not None:
+        assert named[latest["checkpoint_dir_name"]] >= resumes[-1]
+    if outcome.error is None:
+        assert on_disk == sorted(named), f"uncommitted directories remain: {on_disk} vs index {sorted(named)}"
+        expected = checkpoint_steps(schedule.every)
+        if schedule.num_to_keep is not None:
+            expected = expected[-schedule.num_to_keep:]
+        assert steps == expected, f"kept steps {steps}, expected the latest {expected}"
+
+
+def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
+    keep = os.environ.get("MINITRAIN_FAULTS_KEEP") == "1"
+    root = Path(tempfile.mkdtemp(prefix="mt-faults-"))
+    outcome = None
+    try:
+        outcome = run_schedule(schedule, root)
+        try:
+            check_processes(outcome)
+            check_outcome(outcome)
+            check_checkpoints(outcome)
+            check_success(outcome, reference_params)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n\n{outcome.diagnostics()}") from exc
+        return outcome
+    finally:
+        if keep:
+            print(f"kept the example's directory: {root}")
+        else:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- the fault-free run
+
+
+@pytest.fixture(scope="module")
+def reference_params() -> str:
+    """The final parameters (hex of their float bits) of a fault-free run, once per module."""
+    root = Path(tempfile.mkdtemp(prefix="mt-faults-ref-"))
+    try:
+        outcome = run_schedule(Schedule(faults=(), max_failures=0, every=2, num_to_keep=None), root)
+        assert outcome.error is None, str(outcome.error)
+        check_processes(outcome)
+        entries = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+        assert [e["metrics"]["step"] for e in entries] == list(range(N_STEPS))
+        params = (outcome.out / "final_params.hex").read_text()
+        # DDP kept the ranks in sync, and training moved the parameters away from their init.
+        import torch
+        torch.manual_seed(0)
+        init = b"".join(p.detach().numpy().tobytes() for p in torch.nn.Linear(4, 1).parameters()).hex()
+        assert params and params != init
+        return params
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------------- the property
+
+
+def _profile() -> settings:
+    name = os.environ.get("MINITRAIN_FAULTS_PROFILE")
+    if not name:
+        current = settings.get_current_profile_name()
+        name = current if current != "default" else "ci"  # --hypothesis-profile=NAME wins over "ci"
+    return settings.get_profile(name)
+
+
+@st.composite
+def schedules(draw) -> Schedule:
+    every = draw(st.sampled_from([2, 3]))
+    faults = []
+    for _ in range(draw(st.integers(0, 3))):
+        kind = draw(st.sampled_from(KINDS))
+        if kind in CHECKPOINT_KINDS:
+            rank, step = 0, draw(st.sampled_from(checkpoint_steps(every)))
+        else:
+            rank, step = draw(st.integers(0, 1)), draw(st.integers(0, N_STEPS - 1))
+        arg = 0
+        if kind == "exit_code":
+            arg = draw(st.sampled_from([1, 3, 42]))
+        elif kind == "kill_during_checkpoint_report":
+            arg = draw(st.integers(0, 30))
+        faults.append(Fault(rank, step, kind, arg))
+    return Schedule(faults=tuple(faults), max_failures=draw(st.sampled_from([0, 1, 2, 3])), every=every,
+                    num_to_keep=draw(st.sampled_from([1, 2, None])))
+
+
+@settings(_profile())
+@given(schedule=schedules())
+def test_any_fault_schedule_keeps_the_invariants(schedule, reference_params):
+    note(f"schedule: {schedule}")
+    outcome = run_and_check(schedule, reference_params)
+    note(f"fired {outcome.fired()}, fit() took {outcome.seconds:.1f} s")
+
+
+# ---------------------------------------------------------------------------------- every kind, every run
+
+REGRESSIONS = [
+    Fault(1, 2, "exception"),
+    Fault(0, 4, "exit_code", 3),
+    Fault(1, 5, "sigkill"),
+    Fault(0, 2, "sigsegv"),
+    Fault(1, 4, "hang_sigstop"),
+    Fault(0, 5, "hang_loop"),
+    Fault(1, 3, "agent_sigkill"),
+    Fault(0, 3, "upload_fails"),
+    Fault(0, 5, "upload_partial_then_die"),
+    Fault(0, 3, "kill_during_checkpoint_report", 10),
+]
+
+
+@pytest.mark.parametrize("fault", REGRESSIONS, ids=[f.kind for f in REGRESSIONS])
+def test_each_fault_kind_is_survived_once(fault, reference_params):
+    outcome = run_and_check(Schedule(faults=(fault,), max_failures=1, every=2, num_to_keep=1),
+                            reference_params)
+    assert outcome.fired() == [0] and outcome.error is None
