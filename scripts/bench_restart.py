@@ -50,6 +50,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -325,11 +326,12 @@ def _tail(path: str, chars: int = 3000) -> str:
         return f.read().decode(errors="replace")[-chars:]
 
 
-def analyse_restarts(records: list[dict], attempts: list[int]) -> dict:
+def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None) -> dict:
     """Pair each attempt's kill with the next attempt's first step (records carry "attempt").
 
-    A restart follows every attempt but the last (or every attempt, when the last was killed or failed and
-    no next attempt came). It succeeded when its attempt reached the first step (rank 0's "start")."""
+    A restart follows every attempt but the last; and the last too when it was killed or never reached its
+    first step, unless it was attempt `max_attempt` (no restart left: `restarts_exhausted`). A restart
+    succeeded when its attempt reached the first step (rank 0's "start")."""
     by_attempt: dict[int, dict] = {a: {} for a in attempts}
     for r in records:
         slot = by_attempt.setdefault(r["attempt"], {})
@@ -346,16 +348,22 @@ def analyse_restarts(records: list[dict], attempts: list[int]) -> dict:
             entry["kill_time"] = before["kill"]["time"]
             entry["start"] = after["start"]
         restarts.append(entry)
+    exhausted = False
     if ordered:
         last = by_attempt[ordered[-1]]
         if "kill" in last or "start" not in last:  # a restart was due, and none reached its first step
-            restarts.append({"attempt": ordered[-1] + 1, "cause": "kill" if "kill" in last else "failure",
-                             "ok": False, "never_started": True})
+            if max_attempt is not None and ordered[-1] >= max_attempt:
+                exhausted = True
+            else:
+                restarts.append({"attempt": ordered[-1] + 1, "cause": "kill" if "kill" in last else "failure",
+                                 "ok": False, "never_started": True})
     after_kill = [r for r in restarts if r["cause"] == "kill"]
     latencies = [r["latency_s"] for r in after_kill if r["ok"]]
     return {"attempts": len(ordered), "kills": len(after_kill), "restarts": len(restarts),
             "succeeded_after_kill": sum(r["ok"] for r in after_kill),
-            "failed": sum(not r["ok"] for r in restarts), "per_restart": restarts,
+            "failed": sum(not r["ok"] for r in restarts), "restarts_exhausted": exhausted,
+            "last_attempt_reached_first_step": bool(ordered) and "start" in by_attempt[ordered[-1]],
+            "per_restart": restarts,
             "latencies_s": latencies, **_summary(latencies)}
 
 
@@ -451,7 +459,7 @@ def torchrun_job(tmp: str, restarts: int, train_s: float, stall_s: float) -> dic
     run = run_watched(argv, cwd=out_dir, output=output, tag=f"{tmp}/torchrun", watch=events, stall_s=stall_s)
     records = _read_records(events)
     seen = sorted({r["attempt"] for r in records})
-    figures = analyse_restarts(records, list(range(seen[-1] + 1)) if seen else [])
+    figures = analyse_restarts(records, list(range(seen[-1] + 1)) if seen else [], max_attempt=restarts)
     figures["run"] = run
     figures["command"] = " ".join(["torchrun", *argv[len(base):]]).replace(SCRIPT, os.path.basename(SCRIPT))
     with open(output, errors="replace") as f:
@@ -465,6 +473,17 @@ def torchrun_job(tmp: str, restarts: int, train_s: float, stall_s: float) -> dic
     figures["error_lines"] = dict(sorted(errors.items(), key=lambda kv: -kv[1])[:12])
     figures["output_tail"] = text[-2000:]
     return figures
+
+
+def save_logs(tmp: str, dest) -> None:
+    """Copy every job's output and JSON-lines records (not storage or checkpoints) to `dest`, if given."""
+    if not dest:
+        return
+    for name in sorted(os.listdir(tmp)):
+        for file in ("output.txt", "events.jsonl", "driver_log.jsonl"):
+            if os.path.exists(os.path.join(tmp, name, file)):
+                os.makedirs(os.path.join(dest, name), exist_ok=True)
+                shutil.copy(os.path.join(tmp, name, file), os.path.join(dest, name, file))
 
 
 def _fmt(value, unit: str = " s", digits: int = 2) -> str:
@@ -579,6 +598,8 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         except BenchError as exc:
             print(f"\nbenchmark failed: {exc}", file=sys.stderr)
             return 1
+        finally:
+            save_logs(tmp, args.save_logs)
     machine["load_1min_end"] = round(os.getloadavg()[0], 2)
     command = "python scripts/bench_restart.py" + (" --quick" if args.quick else
                                                    f" --restarts {restarts} --agent-kills {agent_kills}")
@@ -608,6 +629,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-torchrun", action="store_true", help="skip section 2")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     parser.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes")
+    parser.add_argument("--save-logs", metavar="DIR",
+                        help="copy every job's output and timestamped records to DIR before the temp dir goes")
     # Internal: what the measured processes run.
     parser.add_argument("--role", choices=["minitrain-job", "torchrun-worker"], help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)

@@ -7,7 +7,6 @@ and applies the failure budget. Nothing else decides to retry or give up.
 
 from __future__ import annotations
 
-import json
 import logging
 import queue
 import time
@@ -17,15 +16,13 @@ from typing import Callable, Mapping, Optional, Protocol
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.hangs import waits_in_collective
+from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.ranks import assign_ranks
-from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.errors import ConfigError, LaunchError, render_failures
 from minitrain.records import NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
-from minitrain.retention import CheckpointRecord
-from minitrain.storage import StorageError
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -45,27 +42,6 @@ class FailurePolicy(Protocol):
 
     def allows_retry(self, failures_so_far: int) -> bool:
         """True when one more attempt may start after `failures_so_far` failures."""
-
-
-class CheckpointBook(Protocol):
-    """The part of `minitrain.checkpoint_manager.CheckpointManager` the controller uses."""
-
-    report_index: int
-    latest: Optional[CheckpointRecord]
-    records: list
-    committed_dir_names: set
-
-    def register(self, record: CheckpointRecord):
-        """Commit a checkpoint: index first, then evictions."""
-
-    def advance_report_index(self, n: int) -> None:
-        """Rounds up to n were processed."""
-
-    def delete_garbage(self) -> list[str]:
-        """Remove directories of uncommitted checkpoints."""
-
-    def save(self) -> None:
-        """Write the index now."""
 
 
 class AgentHandles(Protocol):
@@ -98,12 +74,6 @@ class RunSpec:
     agent_start_timeout_s: float = 60.0
 
 
-@dataclass
-class _History:
-    last_metrics: Optional[dict] = None
-    metrics: list = field(default_factory=list)
-
-
 class Controller:
     """Runs attempts until the run succeeds, fails past its budget, or is aborted."""
 
@@ -112,10 +82,7 @@ class Controller:
                  clock: Callable[[], float] = time.time):
         self._spec = spec
         self._checkpoints = checkpoints
-        self._metrics_log = metrics_log
-        self._rounds: Optional[RoundTracker] = None
-        self._report_base = 0
-        self._return_value = b""
+        self._commits = Commits(checkpoints, metrics_log, hub, clock)
         self._hub = hub
         self._events = events
         self._agents = agents
@@ -126,7 +93,6 @@ class Controller:
         self._lost_nodes: dict[str, str] = {}
         self._stack_dumps: dict[int, str] = {}
         self._tracker: Optional[AttemptTracker] = None
-        self._history = _History()
         self._attempt = 0
         self._failures = 0
 
@@ -164,8 +130,7 @@ class Controller:
     def _persist(self) -> None:
         """Keep the metrics history and the report counter, however the run ended."""
         try:
-            self._metrics_log.flush()
-            self._checkpoints.save()
+            self._commits.persist()
         except Exception as exc:  # the run's own outcome matters more; say what was not saved
             logger.error("could not save the run's metrics history or index: %s", exc)
 
@@ -234,8 +199,7 @@ class Controller:
         names = {n.node_id: n.hostname for n in nodes}
         tracker = AttemptTracker.create(self._attempt, assignments, names)
         self._tracker = tracker
-        self._rounds = RoundTracker(len(assignments))
-        self._report_base = self._checkpoints.report_index
+        self._commits.start_attempt(len(assignments))
         by_node: dict[str, list[WorkerAssignment]] = {}
         for assignment in assignments:
             by_node.setdefault(assignment.node_id, []).append(assignment)
@@ -373,7 +337,9 @@ class Controller:
     def _handle(self, event: ev.RunEvent) -> None:
         tracker = self._tracker
         if isinstance(event, ev.ReportReceived):
-            self._on_report(event)
+            report = event.report
+            if tracker is not None and report.attempt == tracker.attempt and not tracker.stop_requested:
+                self._commits.on_report(tracker, report)
         elif isinstance(event, ev.AgentConnected):
             self._nodes[event.node.node_id] = event.node
             self._sessions[event.node.node_id] = event.session
@@ -402,11 +368,11 @@ class Controller:
             tracker.on_spawned(event)
         elif isinstance(event, ev.WorkerDone):
             tracker.on_done(event)
-            if event.rank == 0:
-                self._return_value = event.return_value
-            self._complete(tracker, self._rounds.finish(event.rank, event.reports))
+            self._commits.on_done(tracker, event)
+            if all(s.done for s in tracker.ranks.values()):
+                self._hub.send_to_worker(tracker.attempt, 0, pb.WorkerCommand(release=pb.Release()))
         elif isinstance(event, ev.CheckpointsRequested):
-            self._send_checkpoint_list(event)
+            self._commits.send_checkpoint_list(event)
         elif isinstance(event, ev.WorkerFailed):
             tracker.on_failed(event)
         elif isinstance(event, ev.WorkerExited):
@@ -417,58 +383,6 @@ class Controller:
             # A worker of an earlier attempt: end its stream so it exits.
             self._hub.close_worker(event.attempt, event.rank)
         logger.debug("ignoring %s of a stale attempt", type(event).__name__)
-
-    def _on_report(self, event: ev.ReportReceived) -> None:
-        report = event.report
-        tracker = self._tracker
-        if tracker is None or report.attempt != tracker.attempt or tracker.stop_requested:
-            return
-        if report.rank in tracker.ranks:
-            tracker.ranks[report.rank].last_progress = self._clock()
-        if report.rank == 0:
-            self._history.last_metrics = report.metrics
-            self._history.metrics.append(report.metrics)
-            self._metrics_log.append(report.metrics, self._report_base + report.round, report.attempt,
-                                     report.reported_at)
-        try:
-            completed = self._rounds.add(report.rank, report.round, report.metrics, report.checkpoint_dir_name)
-        except RoundConflict as exc:
-            self._fail_rank(tracker, report.rank, "CheckpointDirConflict", str(exc))
-            return
-        self._complete(tracker, completed)
-        if report.wants_ack:
-            ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=report.round))
-            self._hub.send_to_worker(tracker.attempt, report.rank, ack)
-
-    def _complete(self, tracker: AttemptTracker, completed: list[CompletedRound]) -> None:
-        """Commit the checkpoint rounds among `completed`: the index is written before any ack."""
-        for done in completed:
-            index = self._report_base + done.round
-            self._checkpoints.advance_report_index(index + 1)
-            if not done.checkpoint_dir_name:
-                continue
-            record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
-                                      report_index=index, attempt=tracker.attempt, committed_at=self._clock())
-            try:
-                self._metrics_log.flush()
-                self._checkpoints.register(record)
-            except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
-                self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
-                return
-            logger.debug("committed %s (round %d)", record.dir_name, index)
-
-    def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
-        state = tracker.ranks[rank]
-        tracker.on_failed(ev.WorkerFailed(tracker.attempt, WorkerFailure(
-            rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
-            exc_type=exc_type, message=message), b""))
-
-    def _send_checkpoint_list(self, event: ev.CheckpointsRequested) -> None:
-        entries = [pb.CheckpointEntry(dir_name=r.dir_name, metrics_json=json.dumps(r.metrics))
-                   for r in self._checkpoints.records]
-        command = pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=event.request_id,
-                                                                     checkpoints=entries))
-        self._hub.send_to_worker(event.attempt, event.rank, command)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
@@ -493,7 +407,7 @@ class Controller:
         )
         latest = self._checkpoints.latest
         message.initial_checkpoint_dir = latest.dir_name if latest is not None else ""
-        message.report_index_base = self._report_base
+        message.report_index_base = self._commits.report_base
         message.committed_dir_names.extend(sorted(self._checkpoints.committed_dir_names))
         self._hub.send_to_worker(tracker.attempt, event.rank, pb.WorkerCommand(assignment=message))
         if tracker.rendezvous is not None:
@@ -515,8 +429,9 @@ class Controller:
                     f"Worker logs: {self._spec.run_path}/logs/attempt_{tracker.attempt}/")
             message = render_failures(list(failures), tracker.attempt, hint)
         return RunOutcome(
-            state=state, attempt=tracker.attempt, last_metrics=self._history.last_metrics,
-            metrics_history=tuple(self._history.metrics), failures=failures,
-            exceptions=tracker.exc_pickles(), error_message=message, return_value=self._return_value,
+            state=state, attempt=tracker.attempt, last_metrics=self._commits.history.last_metrics,
+            metrics_history=tuple(self._commits.history.metrics), failures=failures,
+            exceptions=tracker.exc_pickles(), error_message=message,
+            return_value=self._commits.history.return_value,
         )
 

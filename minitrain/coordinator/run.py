@@ -6,7 +6,8 @@ import logging
 import queue
 from typing import Protocol
 
-from minitrain.coordinator.controller import AgentHandles, CheckpointBook, Controller, RunSpec
+from minitrain.coordinator.commits import CheckpointBook
+from minitrain.coordinator.controller import Controller, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol

@@ -28,6 +28,7 @@ from minitrain.worker.session import UploadFailed, WorkerSession
 ASSIGNMENT_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0
 PHASE_ACK_TIMEOUT_S = 30.0
+RELEASE_TIMEOUT_S = 7 * 24 * 3600.0  # other ranks may train much longer; a stop ends the wait anyway
 
 
 def read_bootstrap(stream) -> dict:
@@ -155,6 +156,9 @@ class WorkerRun:
         done = pb.WorkerDone(finished_at=time.time(), reports=self._session.rounds_reported,
                              return_value=returned)
         self._client.send(done=done)
+        if b["rank"] == 0:
+            # Rank 0 hosts the TCPStore: stay until every rank is done with it (an exit barrier).
+            self._client.wait_release(RELEASE_TIMEOUT_S)
         self._client.close(CLOSE_TIMEOUT_S)
         # No destroy_process_group(): the process exits with os._exit right after this. Tearing the
         # group down can abort a rank whose peer (rank 0 hosts the TCPStore) has already exited.

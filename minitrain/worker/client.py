@@ -40,6 +40,7 @@ class WorkerClient:
         self._rendezvous: Optional[pb.Rendezvous] = None
         self._acked_phase = 0
         self._acked_round = -1
+        self._released = False
         self._checkpoint_lists: dict[int, list] = {}
         self._closed = False
         self._close_reason = ""
@@ -64,6 +65,8 @@ class WorkerClient:
                         self._rendezvous = command.rendezvous
                     elif kind == "phase_ack":
                         self._acked_phase = max(self._acked_phase, command.phase_ack.phase)
+                    elif kind == "release":
+                        self._released = True
                     elif kind == "report_ack":
                         self._acked_round = max(self._acked_round, command.report_ack.round)
                     elif kind == "checkpoint_list":
@@ -123,6 +126,13 @@ class WorkerClient:
             if self._closed:
                 raise SessionClosed(f"waiting for {what}: {self._close_reason}")
         raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
+
+    def wait_release(self, timeout_s: float) -> None:
+        """Block until the coordinator says every rank finished (or the session ends)."""
+        try:
+            self._wait_until(lambda: self._released, timeout_s, "the release of the attempt")
+        except SessionClosed:
+            pass
 
     def wait_report_ack(self, round_: int, timeout_s: float) -> None:
         """Block until the coordinator recorded report `round_` of this worker."""

@@ -204,7 +204,7 @@ def test_exception_on_rank_1_surfaces_with_its_type(tmp_path):
     assert 0 not in error.worker_failures  # rank 0 was stopped by minitrain, it did not fail
     pid = _records(tmp_path)[1]["pid"]
     text = str(error)
-    assert f"Root cause: rank 1 on " in text and f"(pid {pid}) during training" in text
+    assert "Root cause: rank 1 on " in text and f"(pid {pid}) during training" in text
     assert "InjectedError: injected failure" in text and "train_failing" in text  # traceback tail
     _assert_nothing_survives(tmp_path)
 

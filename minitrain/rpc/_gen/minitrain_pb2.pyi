@@ -286,20 +286,26 @@ class WorkerFailure(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list")
+    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list", "release")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
     PHASE_ACK_FIELD_NUMBER: _ClassVar[int]
     REPORT_ACK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_LIST_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     rendezvous: Rendezvous
     abort: Abort
     phase_ack: PhaseAck
     report_ack: ReportAck
     checkpoint_list: CheckpointList
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ...) -> None: ...
+    release: Release
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+
+class Release(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ReportAck(_message.Message):
     __slots__ = ("round",)
