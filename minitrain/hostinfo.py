@@ -94,3 +94,24 @@ def _count_nvidia_smi(command: Sequence[str]) -> int:
         log.warning("could not count GPUs with %s: %s", " ".join(command), exc)
         return 0
     return sum(1 for line in done.stdout.splitlines() if line.startswith("GPU "))
+
+
+def route_to(host: str) -> tuple[str, str]:
+    """(local address, interface name) this machine uses to reach `host`; ("", "") if unknown.
+
+    Uses the kernel's routing decision (a UDP socket "connected" to the host sends nothing), so the
+    answer is the address other machines on that route see, not whatever `hostname -I` lists first.
+    """
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, 9))
+            address = probe.getsockname()[0]
+    except OSError:
+        return "", ""
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address.split("%")[0] == address for a in addresses):
+            return address, name
+    return address, ""

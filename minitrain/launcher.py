@@ -57,6 +57,13 @@ class LaunchedAgents:
         self.agents = agents
         self._start_agent = start_agent
 
+    def forget(self, node_id: str) -> None:
+        """A relaunched agent did not connect: stop it and expect nothing more from that node."""
+        for agent in self.agents:
+            if agent.node_id == node_id and not agent.expected_exit:
+                agent.expected_exit = True
+                procs.stop_process_group(agent.process, grace_s=1.0)
+
     def relaunch(self, node_id: str) -> bool:
         """Replace the agent of `node_id` with a new one; False when this launcher cannot."""
         if self._start_agent is None:
@@ -119,15 +126,23 @@ class LocalLauncher:
         self._python = python
         self._pythonpath = pythonpath
 
-    def start(self, node_ids: list[str], coordinator_address: str, token: str,
-              run_id: str) -> LaunchedAgents:
-        """Start one agent per node id (all on this machine) and hand each the token on stdin."""
+    def bind_hosts(self) -> tuple[str, ...]:
+        """Agents on this machine reach the coordinator over loopback only."""
+        return ("127.0.0.1",)
+
+    def bind_host_for(self, node_id: str) -> str:
+        """Every local agent dials 127.0.0.1."""
+        return "127.0.0.1"
+
+    def start(self, node_ids: list[str], address_for, token: str, run_id: str) -> LaunchedAgents:
+        """Start one agent per node id (all on this machine) and hand each the token on stdin;
+        `address_for(node_id)` is the coordinator address that agent dials."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
 
         def start_agent(node_id: str) -> AgentProcess:
-            process = procs.spawn(agent_argv(self._python, coordinator_address, node_id, run_id),
+            process = procs.spawn(agent_argv(self._python, address_for(node_id), node_id, run_id),
                                   env=env, stdout=subprocess.DEVNULL)
             process.stdin.write(token.encode() + b"\n")
             process.stdin.close()

@@ -60,6 +60,7 @@ class NodeInfo:
     gpu_ids: tuple[int, ...] = ()
     python: str = ""
     minitrain_version: str = ""
+    ifname: str = ""  # the interface holding `address` (for GLOO/NCCL_SOCKET_IFNAME)
 
 
 @dataclass(frozen=True, slots=True)

@@ -136,7 +136,9 @@ class TorchTrainer:
             worker_env=dict(self.run_config.worker_runtime_env.get("env_vars", {})),
             cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
+            cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
+            local_node_ids=frozenset({LOCAL_NODE_ID}),
         )
         logs_dir = storage.path("logs") if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir)

@@ -94,7 +94,9 @@ class NodeAgent:
             yield item
 
     def _hello(self) -> pb.AgentMessage:
-        node = NodeInfo(node_id=self._node_id, hostname=hostinfo.hostname(), address="",
+        coordinator_host = self._address.rsplit(":", 1)[0].strip("[]")
+        address, ifname = hostinfo.route_to(coordinator_host)
+        node = NodeInfo(node_id=self._node_id, hostname=hostinfo.hostname(), address=address, ifname=ifname,
                         agent_pid=os.getpid(), cpus=hostinfo.cpu_count(),
                         memory_bytes=hostinfo.memory_bytes(), gpu_ids=hostinfo.gpu_ids(),
                         python=sys.executable, minitrain_version=minitrain.__version__)

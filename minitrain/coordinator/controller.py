@@ -7,6 +7,7 @@ and applies the failure budget. Nothing else decides to retry or give up.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import time
@@ -18,6 +19,7 @@ from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.hangs import waits_in_collective
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.policy import HostBackoff, RemainingHostsTooSmall
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
@@ -53,6 +55,9 @@ class AgentHandles(Protocol):
     def relaunch(self, node_id: str) -> bool:
         """Start a new agent for a node whose agent died; False when that is not possible."""
 
+    def forget(self, node_id: str) -> None:
+        """Stop waiting for the agent of `node_id` (it failed to come back)."""
+
 
 @dataclass(frozen=True)
 class RunSpec:
@@ -70,7 +75,10 @@ class RunSpec:
     worker_env: Mapping[str, str] = field(default_factory=dict)
     cwd: str = ""
     gpus_per_worker: float = 0.0
+    cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
+    node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
+    local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
 
 
@@ -91,6 +99,7 @@ class Controller:
         self._nodes: dict[str, NodeInfo] = {}
         self._sessions: dict[str, int] = {}
         self._lost_nodes: dict[str, str] = {}
+        self._backoff = HostBackoff()
         self._stack_dumps: dict[int, str] = {}
         self._tracker: Optional[AttemptTracker] = None
         self._attempt = 0
@@ -137,7 +146,14 @@ class Controller:
     def _run_attempts(self) -> RunOutcome:
         while True:
             self._machine.move(RunState.STARTING, f"starting attempt {self._attempt}", self._attempt)
-            tracker = self._start_attempt()
+            try:
+                tracker = self._start_attempt()
+            except RemainingHostsTooSmall as exc:
+                logger.error("cannot start attempt %d: %s", self._attempt, exc)
+                self._stop(RunState.FAILED, str(exc))
+                outcome = self._outcome("FAILED", self._tracker)
+                return dataclasses.replace(outcome, error_message=f"{outcome.error_message}\n\n"
+                                                                  f"No restart was possible: {exc}")
             self._supervise(tracker)
             if not tracker.failed():
                 self._stop(RunState.SUCCEEDED, "every rank finished")
@@ -177,25 +193,44 @@ class Controller:
             self._next_event()
 
     def _relaunch_lost_agents(self) -> None:
-        """Before a new attempt, replace agents that died (their host is assumed fine)."""
-        for node_id in list(self._lost_nodes):
+        """Before a new attempt: replace lost agents on this machine at once; re-admit a lost remote
+        host only after its backoff (it may be gone for good), and keep it out if it fails again."""
+        now = self._clock()
+        retry = [n for n in self._lost_nodes
+                 if n in self._spec.local_node_ids or self._backoff.may_retry(n, now)]
+        for node_id in retry:
             if self._agents.relaunch(node_id):
                 logger.warning("node %s: starting a new agent (the old one was lost: %s)", node_id,
                                self._lost_nodes[node_id])
                 self._nodes.pop(node_id, None)
                 del self._lost_nodes[node_id]
-        self._wait_for_agents()
+        try:
+            self._wait_for_agents()
+        except LaunchError as exc:
+            for node_id in retry:
+                if node_id not in self._nodes:
+                    self._agents.forget(node_id)
+                    self._lost_nodes[node_id] = f"it did not come back ({exc})"
+                    self._backoff.failed(node_id, self._clock())
 
     def _start_attempt(self) -> AttemptTracker:
         if self._lost_nodes:
             self._relaunch_lost_agents()
+        nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes and n in self._nodes]
+        try:
+            assignments = assign_ranks(nodes, self._spec.num_workers, self._spec.gpus_per_worker,
+                                       self._spec.placement_strategy, self._spec.cpus_per_worker,
+                                       dict(self._spec.node_slots))
+        except ConfigError as exc:
+            if not self._lost_nodes:
+                raise
+            lost = "; ".join(f"{n} ({why})" for n, why in sorted(self._lost_nodes.items()))
+            raise RemainingHostsTooSmall(f"the hosts that remain cannot hold the run after losing {lost}: "
+                                         f"{exc}") from None
         garbage = self._checkpoints.delete_garbage()
         if garbage:
             logger.info("removed %d uncommitted checkpoint director%s: %s", len(garbage),
                         "y" if len(garbage) == 1 else "ies", ", ".join(garbage))
-        nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes]
-        assignments = assign_ranks(nodes, self._spec.num_workers, self._spec.gpus_per_worker,
-                                   self._spec.placement_strategy)
         names = {n.node_id: n.hostname for n in nodes}
         tracker = AttemptTracker.create(self._attempt, assignments, names)
         self._tracker = tracker
@@ -218,6 +253,10 @@ class Controller:
 
     def _node_env(self, node: NodeInfo, assignments: list[WorkerAssignment]) -> dict[str, str]:
         env = dict(self._spec.worker_env)
+        # Collective traffic goes over the interface that reaches the other nodes, unless the user chose.
+        if node.ifname:
+            for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+                env.setdefault(name, node.ifname)
         # torchrun's default: one OpenMP thread per worker when several share a node, unless set.
         if len(assignments) > 1 and "OMP_NUM_THREADS" not in env:
             env["OMP_NUM_THREADS"] = "1"
@@ -388,6 +427,7 @@ class Controller:
         if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
             return
         self._lost_nodes[event.node_id] = event.reason
+        self._backoff.failed(event.node_id, self._clock())
         if self._tracker is not None:
             self._tracker.on_node_lost(event.node_id, event.reason, self._clock())
         if self._machine.state is not RunState.STOPPING:

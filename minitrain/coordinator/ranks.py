@@ -7,6 +7,7 @@ local rank follows the GPU index, so rank r on a node drives that node's r-th as
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo, WorkerAssignment
@@ -17,10 +18,24 @@ def _gpus_held(gpus_per_worker: float) -> float:
     return gpus_per_worker if gpus_per_worker <= 1 else math.ceil(gpus_per_worker - 1e-9)
 
 
-def _capacity(node: NodeInfo, gpus_per_worker: float) -> float:
+def _capacity(node: NodeInfo, gpus_per_worker: float, cpus_per_worker: float, slots: Optional[int],
+              single_node: bool) -> float:
+    room = math.inf if slots is None else slots
     if gpus_per_worker > 0:
-        return math.floor(len(node.gpu_ids) / _gpus_held(gpus_per_worker) + 1e-9)
-    return math.inf  # CPU workers may oversubscribe cores, as torchrun allows
+        return min(room, math.floor(len(node.gpu_ids) / _gpus_held(gpus_per_worker) + 1e-9))
+    if single_node or cpus_per_worker <= 0:
+        return room  # on one machine CPU workers may oversubscribe cores, as torchrun allows
+    return min(room, math.floor(node.cpus / cpus_per_worker + 1e-9))
+
+
+def _table(nodes: list[NodeInfo], capacity: list[float], slots: dict) -> str:
+    rows = [("host", "cpus", "memory", "gpus", "slots", "room")]
+    for node, room in zip(nodes, capacity):
+        rows.append((node.hostname or node.node_id, str(node.cpus), f"{node.memory_bytes / 2**30:.1f}GiB",
+                     str(len(node.gpu_ids)), str(slots.get(node.node_id) or "-"),
+                     "any" if room == math.inf else str(int(room))))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)) for row in rows)
 
 
 def _gpu_indices(local_rank: int, gpus_per_worker: float) -> tuple[int, ...]:
@@ -46,8 +61,13 @@ def _strict_check(nodes: list[NodeInfo], counts: list[int], num_workers: int, st
 
 
 def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float = 0.0,
-                 placement_strategy: str = "PACK") -> list[WorkerAssignment]:
-    """Place `num_workers` ranks on `nodes`; ConfigError naming what is missing when they do not fit.
+                 placement_strategy: str = "PACK", cpus_per_worker: float = 1.0,
+                 slots: Optional[dict] = None) -> list[WorkerAssignment]:
+    """Place `num_workers` ranks on `nodes`; ConfigError with a table of what each host has when
+    they do not fit.
+
+    A node's room: its `slots` (from the hostfile) if given, and for GPU workers its GPUs; for CPU
+    workers on a multi-node run its CPUs / `cpus_per_worker` (one node alone may oversubscribe).
 
     PACK fills each node to its capacity before the next; SPREAD deals ranks round-robin over the
     nodes that still have room; the STRICT_ variants fail instead of bending (one node for
@@ -56,7 +76,9 @@ def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float
     """
     if num_workers <= 0:
         return []
-    capacity = [_capacity(n, gpus_per_worker) for n in nodes]
+    slots = slots or {}
+    capacity = [_capacity(n, gpus_per_worker, cpus_per_worker, slots.get(n.node_id), len(nodes) == 1)
+                for n in nodes]
     counts = [0] * len(nodes)
     if placement_strategy == "STRICT_SPREAD":
         capacity = [min(c, 1) for c in capacity]
@@ -80,9 +102,10 @@ def assign_ranks(nodes: list[NodeInfo], num_workers: int, gpus_per_worker: float
     if sum(counts) < num_workers:
         have = ", ".join(f"{n.hostname}: {len(n.gpu_ids)} GPU(s)" for n in nodes) or "no nodes"
         raise ConfigError(
-            f"ScalingConfig asks for {num_workers} workers with {gpus_per_worker:g} GPU(s) each, but the "
-            f"nodes have room for {sum(counts)} ({have}). Lower ScalingConfig.num_workers or "
-            "resources_per_worker['GPU'], or add hosts."
+            f"ScalingConfig asks for {num_workers} workers with {gpus_per_worker:g} GPU(s) and "
+            f"{cpus_per_worker:g} CPU(s) each ({placement_strategy}), but the nodes have room for "
+            f"{sum(counts)} ({have}). Lower ScalingConfig.num_workers or resources_per_worker['GPU'] "
+            f"/ ['CPU'], or add hosts (or slots).\n{_table(nodes, capacity, slots)}"
         )
     _strict_check(nodes, counts, num_workers, placement_strategy)
     used = [(i, c) for i, c in enumerate(counts) if c > 0]

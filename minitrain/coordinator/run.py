@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import queue
-from typing import Protocol
+from typing import Callable, Protocol
 
 from minitrain.coordinator.commits import CheckpointBook
 from minitrain.coordinator.controller import Controller, RunSpec
@@ -23,13 +23,19 @@ LEASE_TIMEOUT_S = 5.0
 class Launcher(Protocol):
     """Starts node agents (see minitrain.launcher)."""
 
-    def start(self, node_ids: list[str], coordinator_address: str, token: str, run_id: str):
-        """Start one agent per node id; returns handles with `dead_agents()` and `stop()`."""
+    def bind_hosts(self) -> tuple[str, ...]:
+        """The local addresses the nodes reach this machine by (the coordinator binds only these)."""
+
+    def bind_host_for(self, node_id: str) -> str:
+        """Which of `bind_hosts()` the node `node_id` reaches this machine by."""
+
+    def start(self, node_ids: list[str], address_for: Callable[[str], str], token: str, run_id: str):
+        """Start one agent per node id, each told to dial `address_for(node_id)`; returns handles with
+        `dead_agents()`, `relaunch(node_id)` and `stop()`."""
 
 
 def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
-                    checkpoints: CheckpointBook, metrics_log: MetricsLog,
-                    bind_host: str = "127.0.0.1") -> RunOutcome:
+                    checkpoints: CheckpointBook, metrics_log: MetricsLog) -> RunOutcome:
     """Serve one run to its end and leave nothing running.
 
     A fresh 256-bit token authenticates every RPC of the run. KeyboardInterrupt propagates after the
@@ -39,11 +45,12 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
     events: "queue.SimpleQueue" = queue.SimpleQueue()
     hub = Hub()
     service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S)
-    server = CoordinatorServer(service, hub, token, host=bind_host).start()
+    server = CoordinatorServer(service, hub, token, hosts=launcher.bind_hosts()).start()
     agents = None
     try:
         try:
-            agents = launcher.start(list(spec.node_ids), server.address, token, spec.run_id)
+            agents = launcher.start(list(spec.node_ids), lambda node_id: server.address_for(
+                launcher.bind_host_for(node_id)), token, spec.run_id)
         except OSError as exc:
             raise LaunchError(f"could not start the node agents: {exc}") from exc
         return Controller(spec, hub, events, agents, checkpoints, metrics_log).run()

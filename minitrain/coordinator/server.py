@@ -20,18 +20,20 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 
 class CoordinatorServer:
-    """An authenticated gRPC server bound to `host` on a free port, serving `service`.
+    """An authenticated gRPC server serving `service`, bound only to `hosts` (local addresses), each
+    on a free port; 127.0.0.1 alone for a run on this machine.
 
-    `start()` returns once the server listens (`port` is then set); `stop()` ends every stream and
-    joins the thread. Usable as a context manager.
+    `start()` returns once the server listens; `address_for(host)` is then what a client dials.
+    `stop()` ends every stream and joins the thread. Usable as a context manager.
     """
 
-    def __init__(self, service: CoordinatorService, hub: Hub, token: str, host: str = "127.0.0.1"):
+    def __init__(self, service: CoordinatorService, hub: Hub, token: str,
+                 hosts: "tuple[str, ...] | str" = ("127.0.0.1",)):
         self._service = service
         self._hub = hub
         self._token = token
-        self._host = host
-        self.port: Optional[int] = None
+        self._hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+        self._ports: dict[str, int] = {}
         self._thread: Optional[threading.Thread] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._server: Optional[aio.Server] = None
@@ -41,9 +43,18 @@ class CoordinatorServer:
 
     @property
     def address(self) -> str:
-        """host:port that clients dial."""
-        host = f"[{self._host}]" if ":" in self._host else self._host
-        return f"{host}:{self.port}"
+        """host:port of the first bound address."""
+        return self.address_for(self._hosts[0])
+
+    @property
+    def port(self) -> Optional[int]:
+        """The port of the first bound address (None before start)."""
+        return self._ports.get(self._hosts[0])
+
+    def address_for(self, host: str) -> str:
+        """host:port that a client reaching this machine at `host` dials."""
+        bracketed = f"[{host}]" if ":" in host else host
+        return f"{bracketed}:{self._ports[host]}"
 
     def start(self) -> "CoordinatorServer":
         """Start serving; raises if the server cannot bind."""
@@ -68,7 +79,9 @@ class CoordinatorServer:
             self._server = aio.server(interceptors=[AioTokenAuthInterceptor(self._token)],
                                       options=SERVER_OPTIONS)
             pb_grpc.add_CoordinatorServicer_to_server(self._service, self._server)
-            self.port = self._server.add_insecure_port(f"{self._host}:0")
+            for host in self._hosts:
+                bracketed = f"[{host}]" if ":" in host else host
+                self._ports[host] = self._server.add_insecure_port(f"{bracketed}:0")
             await self._server.start()
         except BaseException as exc:  # surfaced by start()
             self._startup_error = exc

@@ -10,12 +10,14 @@ from minitrain.records import NodeInfo, Phase, WorkerAssignment, WorkerFailure
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 
-def node_from_hello(node_id: str, hello: pb.AgentHello, address: str) -> NodeInfo:
-    """A NodeInfo from an agent's hello; `address` is how the coordinator saw the agent connect."""
+def node_from_hello(node_id: str, hello: pb.AgentHello, peer_address: str) -> NodeInfo:
+    """A NodeInfo from an agent's hello. The node's address is the one it reported on its route to
+    the coordinator; `peer_address` (how the coordinator saw it connect) is the fallback."""
     return NodeInfo(
         node_id=node_id,
         hostname=hello.hostname,
-        address=address,
+        address=hello.address or peer_address,
+        ifname=hello.ifname,
         agent_pid=hello.pid,
         cpus=hello.cpus,
         memory_bytes=hello.memory_bytes,
@@ -30,6 +32,7 @@ def hello_from_node(node: NodeInfo) -> pb.AgentHello:
     return pb.AgentHello(
         hostname=node.hostname, pid=node.agent_pid, minitrain_version=node.minitrain_version,
         python=node.python, cpus=node.cpus, memory_bytes=node.memory_bytes, gpu_ids=list(node.gpu_ids),
+        address=node.address, ifname=node.ifname,
     )
 
 

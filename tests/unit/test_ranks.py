@@ -77,10 +77,23 @@ def test_zero_workers_is_empty():
 
 
 def test_cpu_pack_fills_the_first_node():
-    nodes = [node("a"), node("b"), node("c")]
+    nodes = [node("a", cpus=4), node("b"), node("c")]
     result = assign_ranks(nodes, 4, placement_strategy="PACK")
     assert {a.node_id for a in result} == {"id-a"}
     check_invariants(result, nodes, 4, 0.0)
+
+
+def test_cpu_workers_on_several_nodes_fit_their_cpus_or_slots():
+    nodes = [node("a", cpus=2), node("b", cpus=2), node("c", cpus=8)]
+    result = assign_ranks(nodes, 5, placement_strategy="PACK")  # a: 2, b: 2, c: 1
+    assert [len(v) for v in per_node(result).values()] == [2, 2, 1]
+    result = assign_ranks(nodes, 5, placement_strategy="PACK", slots={"id-a": 1, "id-c": 2})
+    assert {k: len(v) for k, v in per_node(result).items()} == {"id-a": 1, "id-b": 2, "id-c": 2}
+    with pytest.raises(ConfigError) as info:
+        assign_ranks(nodes, 13, placement_strategy="PACK")
+    table = str(info.value).splitlines()[1:]
+    assert table[0].split() == ["host", "cpus", "memory", "gpus", "slots", "room"]
+    assert table[3].split()[0] == "c" and table[3].split()[-1] == "8"
 
 
 def test_cpu_spread_deals_round_robin_but_ranks_stay_node_ordered():
@@ -183,17 +196,19 @@ def test_strict_pack_needs_one_node():
 
 @st.composite
 def placements(draw, fits: bool = True):
-    gpus_per_worker = draw(st.sampled_from([0.0, 1.0, 2.0] if fits else [1.0, 2.0]))  # CPU always fits
+    gpus_per_worker = draw(st.sampled_from([0.0, 1.0, 2.0]))
     gpu_counts = draw(st.lists(st.integers(0, 5), min_size=1, max_size=5))
-    nodes = [node(f"n{i}", gpus=g) for i, g in enumerate(gpu_counts)]
+    nodes = [node(f"n{i}", gpus=g, cpus=4) for i, g in enumerate(gpu_counts)]
     strategy = draw(st.sampled_from(["PACK", "SPREAD"]))
-    if gpus_per_worker == 0:
-        room = 24
+    if gpus_per_worker == 0:  # one node may oversubscribe; several hold cpus (4) each
+        room = 24 if len(nodes) == 1 else 4 * len(nodes)
+        if not fits and len(nodes) == 1:
+            gpus_per_worker, room = 1.0, gpu_counts[0]
     else:
         room = sum(g // int(gpus_per_worker) for g in gpu_counts)
     if fits:
         if room == 0:
-            gpus_per_worker, room = 0.0, 24
+            gpus_per_worker, room = 0.0, (24 if len(nodes) == 1 else 4 * len(nodes))
         num_workers = draw(st.integers(1, room))
     else:
         num_workers = room + draw(st.integers(1, 4))
@@ -209,7 +224,8 @@ def test_property_every_fitting_request_yields_a_valid_placement(case):
     if strategy == "SPREAD":
         # Round-robin: among nodes that did not hit capacity, counts differ by at most one.
         counts = collections.Counter(a.node_id for a in result)
-        cap = {n.node_id: (math.inf if gpus_per_worker == 0 else len(n.gpu_ids) // int(gpus_per_worker))
+        cpu_cap = math.inf if len(nodes) == 1 else 4
+        cap = {n.node_id: (cpu_cap if gpus_per_worker == 0 else len(n.gpu_ids) // int(gpus_per_worker))
                for n in nodes}
         unsaturated = [counts.get(n.node_id, 0) for n in nodes if counts.get(n.node_id, 0) < cap[n.node_id]]
         if unsaturated:

@@ -53,7 +53,7 @@ class StackDump(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., text: _Optional[str] = ...) -> None: ...
 
 class AgentHello(_message.Message):
-    __slots__ = ("hostname", "pid", "minitrain_version", "python", "cpus", "memory_bytes", "gpu_ids")
+    __slots__ = ("hostname", "pid", "minitrain_version", "python", "cpus", "memory_bytes", "gpu_ids", "address", "ifname")
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     MINITRAIN_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -61,6 +61,8 @@ class AgentHello(_message.Message):
     CPUS_FIELD_NUMBER: _ClassVar[int]
     MEMORY_BYTES_FIELD_NUMBER: _ClassVar[int]
     GPU_IDS_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    IFNAME_FIELD_NUMBER: _ClassVar[int]
     hostname: str
     pid: int
     minitrain_version: str
@@ -68,7 +70,9 @@ class AgentHello(_message.Message):
     cpus: int
     memory_bytes: int
     gpu_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, hostname: _Optional[str] = ..., pid: _Optional[int] = ..., minitrain_version: _Optional[str] = ..., python: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpu_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    address: str
+    ifname: str
+    def __init__(self, hostname: _Optional[str] = ..., pid: _Optional[int] = ..., minitrain_version: _Optional[str] = ..., python: _Optional[str] = ..., cpus: _Optional[int] = ..., memory_bytes: _Optional[int] = ..., gpu_ids: _Optional[_Iterable[int]] = ..., address: _Optional[str] = ..., ifname: _Optional[str] = ...) -> None: ...
 
 class Heartbeat(_message.Message):
     __slots__ = ("sent_at",)
