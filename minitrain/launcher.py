@@ -11,12 +11,14 @@ import collections
 import logging
 import os
 import subprocess
-import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from minitrain import procs
+from minitrain import hostinfo, procs
+from minitrain.cluster import ClusterConfig, HostSpec
+from minitrain.errors import LaunchError
+from minitrain.ssh import remote_agent_command, ssh_argv
 
 logger = logging.getLogger("minitrain")
 
@@ -109,41 +111,65 @@ def _relay(agent: AgentProcess) -> None:
         logger.warning("[agent %s] %s", agent.node_id, line)
 
 
-def agent_argv(python: str, coordinator_address: str, node_id: str, run_id: str) -> list[str]:
-    """The agent's command line (no secrets: the token goes over stdin)."""
-    return [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
-            "--node-id", node_id, "--run-id", run_id]
+class ClusterLauncher:
+    """Starts one agent per host of a `ClusterConfig`: over SSH for remote hosts, as a local subprocess
+    (in its own session) for this machine. Node ids are the host names.
 
-
-class LocalLauncher:
-    """Starts one agent on this machine as a subprocess in its own session.
-
-    `pythonpath` entries are put in front of the agent's PYTHONPATH so that the agent (and the workers
-    it starts) import the same minitrain and user modules as the driver.
+    The coordinator binds only the local addresses the hosts reach this machine by: 127.0.0.1 when
+    every host is this machine, else the address on the route to each remote host (an agent on this
+    machine then dials that address too, so that the addresses it reports are reachable from the
+    other hosts). `pythonpath` is put first on every agent's PYTHONPATH, so agents and workers import
+    the same minitrain and user modules as the driver (the hosts must share them: NFS, containers).
     """
 
-    def __init__(self, python: str = sys.executable, pythonpath: tuple[str, ...] = ()):
-        self._python = python
+    def __init__(self, cluster: ClusterConfig, pythonpath: tuple[str, ...] = ()):
+        self._cluster = cluster
+        self._hosts = {host.name: host for host in cluster.hosts}
         self._pythonpath = pythonpath
+        self._routes: dict[str, str] = {}
 
-    def bind_hosts(self) -> tuple[str, ...]:
-        """Agents on this machine reach the coordinator over loopback only."""
-        return ("127.0.0.1",)
+    def _route(self, host: HostSpec) -> str:
+        if host.name not in self._routes:
+            address, _ = hostinfo.route_to(host.name)
+            if not address:
+                raise LaunchError(f"no route from this machine to host {host.name!r}; check the name "
+                                  "and the network (minitrain.init(hosts=...) / the hostfile)")
+            self._routes[host.name] = address
+        return self._routes[host.name]
 
     def bind_host_for(self, node_id: str) -> str:
-        """Every local agent dials 127.0.0.1."""
-        return "127.0.0.1"
+        """The local address `node_id` reaches this machine by."""
+        if self._cluster.all_local:
+            return "127.0.0.1"
+        host = self._hosts[node_id]
+        if host.local:
+            remote = next(h for h in self._cluster.hosts if not h.local)
+            return self._route(remote)
+        return self._route(host)
+
+    def bind_hosts(self) -> tuple[str, ...]:
+        """Every distinct local address the hosts reach this machine by."""
+        return tuple(dict.fromkeys(self.bind_host_for(name) for name in self._hosts))
+
+    def _argv(self, host: HostSpec, coordinator_address: str, run_id: str) -> list[str]:
+        python = self._cluster.resolved_python()
+        if host.local:
+            return [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
+                    "--node-id", host.name, "--run-id", run_id]
+        command = remote_agent_command(python, coordinator_address, host.name, run_id,
+                                       self._cluster.resolved_workdir(), self._pythonpath)
+        return ssh_argv(host, self._cluster.ssh, command)
 
     def start(self, node_ids: list[str], address_for, token: str, run_id: str) -> LaunchedAgents:
-        """Start one agent per node id (all on this machine) and hand each the token on stdin;
+        """Start one agent per node id and hand each the token on stdin (never argv or environment);
         `address_for(node_id)` is the coordinator address that agent dials."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
 
         def start_agent(node_id: str) -> AgentProcess:
-            process = procs.spawn(agent_argv(self._python, address_for(node_id), node_id, run_id),
-                                  env=env, stdout=subprocess.DEVNULL)
+            argv = self._argv(self._hosts[node_id], address_for(node_id), run_id)
+            process = procs.spawn(argv, env=env, stdout=subprocess.DEVNULL)
             process.stdin.write(token.encode() + b"\n")
             process.stdin.close()
             agent = AgentProcess(node_id, process)
@@ -153,3 +179,10 @@ class LocalLauncher:
             return agent
 
         return LaunchedAgents([start_agent(node_id) for node_id in node_ids], start_agent)
+
+
+class LocalLauncher(ClusterLauncher):
+    """One agent on this machine (node id "localhost"): the launcher of a single-host run."""
+
+    def __init__(self, pythonpath: tuple[str, ...] = ()):
+        super().__init__(ClusterConfig(hosts=(HostSpec("localhost", local=True),)), pythonpath)

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
-from minitrain import _session, hostinfo
+from minitrain import __version__, _session, hostinfo
 from minitrain.checkpoint import Checkpoint
 from minitrain.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
@@ -27,16 +27,17 @@ from minitrain.errors import (
     ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
     WorkerHangError, WorkerProcessError,
 )
-from minitrain.launcher import LocalLauncher
+from minitrain.cluster import ClusterConfig, current_cluster
+from minitrain.launcher import ClusterLauncher
+from minitrain.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
-from minitrain.storage import Storage, StorageError
+from minitrain.storage import VALIDATE_MARKER, Storage, StorageError
 
 logger = logging.getLogger("minitrain")
 
-LOCAL_NODE_ID = "localhost"
 
 
 def count_required_parameters(fn: Callable) -> int:
@@ -116,9 +117,13 @@ class TorchTrainer:
         configure_driver_logging(self.run_config.logging_config.log_level)
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
+        cluster = current_cluster()
         storage = _prepare_storage(self.run_config)
         payload = self._payload(storage)
-        self._check_gpus()
+        if cluster.all_local:
+            self._check_gpus()
+        else:
+            _preflight(cluster, storage)
         checkpoints = _load_checkpoints(storage, self.run_config)
         if checkpoints.resumed:
             logger.info("resuming run %r from %s (latest checkpoint: %s)", self.run_config.name, storage.url(),
@@ -128,22 +133,23 @@ class TorchTrainer:
             experiment_name=self.run_config.name,
             run_path=storage.url(),
             num_workers=self.scaling_config.num_workers,
-            node_ids=(LOCAL_NODE_ID,),
+            node_ids=tuple(host.name for host in cluster.hosts),
             payload=payload,
             backend=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
             dist_timeout_s=float(self.torch_config.timeout_s),
             failure_policy=self.run_config.failure_config,
-            worker_env=dict(self.run_config.worker_runtime_env.get("env_vars", {})),
+            worker_env=_worker_env(self.run_config, cluster),
             cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
-            local_node_ids=frozenset({LOCAL_NODE_ID}),
+            node_slots={host.name: host.slots for host in cluster.hosts},
+            local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
         )
         logs_dir = storage.path("logs") if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir)
         try:
-            outcome = run_coordinator(spec, LocalLauncher(pythonpath=_driver_pythonpath()), log_sink,
+            outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
                                       checkpoints, MetricsLog(storage))
         except LaunchError as exc:
             raise ControllerError(exc) from None
@@ -298,6 +304,29 @@ def _prepare_storage(run_config: RunConfig) -> Storage:
     except StorageError as exc:
         raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
     return storage
+
+
+# Driver variables every worker receives (over the authenticated channel, never an ssh command line).
+_FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
+_NOT_FORWARDED = {"CUDA_VISIBLE_DEVICES"}  # each node decides its own
+
+
+def _worker_env(run_config: RunConfig, cluster: ClusterConfig) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k.startswith(_FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
+    env.update({name: os.environ[name] for name in cluster.env_vars_to_forward if name in os.environ})
+    env.update(run_config.worker_runtime_env.get("env_vars", {}))
+    return env
+
+
+def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
+    """Check every host at once before anything starts; one error lists every host that is not ready."""
+    probe = None
+    if storage.is_local:  # a shared (NFS) path: each host must read the marker the driver just wrote
+        content = uuid.uuid4().hex
+        storage.write_text_atomic(VALIDATE_MARKER, content)
+        probe = (storage.path(VALIDATE_MARKER), content)
+    preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
 
 
 def _load_checkpoints(storage: Storage, run_config: RunConfig) -> CheckpointManager:

@@ -37,10 +37,36 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--storage-path", default=None, help="run directory root (default ~/minitrain_results)")
     group.add_argument("--max-failures", type=int, default=0, help="restarts allowed (-1 = unlimited)")
     group.add_argument("--backend", default=None, choices=("gloo", "nccl"), help="torch.distributed backend")
+    hosts = parser.add_argument_group("hosts (both targets; default: this machine only)")
+    hosts.add_argument("--hosts", default=None, help="comma-separated hosts, e.g. gpu1:8,gpu2:8 (host:slots)")
+    hosts.add_argument("--hostfile", default=None, help="DeepSpeed/MPI hostfile: 'host slots=N' per line")
+    hosts.add_argument("--ssh-user", default=None)
+    hosts.add_argument("--ssh-port", type=int, default=None)
+    hosts.add_argument("--ssh-identity-file", default=None)
+    hosts.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
+                       help="an extra ssh -o option (repeatable)")
+    hosts.add_argument("--accept-new-host-keys", action="store_true",
+                       help="accept unknown host keys (default: only keys already in known_hosts)")
+    hosts.add_argument("--forward-env", action="append", default=[], metavar="NAME",
+                       help="forward this driver environment variable to every worker (repeatable)")
     return parser
 
 
-_VALUE_OPTIONS = {"--num-workers", "--config", "--name", "--storage-path", "--max-failures", "--backend"}
+def _init_cluster(options: argparse.Namespace) -> None:
+    """minitrain.init(...) from the host options, when any was given."""
+    if not (options.hosts or options.hostfile):
+        return
+    import minitrain
+
+    minitrain.init(hosts=options.hosts, hostfile=options.hostfile, ssh_user=options.ssh_user,
+                   ssh_port=options.ssh_port, ssh_identity_file=options.ssh_identity_file,
+                   ssh_options=tuple(options.ssh_option), accept_new_host_keys=options.accept_new_host_keys,
+                   env_vars_to_forward=tuple(options.forward_env))
+
+
+_VALUE_OPTIONS = {"--num-workers", "--config", "--name", "--storage-path", "--max-failures", "--backend",
+                  "--hosts", "--hostfile", "--ssh-user", "--ssh-port", "--ssh-identity-file", "--ssh-option",
+                  "--forward-env"}
 
 
 def split_target(argv: list[str]) -> tuple[list[str], Optional[str], list[str]]:
@@ -128,13 +154,19 @@ def main(argv: Optional[list[str]] = None) -> int:
         parser.parse_args(before)  # prints the usage error for the missing target
         return 2
     path, colon, function_name = target.rpartition(":")
-    if not colon or not function_name.isidentifier():
-        parser.parse_args([*before, target])  # options before a script are still checked
-        return _run_script(target, after)
-    options = parser.parse_args([*before, target, *after])
     from minitrain.errors import ConfigError
 
+    if not colon or not function_name.isidentifier():
+        options = parser.parse_args([*before, target])  # options before a script are still checked
+        try:
+            _init_cluster(options)
+        except ConfigError as exc:
+            print(f"minitrain.launch: {exc}", file=sys.stderr)
+            return 2
+        return _run_script(target, after)
+    options = parser.parse_args([*before, target, *after])
     try:
+        _init_cluster(options)
         return _train_function(options, path, function_name)
     except ConfigError as exc:
         print(f"minitrain.launch: {exc}", file=sys.stderr)

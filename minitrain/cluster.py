@@ -1,0 +1,443 @@
+"""Which hosts a run uses and how to reach them (L1: stdlib + L0 only).
+
+A cluster is a list of hosts plus the SSH options that reach them. It comes from, in order:
+
+1. `init(hosts=...)` or `init(hostfile=...)`, the process-wide cluster (as Ray's `ray.init`);
+2. the environment: ``MINITRAIN_HOSTS`` (a host list) or ``MINITRAIN_HOSTFILE`` (a hostfile path);
+3. the default: this machine alone, ``localhost`` run without ssh.
+
+`current_cluster()` returns the first that applies. Two host syntaxes are accepted:
+
+- a host list, as ``-H`` of Horovod: ``"gpu1:8,gpu2:8,10.0.0.3,[::1]:2"`` (``host[:slots]``; IPv6 in
+  brackets when slots are given);
+- a hostfile, the DeepSpeed/MPI format: ``host slots=N`` per line (``slots=`` optional), ``#`` comments.
+
+``slots`` caps the workers placed on a host; None leaves it to the host's resources. Hosts named
+``localhost``, ``127.0.0.1`` or ``::1`` are local: their agent runs as a subprocess, without ssh.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+import threading
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+from minitrain.errors import ConfigError
+
+# The environment variables read here (both listed in minitrain.config.ENV_VARS). `config.env_var`
+# reads only os.environ, and `cluster_from_environment` takes any mapping, so the names live here once.
+HOSTS_ENV_VAR = "MINITRAIN_HOSTS"
+HOSTFILE_ENV_VAR = "MINITRAIN_HOSTFILE"
+
+LOCAL_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+
+# Hostnames, IPv4 and IPv6 (with a zone after %). No leading '-': the name becomes an ssh argument.
+_HOST_NAME = re.compile(r"[A-Za-z0-9_.:%][A-Za-z0-9_.:%-]*")
+_SSH_OPTION = re.compile(r"([A-Za-z][A-Za-z0-9]*)=(\S.*)", re.DOTALL)
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_SSH_USER = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.$@-]*")
+
+# ssh keeps the first value it is given for an option, and ssh_argv puts its own first: an extra option
+# for one of these would be silently ignored, so it is refused with the field to use instead.
+_RESERVED_SSH_OPTIONS = {
+    "batchmode": "minitrain always sets BatchMode=yes: nothing can answer a password prompt",
+    "stricthostkeychecking": "use accept_new_host_keys=True to accept unknown hosts' keys on first use",
+    "userknownhostsfile": "use known_hosts_file=...",
+    "connecttimeout": "use connect_timeout_s=...",
+    "port": "use port=...",
+    "identityfile": "use identity_file=...",
+    "user": "use user=...",
+    "serveraliveinterval": "minitrain sets it so that a dead link ends the session",
+    "serveralivecountmax": "minitrain sets it so that a dead link ends the session",
+}
+
+
+def is_local_host(name: str) -> bool:
+    """True when `name` is this machine's loopback name or address (run without ssh)."""
+    return name.lower() in LOCAL_HOST_NAMES
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SSHOptions:
+    """How the system ``ssh`` client reaches every host of a cluster (see `minitrain.ssh.ssh_argv`).
+
+    Host keys are checked strictly by default (``StrictHostKeyChecking=yes``: the host must already be
+    in known_hosts). `accept_new_host_keys=True` opts in to ``accept-new`` (trust on first use; a
+    changed key is still refused). There is no way to turn checking off. `extra_options` are
+    ``"Key=Value"`` strings passed as ``-o Key=Value``; options minitrain sets itself are refused.
+    `identity_file` and `known_hosts_file` are stored with ``~`` expanded.
+    """
+
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    extra_options: tuple[str, ...] = ()
+    accept_new_host_keys: bool = False
+    known_hosts_file: Optional[str] = None
+    connect_timeout_s: float = 10
+
+    def __post_init__(self):
+        if self.user is not None and (not isinstance(self.user, str) or not _SSH_USER.fullmatch(self.user)):
+            raise ConfigError(f"SSHOptions.user must be None or a user name such as 'ubuntu', got "
+                              f"{self.user!r}. Leave it None to use ssh's default (your ~/.ssh/config "
+                              f"or the local user name).")
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 1 <= self.port <= 65535):
+            raise ConfigError(f"SSHOptions.port must be None or an int in 1..65535, got {self.port!r}. "
+                              f"Leave it None for ssh's default (22 or your ~/.ssh/config).")
+        if self.identity_file is not None:
+            object.__setattr__(self, "identity_file", _readable_identity_file(self.identity_file))
+        object.__setattr__(self, "extra_options", _ssh_extra_options(self.extra_options))
+        if not isinstance(self.accept_new_host_keys, bool):
+            raise ConfigError(f"SSHOptions.accept_new_host_keys must be True or False, got "
+                              f"{self.accept_new_host_keys!r}.")
+        if self.known_hosts_file is not None:
+            object.__setattr__(self, "known_hosts_file", self._checked_known_hosts())
+        timeout = self.connect_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not math.isfinite(timeout) \
+                or timeout <= 0:
+            raise ConfigError(f"SSHOptions.connect_timeout_s must be a number of seconds > 0, got "
+                              f"{timeout!r}. The default is 10.")
+
+    def _checked_known_hosts(self) -> str:
+        if not isinstance(self.known_hosts_file, str) or not self.known_hosts_file:
+            raise ConfigError(f"SSHOptions.known_hosts_file must be None or a path, got "
+                              f"{self.known_hosts_file!r}.")
+        path = os.path.expanduser(self.known_hosts_file)
+        if not self.accept_new_host_keys and not os.path.exists(path):
+            raise ConfigError(f"SSHOptions.known_hosts_file={self.known_hosts_file!r} does not exist, and "
+                              f"with strict host key checking every host would be refused. Fill it with "
+                              f"`ssh-keyscan HOST >> {path}` (after checking the keys), or set "
+                              f"accept_new_host_keys=True to record keys on first use.")
+        return path
+
+
+def _readable_identity_file(value: object) -> str:
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"SSHOptions.identity_file must be None or the path of a private key, got "
+                          f"{value!r}.")
+    path = os.path.expanduser(value)
+    if not os.path.isfile(path):
+        raise ConfigError(f"SSHOptions.identity_file={value!r} does not exist or is not a file. Give the "
+                          f"path of an existing private key, or None to use ssh's defaults/agent.")
+    if not os.access(path, os.R_OK):
+        raise ConfigError(f"SSHOptions.identity_file={value!r} is not readable by this user. Fix its "
+                          f"permissions (chmod 600, owned by you), or use another key.")
+    return path
+
+
+def _ssh_extra_options(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ConfigError(f"SSHOptions.extra_options must be a tuple of 'Key=Value' strings, got "
+                          f"{value!r}. Write extra_options=('ProxyJump=bastion',) for one option.")
+    options = tuple(value)
+    for option in options:
+        match = _SSH_OPTION.fullmatch(option) if isinstance(option, str) else None
+        if match is None:
+            raise ConfigError(f"SSHOptions.extra_options has {option!r}; each option must look like "
+                              f"'Key=Value' (as ssh -o takes it), e.g. 'ProxyJump=bastion'.")
+        why = _RESERVED_SSH_OPTIONS.get(match.group(1).lower())
+        if why is not None:
+            raise ConfigError(f"SSHOptions.extra_options has {option!r}, which minitrain sets itself; "
+                              f"{why}.")
+    return options
+
+
+@dataclass(frozen=True, slots=True)
+class HostSpec:
+    """One host of a cluster.
+
+    `name` is the hostname or IP address as written (IPv6 without brackets). `slots` is the most
+    workers placed on it; None leaves it to its resources. `local` is True when the host is this
+    machine (run without ssh); left None it is decided from the name (`is_local_host`).
+    """
+
+    name: str
+    slots: Optional[int] = None
+    local: Optional[bool] = None  # always a bool after construction
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not _HOST_NAME.fullmatch(self.name):
+            raise ConfigError(f"HostSpec.name must be a hostname or IP address (letters, digits, '.', "
+                              f"'-', '_', ':'; not starting with '-'), got {self.name!r}.")
+        if self.slots is not None and (isinstance(self.slots, bool) or not isinstance(self.slots, int)
+                                       or self.slots < 1):
+            raise ConfigError(f"HostSpec.slots must be None or an int >= 1, got {self.slots!r} for host "
+                              f"{self.name!r}. Leave it out to let the host's resources decide.")
+        if self.local is None:
+            object.__setattr__(self, "local", is_local_host(self.name))
+        elif not isinstance(self.local, bool):
+            raise ConfigError(f"HostSpec.local must be True, False or None, got {self.local!r}.")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ClusterConfig:
+    """The hosts of a run and how to start agents on them.
+
+    `python` is the interpreter on every host; None means the driver's `sys.executable` path, which
+    works when the hosts share the install (NFS, identical containers). `workdir` is where agents
+    start (and what they put first on PYTHONPATH); None means the driver's cwd. Both must be absolute
+    (or `python` a bare command name): they are quoted, so ``~`` would not be expanded remotely.
+    `env_vars_to_forward` names extra driver environment variables whose values workers receive.
+    """
+
+    hosts: tuple[HostSpec, ...]
+    ssh: SSHOptions = field(default_factory=SSHOptions)
+    python: Optional[str] = None
+    env_vars_to_forward: tuple[str, ...] = ()
+    workdir: Optional[str] = None
+
+    def __post_init__(self):
+        hosts = tuple(self.hosts) if isinstance(self.hosts, (list, tuple)) else None
+        if not hosts or not all(isinstance(h, HostSpec) for h in hosts):
+            raise ConfigError(f"ClusterConfig.hosts must be a non-empty tuple of HostSpec, got "
+                              f"{self.hosts!r}. Build it with parse_host_list(['gpu1:8', 'gpu2:8']) or "
+                              f"load_hostfile(path).")
+        _refuse_duplicates(hosts)
+        object.__setattr__(self, "hosts", hosts)
+        if not isinstance(self.ssh, SSHOptions):
+            raise ConfigError(f"ClusterConfig.ssh must be an SSHOptions, got {self.ssh!r}.")
+        if self.python is not None:
+            _check_path("python", self.python, allow_bare_name=True)
+        if self.workdir is not None:
+            _check_path("workdir", self.workdir, allow_bare_name=False)
+        names = self.env_vars_to_forward
+        if isinstance(names, str) or not isinstance(names, (list, tuple)) or \
+                not all(isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in names):
+            raise ConfigError(f"ClusterConfig.env_vars_to_forward must be a tuple of environment variable "
+                              f"names, got {names!r}. Write ('WANDB_PROJECT',) for one name.")
+        object.__setattr__(self, "env_vars_to_forward", tuple(names))
+
+    @property
+    def all_local(self) -> bool:
+        """True when every host is this machine (no ssh needed)."""
+        return all(host.local for host in self.hosts)
+
+    def resolved_python(self) -> str:
+        """The interpreter to run on the hosts: `python`, or the driver's `sys.executable`."""
+        return self.python if self.python is not None else sys.executable
+
+    def resolved_workdir(self) -> str:
+        """The directory agents start in: `workdir`, or the driver's current directory."""
+        return self.workdir if self.workdir is not None else os.getcwd()
+
+
+def _check_path(name: str, value: object, *, allow_bare_name: bool) -> None:
+    bare = allow_bare_name and isinstance(value, str) and value and "/" not in value
+    if not isinstance(value, str) or not (bare or os.path.isabs(value)) or "\n" in value or "\0" in value:
+        kind = "an absolute path or a command name such as 'python3'" if allow_bare_name else \
+            "an absolute path"
+        raise ConfigError(f"ClusterConfig.{name} must be None or {kind}, got {value!r}. Paths are used "
+                          f"as written on every host ('~' and relative paths are not expanded there); "
+                          f"None uses the driver's own.")
+
+
+def _refuse_duplicates(hosts: tuple[HostSpec, ...]) -> None:
+    seen: set[str] = set()
+    for host in hosts:
+        key = host.name.lower()
+        if key in seen:
+            raise ConfigError(f"host {host.name!r} is listed twice. List each host once and give it "
+                              f"slots=N for several workers.")
+        seen.add(key)
+
+
+# ---------------------------------------------------------------------------------- host lists
+
+_HOST_LIST_FORMAT = "host[:slots], e.g. 'gpu1:8', '10.0.0.3' or '[::1]:2'"
+
+
+def _parse_slots(text: str, item: str, where: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise ConfigError(f"{where}: {item!r} has slots {text!r}; slots must be an int >= 1. "
+                          f"Expected {_HOST_LIST_FORMAT}.")
+    return int(text)
+
+
+def _parse_host_item(item: str, where: str) -> HostSpec:
+    slots: Optional[int] = None
+    if item.startswith("["):  # [IPv6] or [IPv6]:slots
+        match = re.fullmatch(r"\[([^\]]+)\](?::(.*))?", item)
+        if match is None:
+            raise ConfigError(f"{where}: {item!r} is not a valid host; expected {_HOST_LIST_FORMAT}.")
+        name, slots_text = match.group(1), match.group(2)
+        if slots_text is not None:
+            slots = _parse_slots(slots_text, item, where)
+    elif item.count(":") > 1:  # a bare IPv6 address; slots need brackets
+        name = item
+    else:
+        name, _, slots_text = item.partition(":")
+        if _:
+            slots = _parse_slots(slots_text, item, where)
+    if not _HOST_NAME.fullmatch(name):
+        raise ConfigError(f"{where}: {item!r} has the host name {name!r}, which is not a hostname or IP "
+                          f"address. Expected {_HOST_LIST_FORMAT}.")
+    return HostSpec(name, slots)
+
+
+def parse_host_list(items: Union[str, Iterable[str]]) -> tuple[HostSpec, ...]:
+    """Hosts from ``["gpu1:8", "gpu2:8", "10.0.0.3", "localhost:2"]`` or ``"gpu1:8,gpu2:8"``.
+
+    Each entry is ``host[:slots]``; an IPv6 address with slots is written in brackets (``[::1]:2``).
+    Entries may themselves be comma-separated; empty entries are skipped. Raises `ConfigError` for a
+    bad entry, slots < 1, a host listed twice (naming it) or no host at all.
+    """
+    if isinstance(items, str):
+        items = [items]
+    elif not isinstance(items, Iterable):
+        raise TypeError(f"hosts must be a string or a list of strings, got {items!r}.")
+    hosts: list[HostSpec] = []
+    seen: dict[str, str] = {}
+    for entry in items:
+        if not isinstance(entry, str):
+            raise TypeError(f"hosts must be a string or a list of strings; got the entry {entry!r}.")
+        for piece in entry.split(","):
+            item = piece.strip()
+            if not item:
+                continue
+            host = _parse_host_item(item, "host list")
+            key = host.name.lower()
+            if key in seen:
+                raise ConfigError(f"host list: host {host.name!r} is listed twice ({seen[key]!r} and "
+                                  f"{item!r}). List each host once, with :slots for several workers.")
+            seen[key] = item
+            hosts.append(host)
+    if not hosts:
+        raise ConfigError(f"the host list {items!r} names no host. Expected {_HOST_LIST_FORMAT}, "
+                          f"comma-separated.")
+    return tuple(hosts)
+
+
+_HOSTFILE_FORMAT = "'host' or 'host slots=N' (N >= 1), e.g. 'gpu1 slots=8'"
+_HOSTFILE_LINE = re.compile(r"(\S+)(?:\s+slots\s*=\s*(\S+))?")
+
+
+def parse_hostfile(text: str, source: str = "hostfile") -> tuple[HostSpec, ...]:
+    """Hosts from a DeepSpeed/MPI hostfile: one ``host slots=N`` per line (``slots=N`` optional).
+
+    ``#`` starts a comment (whole line or trailing); blank lines are skipped. Raises `ConfigError`
+    naming ``source:line`` and the line for bad syntax or slots < 1, both line numbers for a host
+    listed twice, and `source` when no host is listed.
+    """
+    hosts: list[HostSpec] = []
+    first_line: dict[str, int] = {}
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{source}:{number}"
+        match = _HOSTFILE_LINE.fullmatch(line)
+        bad = match is None or (match.group(2) is not None and
+                                (not match.group(2).isdigit() or int(match.group(2)) < 1))
+        name = match.group(1) if match is not None else ""
+        if name.startswith("[") and name.endswith("]"):
+            name = name[1:-1]
+        if not bad and (not _HOST_NAME.fullmatch(name) or name.count(":") == 1):
+            bad = True
+        if bad:
+            hint = ""
+            if match is not None and name.count(":") == 1 and not name.startswith("["):
+                host, _, slots = name.partition(":")
+                hint = f" (write '{host} slots={slots}')"
+            raise ConfigError(f"{where}: bad hostfile line {raw.strip()!r}{hint}; expected "
+                              f"{_HOSTFILE_FORMAT}, with '#' for comments.")
+        key = name.lower()
+        if key in first_line:
+            raise ConfigError(f"{where}: host {name!r} is listed twice (lines {first_line[key]} and "
+                              f"{number}). List each host once and give it slots=N.")
+        first_line[key] = number
+        slots = int(match.group(2)) if match.group(2) is not None else None
+        hosts.append(HostSpec(name, slots))
+    if not hosts:
+        raise ConfigError(f"{source} lists no host; expected lines like {_HOSTFILE_FORMAT}.")
+    return tuple(hosts)
+
+
+def load_hostfile(path: Union[str, os.PathLike]) -> tuple[HostSpec, ...]:
+    """`parse_hostfile` of the file at `path` (``~`` expanded); a missing file is a `ConfigError`."""
+    expanded = os.path.expanduser(os.fspath(path))
+    try:
+        with open(expanded, encoding="utf-8") as file:
+            text = file.read()
+    except OSError as error:
+        raise ConfigError(f"cannot read the hostfile {os.fspath(path)!r}: {error.strerror or error}. "
+                          f"Give the path of a file with lines like {_HOSTFILE_FORMAT}.") from error
+    return parse_hostfile(text, source=expanded)
+
+
+def cluster_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[ClusterConfig]:
+    """The cluster named by ``MINITRAIN_HOSTS`` or ``MINITRAIN_HOSTFILE`` in `environ`, else None.
+
+    Empty values count as unset. Both set is a `ConfigError`. SSH options and the rest are defaults.
+    """
+    hosts = environ.get(HOSTS_ENV_VAR, "").strip()
+    hostfile = environ.get(HOSTFILE_ENV_VAR, "").strip()
+    if hosts and hostfile:
+        raise ConfigError(f"both {HOSTS_ENV_VAR}={hosts!r} and {HOSTFILE_ENV_VAR}={hostfile!r} are set; "
+                          f"set only one of them.")
+    if hosts:
+        try:
+            return ClusterConfig(hosts=parse_host_list(hosts))
+        except ConfigError as error:
+            raise ConfigError(f"{HOSTS_ENV_VAR}: {error}") from error
+    if hostfile:
+        return ClusterConfig(hosts=load_hostfile(hostfile))
+    return None
+
+
+# ---------------------------------------------------------------------------------- ambient cluster
+
+_lock = threading.Lock()
+_initialized: Optional[ClusterConfig] = None
+
+
+def init(hosts: Union[str, Iterable[str], None] = None, hostfile: Union[str, os.PathLike, None] = None, *,
+         ssh_user: Optional[str] = None, ssh_port: Optional[int] = None,
+         ssh_identity_file: Optional[str] = None, ssh_options: tuple[str, ...] = (),
+         accept_new_host_keys: bool = False, python: Optional[str] = None,
+         env_vars_to_forward: tuple[str, ...] = (), workdir: Optional[str] = None) -> ClusterConfig:
+    """Set the process-wide cluster that runs use (as `ray.init` does), and return it.
+
+    Give exactly one of `hosts` (a host list, see `parse_host_list`) or `hostfile` (a path, see
+    `parse_hostfile`); otherwise `ConfigError`. Everything is validated before anything changes; a
+    second call replaces the first cluster. The environment variables are not read once `init` ran.
+    """
+    global _initialized
+    if (hosts is None) == (hostfile is None):
+        raise ConfigError(f"init() takes exactly one of hosts=... or hostfile=..., got hosts={hosts!r}, "
+                          f"hostfile={hostfile!r}.")
+    specs = parse_host_list(hosts) if hosts is not None else load_hostfile(hostfile)
+    ssh = SSHOptions(user=ssh_user, port=ssh_port, identity_file=ssh_identity_file,
+                     extra_options=ssh_options, accept_new_host_keys=accept_new_host_keys)
+    cluster = ClusterConfig(hosts=specs, ssh=ssh, python=python, env_vars_to_forward=env_vars_to_forward,
+                            workdir=workdir)
+    with _lock:
+        _initialized = cluster
+    return cluster
+
+
+def current_cluster() -> ClusterConfig:
+    """The cluster of the next run: the `init()` one, else the environment's, else localhost alone.
+
+    The environment is read on every call (no caching), so changing it between runs takes effect.
+    """
+    with _lock:
+        cluster = _initialized
+    if cluster is not None:
+        return cluster
+    from_env = cluster_from_environment()
+    if from_env is not None:
+        return from_env
+    return ClusterConfig(hosts=(HostSpec("localhost", None, local=True),))
+
+
+def shutdown() -> None:
+    """Forget the `init()` cluster; `current_cluster()` goes back to the environment or localhost."""
+    global _initialized
+    with _lock:
+        _initialized = None
