@@ -399,6 +399,7 @@ _initialized: Optional[ClusterConfig] = None
 def init(hosts: Union[str, Iterable[str], None] = None, hostfile: Union[str, os.PathLike, None] = None, *,
          ssh_user: Optional[str] = None, ssh_port: Optional[int] = None,
          ssh_identity_file: Optional[str] = None, ssh_options: tuple[str, ...] = (),
+         ssh_known_hosts_file: Optional[str] = None,
          accept_new_host_keys: bool = False, python: Optional[str] = None,
          env_vars_to_forward: tuple[str, ...] = (), workdir: Optional[str] = None) -> ClusterConfig:
     """Set the process-wide cluster that runs use (as `ray.init` does), and return it.
@@ -413,7 +414,8 @@ def init(hosts: Union[str, Iterable[str], None] = None, hostfile: Union[str, os.
                           f"hostfile={hostfile!r}.")
     specs = parse_host_list(hosts) if hosts is not None else load_hostfile(hostfile)
     ssh = SSHOptions(user=ssh_user, port=ssh_port, identity_file=ssh_identity_file,
-                     extra_options=ssh_options, accept_new_host_keys=accept_new_host_keys)
+                     extra_options=tuple(ssh_options), known_hosts_file=ssh_known_hosts_file,
+                     accept_new_host_keys=accept_new_host_keys)
     cluster = ClusterConfig(hosts=specs, ssh=ssh, python=python, env_vars_to_forward=env_vars_to_forward,
                             workdir=workdir)
     with _lock:

@@ -56,3 +56,14 @@ _settings.register_profile(
 _settings.register_profile(
     "soak", max_examples=300, deadline=None, print_blob=True,
     suppress_health_check=[_HealthCheck.too_slow])
+
+
+# ---------------------------------------------------------------------------------- fake multi-host cluster
+@pytest.fixture
+def netns_cluster(request, tmp_path):
+    """A running fake cluster (tests/cluster.py; scripts/netns_cluster.py): hosts h0.. in their own network
+    namespaces with their own IP and sshd. 2 hosts, or `@pytest.mark.parametrize("netns_cluster", [3],
+    indirect=True)`. Skips when not root, without `ip netns`, or without sshd; always torn down."""
+    from cluster import fixture_body
+
+    yield from fixture_body(request, tmp_path)

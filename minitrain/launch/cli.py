@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("--ssh-user", default=None)
     hosts.add_argument("--ssh-port", type=int, default=None)
     hosts.add_argument("--ssh-identity-file", default=None)
+    hosts.add_argument("--ssh-known-hosts-file", default=None, help="known_hosts file to check host keys against")
     hosts.add_argument("--ssh-option", action="append", default=[], metavar="KEY=VALUE",
                        help="an extra ssh -o option (repeatable)")
     hosts.add_argument("--accept-new-host-keys", action="store_true",
@@ -60,12 +61,14 @@ def _init_cluster(options: argparse.Namespace) -> None:
 
     minitrain.init(hosts=options.hosts, hostfile=options.hostfile, ssh_user=options.ssh_user,
                    ssh_port=options.ssh_port, ssh_identity_file=options.ssh_identity_file,
+                   ssh_known_hosts_file=options.ssh_known_hosts_file,
                    ssh_options=tuple(options.ssh_option), accept_new_host_keys=options.accept_new_host_keys,
                    env_vars_to_forward=tuple(options.forward_env))
 
 
 _VALUE_OPTIONS = {"--num-workers", "--config", "--name", "--storage-path", "--max-failures", "--backend",
                   "--hosts", "--hostfile", "--ssh-user", "--ssh-port", "--ssh-identity-file", "--ssh-option",
+                  "--ssh-known-hosts-file",
                   "--forward-env"}
 
 
