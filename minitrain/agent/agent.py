@@ -30,7 +30,7 @@ from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
-from minitrain.rpc.channel import client_channel
+from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -39,7 +39,6 @@ LEASE_TIMEOUT_S = 5.0
 LOST_LEASE_GRACE_S = 1.0  # the coordinator is gone: nobody waits for a graceful stop
 OUTPUT_DRAIN_S = 2.0  # a grandchild may hold a worker's pipe open; do not wait on it forever
 STACK_DUMP_WAIT_S = 2.0
-_END = object()
 
 
 @dataclass
@@ -86,13 +85,6 @@ class NodeAgent:
     def _message(self, **body) -> pb.AgentMessage:
         return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
 
-    def _requests(self):
-        while True:
-            item = self._outbox.get()
-            if item is _END:
-                return
-            yield item
-
     def _hello(self) -> pb.AgentMessage:
         coordinator_host = self._address.rsplit(":", 1)[0].strip("[]")
         address, ifname = hostinfo.route_to(coordinator_host)
@@ -112,7 +104,7 @@ class NodeAgent:
         channel = client_channel(self._address)
         stub = pb_grpc.CoordinatorStub(channel)
         self._outbox.put(self._hello())
-        self._call = stub.AgentSession(self._requests(), metadata=call_metadata(self._token))
+        self._call = stub.AgentSession(queued_requests(self._outbox), metadata=call_metadata(self._token))
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
@@ -126,7 +118,7 @@ class NodeAgent:
         finally:
             self._spares.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
-            self._outbox.put(_END)
+            self._outbox.put(END_OF_STREAM)
             self._call.cancel()
             channel.close()
         if not self._shutdown_requested:

@@ -142,10 +142,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         state = {"node_id": "", "reason": "the agent closed its session", "session": next(self._sessions)}
         reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
         try:
-            while True:
-                command = await outbox.get()
-                if command is _CLOSE:
-                    break
+            async for command in _drain(outbox):
                 yield command
         finally:
             reader.cancel()
@@ -215,10 +212,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         key: list[tuple[int, int]] = []
         reader = asyncio.ensure_future(self._read_worker(request_iterator, context, outbox, key))
         try:
-            while True:
-                command = await outbox.get()
-                if command is _CLOSE:
-                    break
+            async for command in _drain(outbox):
                 yield command
         finally:
             reader.cancel()
@@ -255,6 +249,15 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             pass
         finally:
             outbox.put_nowait(_CLOSE)
+
+
+async def _drain(outbox: asyncio.Queue):
+    """The commands queued for one stream, until the stream is closed."""
+    while True:
+        command = await outbox.get()
+        if command is _CLOSE:
+            return
+        yield command
 
 
 def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:

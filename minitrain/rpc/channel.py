@@ -6,6 +6,8 @@ few seconds instead of at the TCP timeout. Message limits allow large pickled tr
 
 from __future__ import annotations
 
+import queue
+
 import grpc
 
 MAX_MESSAGE_BYTES = 1 << 30  # train functions may close over sizeable objects
@@ -34,6 +36,21 @@ CLIENT_OPTIONS = (
     # One connection attempt fails fast; callers decide whether to retry.
     ("grpc.enable_retries", 0),
 )
+
+
+END_OF_STREAM = object()
+
+
+def queued_requests(outbox: "queue.SimpleQueue"):
+    """The request iterator of a client stream: yields what is put into `outbox` until END_OF_STREAM.
+
+    gRPC's own thread pulls from it, so putting a message never waits on the network.
+    """
+    while True:
+        item = outbox.get()
+        if item is END_OF_STREAM:
+            return
+        yield item
 
 
 def client_channel(address: str) -> grpc.Channel:

@@ -17,9 +17,8 @@ import grpc
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
-from minitrain.rpc.channel import client_channel
+from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
 
-_END = object()
 
 
 class SessionClosed(RuntimeError):
@@ -34,7 +33,7 @@ class WorkerClient:
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._channel = client_channel(address)
         stub = pb_grpc.CoordinatorStub(self._channel)
-        self._call = stub.WorkerSession(self._requests(), metadata=call_metadata(token))
+        self._call = stub.WorkerSession(queued_requests(self._outbox), metadata=call_metadata(token))
         self._cond = threading.Condition()
         self._assignment: Optional[pb.Assignment] = None
         self._rendezvous: Optional[pb.Rendezvous] = None
@@ -46,13 +45,6 @@ class WorkerClient:
         self._close_reason = ""
         self._reader = threading.Thread(target=self._read, name="minitrain-session", daemon=True)
         self._reader.start()
-
-    def _requests(self):
-        while True:
-            item = self._outbox.get()
-            if item is _END:
-                return
-            yield item
 
     def _read(self) -> None:
         try:
@@ -151,7 +143,7 @@ class WorkerClient:
         Returns True when the coordinator acknowledged the end within the timeout: everything sent
         before was received.
         """
-        self._outbox.put(_END)
+        self._outbox.put(END_OF_STREAM)
         with self._cond:
             closed = self._cond.wait_for(lambda: self._closed, timeout=timeout_s)
         self._channel.close()
