@@ -78,6 +78,26 @@ def _run(argv: list[str], check: bool = True, timeout: float = 15.0) -> subproce
     return proc
 
 
+def _nameservers() -> list:
+    """The non-loopback nameserver addresses of /etc/resolv.conf."""
+    import ipaddress
+
+    found = []
+    try:
+        with open("/etc/resolv.conf") as handle:
+            for words in (line.split() for line in handle):
+                if len(words) >= 2 and words[0] == "nameserver":
+                    try:
+                        address = ipaddress.ip_address(words[1].split("%")[0])
+                    except ValueError:
+                        continue
+                    if not address.is_loopback:
+                        found.append(address)
+    except OSError:
+        pass
+    return found
+
+
 def unavailable_reason(probe: bool = True) -> str | None:
     """Why a cluster cannot be made here (None when it can). `probe` really creates a namespace."""
     if os.geteuid() != 0:
@@ -338,6 +358,12 @@ class NetnsCluster:
         _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
         _run(["ip", "-n", ns, "link", "set", "lo", "up"])
         _run(["ip", "-n", ns, "route", "add", "default", "via", self.driver_ip])
+        # The machine's nameserver is not reachable from the fake hosts: a query would be dropped at the
+        # bridge and every lookup (torch's c10d resolves each client address) would stall for 10 s.
+        # An unreachable route makes lookups fail at once, as on a host whose resolver answers.
+        for address in _nameservers():
+            _run(["ip", "-n", ns, f"-{address.version}", "route", "replace", "unreachable",
+                  f"{address}/{address.max_prefixlen}"])
 
     def _make_keys(self) -> None:
         key = self._path("id_ed25519")

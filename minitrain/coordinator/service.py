@@ -139,7 +139,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def AgentSession(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
-        state = {"node_id": "", "reason": "the agent closed its session", "session": next(self._sessions)}
+        state = {"node_id": "", "reason": "its session ended (the agent exited, or its host stopped answering "
+                                          "the keepalive pings)", "session": next(self._sessions)}
         reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
         try:
             async for command in _drain(outbox):
