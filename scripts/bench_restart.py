@@ -16,8 +16,10 @@ What is measured, and how (2 CPU workers, gloo, a small DDP MLP, localhost):
    and the job ends. Latency = the first-step time of attempt i+1 minus the kill time of attempt i.
    A restart succeeded when the attempt right after the kill reached its first step. Where the time
    goes comes from the driver's `minitrain` log records (timestamped by a logging.Handler in the
-   driver: "attempt i failed ...; restarting", "attempt i+1: starting") and from the training
-   function (entry, after prepare_model, after the load). Target: median <= 1.0 s, every restart ok.
+   driver: "attempt i: ...; stopping every rank", "attempt i failed ...; restarting", "attempt i+1:
+   starting") and from the training function (entry, after prepare_model, after the load). Just before
+   the kill, rank 1 also notes whether each of the agent's warm spares is ready (blocked reading its
+   bootstrap line), and the latencies are split by that. Target: median <= 1.0 s, every restart ok.
 2. The same under torchrun: `torchrun --standalone --nproc-per-node 2 --max-restarts N` of this file
    as a worker that inits the process group (env://), wraps the same model in DDP, loads its own
    checkpoint (torch.save by rank 0 every CHECKPOINT_EVERY steps, atomic rename), records the time
@@ -25,7 +27,11 @@ What is measured, and how (2 CPU workers, gloo, a small DDP MLP, localhost):
    TORCHELASTIC_RESTART_COUNT < N. Attempt i is TORCHELASTIC_RESTART_COUNT. A restart fails when its
    attempt never reaches the first step (an error before it: torchrun then spends a restart on it),
    when torchrun exits, or when nothing happens for `--stall-timeout` s (the tree is then killed).
-   Everything observed is reported, nothing is retried.
+   Everything observed is reported, nothing is retried; a failed attempt is located (before or inside
+   init_process_group), the distinct error lines of torchrun's output are counted, and on a hang the
+   workers' Python stacks are dumped (faulthandler on SIGUSR1) before the tree is stopped. A hang ends
+   a torchrun job, so `--torchrun-runs` (default 3) jobs run one after the other, each printed, and
+   their restarts are pooled for the table.
 3. A lost agent: a minitrain job (max_failures=-1) where rank 1 records the time and SIGKILLs its node
    agent (`os.getppid()`, the parent of every worker) after `--train-s` s, `--agent-kills` times. The
    workers die with their agent; the coordinator sees the agent's session break, starts a new agent
@@ -39,7 +45,8 @@ Everything (storage, checkpoints, the JSON-lines records, the outputs) lives und
 tempfile.TemporaryDirectory(); every job runs in its own session with a stall timeout, and on a timeout
 its whole tree is stopped (torchrun's workers run in sessions of their own: the tree is walked).
 Every process started carries a tag in its environment; after each job, any tagged process still alive
-is killed and counted (`leftover_processes`, which should be 0).
+is killed and counted (`leftover_processes`, which should be 0). `--save-logs DIR` keeps every job's
+output and timestamped records. `--quick` uses a 30 s stall timeout.
 Only the standard library is imported at the top, so the measured processes pay nothing for this file.
 """
 
@@ -65,8 +72,9 @@ SCRIPT = os.path.abspath(__file__)
 NUM_WORKERS = 2
 DEFAULT_RESTARTS = 20
 DEFAULT_AGENT_KILLS = 5
+DEFAULT_TORCHRUN_RUNS = 3
 QUICK_KILLS = 3
-TRAIN_S = 1.5
+TRAIN_S = 5.0  # failures every few seconds are not the case to optimise; a spare warms up in ~2.5 s of CPU
 REPORT_EVERY = 10
 CHECKPOINT_EVERY = 50
 FINAL_STEPS = 60
@@ -74,6 +82,7 @@ MLP_IN, MLP_HIDDEN, BATCH = 64, 256, 64
 TARGET_RESTART_MEDIAN_S = 1.0
 TARGET_DETECT_S = 5.0
 STALL_TIMEOUT_S = 60.0
+QUICK_STALL_TIMEOUT_S = 30.0
 TAG_VAR = "MINITRAIN_BENCH_RESTART_TAG"
 TORCHRUN_REFERENCE = ("reference: torchrun --max-restarts 1 restarted in 1.5-2.4 s in 4 of 9 tries; "
                       "4 failed (gloo dialled the dead attempt's address), 1 hung")
@@ -125,6 +134,33 @@ def _train(torch, ddp, opt, x, y, step: int, rank: int, loaded: float, kill, rep
             kill()
 
 
+def _spares_at_kill(exclude: set) -> list[dict]:
+    """The agent's warm spares (its `--preload` children but the current workers) and whether each is
+    ready: blocked reading its bootstrap line from the pipe (it imported everything it preloads)."""
+    import psutil
+
+    spares = []
+    try:
+        children = psutil.Process(os.getppid()).children()
+        with open("/proc/uptime") as f:
+            now = float(f.read().split()[0])  # since boot, as the start times in /proc/<pid>/stat
+    except (psutil.Error, OSError):
+        return spares
+    for child in children:
+        try:
+            if child.pid in exclude or "--preload" not in child.cmdline():
+                continue
+            with open(f"/proc/{child.pid}/wchan") as f:
+                waiting_on = f.read()
+            with open(f"/proc/{child.pid}/stat") as f:
+                started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            spares.append({"pid": child.pid, "age_s": round(now - started, 3),
+                           "cpu_s": round(sum(child.cpu_times()[:2]), 3), "ready": "pipe" in waiting_on})
+        except (psutil.Error, OSError):
+            continue
+    return spares
+
+
 def minitrain_train_func(config: dict) -> None:
     """Sections 1 and 3: one attempt of the minitrain job (see the module docstring)."""
     import os
@@ -171,8 +207,10 @@ def minitrain_train_func(config: dict) -> None:
             minitrain.report(metrics, checkpoint=saved)
 
     def kill() -> None:
+        workers = {r["pid"] for r in _read_records(events) if r["kind"] == "start"}  # every attempt's ranks
+        spares = _spares_at_kill(workers | {os.getpid()})
         _append(events, {"kind": "kill", "what": kind, "rank": rank, "time": time.time(), "pid": os.getpid(),
-                         "agent_pid": os.getppid()})
+                         "agent_pid": os.getppid(), "spares": spares})
         os.kill(os.getpid() if kind == "worker" else os.getppid(), signal.SIGKILL)
         time.sleep(60)  # an agent kill: the parent-death signal ends this process
 
@@ -215,17 +253,29 @@ def role_minitrain_job(spec: dict) -> None:
     assert kills == spec["kills"], (kills, spec["kills"])
 
 
+_STACKS = None  # a torchrun worker's stack-dump file, open for the life of the process
+
+
 def role_torchrun_worker(args: argparse.Namespace) -> None:
     """Section 2: one torchrun worker of one attempt (see the module docstring)."""
     entered = time.time()
     rank, attempt = int(os.environ["RANK"]), int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     events = os.path.join(args.out_dir, "events.jsonl")
     _append(events, {"kind": "enter", "rank": rank, "attempt": attempt, "time": entered, "pid": os.getpid()})
+    import faulthandler
+
+    # On a hang the benchmark asks for every thread's stack (SIGUSR1); each process writes its own file.
+    global _STACKS
+    _STACKS = open(os.path.join(args.out_dir, f"stacks_attempt{attempt}_rank{rank}.txt"), "w")
+    faulthandler.register(signal.SIGUSR1, file=_STACKS, all_threads=True)
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    imported = time.time()
+    _append(events, {"kind": "init", "rank": rank, "attempt": attempt, "time": imported})
     dist.init_process_group("gloo")
+    initialized = time.time()
     model, x, y = _build(torch)
     ddp = DistributedDataParallel(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
@@ -239,7 +289,8 @@ def role_torchrun_worker(args: argparse.Namespace) -> None:
         step = state["step"] + 1
     loaded = time.time()
     _append(events, {"kind": "start", "rank": rank, "attempt": attempt, "time": loaded, "entered": entered,
-                     "prepared": prepared, "step": step, "resumed": step > 0, "pid": os.getpid()})
+                     "imported": imported, "initialized": initialized, "prepared": prepared, "step": step,
+                     "resumed": step > 0, "pid": os.getpid()})
 
     def report(step: int, loss: float) -> None:
         if rank == 0 and step % CHECKPOINT_EVERY == 0:
@@ -299,10 +350,29 @@ def reap_leftovers(tag: str) -> int:
     return len(left)
 
 
-def run_watched(argv: list[str], cwd: str, output: str, tag: str, watch: str, stall_s: float) -> dict:
-    """Run argv in its own session until it exits, or until `watch` has not grown for `stall_s` s (then its
-    whole tree is stopped). Returns returncode, hung, wall_s and the number of tagged leftovers."""
-    start = time.monotonic()
+def _dump_stacks(proc: subprocess.Popen, marker: str) -> None:
+    """SIGUSR1 to the descendants whose command line holds `marker` (their faulthandler writes every
+    thread's stack to their stacks_*.txt file), then a moment for them to write."""
+    import psutil
+
+    try:
+        targets = [p for p in psutil.Process(proc.pid).children(recursive=True) if marker in " ".join(p.cmdline())]
+    except psutil.Error:
+        return
+    for target in targets:
+        try:
+            target.send_signal(signal.SIGUSR1)
+        except psutil.Error:
+            pass
+    time.sleep(1.0)
+
+
+def run_watched(argv: list[str], cwd: str, output: str, tag: str, watch: str, stall_s: float,
+                dump_marker: str = "") -> dict:
+    """Run argv in its own session until it exits, or until `watch` has not grown for `stall_s` s (then the
+    stacks of the processes matching `dump_marker` are dumped and its whole tree is stopped). Returns
+    returncode, hung, wall_s and the number of tagged leftovers."""
+    start, load_start = time.monotonic(), os.getloadavg()[0]
     with open(output, "wb") as out:
         proc = subprocess.Popen(argv, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                 start_new_session=True, env=_tagged_env(tag))
@@ -315,10 +385,13 @@ def run_watched(argv: list[str], cwd: str, output: str, tag: str, watch: str, st
             last_size, last_change = size, now
         elif now - last_change > stall_s:
             hung = True
+            if dump_marker:
+                _dump_stacks(proc, dump_marker)
             _stop_tree(proc)
             break
     wall = time.monotonic() - start
-    return {"returncode": proc.wait(), "hung": hung, "wall_s": wall, "leftover_processes": reap_leftovers(tag)}
+    return {"returncode": proc.wait(), "hung": hung, "wall_s": wall, "leftover_processes": reap_leftovers(tag),
+            "load_1min": [round(load_start, 2), round(os.getloadavg()[0], 2)]}
 
 
 def _tail(path: str, chars: int = 3000) -> str:
@@ -326,12 +399,13 @@ def _tail(path: str, chars: int = 3000) -> str:
         return f.read().decode(errors="replace")[-chars:]
 
 
-def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None) -> dict:
+def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None, hung: bool = False) -> dict:
     """Pair each attempt's kill with the next attempt's first step (records carry "attempt").
 
     A restart follows every attempt but the last; and the last too when it was killed or never reached its
-    first step, unless it was attempt `max_attempt` (no restart left: `restarts_exhausted`). A restart
-    succeeded when its attempt reached the first step (rank 0's "start")."""
+    first step, unless it was attempt `max_attempt` (no restart left: `restarts_exhausted`) or the job hung
+    in it (`hung_in_attempt`). A restart succeeded when its attempt reached the first step (rank 0's
+    "start")."""
     by_attempt: dict[int, dict] = {a: {} for a in attempts}
     for r in records:
         slot = by_attempt.setdefault(r["attempt"], {})
@@ -343,15 +417,23 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None)
     for previous, current in zip(ordered, ordered[1:]):
         before, after = by_attempt[previous], by_attempt[current]
         entry = {"attempt": current, "cause": "kill" if "kill" in before else "failure", "ok": "start" in after}
+        if "spares" in before.get("kill", {}):
+            spares = before["kill"]["spares"]
+            entry["spares_at_kill"] = f"{sum(x['ready'] for x in spares)}/{len(spares)} ready"
+            entry["all_spares_ready"] = bool(spares) and all(x["ready"] for x in spares)
         if entry["ok"] and "kill" in before:
             entry["latency_s"] = after["start"]["time"] - before["kill"]["time"]
             entry["kill_time"] = before["kill"]["time"]
             entry["start"] = after["start"]
         restarts.append(entry)
-    exhausted = False
+    exhausted, hung_in = False, None
     if ordered:
         last = by_attempt[ordered[-1]]
-        if "kill" in last or "start" not in last:  # a restart was due, and none reached its first step
+        if hung and "kill" not in last:
+            hung_in = ordered[-1]  # the job hung in this attempt: no restart was due
+            if restarts and restarts[-1]["attempt"] == hung_in:
+                restarts[-1]["hung"] = True
+        elif "kill" in last or "start" not in last:  # a restart was due, and none reached its first step
             if max_attempt is not None and ordered[-1] >= max_attempt:
                 exhausted = True
             else:
@@ -359,9 +441,16 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None)
                                  "ok": False, "never_started": True})
     after_kill = [r for r in restarts if r["cause"] == "kill"]
     latencies = [r["latency_s"] for r in after_kill if r["ok"]]
-    return {"attempts": len(ordered), "kills": len(after_kill), "restarts": len(restarts),
+    spares = {}
+    if any("spares_at_kill" in r for r in after_kill):
+        ready = [r["latency_s"] for r in after_kill if r.get("all_spares_ready") and "latency_s" in r]
+        cold = [r["latency_s"] for r in after_kill if not r.get("all_spares_ready") and "latency_s" in r]
+        spares = {"kills_with_all_spares_ready": sum(bool(r.get("all_spares_ready")) for r in after_kill),
+                  "latency_spares_ready": _summary(ready), "latency_spares_not_ready": _summary(cold)}
+    return {"attempts": len(ordered), "kills": len(after_kill), "restarts": len(restarts), **spares,
             "succeeded_after_kill": sum(r["ok"] for r in after_kill),
             "failed": sum(not r["ok"] for r in restarts), "restarts_exhausted": exhausted,
+            "hung_in_attempt": hung_in,
             "last_attempt_reached_first_step": bool(ordered) and "start" in by_attempt[ordered[-1]],
             "per_restart": restarts,
             "latencies_s": latencies, **_summary(latencies)}
@@ -369,8 +458,9 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None)
 
 def _parse_log(log_events: list[dict]) -> dict:
     """Times of the driver's log records that mark a restart's phases."""
-    marks: dict[str, list] = {"starting": [], "failed": [], "lost": [], "new_agent": []}
+    marks: dict[str, list] = {"starting": [], "detected": [], "failed": [], "lost": [], "new_agent": []}
     patterns = {"starting": r"^attempt (\d+): starting", "failed": r"^attempt (\d+) failed",
+                "detected": r"^attempt (\d+): .*; stopping every rank of the attempt$",
                 "lost": r"^node (\S+) lost", "new_agent": r"^node (\S+): starting a new agent"}
     for record in log_events:
         for key, pattern in patterns.items():
@@ -415,7 +505,8 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
         r["attempt"] = _attempt_at(marks["starting"], r["time"])
     attempts = sorted({int(n) for _, n, _ in marks["starting"]})
     figures = analyse_restarts(records, attempts)
-    phases: dict[str, list[float]] = {"kill_to_failed_log": [], "failed_log_to_starting_log": [],
+    phases: dict[str, list[float]] = {"kill_to_detected_log": [], "detected_to_failed_log": [],
+                                      "kill_to_failed_log": [], "failed_log_to_starting_log": [],
                                       "starting_log_to_train_fn": [], "train_fn_to_prepared": [],
                                       "prepared_to_loaded": [], "kill_to_lost_log": [], "lost_to_new_agent_log": []}
     for restart in figures["per_restart"]:
@@ -424,6 +515,10 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
         kill, start = restart["kill_time"], restart["start"]
         failed = _first_after(marks["failed"], kill)
         starting = _first_after(marks["starting"], kill)
+        detected = _first_after(marks["detected"], kill)
+        if detected and failed and detected[0] <= failed[0]:
+            phases["kill_to_detected_log"].append(detected[0] - kill)
+            phases["detected_to_failed_log"].append(failed[0] - detected[0])
         if failed and starting:
             phases["kill_to_failed_log"].append(failed[0] - kill)
             phases["failed_log_to_starting_log"].append(starting[0] - failed[0])
@@ -438,6 +533,9 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
                 phases["lost_to_new_agent_log"].append(agent[0] - lost[0])
     figures["phases"] = {k: {"median_s": statistics.median(v), "max_s": max(v), "values_s": v}
                          for k, v in phases.items() if v}
+    if kill_kind == "agent":  # the spares die with their agent: nothing to say about them
+        for key in ("kills_with_all_spares_ready", "latency_spares_ready", "latency_spares_not_ready"):
+            figures.pop(key, None)
     figures["run"] = run
     figures["resumed_every_attempt"] = all(r.get("resumed") for r in records
                                            if r["kind"] == "start" and r["attempt"] > 0)
@@ -445,9 +543,9 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
     return figures
 
 
-def torchrun_job(tmp: str, restarts: int, train_s: float, stall_s: float) -> dict:
-    """Section 2: torchrun --max-restarts N; every restart's outcome as observed."""
-    out_dir = os.path.join(tmp, "torchrun")
+def torchrun_job(tmp: str, name: str, restarts: int, train_s: float, stall_s: float) -> dict:
+    """One torchrun --max-restarts N job of section 2; every restart's outcome as observed."""
+    out_dir = os.path.join(tmp, name)
     os.makedirs(out_dir)
     events = os.path.join(out_dir, "events.jsonl")
     candidate = os.path.join(os.path.dirname(sys.executable), "torchrun")
@@ -456,10 +554,36 @@ def torchrun_job(tmp: str, restarts: int, train_s: float, stall_s: float) -> dic
             SCRIPT, "--role", "torchrun-worker", "--out-dir", out_dir, "--restarts", str(restarts),
             "--train-s", str(train_s)]
     output = os.path.join(out_dir, "output.txt")
-    run = run_watched(argv, cwd=out_dir, output=output, tag=f"{tmp}/torchrun", watch=events, stall_s=stall_s)
+    run = run_watched(argv, cwd=out_dir, output=output, tag=f"{tmp}/{name}", watch=events, stall_s=stall_s,
+                      dump_marker="torchrun-worker")
     records = _read_records(events)
     seen = sorted({r["attempt"] for r in records})
-    figures = analyse_restarts(records, list(range(seen[-1] + 1)) if seen else [], max_attempt=restarts)
+    figures = analyse_restarts(records, list(range(seen[-1] + 1)) if seen else [], max_attempt=restarts,
+                               hung=run["hung"])
+    phases: dict[str, list[float]] = {"kill_to_process_started": [], "process_to_torch_imported": [],
+                                      "imported_to_process_group": [], "process_group_to_ddp": [],
+                                      "ddp_to_loaded": []}
+    for restart in figures["per_restart"]:
+        if "latency_s" in restart:
+            start = restart["start"]
+            phases["kill_to_process_started"].append(start["entered"] - restart["kill_time"])
+            phases["process_to_torch_imported"].append(start["imported"] - start["entered"])
+            phases["imported_to_process_group"].append(start["initialized"] - start["imported"])
+            phases["process_group_to_ddp"].append(start["prepared"] - start["initialized"])
+            phases["ddp_to_loaded"].append(start["time"] - start["prepared"])
+    figures["phases"] = {k: {"median_s": statistics.median(v), "max_s": max(v), "values_s": v}
+                         for k, v in phases.items() if v}
+    enters: dict[int, float] = {}
+    for r in records:
+        if r["kind"] == "enter":
+            enters[r["attempt"]] = min(enters.get(r["attempt"], r["time"]), r["time"])
+    in_init = {r["attempt"] for r in records if r["kind"] == "init"}
+    for restart in figures["per_restart"]:  # where a failed attempt stopped, and how long it took to fail
+        if not restart["ok"] and restart["attempt"] in enters:
+            restart["stopped_in"] = ("init_process_group" if restart["attempt"] in in_init
+                                     else "start-up (before init_process_group)")
+            if restart["attempt"] + 1 in enters:
+                restart["failed_after_s"] = enters[restart["attempt"] + 1] - enters[restart["attempt"]]
     figures["run"] = run
     figures["command"] = " ".join(["torchrun", *argv[len(base):]]).replace(SCRIPT, os.path.basename(SCRIPT))
     with open(output, errors="replace") as f:
@@ -471,8 +595,78 @@ def torchrun_job(tmp: str, restarts: int, train_s: float, stall_s: float) -> dic
             key = f"{match.group(1)}: {match.group(2)[:140]}"
             errors[key] = errors.get(key, 0) + 1
     figures["error_lines"] = dict(sorted(errors.items(), key=lambda kv: -kv[1])[:12])
+    figures["hang_stacks"] = hang_stacks(out_dir)
     figures["output_tail"] = text[-2000:]
     return figures
+
+
+def hang_stacks(out_dir: str) -> dict:
+    """Where the threads of hung workers were (their faulthandler dumps): the innermost frames of each
+    thread, torch's own first, counted over processes."""
+    stacks: dict[str, int] = {}
+    frame = re.compile(r'^\s*File "(.*)", line (\d+) in (\S+)$')
+    for name in sorted(os.listdir(out_dir)):
+        if not name.startswith("stacks_"):
+            continue
+        with open(os.path.join(out_dir, name), errors="replace") as f:
+            threads = f.read().split("\n\n")
+        for thread in threads:
+            frames = [m.groups() for m in map(frame.match, thread.splitlines()) if m]
+            torch_frames = [fr for fr in frames if "site-packages/torch/" in fr[0]][:2]
+            chosen = torch_frames or frames[:1]
+            if chosen:
+                key = " <- ".join(f"{func} ({os.path.basename(path)}:{line})" for path, line, func in chosen)
+                stacks[key] = stacks.get(key, 0) + 1
+    return stacks
+
+
+def _ending(job: dict) -> str:
+    if job["run"]["hung"]:
+        return f"hung in attempt {job['hung_in_attempt']}"
+    return f"exit {job['run']['returncode']}" + (" (restarts spent)" if job["restarts_exhausted"] else "")
+
+
+def torchrun_section(tmp: str, runs: int, restarts: int, train_s: float, stall_s: float) -> dict:
+    """Section 2: `runs` torchrun jobs one after the other (a hang ends a job: more jobs, more restarts
+    observed); each job is printed, and the restarts of all of them are pooled."""
+    jobs = []
+    for index in range(runs):
+        job = torchrun_job(tmp, f"torchrun_{index + 1}", restarts, train_s, stall_s)
+        jobs.append(job)
+        print_restarts(f"torchrun job {index + 1}/{runs}", job)
+        print_phases(job)
+        end = (f"HUNG: no progress for {stall_s:g} s in attempt {job['hung_in_attempt']}, its tree was stopped "
+               f"(exit code {job['run']['returncode']} after that)" if job["run"]["hung"] else
+               f"torchrun exited with code {job['run']['returncode']}")
+        spent = "; all --max-restarts spent" if job["restarts_exhausted"] else ""
+        print(f"    {end}{spent}; wall time {job['run']['wall_s']:.1f} s (load average {job['run']['load_1min'][0]} -> "
+              f"{job['run']['load_1min'][1]}), leftover processes "
+              f"{job['run']['leftover_processes']}; error lines in its output:")
+        for line, count in job["error_lines"].items():
+            print(f"    {count:3d}x {line}")
+        if job["hang_stacks"]:
+            print("    where the hung workers' threads were (innermost torch frames first; count of threads):")
+            for line, count in job["hang_stacks"].items():
+                print(f"    {count:3d}x {line}")
+    latencies = [v for job in jobs for v in job["latencies_s"]]
+    phases: dict[str, list[float]] = {}
+    for job in jobs:
+        for key, phase in job["phases"].items():
+            phases.setdefault(key, []).extend(phase["values_s"])
+    pooled = {"jobs": jobs, "runs": runs, "kills": sum(j["kills"] for j in jobs),
+              "succeeded_after_kill": sum(j["succeeded_after_kill"] for j in jobs),
+              "failed": sum(j["failed"] for j in jobs), "hung_jobs": sum(j["run"]["hung"] for j in jobs),
+              "endings": [_ending(j) for j in jobs],
+              "leftover_processes": sum(j["run"]["leftover_processes"] for j in jobs),
+              "latencies_s": latencies, **_summary(latencies),
+              "phases": {k: {"median_s": statistics.median(v), "max_s": max(v), "values_s": v}
+                         for k, v in phases.items()}}
+    if runs > 1:
+        print(f"  torchrun, {runs} jobs pooled: {pooled['succeeded_after_kill']}/{pooled['kills']} restarts after "
+              f"a kill succeeded, {pooled['failed']} failed restart(s), {pooled['hung_jobs']} job(s) hung; median "
+              f"{_fmt(pooled['median_s'])}, p90 {_fmt(pooled['p90_s'])}, max {_fmt(pooled['max_s'])} "
+              f"(n={pooled['n']}); jobs ended: {', '.join(pooled['endings'])}")
+    return pooled
 
 
 def save_logs(tmp: str, dest) -> None:
@@ -480,8 +674,12 @@ def save_logs(tmp: str, dest) -> None:
     if not dest:
         return
     for name in sorted(os.listdir(tmp)):
-        for file in ("output.txt", "events.jsonl", "driver_log.jsonl"):
-            if os.path.exists(os.path.join(tmp, name, file)):
+        if not os.path.isdir(os.path.join(tmp, name)):
+            continue
+        files = ["output.txt", "events.jsonl", "driver_log.jsonl"]
+        files += [f for f in os.listdir(os.path.join(tmp, name)) if f.startswith("stacks_")]
+        for file in files:
+            if os.path.exists(os.path.join(tmp, name, file)) and os.path.getsize(os.path.join(tmp, name, file)):
                 os.makedirs(os.path.join(dest, name), exist_ok=True)
                 shutil.copy(os.path.join(tmp, name, file), os.path.join(dest, name, file))
 
@@ -496,25 +694,44 @@ def print_restarts(label: str, figures: dict) -> None:
           f"{figures['failed']} failed restart(s); median {_fmt(figures['median_s'])}, p90 "
           f"{_fmt(figures['p90_s'])}, max {_fmt(figures['max_s'])}")
     print(f"    latencies (s): {lat or 'none'}")
+    if "kills_with_all_spares_ready" in figures:
+        ready, cold = figures["latency_spares_ready"], figures["latency_spares_not_ready"]
+        print(f"    warm spares all ready at the kill: {figures['kills_with_all_spares_ready']}/{figures['kills']} "
+              f"kills; median latency {_fmt(ready['median_s'])} when ready (n={ready['n']}), "
+              f"{_fmt(cold['median_s'])} when not (n={cold['n']})")
     for restart in figures["per_restart"]:
         if not restart["ok"]:
-            what = "never started (job ended or hung)" if restart.get("never_started") else \
-                "did not reach its first step"
-            print(f"    restart into attempt {restart['attempt']} (after a {restart['cause']}): {what}")
+            what = ("never started (the job ended or hung)" if restart.get("never_started") else
+                    "HUNG before its first step" if restart.get("hung") else "did not reach its first step")
+            took = f" in {restart['stopped_in']}" if "stopped_in" in restart else ""
+            took += f" (failed after {restart['failed_after_s']:.1f} s)" if "failed_after_s" in restart else ""
+            print(f"    restart into attempt {restart['attempt']} (after a {restart['cause']}): {what}{took}")
 
 
 def print_phases(figures: dict) -> None:
     names = {"kill_to_lost_log": "kill -> 'node lost' log (detection)",
              "lost_to_new_agent_log": "'node lost' -> 'starting a new agent' log",
+             "kill_to_detected_log": "kill -> 'stopping every rank' log (failure detected)",
+             "detected_to_failed_log": "'stopping every rank' -> 'restarting' log (the group stopped)",
              "kill_to_failed_log": "kill -> 'attempt failed; restarting' log (detect + stop the group)",
              "failed_log_to_starting_log": "'restarting' -> 'attempt N: starting' log",
              "starting_log_to_train_fn": "'starting' -> training function entered (spawn, connect, rendezvous)",
              "train_fn_to_prepared": "function entry -> model built, prepare_model (DDP) done",
-             "prepared_to_loaded": "DDP -> get_checkpoint() + torch.load done (= the first step)"}
+             "prepared_to_loaded": "DDP -> get_checkpoint() + torch.load done (= the first step)",
+             "kill_to_process_started": "kill -> new worker process running this script (detect, stop, respawn)",
+             "process_to_torch_imported": "process start -> torch imported",
+             "imported_to_process_group": "torch imported -> init_process_group (rendezvous) done",
+             "process_group_to_ddp": "process group -> model built, DDP done",
+             "ddp_to_loaded": "DDP -> torch.load done (= the first step)"}
     for key, label in names.items():
         if key in figures["phases"]:
             p = figures["phases"][key]
             print(f"    {label}: median {p['median_s']:.3f} s, max {p['max_s']:.3f} s")
+
+
+def _torchrun_outcome(tr: dict) -> str:
+    return (f"torchrun {tr['succeeded_after_kill']}/{tr['kills']} after a kill, {tr['failed']} restart(s) failed "
+            f"in {tr['runs']} job(s) ({'; '.join(tr['endings'])})")
 
 
 def markdown_table(machine: dict, mt: dict, tr, agent: dict, command: str) -> str:
@@ -528,12 +745,12 @@ def markdown_table(machine: dict, mt: dict, tr, agent: dict, command: str) -> st
         peer = (f"torchrun {_fmt(tr['median_s'])} (p90 {_fmt(tr['p90_s'])}, max {_fmt(tr['max_s'])}, "
                 f"n={tr['n']})")
         ratio = f"{med / tr['median_s']:.2f}x"
-        peer_ok = (f"torchrun {tr['succeeded_after_kill']}/{tr['kills']} after a kill, {tr['failed']} failed"
-                   + (", hung" if tr["run"]["hung"] else "") + f", exit {tr['run']['returncode']}")
+        peer_ok = _torchrun_outcome(tr)
     else:
         peer, ratio = ("torchrun not run" if tr is None else "torchrun: no successful restart"), "-"
-        peer_ok = "-" if tr is None else (f"torchrun {tr['succeeded_after_kill']}/{tr['kills']}, {tr['failed']} "
-                                          f"failed, exit {tr['run']['returncode']}")
+        peer_ok = "-" if tr is None else _torchrun_outcome(tr)
+    spawn = (tr or {}).get("phases", {}).get("kill_to_process_started", {}).get("median_s")
+    peer_detect = "-" if spawn is None else f"torchrun: kill -> new worker process started {spawn:.2f} s"
     detect = agent["phases"].get("kill_to_lost_log", {})
     detect_med = detect.get("median_s")
     rows = [
@@ -544,6 +761,9 @@ def markdown_table(machine: dict, mt: dict, tr, agent: dict, command: str) -> st
         f"| <= {TARGET_RESTART_MEDIAN_S:g} s | {met(med is not None and med <= TARGET_RESTART_MEDIAN_S)} |",
         f"| Restarts that succeeded | {mt['succeeded_after_kill']}/{mt['kills']} | {peer_ok} | - "
         f"| all | {met(ok_all)} |",
+        f"| Worker SIGKILL: kill -> failure detected (driver log), median "
+        f"| {_fmt(mt['phases'].get('kill_to_detected_log', {}).get('median_s'), digits=3)} "
+        f"| {peer_detect} | - | - | - |",
         f"| Lost agent (SIGKILL): kill -> \"node lost\" (detection), median of {len(detect.get('values_s', []))} "
         f"| {_fmt(detect_med, digits=3)} (max {_fmt(detect.get('max_s'), digits=3)}) | lease timeout 5 s "
         f"(silent host) | - | <= {TARGET_DETECT_S:g} s "
@@ -558,13 +778,32 @@ def markdown_table(machine: dict, mt: dict, tr, agent: dict, command: str) -> st
     return "\n".join(rows) + "\n" + footer
 
 
+def minitrain_source() -> str:
+    """Where the measured minitrain is imported from (the jobs import the same), with its git revision."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("minitrain")
+    if spec is None or not spec.origin:
+        return "not found"
+    root = os.path.dirname(os.path.dirname(spec.origin))
+    try:
+        rev = subprocess.run(["git", "-C", root, "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        rev = ""
+    return root + (f" (git {rev})" if rev else "")
+
+
 def run_benchmarks(args: argparse.Namespace) -> int:
     restarts = QUICK_KILLS if args.quick else args.restarts
     agent_kills = QUICK_KILLS if args.quick else args.agent_kills
+    stall = min(args.stall_timeout, QUICK_STALL_TIMEOUT_S) if args.quick else args.stall_timeout
+    torchrun_runs = 1 if args.quick else args.torchrun_runs
     machine = machine_info()
+    machine["minitrain_source"] = minitrain_source()
     print(f"Machine: {machine['cpu']}, {machine['cores']} cores, {machine['os']}; Python {machine['python']}, "
-          f"torch {machine['torch']}, grpcio {machine['grpcio']}, minitrain {machine['minitrain']}; "
-          f"load average {machine['load_1min']}")
+          f"torch {machine['torch']}, grpcio {machine['grpcio']}, minitrain {machine['minitrain']} from "
+          f"{machine['minitrain_source']}; load average {machine['load_1min']}")
     if machine["load_1min"] > 0.5 * machine["cores"]:
         print("  note: the machine is busy; the figures below are noisier than on an idle machine")
     base = os.path.realpath(args.tmp_dir or tempfile.gettempdir())
@@ -573,27 +812,23 @@ def run_benchmarks(args: argparse.Namespace) -> int:
         try:
             print(f"\n1. minitrain: restart after a worker SIGKILL, {restarts} kills in one job "
                   f"(max_failures=-1, {args.train_s:g} s of DDP training per attempt)")
-            mt = minitrain_job(tmp, "worker_kill", "worker", restarts, args.train_s, args.stall_timeout)
+            mt = minitrain_job(tmp, "worker_kill", "worker", restarts, args.train_s, stall)
             print_restarts("minitrain", mt)
             print_phases(mt)
-            print(f"    job wall time {mt['run']['wall_s']:.1f} s; unexpected failures {mt['unexpected_failures']}; "
+            print(f"    job wall time {mt['run']['wall_s']:.1f} s (load average {mt['run']['load_1min'][0]} -> "
+                  f"{mt['run']['load_1min'][1]}); unexpected failures {mt['unexpected_failures']}; "
                   f"every attempt resumed from a checkpoint: {mt['resumed_every_attempt']}; leftover processes "
                   f"{mt['run']['leftover_processes']}")
             if not args.no_torchrun:
                 print(f"\n2. torchrun --standalone --nproc-per-node {NUM_WORKERS} --max-restarts {restarts}: the same "
-                      f"kills ({TORCHRUN_REFERENCE})")
-                tr = torchrun_job(tmp, restarts, args.train_s, args.stall_timeout)
-                print_restarts("torchrun", tr)
-                hung = f"hung (no progress for {args.stall_timeout:g} s; stopped)" if tr["run"]["hung"] else "no hang"
-                print(f"    torchrun exit code {tr['run']['returncode']}, {hung}, wall time {tr['run']['wall_s']:.1f} s, "
-                      f"leftover processes {tr['run']['leftover_processes']}")
-                for line, count in tr["error_lines"].items():
-                    print(f"    {count:3d}x {line}")
+                      f"kills, {torchrun_runs} job(s) ({TORCHRUN_REFERENCE})")
+                tr = torchrun_section(tmp, torchrun_runs, restarts, args.train_s, stall)
             print(f"\n3. minitrain: a lost agent, {agent_kills} SIGKILLs of the node agent (rank 1 kills its parent)")
-            agent = minitrain_job(tmp, "agent_kill", "agent", agent_kills, args.train_s, args.stall_timeout)
+            agent = minitrain_job(tmp, "agent_kill", "agent", agent_kills, args.train_s, stall)
             print_restarts("minitrain", agent)
             print_phases(agent)
-            print(f"    job wall time {agent['run']['wall_s']:.1f} s; unexpected failures "
+            print(f"    job wall time {agent['run']['wall_s']:.1f} s (load average {agent['run']['load_1min'][0]} -> "
+                  f"{agent['run']['load_1min'][1]}); unexpected failures "
                   f"{agent['unexpected_failures']}; leftover processes {agent['run']['leftover_processes']}")
         except BenchError as exc:
             print(f"\nbenchmark failed: {exc}", file=sys.stderr)
@@ -602,7 +837,8 @@ def run_benchmarks(args: argparse.Namespace) -> int:
             save_logs(tmp, args.save_logs)
     machine["load_1min_end"] = round(os.getloadavg()[0], 2)
     command = "python scripts/bench_restart.py" + (" --quick" if args.quick else
-                                                   f" --restarts {restarts} --agent-kills {agent_kills}")
+                                                   f" --restarts {restarts} --agent-kills {agent_kills} "
+                                                   f"--torchrun-runs {torchrun_runs}")
     if args.no_torchrun:
         command += " --no-torchrun"
     table = markdown_table(machine, mt, tr, agent, command)
@@ -626,6 +862,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stall-timeout", type=float, default=STALL_TIMEOUT_S,
                         help=f"stop a job after this many seconds without progress (default {STALL_TIMEOUT_S:g})")
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_KILLS} kills each (proves the benchmark works)")
+    parser.add_argument("--torchrun-runs", type=int, default=DEFAULT_TORCHRUN_RUNS,
+                        help=f"torchrun jobs in section 2, each with --max-restarts N; a hang ends a job "
+                             f"(default {DEFAULT_TORCHRUN_RUNS}; 1 with --quick)")
     parser.add_argument("--no-torchrun", action="store_true", help="skip section 2")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")
     parser.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes")
@@ -643,8 +882,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.spec) as f:
             role_minitrain_job(json.load(f))
         return 0
-    if args.restarts < 1 or args.agent_kills < 1 or args.train_s <= 0 or args.stall_timeout <= 0:
-        parser.error("--restarts and --agent-kills must be >= 1, --train-s and --stall-timeout > 0")
+    if min(args.restarts, args.agent_kills, args.torchrun_runs) < 1 or args.train_s <= 0 or args.stall_timeout <= 0:
+        parser.error("--restarts, --agent-kills and --torchrun-runs must be >= 1, --train-s and --stall-timeout > 0")
     return run_benchmarks(args)
 
 

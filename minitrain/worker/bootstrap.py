@@ -80,11 +80,15 @@ def _context(assignment: pb.Assignment) -> TrainContext:
     )
 
 
-def _preimport_torch() -> None:
+def _preimport(module: str) -> None:
     try:
-        importlib.import_module("torch.distributed")
+        importlib.import_module(module)
     except Exception:  # the main thread's own import reports the problem in the right phase
         pass
+
+
+def _preimport_torch() -> None:
+    _preimport("torch.distributed")
 
 
 def _load_payload(payload: bytes) -> RunPayload:
@@ -214,6 +218,9 @@ def main() -> None:
         # A warm spare: die with the agent from the start, import torch now, then wait for work.
         procs.die_with_parent(expected_parent=os.getppid())
         _preimport_torch()
+        # DistributedDataParallel's constructor imports torch._dynamo (~800 modules, over a second);
+        # a spare pays for it while it waits, not the restart.
+        _preimport("torch._dynamo")
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
     _arm_stack_dumps(bootstrap.get("stack_fd"))
