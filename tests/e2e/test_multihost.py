@@ -56,6 +56,7 @@ def _record(config) -> None:
             "node_rank": context.get_node_rank(), "world": context.get_world_size(),
             "host_ip": os.environ.get("MASTER_ADDR"),
             "ifname": os.environ.get("GLOO_SOCKET_IFNAME"), "pid": os.getpid(), "agent": os.getppid(),
+            "forwarded": {k: os.environ.get(k) for k in ("NCCL_DEBUG", "MT_FORWARDED", "MT_NOT_FORWARDED")},
             "netns": os.readlink(f"/proc/{os.getpid()}/ns/net")}
     with open(os.path.join(config["out"], f"rank_{info['rank']}.json"), "w") as handle:
         json.dump(info, handle)
@@ -84,8 +85,16 @@ def _fit(tmp_path, fn=train_across_hosts, num_workers=4, **config):
                                              failure_config=failure)).fit()
 
 
-def test_training_across_two_hosts(netns_cluster, tmp_path):
+def test_training_across_two_hosts(netns_cluster, tmp_path, monkeypatch):
     _init(netns_cluster)
+    minitrain.init(hosts=[f"{h.ip}:2" for h in netns_cluster.hosts], ssh_user="root",
+                   ssh_identity_file=str(pathlib.Path(netns_cluster.workdir) / "id_ed25519"),
+                   ssh_known_hosts_file=str(pathlib.Path(netns_cluster.workdir) / "known_hosts"),
+                   ssh_options=("IdentitiesOnly=yes", "GlobalKnownHostsFile=/dev/null"),
+                   env_vars_to_forward=("MT_FORWARDED",))
+    monkeypatch.setenv("NCCL_DEBUG", "WARN")  # NCCL_*/GLOO_*/CUDA_* travel to every worker
+    monkeypatch.setenv("MT_FORWARDED", "yes")  # listed in env_vars_to_forward
+    monkeypatch.setenv("MT_NOT_FORWARDED", "no")  # neither: stays on the driver
     result = _fit(tmp_path)
 
     assert result.metrics == {"sum": 6.0, "step": 2}  # 0+1+2+3 all-reduced across both hosts
@@ -97,6 +106,8 @@ def test_training_across_two_hosts(netns_cluster, tmp_path):
     assert ranks[0]["netns"] == ranks[1]["netns"] != ranks[2]["netns"] == ranks[3]["netns"]
     assert {info["host_ip"] for info in ranks.values()} == {h0.ip}  # MASTER_ADDR: rank 0's host address
     assert {info["ifname"] for info in ranks.values()} == {"eth0"}  # the interface of that address
+    for info in ranks.values():
+        assert info["forwarded"] == {"NCCL_DEBUG": "WARN", "MT_FORWARDED": "yes", "MT_NOT_FORWARDED": None}
     log = (tmp_path / "results" / "mh" / "logs" / "attempt_0" / "rank_3.log")
     assert log.exists()
     assert wait_until_gone([p for info in ranks.values() for p in (info["pid"], info["agent"])], 15) == []
