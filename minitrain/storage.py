@@ -240,6 +240,25 @@ class Storage:
                     copied += os.path.getsize(source)
         return copied
 
+    def move_into(self, local_dir: str, rel: str) -> bool:
+        """Move every file of `local_dir` into the directory `rel` (renames: O(files), no bytes copied;
+        the files leave `local_dir`, the directories stay). Only for plain local storage on the same
+        filesystem; returns False, having moved nothing, when that does not hold (copy instead)."""
+        if not self._plain_local or not os.path.isdir(local_dir):
+            return False
+        target_root = self.path(rel)
+        os.makedirs(target_root, exist_ok=True)
+        if os.stat(local_dir).st_dev != os.stat(target_root).st_dev:
+            return False
+        with self._io(f"move {local_dir!r} into", rel):
+            for current, _dirs, files in os.walk(local_dir):
+                sub = os.path.relpath(current, local_dir)
+                target_dir = os.path.normpath(os.path.join(target_root, sub))
+                os.makedirs(target_dir, exist_ok=True)
+                for name in files:
+                    os.replace(os.path.join(current, name), os.path.join(target_dir, name))
+        return True
+
     def download_dir(self, rel: str, local_dir: str) -> int:
         """Copy every file under the directory `rel` into the local directory `local_dir` (created,
         merged with what is there). Returns the bytes copied."""

@@ -1,5 +1,6 @@
-"""Checkpoint benchmark of minitrain: persist throughput against a plain file copy, and the step-time
-overhead of ASYNC checkpoints, all measured in the same run on the same machine.
+"""Checkpoint benchmark of minitrain: persist throughput vs a plain file copy, and ASYNC step overhead.
+
+Everything is measured in the same run on the same machine.
 
     python scripts/bench_checkpoint.py                  # full: 1 GiB checkpoint, 3 repetitions, 40 steps
     python scripts/bench_checkpoint.py --repeats 5 --json bench.json
@@ -98,9 +99,6 @@ def _instrument(stats: dict) -> bool:
 
     This wraps private names of minitrain.worker.session; if they change, only the breakdown is lost.
     """
-    import minitrain.worker.session as worker_session
-    from minitrain import _session
-
     def timed(name, fn):
         def wrapper(*args, **kwargs):
             start = time.perf_counter()
@@ -111,11 +109,14 @@ def _instrument(stats: dict) -> bool:
         return wrapper
 
     try:
+        import minitrain.worker.session as worker_session
+        from minitrain import _session
+
         session = _session.current("report")
         session._upload = timed("upload_s", session._upload)
         session._client.wait_report_ack = timed("ack_wait_s", session._client.wait_report_ack)
         worker_session._stage = timed("stage_s", worker_session._stage)
-    except (AttributeError, RuntimeError):
+    except (AttributeError, ImportError, RuntimeError):
         return False
     return True
 
@@ -552,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="repetitions of every measurement (default 3)")
     parser.add_argument("--size-mib", type=int, default=1024, help="total checkpoint size in MiB (default 1024)")
-    parser.add_argument("--steps", type=int, default=40, help="timed training steps per job (default 40)")
+    parser.add_argument("--steps", type=int, default=40, help="timed training steps per variant and job (default 40)")
     parser.add_argument("--quick", action="store_true",
                         help="64 MiB, 1 repetition, 8 steps (proves the benchmark still works)")
     parser.add_argument("--json", metavar="PATH", help="also write the figures as JSON to PATH")

@@ -235,13 +235,24 @@ class WorkerSession:
 
     def _submit_async(self, round_: int, text: str, checkpoint: Checkpoint, dir_name: str,
                       delete_local: bool, upload_fn: Any) -> None:
+        if self._async is None:
+            self._async = _AsyncUploads(self)
+        local = isinstance(checkpoint.filesystem, LocalFileSystem)
+        if delete_local and upload_fn is None and local:
+            # The caller gave the directory up: move its files into the run directory now (renames,
+            # no bytes copied, no file shared with the caller). Only the report waits in the background.
+            if self.storage.move_into(checkpoint.path, dir_name):
+                def report_only() -> None:
+                    self._send_and_wait(round_, text, dir_name)
+                    shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+                self._async.submit(report_only)
+                return
         # The caller may delete its directory as soon as report() returns (a TemporaryDirectory, say):
         # hard-link its files into a private staging directory first. That costs a link per file, not
         # a copy, because the staging directory sits beside the original on the same filesystem.
-        staged = _stage(checkpoint.path) if isinstance(checkpoint.filesystem, LocalFileSystem) else None
+        staged = _stage(checkpoint.path) if local else None
         source = Checkpoint.from_directory(staged) if staged else checkpoint
-        if self._async is None:
-            self._async = _AsyncUploads(self)
 
         def job() -> None:
             try:

@@ -239,13 +239,15 @@ def test_metrics_only_reports_are_flushed_before_a_failure(tmp_path):
 
 
 def train_lists_checkpoints(config):
+    import torch.distributed as dist
+
+    rank = minitrain.get_context().get_world_rank()
     for step in range(3):
-        checkpoint = None
         with tempfile.TemporaryDirectory() as tmp:
-            if minitrain.get_context().get_world_rank() == 0:
-                open(os.path.join(tmp, "w.txt"), "w").close()
-                checkpoint = minitrain.Checkpoint.from_directory(tmp)
-            minitrain.report({"step": step}, checkpoint=checkpoint)
+            open(os.path.join(tmp, f"w{rank}.txt"), "w").close()
+            # Every rank passes a checkpoint, so each report() returns once recorded ...
+            minitrain.report({"step": step}, checkpoint=minitrain.Checkpoint.from_directory(tmp))
+    dist.barrier()  # ... and after this barrier every round has been committed.
     listed = minitrain.get_all_reported_checkpoints()
     if minitrain.get_context().get_world_rank() == 0:
         json.dump([[os.path.basename(c.checkpoint.path), c.metrics] for c in listed], open(config["out"], "w"))

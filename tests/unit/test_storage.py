@@ -173,3 +173,32 @@ def test_local_upload_copies_bytes_exactly(tmp_path):
     storage = Storage.for_run(str(tmp_path / "results"), "run")
     assert storage.upload_dir(str(tmp_path / "src"), "ckpt") == len(payload)
     assert (tmp_path / "results" / "run" / "ckpt" / "blob.bin").read_bytes() == payload
+
+
+def test_move_into_renames_files_into_the_run_dir_and_leaves_the_directories(tmp_path):
+    from minitrain.storage import Storage
+
+    storage = Storage.for_run(str(tmp_path / "runs"), "moved")
+    source = tmp_path / "scratch"
+    (source / "sub").mkdir(parents=True)
+    (source / "a.bin").write_bytes(b"a" * 10)
+    (source / "sub" / "b.bin").write_bytes(b"b")
+    inode = (source / "a.bin").stat().st_ino
+    assert storage.move_into(str(source), "checkpoint_000001")
+    target = tmp_path / "runs" / "moved" / "checkpoint_000001"
+    assert (target / "a.bin").read_bytes() == b"a" * 10 and (target / "sub" / "b.bin").read_bytes() == b"b"
+    assert (target / "a.bin").stat().st_ino == inode  # renamed, not copied
+    assert source.is_dir() and not any(p.is_file() for p in source.rglob("*"))  # nothing shared is left
+
+
+def test_move_into_declines_storage_that_is_not_plain_local(tmp_path):
+    import uuid
+
+    from minitrain.storage import Storage
+
+    storage = Storage.for_run(f"memory://move-{uuid.uuid4().hex}", "run")
+    source = tmp_path / "scratch"
+    source.mkdir()
+    (source / "a.bin").write_bytes(b"a")
+    assert not storage.move_into(str(source), "c")
+    assert (source / "a.bin").exists()  # nothing moved: the caller copies instead
