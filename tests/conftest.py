@@ -41,16 +41,18 @@ def s3(_s3_server):
 
 
 # ---------------------------------------------------------------------------------- hypothesis profiles
-# Registered here, loaded nowhere: the fault-injection suite (tests/faults) applies "ci" unless
+# Registered here, loaded nowhere. The fault-injection suite (tests/faults) applies "faults-ci" unless
 # `--hypothesis-profile=NAME` or the environment variable MINITRAIN_FAULTS_PROFILE names another.
-# Every example there is a real fit() (seconds), so "ci" keeps few examples and skips shrinking; a
-# failure prints its reproduction blob (`@reproduce_failure(...)`). "soak" runs hundreds and shrinks.
+# Every example there is a real fit() (seconds), so "faults-ci" keeps few examples and skips shrinking;
+# a failure prints its reproduction blob (`@reproduce_failure(...)`). "soak" runs hundreds and shrinks.
+# Not named "ci": hypothesis ships a "ci" profile that it loads by itself when a CI environment
+# variable is set, and re-registering that name would cut every other property test to 12 examples.
 from hypothesis import HealthCheck as _HealthCheck  # noqa: E402
 from hypothesis import Phase as _Phase  # noqa: E402
 from hypothesis import settings as _settings  # noqa: E402
 
 _settings.register_profile(
-    "ci", max_examples=12, deadline=None, print_blob=True, database=None,
+    "faults-ci", max_examples=12, deadline=None, print_blob=True, database=None,
     phases=[_Phase.explicit, _Phase.reuse, _Phase.generate],
     suppress_health_check=[_HealthCheck.too_slow])
 _settings.register_profile(

@@ -1,3 +1,6 @@
+# WORK IN PROGRESS (issue 4): the property-based fault-injection suite. Not collected by pytest yet
+# (the file name does not start with test_): it was still being validated when the session ended.
+# Rename it to test_fault_injection.py once `pytest tests/faults -n 2` passes in well under 10 minutes.
 """Property-based fault injection: real 2-worker DDP runs under schedules of faults drawn by hypothesis.
 
 Every example is a real `TorchTrainer.fit()` (coordinator, agent, 2 gloo workers) of a deterministic
@@ -6,11 +9,15 @@ A schedule of 0..3 faults (rank, step, kind) and a failure budget are drawn; the
 inside the training function. Invariants checked on every example:
 
 - `fit()` succeeds iff the number of faults that fired <= max_failures; otherwise the
-  `WorkerGroupError` names the rank and the kind of the last fault that fired (the one that spent
-  the budget).
+  `WorkerGroupError` blames the last fault that fired (the one that spent the budget): its rank is
+  among `worker_failures` with the right type (the injected exception, WorkerProcessError with the
+  exit code or signal, WorkerHangError, NodeLostError), and the "Root cause" line names that rank and
+  cause. For a killed agent either rank may be named (both lived on it); for a hang the root-cause
+  rank is checked only by test_the_hung_rank_is_the_root_cause (xfail: a known bug, see there).
 - On success the final parameters are bit-identical to a fault-free run's, and the last attempt
   reported steps resume_step+1 .. N-1 exactly once each, in order.
-- Committed checkpoints are never lost (each attempt resumes from a step >= the previous one's) or
+- Committed checkpoints are never lost (each attempt resumes from a step >= the previous one's, and
+  from at least the last checkpoint that both ranks had reported before the fault fired) or
   corrupt: every directory the index names exists, is complete, loads, and holds the step its metrics
   say; at most K+1 checkpoint directories exist; on success exactly the indexed ones remain.
 - No process survives `fit()`: none of the pids the run noted, no minitrain agent/worker below the
@@ -23,17 +30,19 @@ step where rank 0 just failed could fire within the same doomed attempt, and two
 failure. So every fired fault costs exactly one failure, and a fault whose step is never reached again
 (the run resumed past it) never fires. Upload faults only exist on rank 0's checkpoint steps.
 
-Profiles (registered in tests/conftest.py): "ci" by default; `--hypothesis-profile=soak` or
-`MINITRAIN_FAULTS_PROFILE=soak` for hundreds of examples. A failing example prints its
+Profiles (registered in tests/conftest.py): "faults-ci" by default (also under hypothesis's "default"
+and "ci" profiles); `--hypothesis-profile=soak` or `MINITRAIN_FAULTS_PROFILE=soak` for hundreds of
+examples. A failing example prints its
 `@reproduce_failure` blob. Set MINITRAIN_FAULTS_KEEP=1 to keep each example's run directory.
 """
 
 from __future__ import annotations
 
+import _thread
+import faulthandler
 import json
 import os
 import shutil
-import signal
 import tempfile
 import threading
 import time
@@ -44,215 +53,24 @@ from typing import Optional
 
 import psutil
 import pytest
-from hypothesis import given, note, settings
+from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import minitrain
+from fault_training import (CHECKPOINT_FILES, CHECKPOINT_KINDS, HANG_KINDS, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
+                            Fault, ImportWhenLoaded, InjectedFault, InjectedUploadError, Schedule, checkpoint_steps,
+                            train_fn)
 from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from minitrain.procs import living_descendants, wait_until_gone
 from minitrain.torch import TorchTrainer
 
 pytestmark = pytest.mark.e2e
 
-N_STEPS = 8
 HANG_TIMEOUT_S = 2.0
 STOP_GRACE_S = 1.0
+FIT_TIMEOUT_S = 240.0  # far above the slowest schedule (4 attempts, hangs included)
 RUN_NAME = "faults"
 TAG_VAR = "MINITRAIN_FAULTS_TAG"
-CHECKPOINT_FILES = ("model.pt", "optim.pt", "meta.json")
-
-PROCESS_KINDS = ("exception", "exit_code", "sigkill", "sigsegv", "hang_sigstop", "hang_loop", "agent_sigkill")
-CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_checkpoint_report")
-KINDS = PROCESS_KINDS + CHECKPOINT_KINDS
-PARTIAL_UPLOAD_EXIT_CODE = 13
-
-
-class InjectedFault(Exception):
-    """Raised by the training function on purpose."""
-
-
-class InjectedUploadError(OSError):
-    """Raised by a checkpoint_upload_fn on purpose, after copying part of the checkpoint."""
-
-
-@dataclass(frozen=True)
-class Fault:
-    """Fire `kind` on `rank` at `step`; `arg` is the exit code (exit_code) or the kill delay in ms
-    (kill_during_checkpoint_report)."""
-
-    rank: int
-    step: int
-    kind: str
-    arg: int = 0
-
-
-@dataclass(frozen=True)
-class Schedule:
-    faults: tuple[Fault, ...]
-    max_failures: int
-    every: int  # rank 0 checkpoints at steps s with (s + 1) % every == 0
-    num_to_keep: Optional[int]
-
-
-def checkpoint_steps(every: int) -> list[int]:
-    return [s for s in range(N_STEPS) if (s + 1) % every == 0]
-
-
-# ---------------------------------------------------------------------------------- in the workers
-
-
-def _touch(path: str, text: str = "") -> None:
-    with open(path + ".tmp", "w") as handle:
-        handle.write(text)
-    os.replace(path + ".tmp", path)
-
-
-def _batch(step: int, rank: int):
-    """The same batch for (step, rank) in every attempt."""
-    import torch
-
-    generator = torch.Generator().manual_seed(10_000 + 100 * step + rank)
-    x = torch.randn(16, 4, generator=generator)
-    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(16, 1, generator=generator)
-    return x, y
-
-
-def _claim_fault(config: dict, rank: int, step: int, token: str) -> Optional[Fault]:
-    """The fault due at (rank, step) in this attempt, marked as fired; None when none is due."""
-    markers = os.path.join(config["out"], "markers")
-    for i, fields in enumerate(config["faults"]):
-        marker = os.path.join(markers, f"fault_{i}")
-        if os.path.exists(marker):
-            continue
-        if i > 0:  # the previous fault fired; only a later attempt may fire this one
-            with open(os.path.join(markers, f"fault_{i - 1}")) as handle:
-                if handle.read() == token:
-                    return None
-        fault = Fault(**fields)
-        if (fault.rank, fault.step) != (rank, step):
-            return None
-        _touch(marker, token)
-        return fault
-    return None
-
-
-def _fire(fault: Fault) -> None:
-    """Fire a fault that is not about checkpoints; never returns normally."""
-    kind = fault.kind
-    if kind == "exception":
-        raise InjectedFault(f"injected on rank {fault.rank} at step {fault.step}")
-    if kind == "exit_code":
-        os._exit(fault.arg)
-    if kind == "sigkill":
-        os.kill(os.getpid(), signal.SIGKILL)
-    elif kind == "sigsegv":
-        os.kill(os.getpid(), signal.SIGSEGV)
-    elif kind == "hang_sigstop":
-        os.kill(os.getpid(), signal.SIGSTOP)
-    elif kind == "agent_sigkill":
-        os.kill(os.getppid(), signal.SIGKILL)  # a worker's parent is its node agent
-    elif kind != "hang_loop":
-        raise AssertionError(f"unknown fault kind {kind!r}")
-    while True:  # hung (or waiting for the signal to land); never carry on training
-        time.sleep(0.05)
-
-
-def _partial_upload(run_dir: str, kind: str):
-    """A checkpoint_upload_fn that copies one file, half of another, then fails or dies."""
-
-    def upload(checkpoint, dir_name):
-        target = os.path.join(run_dir, dir_name)
-        os.makedirs(target, exist_ok=True)
-        shutil.copyfile(os.path.join(checkpoint.path, "model.pt"), os.path.join(target, "model.pt"))
-        with open(os.path.join(checkpoint.path, "optim.pt"), "rb") as handle:
-            data = handle.read()
-        with open(os.path.join(target, "optim.pt"), "wb") as handle:
-            handle.write(data[: len(data) // 2])
-        if kind == "upload_fails":
-            raise InjectedUploadError(f"injected upload failure of {dir_name} after a partial copy")
-        os._exit(PARTIAL_UPLOAD_EXIT_CODE)
-
-    return upload
-
-
-def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Optional[Fault]) -> None:
-    import torch
-
-    with tempfile.TemporaryDirectory() as tmp:
-        torch.save({"model": module.state_dict(), "step": step}, os.path.join(tmp, "model.pt"))
-        torch.save({"optimizer": optimizer.state_dict(), "step": step}, os.path.join(tmp, "optim.pt"))
-        with open(os.path.join(tmp, "meta.json"), "w") as handle:
-            json.dump({"step": step}, handle)
-        checkpoint = minitrain.Checkpoint.from_directory(tmp)
-        kind = fault.kind if fault is not None else None
-        if kind is None:
-            minitrain.report({"step": step}, checkpoint=checkpoint)
-        elif kind == "kill_during_checkpoint_report":
-            # The kill lands in the upload, the wait for the ack, the commit, or just after report().
-            threading.Timer(fault.arg / 1000.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
-            minitrain.report({"step": step}, checkpoint=checkpoint)
-            while True:  # the kill is at most 30 ms away: never carry on training
-                time.sleep(0.05)
-        else:
-            minitrain.report({"step": step}, checkpoint=checkpoint,
-                             checkpoint_upload_fn=_partial_upload(config["run_dir"], kind))
-            raise AssertionError("the injected upload fault did not end the report")
-
-
-def train_fn(config: dict):
-    """Deterministic DDP regression: N_STEPS steps, rank 0 checkpoints every config['every'] steps."""
-    import torch
-    import torch.distributed as dist
-    from torch import nn
-
-    from minitrain.torch import prepare_model
-
-    rank = minitrain.get_context().get_world_rank()
-    out = config["out"]
-    for pid in (os.getpid(), os.getppid()):
-        _touch(os.path.join(out, "pids", str(pid)))
-    token = [uuid.uuid4().hex if rank == 0 else None]
-    dist.broadcast_object_list(token, src=0)  # one token per attempt, the same on both ranks
-    token = token[0]
-
-    torch.manual_seed(0)
-    model = nn.Linear(4, 1)
-    resume_step, optimizer_state = -1, None
-    checkpoint = minitrain.get_checkpoint()
-    if checkpoint is not None:
-        with checkpoint.as_directory() as directory:
-            saved_model = torch.load(os.path.join(directory, "model.pt"))
-            saved_optimizer = torch.load(os.path.join(directory, "optim.pt"))
-        model.load_state_dict(saved_model["model"])
-        optimizer_state = saved_optimizer["optimizer"]
-        resume_step = saved_model["step"]
-        assert saved_optimizer["step"] == resume_step
-    if rank == 0:
-        _touch(os.path.join(out, "attempts", f"{time.time_ns():020d}_{token}"),
-               json.dumps({"resume_step": resume_step, "checkpoint": checkpoint and checkpoint.path}))
-    model = prepare_model(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    if optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state)
-    module = getattr(model, "module", model)
-
-    for step in range(resume_step + 1, N_STEPS):
-        x, y = _batch(step, rank)
-        loss = nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        fault = _claim_fault(config, rank, step, token)
-        if fault is not None and fault.kind in PROCESS_KINDS:
-            _fire(fault)
-        if rank == 0 and (step + 1) % config["every"] == 0:
-            _report_checkpoint(config, module, optimizer, step, fault)
-        else:
-            minitrain.report({"step": step})
-
-    if rank == 0:
-        bits = b"".join(p.detach().numpy().tobytes() for p in module.parameters()).hex()
-        _touch(os.path.join(out, "final_params.hex"), bits)
 
 
 # ---------------------------------------------------------------------------------- running one schedule
@@ -267,6 +85,8 @@ class Outcome:
     seconds: float
     descendants_after: list  # minitrain agents/workers below the test process right after fit()
     tag: str  # the value of TAG_VAR in the environment of the run's processes
+    _fired: Optional[list] = None
+    _attempts: Optional[list] = None
 
     @property
     def out(self) -> Path:
@@ -277,14 +97,18 @@ class Outcome:
         return self.root / "results" / RUN_NAME
 
     def fired(self) -> list[int]:
-        """Indices of the faults that fired."""
-        return sorted(int(p.name.split("_")[1]) for p in (self.out / "markers").glob("fault_*")
-                      if not p.name.endswith(".tmp"))
+        """Indices of the faults that fired (read once, right after fit())."""
+        if self._fired is None:
+            self._fired = sorted(int(p.name.split("_")[1]) for p in (self.out / "markers").glob("fault_*")
+                                 if not p.name.endswith(".tmp"))
+        return self._fired
 
     def attempts(self) -> list[dict]:
-        """What rank 0 saw at the start of each attempt, oldest first."""
-        return [json.loads(p.read_text()) for p in sorted((self.out / "attempts").iterdir())
-                if not p.name.endswith(".tmp")]
+        """What rank 0 saw at the start of each attempt, oldest first (read once, right after fit())."""
+        if self._attempts is None:
+            self._attempts = [json.loads(p.read_text()) for p in sorted((self.out / "attempts").iterdir())
+                              if not p.name.endswith(".tmp")]
+        return self._attempts
 
     def diagnostics(self) -> str:
         """The schedule, the error, metrics and the tail of every rank's log, for assertion messages."""
@@ -323,13 +147,35 @@ def _minitrain_descendants() -> list[str]:
     return found
 
 
+class _Watchdog:
+    """Turns a fit() that never returns into a test failure: after `timeout_s` it prints every
+    thread's stack and interrupts the main thread, so the controller stops the workers as on Ctrl-C."""
+
+    def __init__(self, timeout_s: float):
+        self.fired = False
+        self._timer = threading.Timer(timeout_s, self._fire)
+        self._timer.daemon = True
+
+    def _fire(self) -> None:
+        self.fired = True
+        faulthandler.dump_traceback(all_threads=True)
+        _thread.interrupt_main()
+
+    def __enter__(self):
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc_info):
+        self._timer.cancel()
+
+
 def run_schedule(schedule: Schedule, root: Path) -> Outcome:
     """Run fit() once under `schedule`, with everything under `root`."""
     out = root / "out"
     for sub in ("pids", "markers", "attempts"):
         (out / sub).mkdir(parents=True, exist_ok=True)
     config = {"out": str(out), "faults": [asdict(f) for f in schedule.faults], "every": schedule.every,
-              "run_dir": str(root / "results" / RUN_NAME)}
+              "run_dir": str(root / "results" / RUN_NAME), "preload": ImportWhenLoaded("torch._dynamo")}
     trainer = TorchTrainer(
         train_fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
         run_config=RunConfig(
@@ -343,11 +189,18 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
     os.environ[TAG_VAR] = tag  # agents, workers and spares inherit it: found even when orphaned
     result = error = None
     started = time.monotonic()
+    watchdog = _Watchdog(FIT_TIMEOUT_S)
     try:
         try:
-            result = trainer.fit()
+            with watchdog:
+                result = trainer.fit()
         except minitrain.WorkerGroupError as exc:
             error = exc
+        except KeyboardInterrupt:
+            if not watchdog.fired:
+                raise
+            raise AssertionError(f"fit() did not return within {FIT_TIMEOUT_S:g} s under {schedule} "
+                                 f"(every thread's stack is on stderr); run directory: {root}") from None
         seconds = time.monotonic() - started
         descendants = _minitrain_descendants()
     finally:
@@ -355,7 +208,9 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
             os.environ.pop(TAG_VAR, None)
         else:
             os.environ[TAG_VAR] = previous
-    return Outcome(schedule, root, result, error, seconds, descendants, tag)
+    outcome = Outcome(schedule, root, result, error, seconds, descendants, tag)
+    outcome.fired(), outcome.attempts()
+    return outcome
 
 
 # ---------------------------------------------------------------------------------- invariants
@@ -391,7 +246,7 @@ def check_processes(outcome: Outcome) -> None:
         "processes with this run's environment (agents, workers, spares) survived fit()"
 
 
-def check_outcome(outcome: Outcome) -> None:
+def check_outcome(outcome: Outcome, strict_hangs: bool = False) -> None:
     schedule, fired = outcome.schedule, outcome.fired()
     budget = schedule.max_failures
     assert fired == list(range(len(fired))), "faults fired out of order"
@@ -415,6 +270,10 @@ def check_outcome(outcome: Outcome) -> None:
     if last.kind == "agent_sigkill":
         # Both ranks lived on the killed agent: either may be named as the root cause.
         assert "NodeLostError" in root_line, root_line
+    elif last.kind in HANG_KINDS and not strict_hangs:
+        # The peer of a hung rank stops reporting too (blocked in DDP's allreduce); which of the two
+        # is named is checked by test_the_hung_rank_is_the_root_cause (a known bug, see there).
+        assert "WorkerHangError" in root_line, root_line
     else:
         assert root_line.startswith(f"Root cause: rank {last.rank} "), root_line
         assert expected_text in root_line, root_line
@@ -481,7 +340,35 @@ def check_checkpoints(outcome: Outcome) -> None:
         assert steps == expected, f"kept steps {steps}, expected the latest {expected}"
 
 
-def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
+def check_acknowledged_checkpoints_survive(outcome: Outcome) -> None:
+    """A checkpoint whose report returned on both ranks before a fault fired is never lost.
+
+    Fault i fired in attempt i (check_outcome proved one attempt per fired fault). A fault at step t
+    fires after step t's allreduce, which each rank entered only after its report of step t-1
+    returned: so every checkpoint step c of that attempt with c <= t-1 was reported (and, on rank
+    0, acknowledged) by both ranks, and the next attempt must resume from c or later.
+    """
+    attempts, committed = outcome.attempts(), _committed_steps(outcome)
+    for i in outcome.fired():
+        fault = outcome.schedule.faults[i]
+        start = attempts[i]["resume_step"]
+        acknowledged = [c for c in checkpoint_steps(outcome.schedule.every) if start < c <= fault.step - 1]
+        if not acknowledged:
+            continue
+        resumed = attempts[i + 1]["resume_step"] if i + 1 < len(attempts) else max(committed, default=-1)
+        assert resumed >= acknowledged[-1], (
+            f"fault {i} ({fault}) fired after the checkpoint of step {acknowledged[-1]} was reported on both "
+            f"ranks, yet the run then stood at step {resumed}")
+
+
+def _committed_steps(outcome: Outcome) -> list[int]:
+    index_path = outcome.run_dir / "checkpoint_manager_snapshot.json"
+    if not index_path.exists():
+        return []
+    return [r["metrics"]["step"] for r in json.loads(index_path.read_text()).get("checkpoint_results") or []]
+
+
+def run_and_check(schedule: Schedule, reference_params: str, strict_hangs: bool = False) -> Outcome:
     keep = os.environ.get("MINITRAIN_FAULTS_KEEP") == "1"
     root = Path(tempfile.mkdtemp(prefix="mt-faults-"))
     outcome = None
@@ -489,8 +376,9 @@ def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
         outcome = run_schedule(schedule, root)
         try:
             check_processes(outcome)
-            check_outcome(outcome)
+            check_outcome(outcome, strict_hangs)
             check_checkpoints(outcome)
+            check_acknowledged_checkpoints_survive(outcome)
             check_success(outcome, reference_params)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n\n{outcome.diagnostics()}") from exc
@@ -530,10 +418,15 @@ def reference_params() -> str:
 
 
 def _profile() -> settings:
+    """MINITRAIN_FAULTS_PROFILE, else the profile `--hypothesis-profile` loaded, else "faults-ci".
+
+    Hypothesis's own "default" and "ci" profiles (the latter loaded automatically when a CI
+    environment variable is set) allow 100 examples: hours here, so they mean "faults-ci" too.
+    """
     name = os.environ.get("MINITRAIN_FAULTS_PROFILE")
     if not name:
         current = settings.get_current_profile_name()
-        name = current if current != "default" else "ci"  # --hypothesis-profile=NAME wins over "ci"
+        name = "faults-ci" if current in ("default", "ci") else current
     return settings.get_profile(name)
 
 
@@ -563,6 +456,9 @@ def test_any_fault_schedule_keeps_the_invariants(schedule, reference_params):
     note(f"schedule: {schedule}")
     outcome = run_and_check(schedule, reference_params)
     note(f"fired {outcome.fired()}, fit() took {outcome.seconds:.1f} s")
+    event(f"faults fired: {len(outcome.fired())}, fit() {'failed' if outcome.error else 'succeeded'}")
+    for i in outcome.fired():
+        event(f"fired: {schedule.faults[i].kind}")
 
 
 # ---------------------------------------------------------------------------------- every kind, every run
@@ -586,3 +482,35 @@ def test_each_fault_kind_is_survived_once(fault, reference_params):
     outcome = run_and_check(Schedule(faults=(fault,), max_failures=1, every=2, num_to_keep=1),
                             reference_params)
     assert outcome.fired() == [0] and outcome.error is None
+
+
+@pytest.mark.parametrize("fault", REGRESSIONS, ids=[f.kind for f in REGRESSIONS])
+def test_each_fault_kind_spends_a_zero_budget_and_is_named(fault, reference_params):
+    outcome = run_and_check(Schedule(faults=(fault,), max_failures=0, every=2, num_to_keep=2),
+                            reference_params)
+    assert outcome.fired() == [0] and outcome.error is not None
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known bug: when rank 1 of a DDP job hangs, rank 0 is named the root cause. Rank 0 blocks in "
+    "loss.backward() (DDP's allreduce runs in autograd hooks), whose innermost Python frame is "
+    "torch/autograd/graph.py, which coordinator/hangs.py's _COLLECTIVE pattern does not recognise, so "
+    "rank 0 is not marked a consequence; both ranks are found hung in the same check with time=now, "
+    "and errors.root_cause breaks the tie by rank."))
+@pytest.mark.parametrize("kind", HANG_KINDS)
+def test_the_hung_rank_is_the_root_cause(kind, reference_params):
+    outcome = run_and_check(Schedule(faults=(Fault(1, 3, kind),), max_failures=0, every=2, num_to_keep=2),
+                            reference_params, strict_hangs=True)
+    assert outcome.fired() == [0] and outcome.error is not None
+
+
+@pytest.mark.xfail(strict=False, reason=(
+    "known bug: a SYNC checkpoint upload that raises is reported 'during training', not 'during "
+    "checkpoint upload'. WorkerSession._upload (worker/session.py) clears upload_in_progress in its "
+    "finally block before the exception reaches WorkerRun._failure_phase (worker/bootstrap.py), so "
+    "Phase.CHECKPOINT_UPLOAD is never used for a SYNC upload."))
+def test_a_failed_upload_is_reported_during_checkpoint_upload(reference_params):
+    outcome = run_and_check(Schedule(faults=(Fault(0, 1, "upload_fails"),), max_failures=0, every=2,
+                                     num_to_keep=2), reference_params)
+    root_line = next(line for line in str(outcome.error).splitlines() if line.startswith("Root cause: "))
+    assert "during checkpoint upload: InjectedUploadError" in root_line, root_line

@@ -1,0 +1,242 @@
+"""The worker side of the fault-injection suite: a deterministic DDP training function that fires faults.
+
+Kept apart from test_fault_injection.py so that workers, which import this module to unpickle
+`train_fn` by reference, import neither pytest nor hypothesis (less start-up per attempt), and so
+that the exception types below are the same classes in the driver and in the workers.
+
+`train_fn(config)`: N_STEPS steps of nn.Linear(4, 1) with SGD+momentum under DDP (gloo), the batch of
+step s on rank r drawn from a seed of (s, r) so every attempt sees the same data. Rank 0 checkpoints
+model, optimizer state and step after every step s with (s + 1) % config["every"] == 0; every attempt
+resumes from `get_checkpoint()` at step + 1. Each step reports {"step": s}. At the end rank 0 writes
+the exact bits of the parameters to <out>/final_params.hex. Notes under <out>: pids/<pid> (every
+worker and its agent), attempts/<time>_<token> (the step each attempt resumed from),
+markers/fault_<i> (fault i fired; holds the token of the attempt it fired in).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Optional
+
+import minitrain
+
+N_STEPS = 8
+CHECKPOINT_FILES = ("model.pt", "optim.pt", "meta.json")
+
+PROCESS_KINDS = ("exception", "exit_code", "sigkill", "sigsegv", "hang_sigstop", "hang_loop", "agent_sigkill")
+CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_checkpoint_report")
+KINDS = PROCESS_KINDS + CHECKPOINT_KINDS
+HANG_KINDS = ("hang_sigstop", "hang_loop")
+PARTIAL_UPLOAD_EXIT_CODE = 13
+
+
+class ImportWhenLoaded:
+    """Put in train_loop_config: a worker imports `module` while it unpickles its payload, in the
+    start-up phase. DDP's constructor imports torch._dynamo (about 1 s on an idle 2-core machine,
+    several under load); in the training function that time counts against worker_hang_timeout_s,
+    whose clock starts when the rank enters training, and a 2 s timeout would call it a hang."""
+
+    def __init__(self, module: str):
+        self.module = module
+
+    def __reduce__(self):
+        return (importlib.import_module, (self.module,))
+
+
+class InjectedFault(Exception):
+    """Raised by the training function on purpose."""
+
+
+class InjectedUploadError(OSError):
+    """Raised by a checkpoint_upload_fn on purpose, after copying part of the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """Fire `kind` on `rank` at `step`; `arg` is the exit code (exit_code) or the kill delay in ms
+    (kill_during_checkpoint_report)."""
+
+    rank: int
+    step: int
+    kind: str
+    arg: int = 0
+
+
+@dataclass(frozen=True)
+class Schedule:
+    faults: tuple[Fault, ...]
+    max_failures: int
+    every: int  # rank 0 checkpoints at steps s with (s + 1) % every == 0
+    num_to_keep: Optional[int]
+
+
+def checkpoint_steps(every: int) -> list[int]:
+    return [s for s in range(N_STEPS) if (s + 1) % every == 0]
+
+
+# ---------------------------------------------------------------------------------- in the workers
+
+
+def _touch(path: str, text: str = "") -> None:
+    """Write `path` atomically; both ranks may write the same note (their agent's pid) at once."""
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+    os.replace(temporary, path)
+
+
+def _batch(step: int, rank: int):
+    """The same batch for (step, rank) in every attempt."""
+    import torch
+
+    generator = torch.Generator().manual_seed(10_000 + 100 * step + rank)
+    x = torch.randn(16, 4, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5], [3.0]]) + 0.1 * torch.randn(16, 1, generator=generator)
+    return x, y
+
+
+def _claim_fault(config: dict, rank: int, step: int, token: str) -> Optional[Fault]:
+    """The fault due at (rank, step) in this attempt, marked as fired; None when none is due."""
+    markers = os.path.join(config["out"], "markers")
+    for i, fields in enumerate(config["faults"]):
+        marker = os.path.join(markers, f"fault_{i}")
+        if os.path.exists(marker):
+            continue
+        if i > 0:  # the previous fault fired; only a later attempt may fire this one
+            with open(os.path.join(markers, f"fault_{i - 1}")) as handle:
+                if handle.read() == token:
+                    return None
+        fault = Fault(**fields)
+        if (fault.rank, fault.step) != (rank, step):
+            return None
+        _touch(marker, token)
+        return fault
+    return None
+
+
+def _fire(fault: Fault) -> None:
+    """Fire a fault that is not about checkpoints; never returns normally."""
+    kind = fault.kind
+    if kind == "exception":
+        raise InjectedFault(f"injected on rank {fault.rank} at step {fault.step}")
+    if kind == "exit_code":
+        os._exit(fault.arg)
+    if kind == "sigkill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "sigsegv":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    elif kind == "hang_sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif kind == "agent_sigkill":
+        os.kill(os.getppid(), signal.SIGKILL)  # a worker's parent is its node agent
+    elif kind != "hang_loop":
+        raise AssertionError(f"unknown fault kind {kind!r}")
+    while True:  # hung (or waiting for the signal to land); never carry on training
+        time.sleep(0.05)
+
+
+def _partial_upload(run_dir: str, kind: str):
+    """A checkpoint_upload_fn that copies one file, half of another, then fails or dies."""
+
+    def upload(checkpoint, dir_name):
+        target = os.path.join(run_dir, dir_name)
+        os.makedirs(target, exist_ok=True)
+        shutil.copyfile(os.path.join(checkpoint.path, "model.pt"), os.path.join(target, "model.pt"))
+        with open(os.path.join(checkpoint.path, "optim.pt"), "rb") as handle:
+            data = handle.read()
+        with open(os.path.join(target, "optim.pt"), "wb") as handle:
+            handle.write(data[: len(data) // 2])
+        if kind == "upload_fails":
+            raise InjectedUploadError(f"injected upload failure of {dir_name} after a partial copy")
+        os._exit(PARTIAL_UPLOAD_EXIT_CODE)
+
+    return upload
+
+
+def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Optional[Fault]) -> None:
+    import torch
+
+    with tempfile.TemporaryDirectory() as tmp:
+        torch.save({"model": module.state_dict(), "step": step}, os.path.join(tmp, "model.pt"))
+        torch.save({"optimizer": optimizer.state_dict(), "step": step}, os.path.join(tmp, "optim.pt"))
+        with open(os.path.join(tmp, "meta.json"), "w") as handle:
+            json.dump({"step": step}, handle)
+        checkpoint = minitrain.Checkpoint.from_directory(tmp)
+        kind = fault.kind if fault is not None else None
+        if kind is None:
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+        elif kind == "kill_during_checkpoint_report":
+            # The kill lands in the upload, the wait for the ack, the commit, or just after report().
+            threading.Timer(fault.arg / 1000.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+            while True:  # the kill is at most 30 ms away: never carry on training
+                time.sleep(0.05)
+        else:
+            minitrain.report({"step": step}, checkpoint=checkpoint,
+                             checkpoint_upload_fn=_partial_upload(config["run_dir"], kind))
+            raise AssertionError("the injected upload fault did not end the report")
+
+
+def train_fn(config: dict):
+    """Deterministic DDP regression: N_STEPS steps, rank 0 checkpoints every config['every'] steps."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+
+    from minitrain.torch import prepare_model
+
+    rank = minitrain.get_context().get_world_rank()
+    out = config["out"]
+    for pid in (os.getpid(), os.getppid()):
+        _touch(os.path.join(out, "pids", str(pid)))
+    token = [uuid.uuid4().hex if rank == 0 else None]
+    dist.broadcast_object_list(token, src=0)  # one token per attempt, the same on both ranks
+    token = token[0]
+
+    torch.manual_seed(0)
+    model = nn.Linear(4, 1)
+    resume_step, optimizer_state = -1, None
+    checkpoint = minitrain.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            saved_model = torch.load(os.path.join(directory, "model.pt"))
+            saved_optimizer = torch.load(os.path.join(directory, "optim.pt"))
+        model.load_state_dict(saved_model["model"])
+        optimizer_state = saved_optimizer["optimizer"]
+        resume_step = saved_model["step"]
+        assert saved_optimizer["step"] == resume_step
+    if rank == 0:
+        _touch(os.path.join(out, "attempts", f"{time.time_ns():020d}_{token}"),
+               json.dumps({"resume_step": resume_step, "checkpoint": checkpoint and checkpoint.path}))
+    model = prepare_model(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+    module = getattr(model, "module", model)
+
+    for step in range(resume_step + 1, N_STEPS):
+        x, y = _batch(step, rank)
+        loss = nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        fault = _claim_fault(config, rank, step, token)
+        if fault is not None and fault.kind in PROCESS_KINDS:
+            _fire(fault)
+        if rank == 0 and (step + 1) % config["every"] == 0:
+            _report_checkpoint(config, module, optimizer, step, fault)
+        else:
+            minitrain.report({"step": step})
+
+    if rank == 0:
+        bits = b"".join(p.detach().numpy().tobytes() for p in module.parameters()).hex()
+        _touch(os.path.join(out, "final_params.hex"), bits)
