@@ -48,7 +48,6 @@ Only the standard library is imported at the top, so the measured processes pay 
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import logging
 import os
@@ -313,28 +312,12 @@ def bench_startup(jobs: Jobs, repeats: int, warmup: bool) -> dict:
             "ratio": figures["ssh"]["fit"]["median_s"] / figures["local"]["fit"]["median_s"]}
 
 
-def _nameservers() -> list:
-    """The non-loopback nameserver addresses of /etc/resolv.conf."""
-    found = []
-    try:
-        with open("/etc/resolv.conf") as f:
-            for words in (line.split() for line in f):
-                if len(words) >= 2 and words[0] == "nameserver":
-                    try:
-                        address = ipaddress.ip_address(words[1].split("%")[0])
-                    except ValueError:
-                        continue
-                    if not address.is_loopback:
-                        found.append(address)
-    except OSError:
-        pass
-    return found
-
-
 def dns_routes(cluster, action: str) -> list[str]:
     """`action` "add" or "del": an unreachable route to every nameserver inside every host's namespace,
     so that name lookups there fail at once instead of stalling (see the module docstring)."""
-    servers = _nameservers()
+    import netns_cluster  # scripts/netns_cluster.py, beside this file
+
+    servers = netns_cluster.nameservers()
     for address in servers:
         prefix = f"{address}/{address.max_prefixlen}"
         for host in cluster.hosts:

@@ -78,7 +78,7 @@ def _run(argv: list[str], check: bool = True, timeout: float = 15.0) -> subproce
     return proc
 
 
-def _nameservers() -> list:
+def nameservers() -> list:
     """The non-loopback nameserver addresses of /etc/resolv.conf."""
     import ipaddress
 
@@ -361,7 +361,7 @@ class NetnsCluster:
         # The machine's nameserver is not reachable from the fake hosts: a query would be dropped at the
         # bridge and every lookup (torch's c10d resolves each client address) would stall for 10 s.
         # An unreachable route makes lookups fail at once, as on a host whose resolver answers.
-        for address in _nameservers():
+        for address in nameservers():
             _run(["ip", "-n", ns, f"-{address.version}", "route", "replace", "unreachable",
                   f"{address}/{address.max_prefixlen}"])
 
