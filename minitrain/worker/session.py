@@ -217,16 +217,18 @@ class WorkerSession:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
 
     def _upload(self, checkpoint: Checkpoint, dir_name: str, upload_fn: Any) -> str:
+        # Cleared only on success: a failure that propagates keeps the flag set, so the worker's error
+        # names the checkpoint-upload phase.
         self.upload_in_progress = True
-        try:
-            if upload_fn is not None:
-                persisted = upload_fn(checkpoint, dir_name)
-                return self._name_in_run_dir(persisted, "checkpoint_upload_fn's result")
+        if upload_fn is not None:
+            persisted = upload_fn(checkpoint, dir_name)
+            name = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result")
+        else:
             with checkpoint.as_directory() as local_dir:
                 self.storage.upload_dir(local_dir, dir_name)
-            return dir_name
-        finally:
-            self.upload_in_progress = False
+            name = dir_name
+        self.upload_in_progress = False
+        return name
 
     def _send_and_wait(self, round_: int, text: str, dir_name: str) -> None:
         self._client.put(self._message(round_, text, dir_name))

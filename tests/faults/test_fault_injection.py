@@ -1,6 +1,3 @@
-# WORK IN PROGRESS (issue 4): the property-based fault-injection suite. Not collected by pytest yet
-# (the file name does not start with test_): it was still being validated when the session ended.
-# Rename it to test_fault_injection.py once `pytest tests/faults -n 2` passes in well under 10 minutes.
 """Property-based fault injection: real 2-worker DDP runs under schedules of faults drawn by hypothesis.
 
 Every example is a real `TorchTrainer.fit()` (coordinator, agent, 2 gloo workers) of a deterministic
@@ -504,11 +501,6 @@ def test_the_hung_rank_is_the_root_cause(kind, reference_params):
     assert outcome.fired() == [0] and outcome.error is not None
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug: a SYNC checkpoint upload that raises is reported 'during training', not 'during "
-    "checkpoint upload'. WorkerSession._upload (worker/session.py) clears upload_in_progress in its "
-    "finally block before the exception reaches WorkerRun._failure_phase (worker/bootstrap.py), so "
-    "Phase.CHECKPOINT_UPLOAD is never used for a SYNC upload."))
 def test_a_failed_upload_is_reported_during_checkpoint_upload(reference_params):
     outcome = run_and_check(Schedule(faults=(Fault(0, 1, "upload_fails"),), max_failures=0, every=2,
                                      num_to_keep=2), reference_params)
