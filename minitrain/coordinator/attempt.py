@@ -119,12 +119,15 @@ class AttemptTracker:
         self.failure_order.append(state.assignment.rank)
 
     def on_node_lost(self, node_id: str, reason: str, time: float) -> None:
-        """Every rank of a lost node that has not exited is gone; outside a stop it is a failure."""
+        """Every rank of a lost node that has not exited is gone, and that is a failure of each one that
+        had not finished. It counts during a stop too: the peers of a node that died often fail first
+        (their collectives break at once, the loss is learned from the lease later), and the loss, not
+        their "connection closed by peer", must be the root cause."""
         for state in self.ranks.values():
             if state.assignment.node_id != node_id or state.exited:
                 continue
             state.exited = True
-            if state.failure is None and not self.stop_requested and not state.done:
+            if state.failure is None and not state.done:
                 state.failure = WorkerFailure(
                     rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
                     time=time, exc_type="NodeLostError",

@@ -159,9 +159,11 @@ class Controller:
                 self._stop(RunState.SUCCEEDED, "every rank finished")
                 return self._outcome("SUCCEEDED", tracker)
             self._failures += 1
-            root = render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
-            logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt, root)
+            logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt,
+                           _root_cause_text(tracker))
             self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
+            # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
+            root = _root_cause_text(tracker)
             policy = self._spec.failure_policy
             if policy.allows_retry(self._failures):
                 left = policy.retries_left(self._failures)
@@ -475,3 +477,7 @@ class Controller:
             return_value=self._commits.history.return_value,
         )
 
+
+def _root_cause_text(tracker: AttemptTracker) -> str:
+    """One line naming the attempt's root-cause failure, for the log and the run state."""
+    return render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")

@@ -14,6 +14,7 @@ import pytest
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.ranks import assign_ranks
+from minitrain.errors import root_cause
 from minitrain.records import NodeInfo, Phase, WorkerFailure
 
 ATTEMPT = 2
@@ -235,14 +236,23 @@ def test_node_lost_skips_exited_and_done_ranks():
     assert tracker.ranks[3].exited
 
 
-def test_node_lost_during_stop_is_not_a_failure():
+def test_node_lost_during_stop_is_the_root_cause_over_its_peers_broken_collectives():
+    # The agent of n-b dies: ranks 0 and 1 on n-a fail first ("Connection closed by peer"), minitrain
+    # starts stopping the attempt, and only then is the loss of n-b learned.
     tracker = make_tracker()
     for rank in range(4):
         start(tracker, rank)
+    for rank in (0, 1):
+        failure = WorkerFailure(rank=rank, node="", pid=0, phase=Phase.TRAINING, time=10.0,
+                                exc_type="builtins.RuntimeError",
+                                message="[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4242")
+        tracker.on_failed(ev.WorkerFailed(ATTEMPT, failure, b""))
     tracker.stop_requested = True
-    tracker.on_node_lost("n-a", "shut down", time=1.0)
-    assert not tracker.failed()
-    assert tracker.ranks[0].exited and tracker.ranks[1].exited
+    tracker.on_node_lost("n-b", "its session ended", time=11.0)
+    assert tracker.failure_order == [0, 1, 2, 3]
+    root = root_cause(tracker.failures())
+    assert root.exc_type == "NodeLostError" and root.rank == 2
+    assert tracker.all_exited() is False and tracker.ranks[2].exited and tracker.ranks[3].exited
 
 
 def test_node_lost_keeps_an_already_reported_exception():
