@@ -32,6 +32,7 @@ from minitrain.launcher import ClusterLauncher
 from minitrain.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
+from minitrain.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
 from minitrain.storage import VALIDATE_MARKER, Storage, StorageError
@@ -118,7 +119,15 @@ class TorchTrainer:
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
         cluster = current_cluster()
-        storage = _prepare_storage(self.run_config)
+        storage = _prepare_storage(self.run_config, cluster)
+        if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
+            with local_mirror(storage) as local:
+                return self._fit_on(cluster, local, published=storage)
+        return self._fit_on(cluster, storage, published=storage)
+
+    def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage) -> Result:
+        """Run on the run directory `storage`; the Result names checkpoints in `published` (the same
+        storage, or the in-process storage that `storage` mirrors)."""
         payload = self._payload(storage)
         if cluster.all_local:
             self._check_gpus()
@@ -157,7 +166,10 @@ class TorchTrainer:
             log_sink.close()
             if not storage.is_local:
                 _upload_logs(storage, logs_dir)
-        return _result_or_raise(outcome, storage, checkpoints)
+        if published is not storage:  # name the files where they will be, not in the mirror
+            outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
+                storage.url(), published.url()))
+        return _result_or_raise(outcome, storage, checkpoints, published)
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 
@@ -288,17 +300,18 @@ def _storage_at(path: str, storage_filesystem: Any = None) -> Storage:
     return Storage.for_run(parent or ".", name, storage_filesystem)
 
 
-def _prepare_storage(run_config: RunConfig) -> Storage:
+def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
     """The run directory, checked writable before any process starts (ConfigError otherwise)."""
     try:
         storage = Storage.for_run(run_config.storage_path, run_config.name, run_config.storage_filesystem)
     except (ValueError, ImportError) as exc:
         raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} cannot be used: {exc}") from None
-    if storage.fs.protocol in ("memory", ("memory",)) or type(storage.fs).__name__ == "MemoryFileSystem":
+    if lives_in_this_process(storage) and not cluster.all_local:
+        remote = ", ".join(host.name for host in cluster.hosts if not host.local)
         raise ConfigError(
-            f"RunConfig.storage_path={run_config.storage_path!r}: memory:// storage lives inside one process, "
-            "and workers are separate processes that could not see it. Use a local or NFS directory, or an "
-            "object store such as s3://, or ScalingConfig(num_workers=0) to run in this process.")
+            f"RunConfig.storage_path={run_config.storage_path!r}: memory:// storage lives inside this process, "
+            f"so it works on this node only, and the cluster has other hosts ({remote}). Use storage every "
+            "host can reach: an NFS directory or an object store such as s3://.")
     try:
         storage.validate_writable()
     except StorageError as exc:
@@ -362,7 +375,10 @@ def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> B
                               exit_code=failure.exit_code, signal=failure.signal)
 
 
-def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager) -> Result:
+def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
+                     published: Storage) -> Result:
+    """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
+    error it ended with."""
     if outcome.state != "SUCCEEDED":
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
@@ -370,16 +386,16 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         raise WorkerGroupError(outcome.error_message, exceptions)
 
     def checkpoint(record) -> Checkpoint:
-        return Checkpoint(storage.path(record.dir_name), filesystem=storage.fs)
+        return Checkpoint(published.path(record.dir_name), filesystem=published.fs)
 
     latest = checkpoints.latest
     return Result(
         metrics=outcome.last_metrics,
         checkpoint=checkpoint(latest) if latest is not None else None,
         error=None,
-        path=storage.path(),
+        path=published.path(),
         best_checkpoints=[(checkpoint(r), r.metrics) for r in checkpoints.best()],
-        _storage_filesystem=storage.fs,
+        _storage_filesystem=published.fs,
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
         _metrics_history=[entry["metrics"] for entry in read_metrics_history(storage)],
     )

@@ -181,6 +181,44 @@ def test_failure_within_budget_restarts_from_the_latest_checkpoint(tmp_path):
     assert os.path.exists(config["failed_once"])
 
 
+# ---------------------------------------------------------------------------------- memory:// on one node
+
+
+def test_memory_storage_on_one_node_commits_evicts_and_resumes(tmp_path):
+    import glob
+    import uuid
+
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    base = f"/minitrain-e2e-{uuid.uuid4().hex}"
+    staging = os.path.join(tempfile.gettempdir(), "minitrain_memory_run_*")
+    staged_before = set(glob.glob(staging))
+    keep_two = CheckpointConfig(num_to_keep=2)
+    try:
+        first = _fit(train_epochs_with_resume, tmp_path, {"epochs": 3}, name="mem",
+                     storage_path=f"memory://{base}", checkpoint_config=keep_two)
+        second = _fit(train_epochs_with_resume, tmp_path, {"epochs": 5}, name="mem",
+                      storage_path=f"memory://{base}", checkpoint_config=keep_two)
+
+        assert first.metrics == {"epoch": 2, "start": 0}
+        assert second.metrics == {"epoch": 4, "start": 3}  # resumed from the memory run directory
+        run = f"{base}/mem"
+        assert second.path == run and second.filesystem is fs
+        dirs = {p.rsplit("/", 1)[1] for p in fs.ls(run, detail=False) if fs.isdir(p)}
+        assert dirs == {"checkpoint_000003", "checkpoint_000004", "logs"}  # evictions reached memory too
+        assert fs.exists(f"{run}/{INDEX_NAME}") and fs.exists(f"{run}/logs/attempt_0/rank_1.log")
+        history = [json.loads(line)["metrics"]["epoch"] for line in fs.cat_file(f"{run}/metrics.jsonl").splitlines()]
+        assert history == [0, 1, 2, 3, 4]
+        assert second.checkpoint.path == f"{run}/checkpoint_000004"
+        with second.checkpoint.as_directory() as local:
+            assert json.load(open(os.path.join(local, "state.json"))) == {"epoch": 4}
+        assert set(glob.glob(staging)) == staged_before  # the local working copies are gone
+    finally:
+        if fs.exists(base):
+            fs.rm(base, recursive=True)
+
+
 # ---------------------------------------------------------------------------------- S3 on loopback
 
 

@@ -39,7 +39,7 @@ L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.co
       "minitrain._session", "minitrain.clock", "minitrain.retention"}
 L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.hostinfo", "minitrain.logs", "minitrain.launcher",
       "minitrain.storage", "minitrain.checkpoint", "minitrain.checkpoint_manager", "minitrain.net",
-      "minitrain.cluster", "minitrain.ssh"}
+      "minitrain.cluster", "minitrain.ssh", "minitrain.mirror"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface"}

@@ -105,8 +105,11 @@ def test_corrupted_index_is_an_error_before_anything_starts(tmp_path):
     assert (run_dir / INDEX_NAME).read_text() == "{not json"  # never silently replaced
 
 
-def test_memory_storage_is_refused_for_worker_processes():
+def test_memory_storage_is_refused_when_the_cluster_has_other_hosts(monkeypatch):
+    monkeypatch.setenv("MINITRAIN_HOSTS", "localhost:2,gpu-far-away:8")
+    before = _children()
     trainer = TorchTrainer(_no_args, scaling_config=ScalingConfig(num_workers=2),
                            run_config=RunConfig(name="m", storage_path="memory://runs"))
-    with pytest.raises(ConfigError, match=r"memory://.*separate processes"):
+    with pytest.raises(ConfigError, match=r"storage_path='memory://runs'.*this node only.*gpu-far-away.*s3://"):
         trainer.fit()
+    assert _children() == before  # refused before anything started (no SSH pre-flight either)
