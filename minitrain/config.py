@@ -341,8 +341,13 @@ class FailureConfig:
 
     A failure of any rank restarts the whole worker group from the latest committed checkpoint while
     failures so far <= `max_failures` (0: the first failure is fatal; -1: unlimited).
-    `worker_hang_timeout_s` (minitrain extension): a rank that makes no progress (no report and no
-    heartbeat) for this many seconds counts as hung, which is a failure; None disables the check.
+    `worker_hang_timeout_s` (minitrain extension): a rank that makes no progress for this many
+    seconds counts as hung, which is a failure; None disables the check. Progress is a `report()` (its
+    arrival at the coordinator) or entering the training function, so the clock also covers the first
+    steps (model build, DDP set-up, compilation): choose a timeout
+    longer than the slowest gap between two reports. When it fires, every thread's stack of every
+    rank is dumped into the logs and the error, and ranks found waiting in a collective are marked
+    consequences, not root causes.
     `worker_stop_grace_s` (minitrain extension): seconds between SIGTERM and SIGKILL when workers are
     stopped. `controller_failure_limit`: retryable controller failures (worker-group start-up)
     tolerated, -1 unlimited.
@@ -602,10 +607,14 @@ class DataConfig:
     """Which datasets are split across workers: "all" or a list of dataset names (stored as a tuple).
 
     Split datasets give each rank a disjoint shard; the others give every rank the full data. Anything
-    other than "all" or a list/tuple of str raises `TypeError`, as Ray does.
+    other than "all" or a list/tuple of str raises `TypeError`, as Ray does; `TorchTrainer` refuses a
+    name that is not in its `datasets`. `execution_options` and `enable_shard_locality` steer Ray Data's
+    streaming execution; they are accepted so that Ray scripts port, and have no effect here.
     """
 
     datasets_to_split: Any = "all"
+    execution_options: Any = None
+    enable_shard_locality: bool = True
 
     def __post_init__(self) -> None:
         value = self.datasets_to_split

@@ -304,7 +304,10 @@ class Controller:
                                        "SIGSTOP, or blocked in the kernel)")
             failure = WorkerFailure(
                 rank=rank, node=tracker.ranks[rank].node_name, pid=tracker.ranks[rank].pid,
-                phase=tracker.ranks[rank].phase, time=now, exc_type="WorkerHangError",
+                # Stamped when it last made progress, not when found: the rank that stopped first is
+                # the earliest failure, so it is the root cause when several are found in one check.
+                phase=tracker.ranks[rank].phase, time=tracker.ranks[rank].last_progress,
+                exc_type="WorkerHangError",
                 message=(f"rank {rank} made no progress (no report) for {silent:.1f} s, past "
                          f"FailureConfig.worker_hang_timeout_s={timeout_s:g}; the stacks of every thread of "
                          "every rank are in the logs"),

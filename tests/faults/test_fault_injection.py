@@ -9,8 +9,8 @@ inside the training function. Invariants checked on every example:
   `WorkerGroupError` blames the last fault that fired (the one that spent the budget): its rank is
   among `worker_failures` with the right type (the injected exception, WorkerProcessError with the
   exit code or signal, WorkerHangError, NodeLostError), and the "Root cause" line names that rank and
-  cause. For a killed agent either rank may be named (both lived on it); for a hang the root-cause
-  rank is checked only by test_the_hung_rank_is_the_root_cause (xfail: a known bug, see there).
+  cause. For a killed agent either rank may be named (both lived on it); for a hang, the peer
+  blocked in DDP's all-reduce is found hung too, and must be marked a consequence, not the cause.
 - On success the final parameters are bit-identical to a fault-free run's, and the last attempt
   reported steps resume_step+1 .. N-1 exactly once each, in order.
 - Committed checkpoints are never lost (each attempt resumes from a step >= the previous one's, and
@@ -243,7 +243,7 @@ def check_processes(outcome: Outcome) -> None:
         "processes with this run's environment (agents, workers, spares) survived fit()"
 
 
-def check_outcome(outcome: Outcome, strict_hangs: bool = False) -> None:
+def check_outcome(outcome: Outcome) -> None:
     schedule, fired = outcome.schedule, outcome.fired()
     budget = schedule.max_failures
     assert fired == list(range(len(fired))), "faults fired out of order"
@@ -267,10 +267,6 @@ def check_outcome(outcome: Outcome, strict_hangs: bool = False) -> None:
     if last.kind == "agent_sigkill":
         # Both ranks lived on the killed agent: either may be named as the root cause.
         assert "NodeLostError" in root_line, root_line
-    elif last.kind in HANG_KINDS and not strict_hangs:
-        # The peer of a hung rank stops reporting too (blocked in DDP's allreduce); which of the two
-        # is named is checked by test_the_hung_rank_is_the_root_cause (a known bug, see there).
-        assert "WorkerHangError" in root_line, root_line
     else:
         assert root_line.startswith(f"Root cause: rank {last.rank} "), root_line
         assert expected_text in root_line, root_line
@@ -365,7 +361,7 @@ def _committed_steps(outcome: Outcome) -> list[int]:
     return [r["metrics"]["step"] for r in json.loads(index_path.read_text()).get("checkpoint_results") or []]
 
 
-def run_and_check(schedule: Schedule, reference_params: str, strict_hangs: bool = False) -> Outcome:
+def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
     keep = os.environ.get("MINITRAIN_FAULTS_KEEP") == "1"
     root = Path(tempfile.mkdtemp(prefix="mt-faults-"))
     outcome = None
@@ -373,7 +369,7 @@ def run_and_check(schedule: Schedule, reference_params: str, strict_hangs: bool 
         outcome = run_schedule(schedule, root)
         try:
             check_processes(outcome)
-            check_outcome(outcome, strict_hangs)
+            check_outcome(outcome)
             check_checkpoints(outcome)
             check_acknowledged_checkpoints_survive(outcome)
             check_success(outcome, reference_params)
@@ -488,16 +484,10 @@ def test_each_fault_kind_spends_a_zero_budget_and_is_named(fault, reference_para
     assert outcome.fired() == [0] and outcome.error is not None
 
 
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug: when rank 1 of a DDP job hangs, rank 0 is named the root cause. Rank 0 blocks in "
-    "loss.backward() (DDP's allreduce runs in autograd hooks), whose innermost Python frame is "
-    "torch/autograd/graph.py, which coordinator/hangs.py's _COLLECTIVE pattern does not recognise, so "
-    "rank 0 is not marked a consequence; both ranks are found hung in the same check with time=now, "
-    "and errors.root_cause breaks the tie by rank."))
 @pytest.mark.parametrize("kind", HANG_KINDS)
 def test_the_hung_rank_is_the_root_cause(kind, reference_params):
     outcome = run_and_check(Schedule(faults=(Fault(1, 3, kind),), max_failures=0, every=2, num_to_keep=2),
-                            reference_params, strict_hangs=True)
+                            reference_params)
     assert outcome.fired() == [0] and outcome.error is not None
 
 

@@ -18,6 +18,14 @@ _IN_COLLECTIVE = _READER + """Current thread 0x00007f28e1d2f740 (most recent cal
   File "/work/main/minitrain/worker/bootstrap.py", line 201 in main
 """
 
+_IN_DDP_BACKWARD = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/torch/autograd/graph.py", line 829 in _engine_run_backward
+  File "/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", line 364 in backward
+  File "/venv/lib/python3.11/site-packages/torch/_tensor.py", line 630 in backward
+  File "/tmp/train.py", line 14 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+"""
+
 _IN_USER_LOOP = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
   File "/tmp/train.py", line 15 in train_func
   File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
@@ -31,6 +39,11 @@ def test_main_thread_is_the_one_running_the_bootstrap():
 
 def test_a_rank_blocked_in_a_collective_is_a_consequence():
     assert waits_in_collective(_IN_COLLECTIVE)
+
+
+def test_a_rank_blocked_in_ddp_backward_is_a_consequence():
+    # DDP's gradient all-reduce runs inside autograd hooks: the innermost Python frame is autograd's.
+    assert waits_in_collective(_IN_DDP_BACKWARD)
 
 
 def test_a_rank_spinning_in_user_code_is_a_cause():
