@@ -268,3 +268,64 @@ def test_a_killed_agent_is_replaced_and_training_finishes(tmp_path):
     assert result.metrics == {"done": True}
     leftovers = [p for p in psutil.Process().children(recursive=True) if "minitrain" in " ".join(p.cmdline())]
     assert not leftovers
+
+
+# ---------------------------------------------------------------------------------- out-of-memory kill
+
+OOM_DRIVER = textwrap.dedent("""
+    import sys
+    import minitrain
+    from minitrain import RunConfig, ScalingConfig
+    from minitrain.torch import TorchTrainer
+
+    def train():
+        if minitrain.get_context().get_world_rank() == 1:
+            hog = []
+            while True:  # the kernel's OOM killer ends this (SIGKILL) once the cgroup's limit is reached
+                hog.append(bytearray(64 << 20))
+                for offset in range(0, 64 << 20, 4096):
+                    hog[-1][offset] = 1
+
+    if __name__ == "__main__":
+        try:
+            TorchTrainer(train, scaling_config=ScalingConfig(num_workers=2),
+                         run_config=RunConfig(name="oom", storage_path=sys.argv[1])).fit()
+        except minitrain.WorkerGroupError as exc:
+            print(exc)
+""")
+
+
+def _own_memory_cgroup_v1() -> pathlib.Path | None:
+    """This process's cgroup-v1 memory directory when it can hold a child cgroup (root), else None."""
+    for line in pathlib.Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            directory = pathlib.Path("/sys/fs/cgroup/memory") / path.lstrip("/")
+            if (directory / "memory.limit_in_bytes").exists() and os.access(directory, os.W_OK):
+                return directory
+    return None
+
+
+def test_a_worker_killed_by_the_oom_killer_is_named_so(tmp_path):
+    """A real kernel OOM kill: the whole run (driver, agent, workers) is placed in a memory cgroup with
+    a 1.5 GiB limit and rank 1 allocates until the OOM killer SIGKILLs it."""
+    parent = _own_memory_cgroup_v1()
+    if parent is None:
+        pytest.skip("needs a writable cgroup-v1 memory hierarchy (root) to give the run a memory limit")
+    cgroup = parent / f"minitrain-oom-test-{os.getpid()}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(3 << 29))
+        script = tmp_path / "oom_driver.py"
+        script.write_text(OOM_DRIVER)
+        enter = f'echo $$ > {cgroup}/cgroup.procs && exec "$0" "$@"'
+        done = subprocess.run(["sh", "-c", enter, sys.executable, str(script), str(tmp_path / "results")],
+                              capture_output=True, text=True, timeout=240, cwd=ROOT)
+        out = done.stdout + done.stderr
+        root_line = next((line for line in out.splitlines() if line.startswith("Root cause: ")), out)
+        assert "rank 1" in root_line and "SIGKILL" in root_line and "out-of-memory" in root_line, out
+    finally:
+        deadline = time.monotonic() + 30
+        while (cgroup / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+            time.sleep(0.05)  # the run's processes are exiting; the directory can go once they are gone
+        cgroup.rmdir()
