@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ import psutil
 log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
+_PR_SET_CHILD_SUBREAPER = 36
 _POLL_MIN_S = 0.005
 _POLL_MAX_S = 0.05
 
@@ -86,6 +88,89 @@ def die_with_parent(sig: int = signal.SIGKILL, *, expected_parent: int | None = 
         os._exit(1)
 
 
+def become_subreaper() -> bool:
+    """Make this process the reaper of its orphaned descendants (Linux PR_SET_CHILD_SUBREAPER).
+
+    A process whose parent exits is then re-parented to this one instead of init: the agent adopts
+    the workers a fork server double-forks, and they become its own children (it can wait for them,
+    they die with it). The caller must reap every child it adopts (`reap_orphans`). Returns False
+    where the kernel offers no subreaper (other platforms).
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def reap_orphans(keep: Iterable[int]) -> list[int]:
+    """Reap this process's zombie children whose pid is not in `keep` (children someone else waits
+    for, through a Popen or an `AdoptedChild`); returns the pids reaped. For a subreaper, whose
+    adopted orphans (a dead worker's DataLoader children, say) would otherwise stay zombies."""
+    keep = set(keep)
+    reaped = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return reaped
+    for child in children:
+        if child.pid in keep:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE and os.waitpid(child.pid, os.WNOHANG)[0] == child.pid:
+                reaped.append(child.pid)
+        except (psutil.Error, ChildProcessError):
+            continue
+    return reaped
+
+
+class AdoptedChild:
+    """A child process this process did not fork itself (a subreaper adopted it), with the part of
+    `subprocess.Popen`'s interface the agent uses: `pid`, `returncode`, `poll()`, `wait(timeout)`
+    and the `stdin`/`stdout`/`stderr` file objects of its pipes (None when not given).
+
+    Like Popen, `returncode` is the exit code, or -N after death by signal N; `wait` may be called
+    from several threads at once (one reaps, the others see the result).
+    """
+
+    def __init__(self, pid: int, *, stdin=None, stdout=None, stderr=None):
+        self.pid = pid
+        self.returncode: int | None = None
+        self.stdin, self.stdout, self.stderr = stdin, stdout, stderr
+        self._reaping = threading.Lock()
+
+    def poll(self) -> int | None:
+        """The return code if the process has exited (it is reaped then), else None."""
+        return self._try_reap(block=False)
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for the exit and return the return code; `subprocess.TimeoutExpired` after `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay = _POLL_MIN_S / 10
+        while self._try_reap(block=deadline is None) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired([str(self.pid)], timeout)
+            time.sleep(delay)
+            delay = min(delay * 2, _POLL_MAX_S)
+        return self.returncode
+
+    def _try_reap(self, block: bool) -> int | None:
+        if self.returncode is not None or not self._reaping.acquire(blocking=False):
+            return self.returncode  # another thread is reaping it: its result shows up here
+        try:
+            if self.returncode is None:
+                pid, status = os.waitpid(self.pid, 0 if block else os.WNOHANG)
+                if pid == self.pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        except ChildProcessError:
+            # Reaped by someone else (a bug): its status is lost. Once it is gone, report it as
+            # killed rather than waiting forever.
+            if not psutil.pid_exists(self.pid):
+                self.returncode = -signal.SIGKILL
+        finally:
+            self._reaping.release()
+        return self.returncode
+
+
 def decode_returncode(returncode: int) -> tuple[int | None, int | None]:
     """Split a Popen returncode into (exit_code, signal): 3 -> (3, None), -9 -> (None, 9).
 
@@ -115,17 +200,17 @@ class StopResult:
 
 
 def stop_process_group(
-    proc_or_pid: subprocess.Popen | int, *, grace_s: float, kill_wait_s: float = 5.0
+    proc_or_pid: subprocess.Popen | AdoptedChild | int, *, grace_s: float, kill_wait_s: float = 5.0
 ) -> StopResult:
     """Stop the process group led by `proc_or_pid` (a session leader, so pgid == pid).
 
     SIGTERM to the group; wait up to `grace_s` for the leader and every group member to exit; then
     SIGKILL the group and wait at most `kill_wait_s` more. Never blocks longer than about
     `grace_s + kill_wait_s`: a process in uninterruptible sleep is logged and returned in
-    `survivors` instead. A Popen leader is reaped (no zombie left); a bare pid is not (its owner
-    must reap it). Members that left the group (their own `setsid`) are out of reach by design.
+    `survivors` instead. A Popen or AdoptedChild leader is reaped (no zombie left); a bare pid is
+    not (its owner must reap it). Members that left the group (their own `setsid`) are out of reach by design.
     """
-    proc = proc_or_pid if isinstance(proc_or_pid, subprocess.Popen) else None
+    proc = proc_or_pid if isinstance(proc_or_pid, (subprocess.Popen, AdoptedChild)) else None
     pgid = proc.pid if proc is not None else int(proc_or_pid)
     if proc is not None and proc.poll() is not None and not group_members(pgid):
         # Leader reaped and group empty: its pid may already belong to someone else; signal nothing.

@@ -47,7 +47,7 @@ class WorkerProcess:
 
     attempt: int
     rank: int
-    process: object  # subprocess.Popen
+    process: object  # subprocess.Popen, or procs.AdoptedChild when forked by the fork server
     readers: list = field(default_factory=list)
     stopped_by_agent: bool = False
     exited: threading.Event = field(default_factory=threading.Event)
@@ -101,6 +101,8 @@ class NodeAgent:
         Linux ties to the thread that spawned them, so they must come from a thread that lives as
         long as the agent.
         """
+        # Workers forked by the fork server are re-parented to us: they are our children to wait for.
+        procs.become_subreaper()
         channel = client_channel(self._address)
         stub = pb_grpc.CoordinatorStub(channel)
         self._outbox.put(self._hello())
@@ -113,6 +115,7 @@ class NodeAgent:
                     command = self._commands.get(timeout=0.2)
                 except queue.Empty:
                     self._spares.refill()
+                    self._reap_orphans()
                     continue
                 self._execute(command)
         finally:
@@ -142,11 +145,18 @@ class NodeAgent:
                              daemon=True, name="agent-stop").start()
         elif kind == "prepare_spares" and self._last_start is not None:
             key, env, cwd = self._last_start
-            self._spares.want(key, command.prepare_spares.count, env, cwd)
+            self._spares.want(key, env, cwd)
             self._spares.refill()
         elif kind == "dump_stacks":
             threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
+
+    def _reap_orphans(self) -> None:
+        """As a subreaper we adopt orphans (a dead worker's leftover children): reap the dead ones
+        that nobody else waits for."""
+        with self._lock:
+            keep = {worker.process.pid for worker in self._workers.values()}
+        procs.reap_orphans(keep | set(self._spares.pids()))
 
     def _receive(self) -> None:
         try:
@@ -191,7 +201,7 @@ class NodeAgent:
         attempt, rank = start.attempt, launch.rank
         if spare is None:
             try:
-                spare = start_worker(env, start.cwd or None, preload=False)
+                spare = start_worker(env, start.cwd or None)
             except OSError as exc:
                 self._send_exit(attempt, rank, 0, None, exc=exc)
                 return

@@ -1,25 +1,37 @@
-"""Warm spare workers: processes that already imported torch, waiting for their bootstrap line.
+"""Warm workers for fast restarts: a fork server (zygote) that already imported torch.
 
 A restart spends most of its time starting Python and importing torch in each new worker. When the
-run may restart, the agent keeps one spare per local slot, so the next attempt's workers are taken
-ready-made and a restart costs a rendezvous instead of an interpreter start. Spares are started from
-the agent's main thread (the parent-death signal follows the spawning thread) when the coordinator
-says the attempt's start-up is over (so they never compete with it), and only for the environment
-they were started with: a start with another environment or working directory discards them.
+run may restart, the agent keeps one fork server (`minitrain.worker.zygote`) for the environment and
+working directory of the last start; the next attempt's workers are forked from it in milliseconds,
+so a restart costs a rendezvous instead of an interpreter start, however many restarts come and
+however soon after each other. It is started when the coordinator says the attempt's start-up is
+over (so it never competes with it), from the agent's main thread (the parent-death signal follows
+the spawning thread); a start with another environment or working directory discards it, and
+without a ready fork server workers are spawned as usual.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import select
+import socket
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
 from minitrain import procs
 
+logger = logging.getLogger("minitrain.agent")
+
 WORKER_ARGV = (sys.executable, "-m", "minitrain.worker")
+READY_WAIT_S = 60.0  # a fork server still importing torch is waited for: it is ahead of a cold start
+REPLY_WAIT_S = 10.0  # a fork takes milliseconds; this bounds a wedged server
+MAX_SERVER_STARTS = 3  # per key: a server that keeps dying is given up, workers are spawned instead
 
 
 def anonymous_file() -> int:
@@ -33,72 +45,154 @@ def anonymous_file() -> int:
 class Spare:
     """A started worker process waiting on stdin, and the stack-dump file it was given."""
 
-    process: subprocess.Popen
+    process: object  # subprocess.Popen, or procs.AdoptedChild for a worker forked by the fork server
     stack_fd: int
 
 
-def start_worker(env: dict, cwd: Optional[str], preload: bool) -> Spare:
-    """Start a worker process (optionally importing torch before it reads its bootstrap line)."""
+def start_worker(env: dict, cwd: Optional[str]) -> Spare:
+    """Start a worker process the usual way (a new interpreter, waiting for its bootstrap line)."""
     stack_fd = anonymous_file()
-    argv = [*WORKER_ARGV, "--preload"] if preload else list(WORKER_ARGV)
     try:
-        return Spare(procs.spawn(argv, env=env, cwd=cwd, pass_fds=(stack_fd,)), stack_fd)
+        return Spare(procs.spawn(WORKER_ARGV, env=env, cwd=cwd, pass_fds=(stack_fd,)), stack_fd)
     except BaseException:
         os.close(stack_fd)
         raise
 
 
+class ForkServer:
+    """One fork server process and the agent's end of its socket (see minitrain.worker.zygote).
+
+    The agent must be a subreaper (`procs.become_subreaper`): forked workers become its children.
+    Not thread-safe: the agent's main thread only.
+    """
+
+    def __init__(self, env: dict, cwd: Optional[str]):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.process = procs.spawn([*WORKER_ARGV, "--zygote", str(theirs.fileno())], env=env, cwd=cwd,
+                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
+                                       pass_fds=(theirs.fileno(),))
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self._sock = ours
+        self.ready = False
+
+    def alive(self) -> bool:
+        """False once the server process exited (or was closed)."""
+        return self._sock is not None and self.process.poll() is None
+
+    def wait_ready(self, timeout_s: float) -> bool:
+        """True once the server has finished its imports (waits up to `timeout_s` for it)."""
+        if self.ready or not self.alive():
+            return self.ready
+        if self._receive(timeout_s) == b"ready":
+            self.ready = True
+        return self.ready
+
+    def fork_worker(self) -> Optional[Spare]:
+        """A new worker forked from the server, waiting for its bootstrap line; None when the server
+        is not ready or fails (it is closed then: the caller spawns instead)."""
+        if not self.wait_ready(READY_WAIT_S):
+            self.close()
+            return None
+        stdin_r, stdin_w = os.pipe()
+        stdout_r, stdout_w = os.pipe()
+        stderr_r, stderr_w = os.pipe()
+        stack_fd = anonymous_file()
+        try:
+            socket.send_fds(self._sock, [b"fork"], [stdin_r, stdout_w, stderr_w, stack_fd])
+            reply = json.loads(self._receive(REPLY_WAIT_S) or b"{}")
+        except (OSError, ValueError) as exc:
+            reply = {"error": str(exc)}
+        finally:
+            for fd in (stdin_r, stdout_w, stderr_w):
+                os.close(fd)  # the worker holds its own copies now
+        if "pid" not in reply:
+            logger.warning("the fork server could not start a worker (%s); starting workers the usual way",
+                           reply.get("error", "no answer"))
+            for fd in (stdin_w, stdout_r, stderr_r, stack_fd):
+                os.close(fd)
+            self.close()
+            return None
+        child = procs.AdoptedChild(reply["pid"], stdin=os.fdopen(stdin_w, "wb"), stdout=os.fdopen(stdout_r, "rb"),
+                                   stderr=os.fdopen(stderr_r, "rb"))
+        return Spare(child, stack_fd)
+
+    def _receive(self, timeout_s: float) -> bytes:
+        deadline = time.monotonic() + timeout_s
+        while self.alive():
+            ready, _, _ = select.select([self._sock], [], [], min(0.1, max(0.0, deadline - time.monotonic())))
+            if ready:
+                return self._sock.recv(4096)
+            if time.monotonic() >= deadline:
+                break
+        return b""
+
+    def close(self) -> None:
+        """Stop the server (its socket closes: it exits; the group stop makes sure)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        procs.stop_process_group(self.process, grace_s=0.0)
+
+
 @dataclass
 class SparePool:
-    """Spares for one (environment, working directory). Not thread-safe: main thread only."""
+    """The fork server for one (environment, working directory). Not thread-safe: main thread only."""
 
     key: Optional[tuple] = None
-    spares: list = field(default_factory=list)
-    wanted: int = 0
+    wanted: bool = False
     env: dict = field(default_factory=dict)
     cwd: Optional[str] = None
+    server: Optional[ForkServer] = None
+    starts: int = 0
 
     def take(self, key: tuple) -> Optional[Spare]:
-        """A live spare started for `key`, or None (spares of another key are discarded)."""
+        """A worker forked for `key`, or None (then spawn one; a server of another key is stopped)."""
         if key != self.key:
             self.clear()
             return None
-        while self.spares:
-            spare = self.spares.pop()
-            if spare.process.poll() is None:
-                return spare
-            _discard(spare)
-        return None
+        if self.server is None:
+            return None
+        spare = self.server.fork_worker()
+        if spare is None:
+            self.server = None
+        return spare
 
-    def want(self, key: tuple, count: int, env: dict, cwd: Optional[str]) -> None:
-        """Keep `count` spares for `key` from now on (see `refill`)."""
+    def want(self, key: tuple, env: dict, cwd: Optional[str]) -> None:
+        """Keep a fork server for `key` from now on (see `refill`)."""
         if key != self.key:
             self.clear()
-        self.key, self.wanted, self.env, self.cwd = key, count, env, cwd
+            self.starts = 0
+        self.key, self.wanted, self.env, self.cwd = key, True, env, cwd
 
     def refill(self) -> None:
-        """Start missing spares; call from the agent's main thread."""
-        if self.wanted <= len(self.spares):
+        """Start the fork server when wanted and not running; call from the agent's main thread."""
+        if not self.wanted or (self.server is not None and self.server.alive()):
             return
-        while len(self.spares) < self.wanted:
-            try:
-                self.spares.append(start_worker(self.env, self.cwd, preload=True))
-            except OSError:
-                self.wanted = 0  # cannot start processes now: run without spares
-                return
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+        if self.starts >= MAX_SERVER_STARTS:
+            return
+        self.starts += 1
+        try:
+            self.server = ForkServer(self.env, self.cwd)
+        except OSError as exc:
+            logger.warning("could not start a fork server (%s); workers will be spawned", exc)
+            self.wanted = False
+
+    def pids(self) -> list[int]:
+        """The fork server's pid, if one runs (the agent must not reap it as an orphan)."""
+        return [self.server.process.pid] if self.server is not None else []
 
     def clear(self) -> None:
-        """Stop every spare (their stdin closes: they exit; the group stop makes sure)."""
-        for spare in self.spares:
-            _discard(spare)
-        self.spares.clear()
+        """Stop the fork server; nothing is wanted until `want` is called again."""
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         self.key = None
-        self.wanted = 0
-
-
-def _discard(spare: Spare) -> None:
-    for stream in (spare.process.stdin, spare.process.stdout, spare.process.stderr):
-        if stream is not None:
-            stream.close()
-    procs.stop_process_group(spare.process, grace_s=0.0)
-    os.close(spare.stack_fd)
+        self.wanted = False

@@ -214,16 +214,22 @@ def main() -> None:
     """Entry point of `python -m minitrain.worker`."""
     from minitrain import procs
 
-    if "--preload" in sys.argv[1:]:
-        # A warm spare: die with the agent from the start, import torch now, then wait for work.
+    args = sys.argv[1:]
+    stack_fd = None
+    if "--zygote" in args:
+        # A fork server: die with the agent from the start, import torch once, then fork workers.
+        from minitrain.worker import zygote
+
         procs.die_with_parent(expected_parent=os.getppid())
         _preimport_torch()
         # DistributedDataParallel's constructor imports torch._dynamo (~800 modules, over a second);
-        # a spare pays for it while it waits, not the restart.
+        # the fork server pays for it once, not each restarted worker.
         _preimport("torch._dynamo")
+        # Returns only in a forked worker (see zygote.py), which then goes on as a spawned one.
+        stack_fd = zygote.serve(int(args[args.index("--zygote") + 1]))
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
-    _arm_stack_dumps(bootstrap.get("stack_fd"))
+    _arm_stack_dumps(stack_fd if stack_fd is not None else bootstrap.get("stack_fd"))
     sys.stdin.close()
     sys.stdin = open(os.devnull)
     code = WorkerRun(bootstrap).execute()

@@ -270,6 +270,55 @@ def test_a_killed_agent_is_replaced_and_training_finishes(tmp_path):
     assert not leftovers
 
 
+# ---------------------------------------------------------------------------------- restarts from the fork server
+
+
+def train_fails_once_then_reports_how_it_was_started(config):
+    import numpy
+    import torch
+    import torch.distributed as dist
+
+    rank = minitrain.get_context().get_world_rank()
+    agent = psutil.Process(os.getppid())
+    if not os.path.exists(config["marker"]):
+        if rank == 1:
+            # Fail only once the agent runs its fork server, so that the restart can use it.
+            deadline = time.monotonic() + 120
+            while not any("--zygote" in c.cmdline() for c in agent.children()):
+                assert time.monotonic() < deadline, "the agent started no fork server"
+                time.sleep(0.05)
+            open(config["marker"], "w").close()
+            os._exit(3)
+        dist.barrier()  # broken by rank 1's exit
+    model = minitrain.torch.prepare_model(torch.nn.Linear(4, 1))
+    model(torch.ones(8, 4)).sum().backward()  # DDP's all-reduce works in a forked worker
+    seen = {"forked": b"--zygote" in open("/proc/self/cmdline", "rb").read().split(b"\0"),
+            "parent_is_agent": agent.pid == os.getppid() and "minitrain.agent" in " ".join(agent.cmdline()),
+            "own_session": os.getsid(0) == os.getpid(), "numpy_draw": int(numpy.random.randint(1 << 30))}
+    with open(os.path.join(config["dir"], f"rank{rank}.json"), "w") as handle:
+        json.dump(seen, handle)
+    minitrain.report({"done": True})
+
+
+def test_a_restart_forks_its_workers_from_the_fork_server(tmp_path):
+    before = set(procs_below_me())
+    result = TorchTrainer(train_fails_once_then_reports_how_it_was_started,
+                          train_loop_config={"marker": str(tmp_path / "failed"), "dir": str(tmp_path)},
+                          scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="zygote", storage_path=str(tmp_path),
+                                               failure_config=FailureConfig(max_failures=1))).fit()
+    assert result.metrics == {"done": True}
+    seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
+    for rank_seen in seen:
+        assert rank_seen["forked"] and rank_seen["parent_is_agent"] and rank_seen["own_session"], seen
+    assert seen[0]["numpy_draw"] != seen[1]["numpy_draw"]  # each fork has its own random state
+    assert set(procs_below_me()) == before  # agent, fork server and workers are all gone
+
+
+def procs_below_me() -> list[int]:
+    return [p.pid for p in psutil.Process().children(recursive=True) if "minitrain" in " ".join(p.cmdline())]
+
+
 # ---------------------------------------------------------------------------------- out-of-memory kill
 
 OOM_DRIVER = textwrap.dedent("""

@@ -298,3 +298,54 @@ def test_has_exited_sees_running_dead_and_reaped_children():
     finally:
         child.kill()
         child.wait()
+
+
+# ---------------------------------------------------------------------------------- subreaper, adopted children
+
+# Runs in its own process: a subreaper adopts every orphan below it, which must not be pytest.
+ADOPTION = textwrap.dedent("""
+    import json, os, signal, subprocess, sys, time
+    from minitrain import procs
+
+    def orphan(script):
+        # sh starts `script` in the background, prints its pid and exits: we adopt the orphan.
+        out = subprocess.run(["sh", "-c", script + " >/dev/null 2>&1 & echo $!"], capture_output=True,
+                             text=True).stdout
+        return int(out)
+
+    assert procs.become_subreaper()
+    report = {}
+    sleeper = procs.AdoptedChild(orphan("sleep 30"))
+    report["parent_is_us"] = os.getppid() != sleeper.pid and \\
+        int(open(f"/proc/{sleeper.pid}/stat").read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    report["poll_while_alive"] = sleeper.poll()
+    try:
+        sleeper.wait(timeout=0.05)
+        report["timed_out"] = False
+    except subprocess.TimeoutExpired:
+        report["timed_out"] = True
+    os.kill(sleeper.pid, signal.SIGTERM)
+    report["killed"] = sleeper.wait(timeout=10)
+    report["exit_code"] = procs.AdoptedChild(orphan("sh -c 'sleep 0.3; exit 7'")).wait(timeout=10)
+
+    kept = orphan("sleep 0.3")  # outlives sh, so it is adopted (a job that ended first is sh's to reap)
+    dropped = orphan("sleep 0.3")
+    deadline = time.monotonic() + 10
+    reaped = []
+    while dropped not in reaped and time.monotonic() < deadline:
+        reaped += procs.reap_orphans(keep={kept})
+        time.sleep(0.01)
+    report["reaped_dropped"] = dropped in reaped
+    report["kept_untouched"] = kept not in reaped and os.waitpid(kept, 0)[0] == kept
+    print(json.dumps(report))
+""")
+
+
+def test_a_subreaper_waits_for_adopted_orphans_and_reaps_the_rest():
+    done = subprocess.run([sys.executable, "-c", ADOPTION], capture_output=True, text=True, timeout=60,
+                          cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    import json
+    assert json.loads(done.stdout) == {
+        "parent_is_us": True, "poll_while_alive": None, "timed_out": True,
+        "killed": -signal.SIGTERM, "exit_code": 7, "reaped_dropped": True, "kept_untouched": True}

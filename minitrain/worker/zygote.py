@@ -1,0 +1,120 @@
+"""The fork server (zygote): a worker process that imported torch once and forks ready workers.
+
+A restart spends most of its time starting Python and importing torch in each new worker. A node
+agent that may restart keeps one zygote per (environment, working directory): it imports torch and
+DDP's dependencies once, without touching CUDA or running a torch op (so no thread pool or device
+context is copied into a fork), then waits on a Unix socket shared with the agent. For each request
+it forks a worker in milliseconds, and the worker goes on exactly as a freshly started one would:
+it reads its bootstrap line on stdin and runs.
+
+Protocol (SOCK_SEQPACKET, one message per datagram): the zygote sends b"ready" once its imports are
+done. The agent sends b"fork" with four file descriptors (SCM_RIGHTS): the read end of the worker's
+stdin pipe, the write ends of its stdout and stderr pipes, and its stack-dump file. The zygote
+answers {"pid": N} (or {"error": "..."}) as JSON.
+
+The worker is double-forked: an intermediate child forks it and exits at once, so the worker is
+re-parented to the agent, a subreaper (`procs.become_subreaper`). It is then the agent's own child:
+the agent waits for it, stops its process group and reads its exit status exactly as for a worker
+it spawned, and the worker's parent-death signal ties it to the agent, not to the zygote.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+READY = b"ready"
+FORK = b"fork"
+FDS_PER_FORK = 4  # stdin, stdout, stderr, stack-dump file
+_MAX_MESSAGE = 4096
+
+
+def serve(sock_fd: int) -> int:
+    """Serve fork requests on the socket `sock_fd` until the agent closes it (then exit).
+
+    Returns only in a forked worker, with its stdin, stdout and stderr in place and the number of
+    its stack-dump file descriptor; the caller then runs the worker as usual.
+    """
+    sock = socket.socket(fileno=sock_fd)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    sock.send(READY)
+    while True:
+        try:
+            message, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, FDS_PER_FORK)
+        except OSError:
+            os._exit(0)
+        if not message:  # the agent closed its end: it is done with us, or gone
+            os._exit(0)
+        if message != FORK or len(fds) != FDS_PER_FORK:
+            for fd in fds:
+                os.close(fd)
+            sock.send(json.dumps({"error": f"bad request {message[:40]!r} with {len(fds)} fds"}).encode())
+            continue
+        stack_fd = _fork_worker(sock, fds)
+        if stack_fd is not None:
+            return stack_fd  # in the worker
+
+
+def _fork_worker(sock: socket.socket, fds: list[int]) -> int | None:
+    """Double-fork a worker; in the zygote answer its pid and return None, in the worker return its
+    stack-dump file descriptor."""
+    read_pid, write_pid = os.pipe()
+    try:
+        intermediate = os.fork()
+    except OSError as exc:
+        for fd in (read_pid, write_pid, *fds):
+            os.close(fd)
+        sock.send(json.dumps({"error": f"fork failed: {exc}"}).encode())
+        return None
+    if intermediate == 0:  # the intermediate: fork the worker, tell the zygote its pid, vanish
+        try:
+            worker = os.fork()
+        except BaseException:
+            os._exit(1)
+        if worker == 0:
+            os.close(read_pid)
+            os.close(write_pid)
+            sock.close()
+            return _become_worker(fds)
+        os.write(write_pid, str(worker).encode())
+        os._exit(0)
+    os.close(write_pid)
+    text = _read_all(read_pid)
+    os.close(read_pid)
+    os.waitpid(intermediate, 0)  # once it is reaped, the worker has been re-parented to the agent
+    for fd in fds:
+        os.close(fd)
+    reply = {"pid": int(text)} if text.isdigit() else {"error": "the intermediate process died"}
+    sock.send(json.dumps(reply).encode())
+    return None
+
+
+def _become_worker(fds: list[int]) -> int:
+    """In the forked worker: a session of its own, the agent's pipes as stdio, fresh random state."""
+    stdin, stdout, stderr, stack_fd = fds
+    os.setsid()  # its own process group, like a spawned worker: the agent stops it by group
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        os.dup2(fd, target)
+        os.close(fd)
+    _reseed()
+    return stack_fd
+
+
+def _reseed() -> None:
+    """Forked children share their parent's random state; give each its own, as a fresh process has.
+    (Python's `random` reseeds itself after a fork; NumPy's global generator does not.)"""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
+
+
+def _read_all(fd: int) -> str:
+    chunks = []
+    while True:
+        chunk = os.read(fd, 64)
+        if not chunk:
+            return b"".join(chunks).decode()
+        chunks.append(chunk)
