@@ -147,13 +147,15 @@ class RunPayload:
     """What every worker unpickles: the training function, its config, and the run's storage.
 
     `storage` is a `minitrain.storage.Storage` (fsspec filesystems pickle), so workers upload to the
-    same place the coordinator commits in.
+    same place the coordinator commits in. `datasets` maps each name of `TorchTrainer(datasets=...)`
+    to a `minitrain.data.staging.ShardSpec` (small: large tables are staged, not pickled in here).
     """
 
     train_fn: Any
     config: Any
     takes_config: bool
     storage: Any
+    datasets: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,9 +59,13 @@ def get_all_reported_checkpoints(consistency_mode: Any = None,
 
 
 def get_dataset_shard(dataset_name: Optional[str] = None) -> Any:
-    """This rank's shard of `TorchTrainer(datasets=...)[dataset_name]`.
+    """This rank's shard of `TorchTrainer(datasets=...)[dataset_name]`: a `minitrain.data.DataIterator`
+    (`iter_torch_batches`, `iter_batches`, `iter_rows`), the same object on every call.
 
-    Raises KeyError, as Ray does, when no dataset of that name was given to the trainer.
+    A split dataset (`DataConfig.datasets_to_split`) gives each rank a disjoint, near-equal part of
+    every epoch; an unsplit one gives every rank all rows; each pass over an iterator is one epoch
+    (see `minitrain.data.iterator`). Raises KeyError, as Ray does, when no dataset of that name was
+    given to the trainer (also for the default name None).
     """
     session = _session.current("get_dataset_shard")
     shards = getattr(session, "dataset_shards", {}) or {}

@@ -102,9 +102,7 @@ class TorchTrainer:
         _check_type(self.run_config, RunConfig, "run_config")
         _check_type(self.torch_config, TorchConfig, "torch_config")
         _check_type(self.dataset_config, DataConfig, "dataset_config")
-        if datasets:
-            raise ConfigError("TorchTrainer(datasets=...) is not supported yet; load data inside the "
-                              "training function (e.g. with prepare_data_loader) for now.")
+        self.datasets = _validate_datasets(datasets, self.dataset_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
         self._takes_config = required == 1 or _accepts_one_argument(train_loop_per_worker)
@@ -128,7 +126,16 @@ class TorchTrainer:
     def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage) -> Result:
         """Run on the run directory `storage`; the Result names checkpoints in `published` (the same
         storage, or the in-process storage that `storage` mirrors)."""
-        payload = self._payload(storage)
+        staging_areas: list = []  # large datasets staged for the workers; deleted however the run ends
+        try:
+            payload = self._payload(storage, self._dataset_specs(storage, cluster, staging_areas))
+            return self._fit_with_payload(cluster, storage, published, payload)
+        finally:
+            for area in staging_areas:
+                area.cleanup()
+
+    def _fit_with_payload(self, cluster: ClusterConfig, storage: Storage, published: Storage,
+                          payload: bytes) -> Result:
         if cluster.all_local:
             self._check_gpus()
         else:
@@ -203,16 +210,37 @@ class TorchTrainer:
         return cls(train_loop_per_worker, train_loop_config=train_loop_config, run_config=run_config,
                    **trainer_kwargs)
 
-    def _payload(self, storage: Storage) -> bytes:
+    def _dataset_specs(self, storage: Storage, cluster: ClusterConfig, staging_areas: list) -> Optional[dict]:
+        """The datasets as workers receive them (minitrain.data.staging); large tables are staged once."""
+        if not self.datasets:
+            return None
+        from minitrain.data.staging import StagingArea, plan_datasets
+
+        def staging() -> StagingArea:
+            staging_areas.append(StagingArea.for_run(storage, cluster.all_local))
+            return staging_areas[-1]
+
+        return plan_datasets(self.datasets, self.dataset_config, num_workers=self.scaling_config.num_workers,
+                             staging=staging)
+
+    def _payload(self, storage: Storage, datasets: Optional[dict] = None) -> bytes:
         try:
             cloudpickle.dumps(self.train_loop_per_worker)
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_per_worker cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
                 "worker. Create unpicklable objects (locks, open files, sockets) inside the function.") from exc
+        for name, spec in (datasets or {}).items():
+            try:
+                cloudpickle.dumps(spec)
+            except Exception as exc:
+                raise ConfigError(
+                    f"TorchTrainer(datasets={{{name!r}: ...}}) cannot be pickled ({type(exc).__name__}: {exc}); it "
+                    "is sent to every worker. Pass a zero-argument function that builds it instead (it is "
+                    "called in each worker).") from exc
         try:
             return cloudpickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
-                                                self._takes_config, storage))
+                                                self._takes_config, storage, datasets))
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
@@ -234,6 +262,10 @@ class TorchTrainer:
     def _fit_local(self) -> Result:
         """`num_workers=0`: run the function in this process, as Ray's local mode does."""
         session = _LocalSession(TrainContext(experiment_name=self.run_config.name, local_mode=True))
+        if self.datasets:
+            from minitrain.data.staging import make_shards, plan_datasets
+
+            session.dataset_shards = make_shards(plan_datasets(self.datasets, self.dataset_config), session.context)
         _session.set_current(session)
         try:
             if self._takes_config:
@@ -252,6 +284,15 @@ class TorchTrainer:
                 f"scaling_config={self.scaling_config!r})")
 
 
+def _validate_datasets(datasets: Any, data_config: DataConfig) -> dict:
+    """`datasets` as {name: minitrain.data.Dataset}; ConfigError for what no rows can be read from."""
+    if datasets is None and data_config.datasets_to_split == "all":
+        return {}  # nothing to check, and minitrain.data (numpy) stays unimported
+    from minitrain.data.staging import validate_datasets
+
+    return validate_datasets(datasets, data_config)
+
+
 def _accepts_one_argument(fn: Callable) -> bool:
     """True when fn can be called with one positional argument (e.g. `def f(config=None)`)."""
     try:
@@ -268,6 +309,7 @@ class _LocalSession:
         self.context = context
         self.last_metrics: Optional[dict] = None
         self.last_checkpoint: Any = None
+        self.dataset_shards: dict = {}  # name -> minitrain.data.DataIterator over all rows
 
     def report(self, metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
                **options: Any) -> None:

@@ -11,10 +11,12 @@ import re
 
 _THREAD_HEADER = re.compile(r"^(Current thread|Thread) 0x[0-9a-f]+ .*\(most recent call first\):", re.M)
 _MAIN_MARKER = "minitrain/worker/bootstrap.py"
-# Where a rank waits on its peers: a torch.distributed call, DDP's forward (buffer broadcast), or
-# autograd's engine, where DDP's gradient all-reduce runs in backward hooks (loss.backward() under DDP
-# blocks there, its innermost Python frame is torch/autograd/graph.py, when a peer stops).
-_COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/")
+# Where a rank waits on its peers: a torch.distributed call, DDP's forward (buffer broadcast),
+# minitrain.collective's barrier or broadcast, or autograd's engine, where DDP's gradient
+# all-reduce runs in backward hooks (under DDP, loss.backward() blocks there when a peer stops:
+# its innermost Python frame is torch/autograd/graph.py).
+_COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/|"
+                         r"minitrain/collective\.py")
 
 
 def main_thread_stack(dump: str) -> str:

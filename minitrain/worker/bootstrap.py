@@ -97,6 +97,15 @@ def _load_payload(payload: bytes) -> RunPayload:
     return cloudpickle.loads(payload)
 
 
+def _dataset_shards(payload: RunPayload, context: TrainContext) -> dict:
+    """This rank's lazy shard of every dataset (nothing is read until the training function iterates)."""
+    if not payload.datasets:
+        return {}
+    from minitrain.data.staging import make_shards
+
+    return make_shards(payload.datasets, context)
+
+
 def _pickle_return_value(value: Any) -> bytes:
     """Rank 0's return value for `Result.return_value`; ValueError when it cannot travel."""
     import cloudpickle
@@ -138,9 +147,12 @@ class WorkerRun:
             distributed.set_rank_environment(assignment)
             payload = _load_payload(assignment.payload)
             self._session = self._make_session(assignment, payload.storage)
+            self._session.dataset_shards = _dataset_shards(payload, self._session.context)
             _session.set_current(self._session)
             self._enter(Phase.DIST_INIT)
             store = distributed.init_process_group(assignment, self._client)
+            self._session.attach_collective(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                                            assignment.dist_timeout_s, b["run_id"], b["attempt"], b["token"])
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
             if payload.takes_config:

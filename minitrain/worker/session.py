@@ -9,6 +9,7 @@ reports made meanwhile queue behind them so every rank's reports stay in call or
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import queue
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import threading
 import time
+from datetime import timedelta
 from typing import Any, Optional
 
 from fsspec.implementations.local import LocalFileSystem
@@ -110,6 +112,10 @@ class WorkerSession:
         self._async: Optional[_AsyncUploads] = None
         self._on_async_failure = None
         self._request_ids = 0
+        self.dataset_shards: dict = {}  # name -> minitrain.data.DataIterator, for get_dataset_shard()
+        self._collective_address: Optional[tuple] = None
+        self._collective_store: Any = None
+        self._collective_lock = threading.Lock()
 
     # ------------------------------------------------------------------ public contract
 
@@ -150,6 +156,29 @@ class WorkerSession:
         self._request_ids += 1
         entries = self._client.list_checkpoints(self._request_ids, timeout_s or ACK_TIMEOUT_S)
         return [ReportedCheckpoint(self._checkpoint_at(name), metrics) for name, metrics in entries]
+
+    def attach_collective(self, address: str, port: int, timeout_s: float, run_id: str, attempt: int,
+                          token: str) -> None:
+        """Where `minitrain.collective` finds this attempt's TCPStore, and what its keys and tags derive
+        from (set by the bootstrap once the process group is up)."""
+        namespace = f"minitrain/collective/{run_id}/{attempt}"
+        secret = hashlib.sha256(b"minitrain collective\0" + token.encode()).digest()
+        self._collective_address = (address, port, timeout_s, namespace, secret)
+
+    def collective_channel(self) -> tuple[Any, str, bytes]:
+        """(store, namespace, secret) for `minitrain.collective`: a TCPStore client of its own (opened on
+        first use, so its waits never hold the lock of the process group's client), the attempt's key
+        prefix, and the key that signs broadcast data. RuntimeError before the process group is up."""
+        if self._collective_address is None:
+            raise RuntimeError("minitrain.collective is not available before the process group is initialised.")
+        address, port, timeout_s, namespace, secret = self._collective_address
+        with self._collective_lock:
+            if self._collective_store is None:
+                import torch.distributed as dist
+
+                self._collective_store = dist.TCPStore(address, port, is_master=False,
+                                                       timeout=timedelta(seconds=timeout_s))
+        return self._collective_store, namespace, secret
 
     def finish(self) -> None:
         """Called when the training function returned: wait for pending uploads (may raise)."""

@@ -46,6 +46,16 @@ def test_a_rank_blocked_in_ddp_backward_is_a_consequence():
     assert waits_in_collective(_IN_DDP_BACKWARD)
 
 
+def test_a_rank_waiting_in_a_minitrain_collective_is_a_consequence():
+    dump = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/work/main/minitrain/collective.py", line 122 in _wait
+  File "/work/main/minitrain/collective.py", line 107 in barrier
+  File "/tmp/train.py", line 14 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+"""
+    assert waits_in_collective(dump)
+
+
 def test_a_rank_spinning_in_user_code_is_a_cause():
     assert not waits_in_collective(_IN_USER_LOOP)
 

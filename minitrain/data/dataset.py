@@ -1,0 +1,233 @@
+"""`Dataset`: rows described on the driver and read where they are needed, and `as_dataset`, which
+turns whatever `TorchTrainer(datasets=...)` accepts into one.
+
+Accepted values (`as_dataset`):
+
+| value | rows |
+|---|---|
+| a `minitrain.data.Dataset` (`from_items`, `from_numpy`, `from_pandas`, `from_torch`, `read_*`) | as built |
+| a dict of equal-length arrays, tensors or lists | `{column: value}` |
+| a pandas DataFrame / a numpy array | as `from_pandas` / `from_numpy` |
+| a sequence of rows (list, tuple) | the rows; a list of dicts is stored as columns |
+| a map-style torch Dataset (`__len__` and `__getitem__`) | `dataset[i]`, as a DataLoader reads it |
+| a zero-argument function (or class) returning one of the above | built in each worker |
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from minitrain.data.iterator import DataIterator
+from minitrain.data.sources import Factory, InMemory
+from minitrain.data.tables import ColumnTable, RowTable, as_column
+from minitrain.errors import ConfigError
+
+ACCEPTED = ("a minitrain.data.Dataset (minitrain.data.from_items, from_numpy, from_pandas, from_torch, read_csv, "
+            "read_json, read_parquet), a dict of equal-length arrays, a pandas DataFrame, a numpy array, a "
+            "sequence of rows, a map-style torch Dataset (__len__ and __getitem__), or a zero-argument function "
+            "returning one of these (called in each worker)")
+
+
+class Dataset:
+    """A dataset for `TorchTrainer(datasets=...)`: a source of rows plus an optional shuffle.
+
+    Not a distributed data engine: each worker reads the rows it needs itself (see
+    `minitrain.data` for how rows reach workers). The `iter_*` methods here read the whole dataset in
+    this process, one epoch per pass, like a shard of a world of size 1.
+    """
+
+    def __init__(self, source: Any, *, shuffle: bool = False, seed: Optional[int] = None):
+        self._source = source
+        self._shuffle = shuffle
+        self._seed = seed
+        self._cache: Optional[tuple[Any, bool, Optional[int]]] = None
+        self._iterator: Optional[DataIterator] = None
+
+    def __getstate__(self) -> dict:
+        return {"_source": self._source, "_shuffle": self._shuffle, "_seed": self._seed}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["_source"], shuffle=state["_shuffle"], seed=state["_seed"])
+
+    def __repr__(self) -> str:
+        shuffle = f", random_shuffle(seed={self._seed})" if self._shuffle else ""
+        return f"Dataset({type(self._source).__name__}{shuffle})"
+
+    @property
+    def source(self) -> Any:
+        """Where the rows come from (`minitrain.data.sources`)."""
+        return self._source
+
+    def random_shuffle(self, *, seed: Optional[int] = None, **ignored: Any) -> "Dataset":
+        """A dataset with the same rows in a new random order every epoch, determined by `seed`.
+
+        Without a seed, one is drawn when the run starts (shared by all ranks, so shards stay
+        disjoint). Unlike Ray, where a fixed seed repeats one order, the seed fixes the sequence of
+        orders and every epoch has its own. Ray's execution arguments (`num_blocks`, ...) are ignored.
+        """
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"random_shuffle(seed={seed!r}): the seed must be an int or None.")
+        return Dataset(self._source, shuffle=True, seed=seed)
+
+    # ------------------------------------------------------------------ reading here
+
+    def _resolve(self) -> tuple[Any, bool, Optional[int]]:
+        """(table, shuffled, seed): loads the source (calls a factory, reads files) once per object."""
+        if self._cache is None:
+            if isinstance(self._source, Factory):
+                inner = as_dataset(self._source.call(), f"what {self._source.where} returned")
+                if isinstance(inner.source, Factory):
+                    raise ConfigError(f"{self._source.where} returned another function; it must return the "
+                                      "dataset itself.")
+                table, shuffled, seed = inner._resolve()
+                if self._shuffle:
+                    shuffled, seed = True, self._seed
+                self._cache = (table, shuffled, seed)
+            else:
+                self._cache = (self._source.load(), self._shuffle, self._seed)
+        return self._cache
+
+    def _local_iterator(self) -> DataIterator:
+        if self._iterator is None:
+            self._iterator = DataIterator(self, run_seed=random.SystemRandom().getrandbits(63), name="local")
+        return self._iterator
+
+    def count(self) -> int:
+        """The number of rows (loads the source in this process)."""
+        return self._resolve()[0].num_rows
+
+    def columns(self) -> Optional[list[str]]:
+        """Column names of a columnar dataset; None for a dataset of other rows."""
+        table = self._resolve()[0]
+        return list(table.columns) if isinstance(table, ColumnTable) else None
+
+    def take(self, limit: int = 20) -> list:
+        """The first `limit` rows in storage order (before any shuffle)."""
+        table = self._resolve()[0]
+        return [table.row(i) for i in range(min(limit, table.num_rows))]
+
+    def take_all(self) -> list:
+        """Every row in storage order."""
+        return self.take(self.count())
+
+    def iter_rows(self) -> Iterable[Any]:
+        """All rows, one epoch per pass (see `DataIterator.iter_rows`)."""
+        return self._local_iterator().iter_rows()
+
+    def iter_batches(self, **kwargs: Any) -> Iterable[Any]:
+        """All rows in batches, one epoch per pass (arguments of `DataIterator.iter_batches`)."""
+        return self._local_iterator().iter_batches(**kwargs)
+
+    def iter_torch_batches(self, **kwargs: Any) -> Iterable[Any]:
+        """All rows in torch batches, one epoch per pass (arguments of `DataIterator.iter_torch_batches`)."""
+        return self._local_iterator().iter_torch_batches(**kwargs)
+
+    def materialize(self) -> "Dataset":
+        """A dataset holding this one's rows in memory (files read, factory called now), same shuffle."""
+        table, shuffled, seed = self._resolve()
+        return Dataset(InMemory(table), shuffle=shuffled, seed=seed)
+
+    def to_pandas(self) -> Any:
+        """All rows as a pandas DataFrame (needs pandas)."""
+        return next(iter(self._local_iterator().iter_batches(batch_size=None, batch_format="pandas")))
+
+
+# ---------------------------------------------------------------------------------- normalisation
+
+
+def columns_dataset(columns: Mapping, where: str) -> Dataset:
+    """A columnar dataset from a mapping of column name -> values; ConfigError naming `where`."""
+    built = {}
+    for key, values in columns.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{where} has column name {key!r} ({type(key).__name__}); column names must be "
+                              "str.")
+        built[key] = as_column(values, f"{where}[{key!r}]")
+    return Dataset(InMemory(ColumnTable(built, where)))
+
+
+def rows_dataset(rows: Any, where: str, wrap_key: Optional[str] = None) -> Dataset:
+    """A dataset of `rows` (a sequence or map-style dataset). Lists of dicts sharing their keys, and
+    lists of plain values when `wrap_key` is given, are stored as columns when every column stacks."""
+    if isinstance(rows, (list, tuple)) and rows:
+        columns = _as_columns(rows, wrap_key)
+        if columns is not None:
+            return Dataset(InMemory(ColumnTable(columns, where)))
+    return Dataset(InMemory(RowTable(rows, wrap_key)))
+
+
+def _as_columns(rows: list, wrap_key: Optional[str]) -> Optional[dict]:
+    if all(isinstance(row, Mapping) for row in rows):
+        keys = list(rows[0])
+        if not keys or any(list(row) != keys for row in rows) or not all(isinstance(k, str) for k in keys):
+            return None
+        raw = {key: [row[key] for row in rows] for key in keys}
+    elif wrap_key is not None and not any(isinstance(row, Mapping) for row in rows):
+        raw = {wrap_key: list(rows)}
+    else:
+        return None
+    columns = {}
+    for key, values in raw.items():
+        array = _stacked(values)
+        if array is None:
+            return None
+        columns[key] = array
+    return columns
+
+
+def _stacked(values: list) -> Any:
+    """`values` as one array when that loses nothing: scalars of one kind (numbers or strings), or
+    arrays of one shape and dtype. None otherwise (tuples, tensors, ragged or mixed values)."""
+    if all(isinstance(v, np.ndarray) for v in values):
+        if len({(v.shape, v.dtype) for v in values}) == 1 and values[0].dtype != object:
+            return np.stack(values)
+        return None
+    if all(isinstance(v, str) for v in values):
+        return np.asarray(values)
+    if all(isinstance(v, (bool, int, float, np.bool_, np.number)) for v in values):
+        try:
+            return np.asarray(values)
+        except OverflowError:
+            return None
+    return None
+
+
+def _is_iterable_dataset(value: Any) -> bool:
+    return any(cls.__name__ == "IterableDataset" for cls in type(value).__mro__)
+
+
+def as_dataset(value: Any, where: str) -> Dataset:
+    """`value` as a `Dataset` (accepted values in the module doc); ConfigError naming `where`, the
+    value's type and the accepted kinds otherwise."""
+    if isinstance(value, Dataset):
+        return value
+    module = type(value).__module__ or ""
+    if module.split(".")[0] == "ray":
+        raise ConfigError(f"{where} is a {module}.{type(value).__name__}; minitrain does not run Ray Data. Build "
+                          "the dataset with minitrain.data instead (same names: minitrain.data.read_parquet, "
+                          "from_items, from_numpy, from_pandas, ...).")
+    if module.split(".")[0] == "pandas" and hasattr(value, "columns"):
+        from minitrain.data.api import from_pandas
+
+        return from_pandas(value)
+    if isinstance(value, Mapping):
+        return columns_dataset(value, where)
+    if module.split(".")[0] in ("numpy", "torch") and hasattr(value, "shape"):
+        return columns_dataset({"data": value}, where)
+    if isinstance(value, (str, bytes)):
+        raise ConfigError(f"{where} is the string {value!r}; to read files use "
+                          "minitrain.data.read_csv/read_json/read_parquet(path). Accepted: " + ACCEPTED + ".")
+    if _is_iterable_dataset(value):
+        raise ConfigError(f"{where} is an IterableDataset ({type(value).__name__}), whose rows cannot be split "
+                          "by index. Pass a map-style dataset (__len__ and __getitem__), or iterate it yourself "
+                          "with minitrain.torch.prepare_data_loader.")
+    if callable(value) and (isinstance(value, type) or not hasattr(value, "__len__")):
+        return Dataset(Factory(value, where))
+    if hasattr(value, "__len__") and hasattr(value, "__getitem__"):
+        return rows_dataset(value, where)
+    raise ConfigError(f"{where} is a {module}.{type(value).__qualname__}, which minitrain cannot read rows from. "
+                      "Accepted: " + ACCEPTED + ".")

@@ -1,0 +1,83 @@
+"""Batches as torch tensors for `iter_torch_batches` (imports torch inside its functions only).
+
+Used in the training function, never by the driver's own code paths, so `import minitrain.data` and
+the trainer stay free of torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Optional
+
+import numpy as np
+
+from minitrain.context import TrainContext
+
+
+def resolve_device(device: Any, context: Optional[TrainContext]) -> Any:
+    """`device="auto"`: this worker's device (its first GPU, else cpu), as `minitrain.torch.get_device`;
+    None: leave tensors where they are built (cpu); anything else: `torch.device(device)`."""
+    import torch
+
+    if device is None:
+        return None
+    if device != "auto":
+        return torch.device(device)
+    if context is not None and context.device_indices and torch.cuda.is_available():
+        return torch.device(f"cuda:{context.device_indices[0]}")
+    if context is not None and context.local_mode and torch.cuda.is_available():
+        return torch.device(f"cuda:{torch.cuda.current_device()}")
+    return torch.device("cpu")
+
+
+def _dtype_for(dtypes: Any, key: Any) -> Any:
+    if isinstance(dtypes, Mapping):
+        return dtypes.get(key)
+    return dtypes
+
+
+def _tensor(value: Any, dtype: Any, device: Any, pin_memory: bool, where: str) -> Any:
+    import torch
+
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind in "USO":
+            raise TypeError(f"{where} holds {value.dtype} values, which a torch tensor cannot hold. Leave "
+                            "the column out of the dataset, or pass collate_fn to build the batch yourself.")
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if not isinstance(value, torch.Tensor):
+        return value
+    if dtype is not None:
+        value = value.to(dtype)
+    if pin_memory and torch.cuda.is_available():
+        value = value.pin_memory()
+    if device is not None and value.device != device:
+        value = value.to(device, non_blocking=pin_memory)
+    return value
+
+
+def columns_to_torch(batch: dict[str, np.ndarray], dtypes: Any, device: Any, pin_memory: bool) -> dict:
+    """A dict of numpy columns as a dict of tensors on `device` (per-column `dtypes` when a dict)."""
+    return {key: _tensor(value, _dtype_for(dtypes, key), device, pin_memory, f"column {key!r}")
+            for key, value in batch.items()}
+
+
+def rows_to_torch(rows: list, dtypes: Any, device: Any, pin_memory: bool) -> Any:
+    """A list of rows collated as a torch DataLoader would (`default_collate`), then moved to `device`.
+
+    With a dict of `dtypes`, top-level dict keys get their dtype; a single dtype applies to every tensor.
+    """
+    from torch.utils.data import default_collate
+
+    batch = default_collate(rows)
+    return _move(batch, dtypes, device, pin_memory, None)
+
+
+def _move(value: Any, dtypes: Any, device: Any, pin_memory: bool, key: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _move(v, dtypes, device, pin_memory, k) for k, v in value.items()}
+    if isinstance(value, tuple) and hasattr(value, "_fields"):
+        return type(value)(*(_move(v, dtypes, device, pin_memory, key) for v in value))
+    if isinstance(value, (list, tuple)):
+        return type(value)(_move(v, dtypes, device, pin_memory, key) for v in value)
+    dtype = dtypes.get(key) if isinstance(dtypes, Mapping) else dtypes
+    return _tensor(value, dtype, device, pin_memory, f"field {key!r}")
