@@ -574,8 +574,11 @@ class TorchConfig:
 
     `backend=None` means "nccl" with GPUs, else "gloo": ask `resolved_backend(use_gpu)`. Unlike Ray,
     which overwrites `backend` inside `TorchTrainer`, minitrain never changes the config.
-    `init_method` is "env" (MASTER_ADDR/MASTER_PORT) or "tcp"; `timeout_s` becomes the process-group
-    timeout in seconds.
+    `init_method` is "env" or "tcp", accepted for Ray compatibility: both rendezvous through the
+    TCPStore that rank 0 opens on a port the kernel picks (what `env://` and `tcp://` do inside torch,
+    without a port chosen in advance that another process could take), and both set MASTER_ADDR and
+    MASTER_PORT to it, because DeepSpeed, Lightning and Accelerate read them (Ray leaves them unset
+    with "tcp"). `timeout_s` becomes the process-group timeout in seconds.
     """
 
     backend: Optional[str] = None

@@ -4,6 +4,9 @@
 # on a GPU host, install the torch build you want into .venv first and this keeps it.
 #   bash scripts/setup_env.sh          runtime dependencies
 #   bash scripts/setup_env.sh --dev    plus the test tools (pytest, pytest-xdist, hypothesis, grpcio-tools)
+#                                      and the Lightning / transformers extras that their tests run
+# Whatever is installed, the torch already in .venv stays: a constraints file pins it, so a package
+# that wants another torch fails the install instead of replacing it (with a multi-GB CUDA build).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -19,4 +22,7 @@ if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
 fi
 extras=""
 if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
-.venv/bin/python -m pip install -q -e ".${extras}"
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+.venv/bin/python -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
+.venv/bin/python -m pip install -q -c "$constraints" -e ".${extras}"

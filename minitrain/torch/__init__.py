@@ -5,6 +5,9 @@
 function; `accelerate`, `backward` and `prepare_optimizer` were removed in Ray Train v2 and raise
 `DeprecationWarning` here too.
 
+`minitrain.torch.checkpoint_dirs` helps report checkpoint directories that several ranks write into
+(FSDP, DeepSpeed, Lightning, Hugging Face): `owns_directory(path)` names the one rank that uploads each.
+
 Every name is loaded on first use, so `import minitrain.torch` does not import torch: the driver, the
 coordinator and the launcher import this package for `TorchTrainer` without paying for torch (or
 creating a CUDA context); torch loads only when a torch utility is touched.

@@ -30,8 +30,11 @@ def set_rank_environment(assignment: pb.Assignment) -> None:
 def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     """Open (rank 0) or join the run's TCPStore and initialise the default process group.
 
-    Sets MASTER_ADDR/MASTER_PORT to the store's address for code that reads them. Returns the store
-    (kept referenced by the caller for the life of the process group).
+    Sets MASTER_ADDR/MASTER_PORT to the store's address for code that reads them (with RANK,
+    LOCAL_RANK and WORLD_SIZE from `set_rank_environment`, these are what `deepspeed.initialize`,
+    Lightning and Accelerate require; they find the group initialised and join it). This holds for
+    both `TorchConfig.init_method` values. Returns the store (kept referenced by the caller for the
+    life of the process group).
     """
     import torch
     import torch.distributed as dist

@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler, TensorData
 from minitrain import _session
 from minitrain.context import TrainContext
 from minitrain.torch import train_loop_utils as utils
+from minitrain.torch.checkpoint_dirs import link_or_copy_tree, owns_directory
 from minitrain.torch.train_loop_utils import (
     accelerate,
     backward,
@@ -118,6 +119,12 @@ def test_prepare_model_explicit_device_and_no_strategy(session):
     assert prepare_model(model, move_to_device=torch.device("cpu"), parallel_strategy=None) is model
 
 
+def test_prepare_model_fsdp_on_one_worker_returns_the_plain_model(session):
+    session(world_size=1)
+    model = nn.Linear(3, 2)
+    assert prepare_model(model, parallel_strategy="fsdp") is model
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_prepare_model_rejects_unknown_strategy(session, world_size):
     session(world_size=world_size)
@@ -204,6 +211,34 @@ def test_device_loader_moves_nested_batches_and_keeps_loader_surface():
         batches = list(wrapped)
         assert len(batches) == 2
         assert batches[0]["x"][0].device.type == "meta" and batches[0]["y"][0].device.type == "meta"
+
+
+# --- checkpoint directories shared by ranks -------------------------------------------------------
+
+
+def test_owns_directory_on_one_worker_and_without_a_path(session, tmp_path):
+    session(world_size=1)
+    assert owns_directory(str(tmp_path)) is True
+    assert owns_directory(None) is False
+
+
+def test_owns_directory_needs_the_process_group_with_several_workers(session, tmp_path):
+    session(world_size=2)
+    with pytest.raises(RuntimeError, match="needs the default process group"):
+        owns_directory(str(tmp_path))
+
+
+def test_link_or_copy_tree_links_every_file_of_the_tree(tmp_path):
+    source = tmp_path / "source"
+    (source / "shards").mkdir(parents=True)
+    (source / "model.pt").write_bytes(b"model")
+    (source / "shards" / "__1_0.distcp").write_bytes(b"shard")
+    link_or_copy_tree(str(source), str(tmp_path / "staged" / "checkpoint"))
+    staged = tmp_path / "staged" / "checkpoint"
+    assert (staged / "shards" / "__1_0.distcp").read_bytes() == b"shard"
+    assert (staged / "model.pt").stat().st_ino == (source / "model.pt").stat().st_ino  # a link, not a copy
+    (source / "model.pt").unlink()  # the framework rotating its checkpoints away
+    assert (staged / "model.pt").read_bytes() == b"model"
 
 
 # --- reproducibility and removed names -------------------------------------------------------------
@@ -305,7 +340,10 @@ _DDP_WORKER = textwrap.dedent(
     model(torch.full((2, 4), float(rank + 1))).sum().backward()
     fsdp = prepare_model(nn.Linear(4, 2), parallel_strategy="fsdp")
     fsdp(torch.ones(3, 4)).sum().backward()  # sharded forward/backward really runs on CPU + gloo
+    from minitrain.torch.checkpoint_dirs import owns_directory
+    owners = [owns_directory(str(tmp)), owns_directory(str(tmp / f"own{rank}")), owns_directory(None)]
     result = {
+        "owners": owners,
         "ddp": isinstance(model, DistributedDataParallel),
         "fsdp": isinstance(fsdp, FullyShardedDataParallel),
         "weight": model.module.weight.detach().flatten().tolist(),
@@ -341,6 +379,8 @@ def test_prepare_model_wraps_in_ddp_across_two_processes(tmp_path):
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
     results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert all(r["ddp"] and r["fsdp"] for r in results)
+    # One uploader per physical directory: the shared one is rank 0's, each own one its rank's.
+    assert [r["owners"] for r in results] == [[True, True, False], [False, True, False]]
     assert results[0]["weight"] == results[1]["weight"]  # broadcast from rank 0
     assert results[0]["grad"] == pytest.approx(results[1]["grad"])  # gradients all-reduced
     assert results[0]["grad"] == pytest.approx([3.0] * 4)  # mean of 2*1 and 2*2 per input feature
