@@ -2,11 +2,15 @@
 
 Imports go downward only:
   L0 vocabulary  config, errors, records, context, metrics, _session, retention (stdlib + each other only)
-  L1 primitives  rpc/, procs, hostinfo, logs, launcher, storage, checkpoint_manager (L0 + L1 + third-party,
-                 never torch)
+  L1 primitives  rpc/, procs, hostinfo, logs, launcher, storage, checkpoint_manager, data/ (L0 + L1 +
+                 third-party, never torch; data/ is L1 because the worker runtime builds dataset shards)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
   L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
-Only worker/ and minitrain/torch/ may import torch, at module level or inside a function.
+  L4 tools       bench/ (`python -m minitrain.bench`): may import anything, torch included; nothing else
+                 imports it
+Only worker/ and minitrain/torch/ may import torch, at module level or inside a function; besides them,
+minitrain.data.torch_batches imports it inside its functions (iter_torch_batches, in training functions).
+The integrations minitrain.lightning and minitrain.huggingface import torch too (they run in workers).
 
 Every import statement counts, wherever it is (functions, TYPE_CHECKING blocks), as do
 `importlib.import_module("literal")` calls and `minitrain.<LazyName>` attribute uses of the lazy
@@ -39,11 +43,17 @@ L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.co
       "minitrain._session", "minitrain.clock", "minitrain.retention"}
 L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.hostinfo", "minitrain.logs", "minitrain.launcher",
       "minitrain.storage", "minitrain.checkpoint", "minitrain.checkpoint_manager", "minitrain.net",
-      "minitrain.cluster", "minitrain.ssh", "minitrain.mirror"}
+      "minitrain.cluster", "minitrain.ssh", "minitrain.mirror", "minitrain.data"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface"}
-TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch"}
+# minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
+# imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
+TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}
+# minitrain.lightning and minitrain.huggingface: user-side integrations that run inside training functions.
+TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
+TOOLS = {"minitrain.bench"}  # L4: development tools; above the public API, so nothing imports them
+TORCH_ALLOWED = TORCH_ALLOWED | TOOLS
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 
 
@@ -59,7 +69,7 @@ def _longest(module: str, prefixes: set[str]) -> str | None:
 def layer_of(module: str) -> tuple[int, str] | None:
     """(layer, group) of a minitrain module; the group is the L2 runtime or the matched name."""
     best: tuple[int, str] | None = None
-    for level, names in ((0, L0), (1, L1), (2, L2_RUNTIMES), (3, L3)):
+    for level, names in ((0, L0), (1, L1), (2, L2_RUNTIMES), (3, L3), (4, TOOLS)):
         match = _longest(module, names)
         if match is not None and (best is None or len(match) > len(best[1])):
             best = (level, match)
