@@ -49,7 +49,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 # Subpackages reachable as attributes, as in `from ray import train; train.torch.prepare_model(...)`.
-_SUBPACKAGES = {"torch", "data", "collective"}
+_SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface"}
 
 
 def __getattr__(name: str):
