@@ -293,8 +293,14 @@ def test_has_exited_sees_running_dead_and_reaped_children():
         while not procs.has_exited(child.pid):  # a zombie counts as exited, and is not reaped
             assert time.monotonic() < deadline, "the killed child never showed as exited"
             time.sleep(0.01)
-        assert child.poll() is not None  # still reapable: has_exited did not reap it
         assert procs.has_exited(child.pid) is True
+        # has_exited may answer while the child is still tearing down (PF_EXITING), before it is a
+        # zombie: wait for the zombie. Its real status proves has_exited did not reap it (a child
+        # reaped behind Popen's back reads as returncode 0).
+        while child.poll() is None:
+            assert time.monotonic() < deadline, "the killed child never became reapable"
+            time.sleep(0.01)
+        assert child.returncode == -signal.SIGKILL
     finally:
         child.kill()
         child.wait()
