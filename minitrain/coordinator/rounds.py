@@ -71,13 +71,24 @@ class RoundTracker:
             return True
         return rank in self._finished and self._finished[rank] <= round_
 
+    def _complete(self, round_: int, pending: Optional[_Pending]) -> bool:
+        """Every rank reported `round_` or finished before it. O(1) per report while no rank has
+        finished. Scanning the ranks at every report made rounds quadratic in the world size whenever
+        reports of the next round arrived while a late rank still held this one back (46 us per
+        report at 1024 ranks, 185 us at 4096; see README, "Control-plane scale")."""
+        if pending is not None and len(pending.metrics) == self._world_size:
+            return True
+        if not self._finished:
+            return False
+        return all(self._has_answered(r, round_, pending) for r in range(self._world_size))
+
     def _release(self) -> list[CompletedRound]:
         done = []
         while True:
             pending = self._pending.get(self._next)
             if pending is None and len(self._finished) < self._world_size:
                 break
-            if not all(self._has_answered(r, self._next, pending) for r in range(self._world_size)):
+            if not self._complete(self._next, pending):
                 break
             if pending is None:  # every rank finished before this round: nothing more will come
                 break

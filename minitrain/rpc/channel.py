@@ -1,7 +1,11 @@
 """Channel options shared by the coordinator's server and its clients (L1).
 
 Keepalive pings make a silently dead peer (host cut off, no FIN/RST) show up as a broken stream in a
-few seconds instead of at the TCP timeout. Message limits allow large pickled training functions.
+few seconds instead of at the TCP timeout. A cut link is caught by TCP_USER_TIMEOUT (gRPC sets it
+from the keepalive timeout), but a peer whose kernel still acknowledges TCP while the process answers
+nothing (stopped, hung host) is caught only by the HTTP/2 ping's own deadline, `ping_timeout_ms`,
+which defaults to 60 s: it is set to the keepalive timeout too, so such a peer is noticed in about
+KEEPALIVE_TIME_MS + KEEPALIVE_TIMEOUT_MS. Message limits allow large pickled training functions.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ SERVER_OPTIONS = (
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.min_ping_interval_without_data_ms", KEEPALIVE_TIME_MS // 2),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.so_reuseport", 0),
@@ -32,6 +37,7 @@ CLIENT_OPTIONS = (
     ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
     ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.ping_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ("grpc.http2.max_pings_without_data", 0),
     # One connection attempt fails fast; callers decide whether to retry.
     ("grpc.enable_retries", 0),

@@ -1,0 +1,268 @@
+"""`python -m minitrain.bench`: every workload back to back, then one table of medians, ratios and targets.
+
+    python -m minitrain.bench                          # the default set, full sizes (about 20 minutes)
+    python -m minitrain.bench --quick                  # tiny sizes, 1 repetition: proves it still works
+    python -m minitrain.bench --only restart,report --repeats 9 --json bench.json
+    python -m minitrain.bench scale --workers 64,256,1024,4096
+    sudo python -m minitrain.bench --only multihost    # optional: a fake 2-host cluster over SSH
+
+Workloads (each module's docstring says exactly what it measures and how):
+  job         trivial 2-worker job, whole-process wall time, vs torchrun --standalone; with `memory`:
+              peak RSS of the driver (coordinator) and the agent, and whether either imported torch
+  report      report() without a checkpoint, per call, inside real workers
+  restart     worker SIGKILL -> first step of the new attempt, vs torchrun --max-restarts
+  checkpoint  checkpoint persist (1 GiB, local disk) vs two concurrent `cp`
+  ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
+  detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
+  async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
+  scale       the control plane with 64..4096 fake workers over real gRPC (minitrain.bench.scale)
+  multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
+
+Machine load moves every figure: the machine's CPU, cores and load average are printed with them.
+The exit status is 1 when a workload could not be measured (its error is printed), not when a
+target is missed: benchmarks are figures, not tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from minitrain.bench.common import BenchError, machine_info, machine_line, say
+from minitrain.bench.table import Row, WorkloadResult, markdown, plain
+
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "scale", "multihost")
+DEFAULT = tuple(w for w in ORDER if w != "multihost")
+KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
+KEPT_MAX_BYTES = 16 << 20
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How big each workload runs: the full defaults, or `--quick`'s tiny ones."""
+
+    repeats: int
+    warmup: bool
+    calls: int
+    ddp_steps: int
+    restarts: int
+    agent_kills: int
+    agent_stops: int
+    train_s: float
+    stall_s: float
+    torchrun_runs: int
+    size_mib: int
+    async_steps: int
+    workers: tuple
+    seconds: float
+
+
+FULL = Sizes(repeats=5, warmup=True, calls=20000, ddp_steps=1000, restarts=20, agent_kills=5, agent_stops=5,
+             train_s=5.0, stall_s=60.0, torchrun_runs=3, size_mib=1024, async_steps=40,
+             workers=(64, 256, 1024, 4096), seconds=20.0)
+QUICK = Sizes(repeats=1, warmup=False, calls=2000, ddp_steps=50, restarts=1, agent_kills=1, agent_stops=1,
+              train_s=1.0, stall_s=30.0, torchrun_runs=1, size_mib=16, async_steps=4, workers=(64,),
+              seconds=3.0)
+
+
+def _sizes(args: argparse.Namespace) -> dict:
+    """The sizes in force: the mode's defaults, overridden by the options given."""
+    base = QUICK if args.quick else FULL
+    chosen = {name: getattr(base, name) for name in Sizes.__dataclass_fields__}
+    for name in chosen:
+        value = getattr(args, name, None)
+        if value is not None:
+            chosen[name] = value
+    return chosen
+
+
+def _run_job(tmp, s, args):
+    from minitrain.bench.core import bench_job
+
+    return bench_job(tmp, s["repeats"], s["warmup"])
+
+
+def _run_report(tmp, s, args):
+    from minitrain.bench.core import bench_report
+
+    return bench_report(tmp, s["calls"])
+
+
+def _run_restart(tmp, s, args):
+    from minitrain.bench.restart import bench_restart
+
+    return bench_restart(tmp, s["restarts"], s["train_s"], s["stall_s"], 0 if args.no_torchrun else s["torchrun_runs"])
+
+
+def _run_checkpoint(tmp, s, args):
+    from minitrain.bench.checkpoint import checkpoint_workload
+
+    drop = not (args.no_drop_caches or args.quick)  # dropping the page cache would slow whatever runs beside
+    return checkpoint_workload(tmp, s["size_mib"], max(1, min(s["repeats"], 3)), drop)
+
+
+def _run_ddp(tmp, s, args):
+    from minitrain.bench.ddp import bench_ddp
+
+    return bench_ddp(tmp, s["repeats"], s["ddp_steps"], warmup=5 if args.quick else 50)
+
+
+def _run_detect(tmp, s, args):
+    from minitrain.bench.restart import bench_detect
+
+    return bench_detect(tmp, s["agent_kills"], s["agent_stops"], s["train_s"], s["stall_s"])
+
+
+def _run_async(tmp, s, args):
+    from minitrain.bench.checkpoint import async_workload
+
+    return async_workload(tmp, s["async_steps"], 2 if args.quick else 5, 4 if args.quick else 10,
+                          max(1, min(s["repeats"], 3)))
+
+
+def _run_scale(tmp, s, args):
+    from minitrain.bench.scale.workload import bench_scale
+
+    return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
+                       profile_at=args.profile_at)
+
+
+def _run_multihost(tmp, s, args):
+    from minitrain.bench.multihost import bench_multihost
+
+    return bench_multihost(tmp, max(1, min(s["repeats"], 3)), s["warmup"], keep_dns=args.keep_dns)
+
+
+RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
+                                "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
+                                "async": _run_async, "scale": _run_scale, "multihost": _run_multihost}
+
+
+def _workers(text: str) -> tuple:
+    try:
+        counts = tuple(int(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--workers takes counts like 64,256,1024, got {text!r}") from None
+    if not counts or min(counts) < 8 or any(c % 8 for c in counts):
+        raise argparse.ArgumentTypeError(f"--workers: each count must be a multiple of 8 (fake nodes of 8 "
+                                         f"workers), got {text!r}")
+    return counts
+
+
+def _selection(text: str) -> tuple:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [n for n in names if n not in RUNNERS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"--only: unknown workload(s) {unknown or text!r}; choose from "
+                                          f"{', '.join(ORDER)}")
+    return names
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line (see the module docstring)."""
+    p = argparse.ArgumentParser(prog="python -m minitrain.bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n".join(__doc__.splitlines()[1:]))
+    p.add_argument("command", nargs="?", choices=["scale"], help="`scale`: the scale simulation alone")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition, no warm-up (used by CI)")
+    p.add_argument("--only", type=_selection, help=f"comma-separated workloads (default: {','.join(DEFAULT)})")
+    p.add_argument("--repeats", type=int, help="repetitions of job, ddp (default 5), checkpoint, async, "
+                                               "multihost (at most 3)")
+    p.add_argument("--json", metavar="PATH", help="also write every figure, the rows and the table as JSON")
+    p.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes (its disk is measured)")
+    p.add_argument("--save-logs", metavar="DIR", help="keep every job's outputs and records (and profiles) in DIR")
+    p.add_argument("--calls", type=int, help="report: calls per worker (default 20000)")
+    p.add_argument("--ddp-steps", type=int, help="ddp: timed steps per job (default 1000)")
+    p.add_argument("--restarts", type=int, help="restart: worker kills, for minitrain and torchrun (default 20)")
+    p.add_argument("--torchrun-runs", type=int, help="restart: torchrun jobs, pooled (default 3)")
+    p.add_argument("--no-torchrun", action="store_true", help="restart: skip torchrun")
+    p.add_argument("--agent-kills", type=int, help="detect: agent SIGKILLs (default 5)")
+    p.add_argument("--agent-stops", type=int, help="detect: agent SIGSTOPs (default 5)")
+    p.add_argument("--train-s", type=float, help="restart, detect: seconds of training per attempt (default 5)")
+    p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60)")
+    p.add_argument("--size-mib", type=int, help="checkpoint: total checkpoint size (default 1024)")
+    p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
+    p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
+    p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
+    p.add_argument("--seconds", type=float, help="scale: seconds of reporting per count (default 20)")
+    p.add_argument("--client-procs", type=int, default=0, help="scale: fake-client processes (default: 1 per "
+                                                               "1024 workers, at most 2)")
+    p.add_argument("--profile-at", type=int, metavar="WORKERS", help="scale: profile the coordinator (py-spy) "
+                                                                      "at this count")
+    p.add_argument("--keep-dns", action="store_true", help="multihost: leave the fake hosts' DNS as is")
+    return p
+
+
+def _keep_logs(tmp: str, dest: str) -> None:
+    """Copy the small text records of every job (not checkpoints or storage) from tmp to dest."""
+    for root, _, files in os.walk(tmp):
+        for name in files:
+            path = os.path.join(root, name)
+            if name.endswith(KEPT_SUFFIXES) and os.path.getsize(path) <= KEPT_MAX_BYTES:
+                target = os.path.join(dest, os.path.relpath(path, tmp))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copy(path, target)
+
+
+def run(names: tuple, sizes: dict, args: argparse.Namespace) -> tuple[list[WorkloadResult], list[str]]:
+    """Run the workloads in ORDER; returns their results and the failures (one line each)."""
+    results, failures = [], []
+    base = os.path.realpath(args.tmp_dir or tempfile.gettempdir())
+    with tempfile.TemporaryDirectory(prefix="minitrain-bench-", dir=base) as tmp:
+        try:
+            for name in [n for n in ORDER if n in names]:
+                say(f"\n== {name}")
+                workdir = os.path.join(tmp, name)
+                os.makedirs(workdir)
+                start = time.monotonic()
+                try:
+                    result = RUNNERS[name](workdir, sizes, args)
+                except BenchError as exc:
+                    say(f"  FAILED: {exc}")
+                    failures.append(f"{name}: {str(exc).splitlines()[0]}")
+                    result = WorkloadResult(name, [Row(name, "could not be measured", "FAILED")], {"error": str(exc)})
+                result.figures["wall_s"] = time.monotonic() - start
+                results.append(result)
+        finally:
+            if args.save_logs:
+                _keep_logs(tmp, args.save_logs)
+    return results, failures
+
+
+def main(argv=None) -> int:
+    """Parse, run, print the table; the exit status says whether every workload was measured."""
+    args = parser().parse_args(argv)
+    names = ("scale",) if args.command == "scale" and not args.only else (args.only or DEFAULT)
+    if args.repeats is not None and args.repeats < 1:
+        parser().error("--repeats must be >= 1")
+    sizes = _sizes(args)
+    machine = machine_info()
+    say(machine_line(machine))
+    results, failures = run(names, sizes, args)
+    machine["load_1min_end"] = round(os.getloadavg()[0], 2)
+    rows = [row for result in results for row in result.rows]
+    command = "python -m minitrain.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    footer = (f"_Machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, torch "
+              f"{machine['torch']}, grpcio {machine['grpcio']}; load average {machine['load_1min']} -> "
+              f"{machine['load_1min_end']}; `{command.strip()}`._")
+    say("\n" + plain(rows))
+    say("\n" + markdown(rows) + "\n\n" + footer)
+    scale = next((r for r in results if r.name == "scale" and "markdown" in r.figures), None)
+    if scale is not None:
+        say("\nControl-plane scale:\n\n" + scale.figures["markdown"])
+    if failures:
+        say("\nnot measured: " + "; ".join(failures))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"machine": machine, "quick": args.quick, "sizes": sizes, "failures": failures,
+                       "workloads": {r.name: r.as_json() for r in results}, "markdown": markdown(rows),
+                       "footer": footer}, f, indent=2, default=str)
+        say(f"\nfigures written to {args.json}")
+    return 1 if failures else 0

@@ -1,0 +1,152 @@
+"""Workload `ddp`: steady-state DDP training steps per second, minitrain against the same loop under
+torchrun.
+
+Both sides run `train_loop` on 2 CPU workers (gloo): the same small MLP, fixed batch, SGD, the same
+seeds, with each framework's own thread defaults (both give a worker one OpenMP thread when several
+share a machine; the figures record `torch.get_num_threads()`). minitrain wraps the model with
+`prepare_model` (DDP) and reports the loss every step (`report()` without a checkpoint, the common
+case); torchrun's side builds `DistributedDataParallel` itself and reports nothing. Rank 0 times
+`steps` steps after `warmup` untimed ones, so start-up is excluded; steps/s = steps / that time. The
+two alternate (the order flips every repetition); the figure is the ratio of the medians.
+Target: >= 0.98.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+from minitrain.bench.common import (NUM_WORKERS, BenchError, read_json, role_argv, run_timed, say,
+                                    torchrun_argv, write_json)
+from minitrain.bench.table import Row, WorkloadResult, ratio
+
+MLP_IN, MLP_HIDDEN, MLP_OUT, BATCH = 256, 512, 10, 128
+TARGET_RATIO = 0.98
+JOB_TIMEOUT_S = 300.0
+
+
+def train_loop(model, steps: int, warmup: int, after_step) -> dict:
+    """The loop both sides run: `warmup` + `steps` SGD steps of `model` on a fixed batch; returns the
+    timed figures. `after_step(step, loss_tensor)` is the framework's per-step hook."""
+    import torch
+    import torch.nn.functional as F
+
+    rank = int(os.environ.get("RANK", "0"))
+    generator = torch.Generator().manual_seed(rank)
+    x = torch.randn(BATCH, MLP_IN, generator=generator)
+    y = torch.randint(0, MLP_OUT, (BATCH,), generator=generator)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    start = 0.0
+    for step in range(warmup + steps):
+        if step == warmup:
+            start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        after_step(step, loss)
+    seconds = time.perf_counter() - start
+    return {"steps": steps, "seconds": seconds, "steps_per_s": steps / seconds, "threads": torch.get_num_threads()}
+
+
+def build_mlp():
+    """The same MLP on every rank and both sides."""
+    import torch
+
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(MLP_IN, MLP_HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(MLP_HIDDEN, MLP_HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(MLP_HIDDEN, MLP_OUT))
+
+
+def minitrain_train_func(config: dict) -> None:
+    """The minitrain side: prepare_model, a report every step; rank 0 writes its figures."""
+    import minitrain
+    from minitrain.torch import prepare_model
+
+    model = prepare_model(build_mlp())
+    figures = train_loop(model, config["steps"], config["warmup"],
+                         lambda step, loss: minitrain.report({"step": step, "loss": loss.item()}))
+    if minitrain.get_context().get_world_rank() == 0:
+        write_json(config["out"], figures)
+
+
+def role_minitrain(spec: dict) -> None:
+    """A driver running the minitrain side."""
+    from minitrain.bench.core import fit
+
+    result = fit(minitrain_train_func, spec, spec["storage"])
+    assert result.metrics["step"] == spec["warmup"] + spec["steps"] - 1, result.metrics
+
+
+def role_torchrun_worker(spec: dict) -> None:
+    """One torchrun worker: env:// init, DistributedDataParallel, the same loop."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo")
+    figures = train_loop(DistributedDataParallel(build_mlp()), spec["steps"], spec["warmup"],
+                         lambda step, loss: loss.item())  # the same host sync as minitrain's report
+    if dist.get_rank() == 0:
+        write_json(spec["out"], figures)
+    dist.barrier()  # neither rank tears the group down under the other
+    dist.destroy_process_group()
+
+
+def bench_ddp(tmp: str, repeats: int, steps: int, warmup: int) -> WorkloadResult:
+    """Alternate the two sides `repeats` times; medians of rank 0's steps/s and their ratio."""
+    runs: dict[str, list[dict]] = {"minitrain": [], "torchrun": []}
+    for index in range(repeats):
+        order = ("minitrain", "torchrun") if index % 2 == 0 else ("torchrun", "minitrain")
+        for side in order:
+            spec = {"steps": steps, "warmup": warmup, "out": os.path.join(tmp, f"ddp_{side}_{index}.json"),
+                    "storage": os.path.join(tmp, "storage", f"ddp_{index}")}
+            path = os.path.join(tmp, f"spec_ddp_{side}_{index}.json")
+            write_json(path, spec)
+            argv = (role_argv("ddp", "minitrain", path) if side == "minitrain"
+                    else torchrun_argv("ddp", ["--role", "torchrun-worker", "--spec", path]))
+            try:
+                wall, failure = run_timed(argv, cwd=tmp, timeout_s=JOB_TIMEOUT_S), ""
+            except BenchError as exc:
+                if not os.path.exists(spec["out"]):
+                    raise
+                # The steps were timed; the process failed afterwards (gloo's teardown can abort).
+                wall, failure = None, str(exc).splitlines()[0]
+                say(f"  note: {side} failed after its timed steps: {failure[:200]}")
+            runs[side].append({**read_json(spec["out"]), "job_wall_s": wall, "failed_after_timing": failure})
+        m, t = runs["minitrain"][-1], runs["torchrun"][-1]
+        say(f"  run {index + 1}/{repeats}: minitrain {m['steps_per_s']:7.1f} steps/s ({m['threads']} thread(s))   "
+            f"torchrun {t['steps_per_s']:7.1f} steps/s ({t['threads']} thread(s))   ratio "
+            f"{m['steps_per_s'] / t['steps_per_s']:.3f}")
+    m_med = statistics.median(r["steps_per_s"] for r in runs["minitrain"])
+    t_med = statistics.median(r["steps_per_s"] for r in runs["torchrun"])
+    say(f"  median: minitrain {m_med:.1f} steps/s, torchrun {t_med:.1f} steps/s, ratio {m_med / t_med:.3f} "
+        f"(target >= {TARGET_RATIO})")
+    result = WorkloadResult("ddp", figures={
+        "repeats": repeats, "steps": steps, "warmup": warmup, "runs": runs, "minitrain_steps_per_s": m_med,
+        "torchrun_steps_per_s": t_med, "ratio": m_med / t_med,
+        "model": f"MLP {MLP_IN}-{MLP_HIDDEN}-{MLP_HIDDEN}-{MLP_OUT}, batch {BATCH}"})
+    result.rows.append(Row(
+        "ddp", f"steady-state DDP steps/s, {NUM_WORKERS} CPU workers, MLP {MLP_IN}-{MLP_HIDDEN}-{MLP_HIDDEN}-"
+        f"{MLP_OUT}, a report() every step (median of {repeats} x {steps} steps)", f"{m_med:.1f} steps/s",
+        f"same loop under torchrun {t_med:.1f} steps/s", ratio(m_med, t_med, 3), f">= {TARGET_RATIO}x",
+        m_med / t_med >= TARGET_RATIO))
+    return result
+
+
+def main(argv=None) -> int:
+    """The measured processes: `--role minitrain|torchrun-worker --spec PATH`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["minitrain", "torchrun-worker"], required=True)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    spec = read_json(args.spec)
+    (role_minitrain if args.role == "minitrain" else role_torchrun_worker)(spec)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

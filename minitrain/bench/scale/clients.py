@@ -1,0 +1,419 @@
+"""Fake agents and workers of the scale simulation: asyncio clients of the real proto, no torch.
+
+`python -m minitrain.bench.scale.clients` serves a share of the simulated nodes. Its configuration,
+the run token included, is one JSON line on stdin (as a real agent's token is).
+
+Each fake agent opens its own channel and AgentSession, says hello, sends a Heartbeat every second
+(as `NodeAgent` does) and, on StartWorkers, reports each worker spawned and starts it; when a worker
+ends it reports the exit, as an agent does once the process is gone. Each fake worker opens its own
+channel and connection (a real worker is a process of its own) and walks the real worker's protocol:
+hello, STARTUP, assignment, DIST_INIT, rank 0's StoreReady or the others' Rendezvous, TRAINING and its
+PhaseAck, then `reports` reports at `rate_hz`, Done, the Release (rank 0), and a half-close that the
+coordinator answers by closing. Every channel uses minitrain's client options, so gRPC keepalive
+pings flow every second on every connection, as they do for real agents and workers.
+
+A report is stamped (`reported_at`, and the worker's send time) when gRPC takes it from the worker's
+stream to write it. Every `ack_every`-th report asks for an acknowledgement (`wants_ack`), which the
+controller sends after it recorded the report (rank-0 history, rounds): round trip = send -> its
+ReportAck read back by the worker. Acks must come for the acknowledged rounds in order; anything else
+counts as reordered, a report never acknowledged as lost. (The coordinator process checks every
+report's order and timing itself: see `coordinator.ReportTap`.)
+
+Pacing: one ticker per process. Each rank has one fixed, pseudo-random slot of SLOTS; every
+period/SLOTS seconds one slot's workers each put one report (a timer per worker would cost the client
+more than the coordinator). So a round's reports arrive in no particular rank order, and a rank that is
+late in one round is late in every round, as a slow host is. Reporting starts once every worker of
+every client process is training (a barrier of files in a shared directory).
+"""
+
+from __future__ import annotations
+
+import array
+import asyncio
+import itertools
+import json
+import os
+import random
+import resource
+import sys
+import time
+from typing import Optional
+
+from grpc import aio
+
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.auth import call_metadata
+from minitrain.rpc.channel import CLIENT_OPTIONS
+
+# A channel of its own per worker: without this, gRPC shares one connection among identical channels.
+OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)
+HEARTBEAT_S = 1.0
+SLOTS = 20
+ACK_WAIT_S = 120.0
+PHASE_WAIT_S = 120.0
+START_TRIES = 5
+_END = None
+
+
+async def _requests(outbox: asyncio.Queue, worker: Optional["FakeWorker"] = None):
+    """A stream's request iterator: what is put into `outbox`, until _END. A worker's report is stamped
+    here, as gRPC takes it to write: its `reported_at` (wall clock) and the worker's send time
+    (perf_counter), so time the client spent before handing it over never counts as latency."""
+    while True:
+        item = await outbox.get()
+        if item is _END:
+            return
+        if worker is not None and item.WhichOneof("body") == "report":
+            item.report.reported_at = time.time()
+            worker.sent_at[item.report.round] = time.perf_counter()
+        yield item
+
+
+async def _wait(event: asyncio.Event, what: str, timeout_s: float = PHASE_WAIT_S) -> None:
+    """Wait for `event`; TimeoutError naming `what` after `timeout_s`."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no {what} within {timeout_s:g} s") from None
+
+
+class StreamBroke(RuntimeError):
+    """A worker's stream ended before the worker reached training."""
+
+
+class Stats:
+    """What this process saw, written as JSON (and latencies as raw doubles) at the end."""
+
+    def __init__(self, warmup_rounds: int):
+        self.warmup_rounds = warmup_rounds
+        self.latencies = array.array("d")  # seconds, rounds >= warmup_rounds
+        self.sent = 0
+        self.acked = 0
+        self.reordered = 0
+        self.reopened = 0  # streams opened again after breaking during start-up
+        self.acks_per_second: dict[int, int] = {}
+        self.lag: list[float] = []  # how late the ticker was, per tick
+        self.errors: list[str] = []
+        self.first_report_at: Optional[float] = None
+        self.last_report_at: Optional[float] = None
+        self.last_ack_at: Optional[float] = None
+
+
+class FakeWorker:
+    """One simulated rank; see the module docstring."""
+
+    def __init__(self, sim: "Simulation", attempt: int, rank: int):
+        self.sim, self.attempt, self.rank = sim, attempt, rank
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.assignment = asyncio.Event()
+        self.rendezvous = asyncio.Event()
+        self.training = asyncio.Event()
+        self.released = asyncio.Event()
+        self.all_acked = asyncio.Event()
+        self.sent_at: list[float] = []
+        self.next_ack = self._next_acked(0)
+        sim.workers.append(self)
+
+    def _put(self, **body) -> None:
+        self.outbox.put_nowait(pb.WorkerMessage(run_id=self.sim.run_id, attempt=self.attempt, rank=self.rank,
+                                                **body))
+
+    def report(self) -> None:
+        """Put this worker's next report on its stream (called by the ticker)."""
+        i = len(self.sent_at)
+        text = json.dumps({"step": i, "loss": 1.0 / (i + 1), "rank": self.rank, "lr": 1e-3})
+        self.sent_at.append(time.perf_counter())
+        self._put(report=pb.Report(round=i, metrics_json=text, reported_at=time.time(),
+                                   wants_ack=self._acked(i)))
+
+    def _next_acked(self, start: int) -> int:
+        """The first round >= start that asks for an ack (self.sim.reports when none does)."""
+        while start < self.sim.reports and not self._acked(start):
+            start += 1
+        return start
+
+    def expected_acks(self) -> int:
+        """How many of this worker's reports ask for an ack."""
+        return sum(self._acked(i) for i in range(self.sim.reports))
+
+    def _acked(self, i: int) -> bool:
+        """Whether report i asks for an ack: every `ack_every`-th (spread over the ranks), and the last."""
+        return (i + self.rank) % self.sim.ack_every == 0 or i == self.sim.reports - 1
+
+    def done_reporting(self) -> bool:
+        """True once every report was put."""
+        return len(self.sent_at) >= self.sim.reports
+
+    async def _read(self, call) -> None:
+        stats = self.sim.stats
+        async for command in call:
+            kind = command.WhichOneof("body")
+            if kind == "report_ack":
+                now = time.perf_counter()
+                acked = command.report_ack.round
+                if acked != self.next_ack:
+                    stats.reordered += 1  # not the next acknowledged round of this rank
+                elif acked >= stats.warmup_rounds:
+                    stats.latencies.append(now - self.sent_at[acked])
+                self.next_ack = self._next_acked(max(self.next_ack, acked + 1))
+                stats.acked += 1
+                second = int(time.time())
+                stats.acks_per_second[second] = stats.acks_per_second.get(second, 0) + 1
+                if self.next_ack >= self.sim.reports:
+                    self.all_acked.set()
+            elif kind == "assignment":
+                self.assignment.set()
+            elif kind == "rendezvous":
+                self.rendezvous.set()
+            elif kind == "phase_ack" and command.phase_ack.phase >= pb.PHASE_TRAINING:
+                self.training.set()
+            elif kind == "release":
+                self.released.set()
+
+    def _reset(self) -> None:
+        """A fresh outbox and fresh start-up events, for a (re)opened stream."""
+        self.outbox = asyncio.Queue()
+        self.assignment, self.rendezvous, self.training = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    async def _until(self, event: asyncio.Event, what: str, reader: asyncio.Future) -> None:
+        """Wait for `event`; StreamBroke if the stream ends first, TimeoutError after PHASE_WAIT_S."""
+        waiter = asyncio.ensure_future(event.wait())
+        done, _ = await asyncio.wait({waiter, reader}, timeout=PHASE_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        if waiter in done:
+            return
+        waiter.cancel()
+        if reader in done:
+            raise StreamBroke(f"its stream ended before the {what}: {reader.exception()!r}"[:300])
+        raise TimeoutError(f"no {what} within {PHASE_WAIT_S:g} s")
+
+    async def _start_up(self):
+        """Open the stream and walk the phases up to the PhaseAck of TRAINING; (channel, reader task)."""
+        sim = self.sim
+        self._reset()
+        channel = aio.insecure_channel(sim.address, options=OPTIONS)
+        call = pb_grpc.CoordinatorStub(channel).WorkerSession(_requests(self.outbox, self), metadata=sim.metadata)
+        reader = asyncio.ensure_future(self._read(call))
+        try:
+            self._put(hello=pb.WorkerHello(pid=sim.pid, hostname=sim.hostname))
+            self._put(phase=pb.PhaseChange(phase=pb.PHASE_STARTUP))
+            await self._until(self.assignment, "assignment", reader)
+            self._put(phase=pb.PhaseChange(phase=pb.PHASE_DIST_INIT))
+            if self.rank == 0:
+                self._put(store_ready=pb.StoreReady(address="127.0.0.1", port=29500))
+            else:
+                await self._until(self.rendezvous, "rendezvous", reader)
+            self._put(phase=pb.PhaseChange(phase=pb.PHASE_TRAINING))
+            await self._until(self.training, "PhaseAck(TRAINING)", reader)
+        except BaseException:
+            reader.cancel()
+            await channel.close()
+            raise
+        return channel, reader
+
+    async def run(self) -> bool:
+        """The worker's whole life; True when it ended cleanly.
+
+        A stream that breaks during start-up is opened again, after a growing pause (at most START_TRIES
+        times, counted as `reopened`): under a storm of thousands of new connections in one process, the gRPC client
+        library sometimes fails some of them (see README, "Control-plane scale").
+        """
+        sim = self.sim
+        for attempt in range(START_TRIES):
+            try:
+                channel, reader = await self._start_up()
+                break
+            except StreamBroke as exc:
+                if attempt == START_TRIES - 1:
+                    sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {exc}")
+                    return False
+                sim.stats.reopened += 1
+                await asyncio.sleep(0.5 * 2 ** attempt)  # such breakage comes in bursts: let it pass
+            except Exception as exc:  # noqa: BLE001 - recorded, and the exit code says it
+                sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
+                return False
+        try:
+            sim.training_started(self)
+            await sim.go.wait()
+            while not self.done_reporting():
+                await asyncio.sleep(0.2)
+            try:
+                await asyncio.wait_for(self.all_acked.wait(), ACK_WAIT_S)
+            except asyncio.TimeoutError:
+                pass  # counted as lost
+            self._put(phase=pb.PhaseChange(phase=pb.PHASE_FINISHING))
+            self._put(done=pb.WorkerDone(finished_at=time.time(), reports=len(self.sent_at)))
+            if self.rank == 0:
+                await _wait(self.released, "release", ACK_WAIT_S)
+            self.outbox.put_nowait(_END)
+            await asyncio.wait_for(reader, ACK_WAIT_S)
+            return True
+        except Exception as exc:  # noqa: BLE001 - recorded, and the exit code says it
+            sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
+            return False
+        finally:
+            await channel.close()
+
+
+class FakeAgent:
+    """One simulated node agent; see the module docstring."""
+
+    def __init__(self, sim: "Simulation", node_id: str, slots: int):
+        self.sim, self.node_id, self.slots = sim, node_id, slots
+        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.workers: dict[tuple[int, int], asyncio.Task] = {}
+
+    def _put(self, **body) -> None:
+        self.outbox.put_nowait(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
+
+    async def _heartbeat(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
+
+    async def _worker(self, attempt: int, rank: int, pid: int) -> None:
+        clean = await FakeWorker(self.sim, attempt, rank).run()
+        self._put(exited=pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=0 if clean else 1,
+                                         exited_at=time.time()))
+
+    def _start(self, start: pb.StartWorkers) -> None:
+        for launch in start.workers:
+            pid = next(self.sim.pids)
+            self._put(spawned=pb.WorkerSpawned(attempt=start.attempt, rank=launch.rank, pid=pid))
+            task = asyncio.ensure_future(self._worker(start.attempt, launch.rank, pid))
+            self.workers[(start.attempt, launch.rank)] = task
+
+    def _stop(self, stop: pb.StopWorkers) -> None:
+        for (attempt, rank), task in self.workers.items():
+            if attempt == stop.attempt and not task.done():
+                task.cancel()
+                self._put(exited=pb.WorkerExited(attempt=attempt, rank=rank, signal=15, stopped_by_agent=True,
+                                                 exited_at=time.time()))
+
+    async def run(self) -> None:
+        """Hold the session until Shutdown (or until it breaks)."""
+        sim = self.sim
+        channel = aio.insecure_channel(sim.address, options=OPTIONS)
+        heartbeat = asyncio.ensure_future(self._heartbeat())
+        try:
+            call = pb_grpc.CoordinatorStub(channel).AgentSession(_requests(self.outbox), metadata=sim.metadata)
+            self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
+                                          python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
+                                          address="127.0.0.1", ifname="lo"))
+            async for command in call:
+                kind = command.WhichOneof("body")
+                if kind == "start":
+                    self._start(command.start)
+                elif kind == "stop":
+                    self._stop(command.stop)
+                elif kind == "shutdown":
+                    break
+        except Exception as exc:  # noqa: BLE001
+            sim.stats.errors.append(f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300])
+        finally:
+            heartbeat.cancel()
+            for task in self.workers.values():
+                task.cancel()
+            self.outbox.put_nowait(_END)
+            await channel.close()
+
+
+class Simulation:
+    """Every fake agent and worker of this process, and the ticker that paces their reports."""
+
+    def __init__(self, config: dict):
+        self.address, self.run_id = config["address"], config["run_id"]
+        self.metadata = call_metadata(config["token"])
+        self.reports, self.rate_hz = config["reports"], config["rate_hz"]
+        self.ack_every = config.get("ack_every", 1)
+        self.expected_workers = config["workers"]
+        self.pid, self.hostname = os.getpid(), "bench-client"
+        self.pids = itertools.count(1_000_000 + os.getpid() * 10_000)
+        self.stats = Stats(config["warmup_rounds"])
+        self.slots: list[list[FakeWorker]] = [[] for _ in range(SLOTS)]
+        self.workers: list[FakeWorker] = []
+        self.training = 0
+        self.go = asyncio.Event()
+        self.started = time.monotonic()
+        self.barrier_dir, self.processes = config["barrier_dir"], config["processes"]
+        self.agents = [FakeAgent(self, node_id, config["slots"]) for node_id in config["node_ids"]]
+
+    def elapsed(self) -> float:
+        """Seconds since this process started its simulation (error messages carry it)."""
+        return time.monotonic() - self.started
+
+    def training_started(self, worker: FakeWorker) -> None:
+        """A worker got its PhaseAck(TRAINING); reporting starts once every worker of the run has."""
+        # Each rank keeps one pseudo-random slot: no rank order, and a late rank stays late.
+        self.slots[random.Random(worker.rank).randrange(SLOTS)].append(worker)
+        self.training += 1
+        if self.training == self.expected_workers:
+            asyncio.ensure_future(self._barrier())
+
+    async def _barrier(self) -> None:
+        """Every client process marks itself ready in the shared directory and waits for the others:
+        as in DDP, where no rank gets past the first collective before every rank is up."""
+        open(os.path.join(self.barrier_dir, f"ready_{os.getpid()}"), "w").close()
+        while sum(name.startswith("ready_") for name in os.listdir(self.barrier_dir)) < self.processes:
+            await asyncio.sleep(0.02)
+        self.go.set()
+
+    async def _ticker(self) -> None:
+        await self.go.wait()
+        loop = asyncio.get_running_loop()
+        step = 1.0 / self.rate_hz / SLOTS
+        start = loop.time()
+        self.stats.first_report_at = time.time()
+        for tick in range(self.reports * SLOTS):
+            due = start + tick * step
+            delay = due - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self.stats.lag.append(max(0.0, loop.time() - due))
+            for worker in self.slots[tick % SLOTS]:
+                if not worker.done_reporting():
+                    worker.report()
+                    self.stats.sent += 1
+        self.stats.last_report_at = time.time()
+
+    async def run(self) -> None:
+        """Run every agent until the coordinator shuts them down."""
+        ticker = asyncio.ensure_future(self._ticker())
+        await asyncio.gather(*(agent.run() for agent in self.agents))
+        ticker.cancel()
+
+
+def _results(sim: Simulation, out: str) -> dict:
+    stats = sim.stats
+    lag = sorted(stats.lag)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    with open(out + ".latencies", "wb") as f:
+        stats.latencies.tofile(f)
+    with open(out + ".errors.txt", "w") as f:  # every error, for --save-logs
+        f.write("".join(e + "\n" for e in stats.errors))
+    return {"pid": os.getpid(), "workers": sim.expected_workers, "training": sim.training, "sent": stats.sent,
+            "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
+            "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
+            "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest
+            "first_report_at": stats.first_report_at, "last_report_at": stats.last_report_at,
+            "acks_per_second": stats.acks_per_second,
+            "tick_lag_p99_s": lag[int(0.99 * (len(lag) - 1))] if lag else None,
+            "tick_lag_max_s": lag[-1] if lag else None,
+            "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024,
+            "latencies_file": out + ".latencies"}
+
+
+def main() -> int:
+    """Read the configuration from stdin, serve the nodes, write the results file."""
+    config = json.loads(sys.stdin.readline())
+    sim = Simulation(config)
+    asyncio.run(sim.run())
+    results = _results(sim, config["out"])
+    with open(config["out"] + ".tmp", "w") as f:
+        json.dump(results, f)
+    os.replace(config["out"] + ".tmp", config["out"])
+    return 0 if not sim.stats.errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""The coordinator process of the scale simulation: the real `run_coordinator`, fake agents.
+
+`python -m minitrain.bench.scale.coordinator --role coordinator --spec SPEC.json` runs one simulated
+run exactly as `TorchTrainer.fit()` runs its coordinator (`minitrain.coordinator.run.run_coordinator`:
+the grpc.aio server with the token interceptor, the controller, commits, the metrics log, a local run
+directory and per-rank log files), but with `FakeAgentLauncher` instead of the launcher of real
+agents: its "agents" are client processes (`minitrain.bench.scale.clients`) that serve many fake
+nodes each. Their CPU is therefore not this process's; the benchmark samples this process from
+outside. At the end this process writes what the coordinator recorded (the run's outcome, rank 0's
+history, the number of completed rounds) and its own peak RSS to the spec's result file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+from minitrain.bench.common import peak_rss_mib, read_json, self_peak_rss_mib, write_json
+
+CLIENTS_MODULE = "minitrain.bench.scale.clients"
+PAYLOAD_BYTES = 4096  # a small training function's cloudpickle
+
+
+class FakeAgents:
+    """The handles `run_coordinator` expects from a launcher (see `minitrain.launcher.LaunchedAgents`)."""
+
+    def __init__(self, procs: list[tuple[subprocess.Popen, list[str]]]):
+        self._procs = procs
+
+    def dead_agents(self) -> dict[str, str]:
+        """node_id -> why, for nodes whose client process ended early (with an error)."""
+        dead = {}
+        for proc, nodes in self._procs:
+            if proc.poll() not in (None, 0):
+                dead.update({n: f"its client process exited with {proc.returncode}" for n in nodes})
+        return dead
+
+    def relaunch(self, node_id: str) -> bool:
+        """Fake nodes are never relaunched."""
+        return False
+
+    def forget(self, node_id: str) -> None:
+        """Nothing to forget."""
+
+    def stop(self, timeout_s: float = 60.0) -> None:
+        """Wait for the client processes (they end after the coordinator's Shutdown); kill stragglers."""
+        for proc, _ in self._procs:
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+class FakeAgentLauncher:
+    """A `run.Launcher` whose agents are fake: `client_procs` processes share the nodes.
+
+    `start()` also records this process's RSS just before any client connects (the baseline).
+    """
+
+    def __init__(self, spec: dict):
+        self._spec = spec
+        self.baseline_rss_mib = 0.0
+
+    def bind_hosts(self) -> tuple[str, ...]:
+        """Loopback only."""
+        return ("127.0.0.1",)
+
+    def bind_host_for(self, node_id: str) -> str:
+        """Every fake node dials loopback."""
+        return "127.0.0.1"
+
+    def start(self, node_ids: list[str], address_for, token: str, run_id: str) -> FakeAgents:
+        """Start the client processes, each with its share of `node_ids`; the token goes on stdin."""
+        self.baseline_rss_mib = peak_rss_mib(os.getpid()) or 0.0
+        spec = self._spec
+        count = max(1, min(spec["client_procs"], len(node_ids)))
+        shares = [node_ids[i::count] for i in range(count)]
+        barrier = os.path.join(spec["out_dir"], "barrier")
+        os.makedirs(barrier)
+        procs = []
+        for index, nodes in enumerate(shares):
+            config = {"address": address_for(nodes[0]), "token": token, "run_id": run_id, "node_ids": nodes,
+                      "slots": spec["slots"], "workers": len(nodes) * spec["slots"], "reports": spec["reports"],
+                      "rate_hz": spec["rate_hz"], "warmup_rounds": spec["warmup_rounds"], "ack_every": spec["ack_every"],
+                      "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
+                      "barrier_dir": barrier, "processes": count}
+            with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
+                proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
+                                        stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            proc.stdin.write(json.dumps(config).encode() + b"\n")
+            proc.stdin.close()
+            procs.append((proc, nodes))
+        return FakeAgents(procs)
+
+
+class ReportTap:
+    """Wraps `Commits.on_report` (the controller recording one report) to time and check every report.
+
+    latency = the controller's wall clock when it starts recording a report - the report's
+    `reported_at` (the worker's wall clock when it put the report on its stream; same machine).
+    Order: each rank's rounds must arrive as 0, 1, 2, ...; anything else counts as reordered.
+    """
+
+    def __init__(self, warmup_rounds: int):
+        self.warmup_rounds = warmup_rounds
+        self.latencies = array.array("d")
+        self.next_round: dict[int, int] = {}
+        self.recorded = 0
+        self.reordered = 0
+        self.per_second: dict[int, int] = {}
+
+    def install(self) -> None:
+        """Patch the class for this process (a benchmark process: nothing else runs here)."""
+        from minitrain.coordinator.commits import Commits
+
+        original = Commits.on_report
+        tap = self
+
+        def on_report(commits, tracker, report):
+            tap.seen(report.rank, report.round, report.reported_at)
+            return original(commits, tracker, report)
+
+        Commits.on_report = on_report
+
+    def seen(self, rank: int, round_: int, reported_at: float) -> None:
+        """One report reached the controller."""
+        now = time.time()
+        expected = self.next_round.get(rank, 0)
+        if round_ != expected:
+            self.reordered += 1
+        self.next_round[rank] = max(expected, round_ + 1)
+        self.recorded += 1
+        second = int(now)
+        self.per_second[second] = self.per_second.get(second, 0) + 1
+        if round_ >= self.warmup_rounds:
+            self.latencies.append(now - reported_at)
+
+
+class GcWatch:
+    """Times every cyclic-GC collection of this process (gc.callbacks): they pause every thread."""
+
+    def __init__(self):
+        self.pauses: list[tuple[int, float]] = []  # (generation, seconds)
+        self._started = 0.0
+
+    def install(self) -> "GcWatch":
+        """Start timing collections."""
+        gc.callbacks.append(self._callback)
+        return self
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses.append((info["generation"], time.perf_counter() - self._started))
+
+    def figures(self) -> dict:
+        """Collections, total and longest pause (seconds), per generation."""
+        return {str(g): {"collections": len(p), "total_s": sum(p), "max_s": max(p, default=0.0)}
+                for g in range(3) for p in [[s for gen, s in self.pauses if gen == g]]}
+
+
+def run(spec: dict) -> dict:
+    """One simulated run; returns what the coordinator recorded (see the module docstring)."""
+    from minitrain.checkpoint_manager import CheckpointManager
+    from minitrain.config import CheckpointConfig, FailureConfig
+    from minitrain.coordinator.controller import RunSpec
+    from minitrain.coordinator.metrics_log import MetricsLog
+    from minitrain.coordinator.run import run_coordinator
+    from minitrain.logs import LogSink
+    from minitrain.storage import Storage
+
+    storage = Storage.for_run(spec["out_dir"], "run")
+    storage.makedirs()
+    checkpoints = CheckpointManager.load(storage, CheckpointConfig())
+    workers, slots = spec["workers"], spec["slots"]
+    node_ids = tuple(f"node{i:04d}" for i in range(workers // slots))
+    run_spec = RunSpec(
+        run_id=uuid.uuid4().hex, experiment_name="scale", run_path=storage.url(), num_workers=workers,
+        node_ids=node_ids, payload=bytes(PAYLOAD_BYTES), backend="gloo", dist_timeout_s=600.0,
+        failure_policy=FailureConfig(max_failures=0), node_slots={n: slots for n in node_ids},
+        agent_start_timeout_s=300.0)
+    launcher = FakeAgentLauncher(spec)
+    tap = ReportTap(spec["warmup_rounds"])
+    tap.install()
+    log_sink = LogSink(storage.path("logs"), console=False)
+    try:
+        outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage))
+    finally:
+        log_sink.close()
+    steps = [m.get("step") for m in outcome.metrics_history]
+    latencies_file = os.path.join(spec["out_dir"], "coordinator.latencies")
+    with open(latencies_file, "wb") as f:
+        tap.latencies.tofile(f)
+    per_rank = [tap.next_round.get(rank, 0) for rank in range(workers)]
+    return {"state": outcome.state, "error": (outcome.error_message or "")[:3000],
+            "rank0_reports": len(steps), "rank0_in_order": steps == list(range(len(steps))),
+            "rounds_completed": checkpoints.report_index, "baseline_rss_mib": launcher.baseline_rss_mib,
+            "recorded": tap.recorded, "reordered": tap.reordered, "latencies_file": latencies_file,
+            "recorded_per_second": tap.per_second,
+            "ranks_complete": sum(n == spec["reports"] for n in per_rank),
+            "peak_rss_mib": self_peak_rss_mib()}
+
+
+def main(argv=None) -> int:
+    """`--role coordinator --spec PATH`: run the spec, write its result file."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--role", choices=["coordinator"], required=True)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    spec = read_json(args.spec)
+    gc_watch = GcWatch().install()
+    result = run(spec)
+    result["gc"] = gc_watch.figures()
+    write_json(spec["result"], result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

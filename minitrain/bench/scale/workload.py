@@ -1,0 +1,327 @@
+"""The scale workload: one simulated run per worker count, measured from outside the coordinator.
+
+For each count W a coordinator process (`coordinator.py`) runs the real coordinator with W fake
+workers on W/slots fake nodes (`clients.py`). While it runs, this process samples the coordinator
+process's CPU time and RSS every SAMPLE_S seconds (psutil; its threads included, the client
+processes not). Figures per count:
+
+- offered: W x rate reports per second; absorbed: acknowledged reports per second over the steady
+  window (every client process reporting), from the per-second ack counts of the clients;
+- report latency p50/p99/max: put on the worker's stream -> ReportAck read back (see clients.py),
+  the first `warmup` seconds of each worker excluded;
+- lost: reports never acknowledged; reordered: acks out of order; and what the coordinator itself
+  recorded: the outcome, rank 0's history in order, every round completed (each round needs every
+  rank's report);
+- coordinator CPU: cores used over the steady window (CPU seconds / wall seconds); clients' CPU too,
+  since they share the machine's cores;
+- coordinator RSS: before any client connected (baseline), median over the steady window, and peak
+  (VmHWM at exit), and the growth per worker over the baseline.
+"""
+
+from __future__ import annotations
+
+import array
+import os
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from minitrain.bench.common import (BenchError, percentile, read_json, role_argv, say, stop_tree, tail,
+                                    write_json)
+from minitrain.bench.table import Row, WorkloadResult
+
+SAMPLE_S = 0.25
+SLOTS = 8  # workers per fake node (an 8-GPU host)
+RATE_HZ = 10.0
+TARGET_WORKERS = 1024
+TARGET_P99_MS = 20.0
+TARGET_RSS_MIB = 500.0
+RUN_TIMEOUT_S = 900.0
+
+
+class ProcessSampler:
+    """(time, CPU seconds, RSS MiB) of a process, and the summed CPU of its descendants, every SAMPLE_S."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.samples: list[tuple[float, float, float, float]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="scale-sampler", daemon=True)
+
+    def _run(self) -> None:
+        import psutil
+
+        try:
+            proc = psutil.Process(self.pid)
+        except psutil.Error:
+            return
+        children: dict[int, "psutil.Process"] = {}
+        while not self._stop.is_set():
+            try:
+                with proc.oneshot():
+                    cpu = sum(proc.cpu_times()[:2])
+                    rss = proc.memory_info().rss / (1 << 20)
+                for child in proc.children(recursive=True):
+                    children.setdefault(child.pid, child)
+            except psutil.Error:
+                return
+            clients = 0.0
+            for child in children.values():
+                try:
+                    clients += sum(child.cpu_times()[:2])
+                except psutil.Error:
+                    pass
+            self.samples.append((time.time(), cpu, rss, clients))
+            self._stop.wait(SAMPLE_S)
+
+    def start(self) -> "ProcessSampler":
+        """Start sampling in the background."""
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def window(self, start: float, end: float) -> dict:
+        """Cores used by the process and its clients, and its median RSS, between two wall times."""
+        inside = [s for s in self.samples if start <= s[0] <= end]
+        if len(inside) < 2:
+            return {"coordinator_cores": None, "clients_cores": None, "rss_mib": None}
+        (t0, c0, _, k0), (t1, c1, _, k1) = inside[0], inside[-1]
+        return {"coordinator_cores": (c1 - c0) / (t1 - t0), "clients_cores": (k1 - k0) / (t1 - t0),
+                "rss_mib": statistics.median(s[2] for s in inside)}
+
+
+def _profile(pid: int, out_dir: str, delay_s: float, duration_s: float) -> Optional[subprocess.Popen]:
+    """py-spy (if installed) records the coordinator for `duration_s` s after `delay_s` s: raw stacks
+    (collapsed, one line per stack) in out_dir/profile.txt, every thread, native frames excluded."""
+    spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    if not os.access(spy, os.X_OK):
+        say("  note: py-spy is not installed (pip install py-spy); no profile taken")
+        return None
+    time.sleep(delay_s)
+    return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(duration_s)), "--rate", "200",
+                             "--format", "raw", "--threads", "--output", os.path.join(out_dir, "profile.txt")],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+
+
+def profile_top(path: str, count: int = 15) -> list[str]:
+    """The threads and the `count` functions (inclusive) with the most samples in a py-spy raw profile."""
+    import collections
+
+    threads: collections.Counter = collections.Counter()
+    functions: collections.Counter = collections.Counter()
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, number = line.rstrip().rpartition(" ")
+            if not stack or not number.isdigit():
+                continue
+            frames, n = stack.split(";"), int(number)
+            total += n
+            threads[frames[0]] += n
+            for frame in set(frames[1:]):
+                if "threading.py" not in frame and "runpy" not in frame:
+                    functions[frame] += n
+    if not total:
+        return ["(no samples)"]
+    lines = [f"{n / total:6.1%}  {thread}" for thread, n in threads.most_common()]
+    return lines + [f"{n / total:6.1%}  {frame}" for frame, n in functions.most_common(count)]
+
+
+def _merge_clients(out_dir: str) -> dict:
+    clients = [read_json(os.path.join(out_dir, name)) for name in sorted(os.listdir(out_dir))
+               if name.startswith("client_") and name.endswith(".json")]
+    if not clients:
+        raise BenchError(f"no client wrote results; client log:\n{tail(os.path.join(out_dir, 'client_0.log'))}")
+    latencies = array.array("d")
+    for client in clients:
+        with open(client["latencies_file"], "rb") as f:
+            latencies.frombytes(f.read())
+    per_second: dict[int, int] = {}
+    for client in clients:
+        for second, count in client["acks_per_second"].items():
+            per_second[int(second)] = per_second.get(int(second), 0) + count
+    starts = [c["first_report_at"] for c in clients if c["first_report_at"]]
+    ends = [c["last_report_at"] for c in clients if c["last_report_at"]]
+    return {"clients": clients, "latencies": sorted(latencies), "acks_per_second": per_second,
+            "window": (max(starts), min(ends)) if starts and ends else None,
+            "sent": sum(c["sent"] for c in clients), "acked": sum(c["acked"] for c in clients),
+            "expected": sum(c["expected"] for c in clients), "reordered": sum(c["reordered"] for c in clients),
+            "reopened": sum(c.get("reopened", 0) for c in clients),
+            "errors": [e for c in clients for e in c["errors"]], "clients_cpu_s": sum(c["cpu_s"] for c in clients),
+            "tick_lag_p99_s": max((c["tick_lag_p99_s"] or 0.0) for c in clients)}
+
+
+def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_procs: int,
+              profile: bool, ack_every: int = 10) -> dict:
+    """One simulated run of `workers` fake workers; its figures (see the module docstring)."""
+    out_dir = os.path.join(tmp, f"scale_{workers}")
+    os.makedirs(out_dir)
+    spec = {"workers": workers, "slots": SLOTS, "reports": int(round(seconds * RATE_HZ)), "rate_hz": RATE_HZ,
+            "warmup_rounds": int(round(warmup_s * RATE_HZ)), "client_procs": client_procs, "out_dir": out_dir,
+            "ack_every": ack_every,
+            "result": os.path.join(out_dir, "coordinator.json")}
+    spec_path = os.path.join(out_dir, "spec.json")
+    write_json(spec_path, spec)
+    output = os.path.join(out_dir, "coordinator.log")
+    started = time.time()
+    with open(output, "wb") as out:
+        proc = subprocess.Popen(role_argv("scale.coordinator", "coordinator", spec_path), cwd=out_dir, stdout=out,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    sampler = ProcessSampler(proc.pid).start()
+    spy = None
+    try:
+        if profile:
+            spy = _profile(proc.pid, out_dir, delay_s=min(30.0, 5.0 + workers / 200), duration_s=seconds / 2)
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            stop_tree(proc)
+            raise BenchError(f"the {workers}-worker simulation did not end in {RUN_TIMEOUT_S:g} s; output:\n"
+                             + tail(output)) from None
+    finally:
+        sampler.stop()
+        if spy is not None:
+            spy.wait(timeout=120)
+    if proc.returncode != 0 or not os.path.exists(spec["result"]):
+        raise BenchError(f"the {workers}-worker coordinator exited with {proc.returncode}; output:\n{tail(output)}")
+    return _figures(workers, spec, read_json(spec["result"]), _merge_clients(out_dir), sampler,
+                    time.time() - started, out_dir if profile else None)
+
+
+def _latencies(path: str) -> list[float]:
+    samples = array.array("d")
+    with open(path, "rb") as f:
+        samples.frombytes(f.read())
+    return sorted(samples)
+
+
+def _ms(ordered: list[float], q: float) -> Optional[float]:
+    return percentile(ordered, q) * 1e3 if ordered else None
+
+
+def _figures(workers: int, spec: dict, coord: dict, clients: dict, sampler: ProcessSampler, wall_s: float,
+             profile_dir: Optional[str]) -> dict:
+    lat = _latencies(coord["latencies_file"])
+    trip = clients["latencies"]
+    start, end = clients["window"] or (0.0, 0.0)
+    per_second = {int(k): v for k, v in coord["recorded_per_second"].items()}
+    seconds = [s for s in per_second if start <= s and s + 1 <= end]
+    absorbed = (sum(per_second[s] for s in seconds) / len(seconds)) if seconds else None
+    usage = sampler.window(start, end)
+    expected = workers * spec["reports"]
+    cores = usage["coordinator_cores"]
+    return {
+        "workers": workers, "nodes": workers // SLOTS, "client_procs": len(clients["clients"]),
+        "reports_per_worker": spec["reports"], "ack_every": spec["ack_every"], "offered_per_s": workers * RATE_HZ,
+        "absorbed_per_s": absorbed, "p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99),
+        "max_ms": lat[-1] * 1e3 if lat else None, "latency_samples": len(lat),
+        "round_trip_p50_ms": _ms(trip, 50), "round_trip_p99_ms": _ms(trip, 99), "round_trip_samples": len(trip),
+        "sent": clients["sent"], "recorded": coord["recorded"], "expected": expected,
+        "lost": expected - coord["recorded"] + (clients["expected"] - clients["acked"]),
+        "reordered": coord["reordered"] + clients["reordered"], "client_errors": clients["errors"][:10],
+        "streams_reopened": clients["reopened"],
+        "state": coord["state"], "coordinator_error": coord["error"], "rank0_reports": coord["rank0_reports"],
+        "rank0_in_order": coord["rank0_in_order"], "rounds_completed": coord["rounds_completed"],
+        "all_recorded": (coord["state"] == "SUCCEEDED" and coord["rank0_in_order"]
+                         and coord["rank0_reports"] == spec["reports"] and coord["ranks_complete"] == workers
+                         and coord["rounds_completed"] == spec["reports"]),
+        "coordinator_cores": cores, "clients_cores": usage["clients_cores"],
+        "cpu_us_per_report": cores / absorbed * 1e6 if cores and absorbed else None,
+        "rss_baseline_mib": coord["baseline_rss_mib"], "rss_steady_mib": usage["rss_mib"],
+        "rss_peak_mib": coord["peak_rss_mib"],
+        "rss_per_worker_kib": ((coord["peak_rss_mib"] - coord["baseline_rss_mib"]) * 1024 / workers),
+        "gc_collections": sum(g["collections"] for g in coord["gc"].values()),
+        "gc_pause_total_ms": sum(g["total_s"] for g in coord["gc"].values()) * 1e3,
+        "gc_pause_max_ms": max(g["max_s"] for g in coord["gc"].values()) * 1e3,
+        "steady_window_s": end - start, "tick_lag_p99_ms": clients["tick_lag_p99_s"] * 1e3, "wall_s": wall_s,
+        "load_1min": round(os.getloadavg()[0], 2),
+        "profile": os.path.join(profile_dir, "profile.txt") if profile_dir else None,
+    }
+
+
+def _fmt(value, spec: str = ".1f", unit: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{unit}"
+
+
+def scale_table(runs: list[dict]) -> str:
+    """The Markdown table of every count."""
+    lines = ["| workers (nodes) | reports/s offered / absorbed | latency send -> recorded p50 / p99 / max "
+             "| round trip to ack p50 / p99 | lost / reordered / all recorded | coordinator CPU: cores "
+             "(us per report) | clients CPU (cores) | coordinator RSS before / steady / peak (per worker) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        lines.append(
+            f"| {run['workers']} ({run['nodes']}) | {run['offered_per_s']:.0f} / {_fmt(run['absorbed_per_s'], '.0f')} "
+            f"| {_fmt(run['p50_ms'], '.1f')} / {_fmt(run['p99_ms'], '.1f')} / {_fmt(run['max_ms'], '.0f')} ms "
+            f"| {_fmt(run['round_trip_p50_ms'], '.1f')} / {_fmt(run['round_trip_p99_ms'], '.1f')} ms "
+            f"| {run['lost']} / {run['reordered']} / {'yes' if run['all_recorded'] else '**no**'} "
+            f"| {_fmt(run['coordinator_cores'], '.2f')} ({_fmt(run['cpu_us_per_report'], '.0f')}) "
+            f"| {_fmt(run['clients_cores'], '.2f')} "
+            f"| {run['rss_baseline_mib']:.0f} / {_fmt(run['rss_steady_mib'], '.0f')} / {run['rss_peak_mib']:.0f} MiB "
+            f"({run['rss_per_worker_kib']:.0f} KiB) |")
+    return "\n".join(lines)
+
+
+def print_run(run: dict) -> None:
+    """One count's figures as progress lines."""
+    say(f"  {run['workers']} workers on {run['nodes']} nodes ({run['client_procs']} client process(es)): "
+        f"absorbed {_fmt(run['absorbed_per_s'], '.0f')}/s of {run['offered_per_s']:.0f}/s offered; send -> recorded "
+        f"p50 {_fmt(run['p50_ms'], '.2f')} ms, p99 {_fmt(run['p99_ms'], '.2f')} ms, max {_fmt(run['max_ms'], '.1f')} ms "
+        f"({run['latency_samples']} samples); round trip to ack p50 {_fmt(run['round_trip_p50_ms'], '.2f')} ms, p99 "
+        f"{_fmt(run['round_trip_p99_ms'], '.2f')} ms ({run['round_trip_samples']} samples, 1 report in "
+        f"{run['ack_every']})")
+    say(f"    lost {run['lost']}, reordered {run['reordered']}, fake workers' streams re-opened during start-up "
+        f"{run['streams_reopened']}; coordinator recorded all: {run['all_recorded']} "
+        f"({run['state']}, {run['recorded']}/{run['expected']} reports, rank 0 history {run['rank0_reports']} in "
+        f"order: {run['rank0_in_order']}, rounds {run['rounds_completed']})")
+    say(f"    coordinator CPU {_fmt(run['coordinator_cores'], '.2f')} cores ({_fmt(run['cpu_us_per_report'], '.0f')} us "
+        f"per report), clients {_fmt(run['clients_cores'], '.2f')} cores (steady window {run['steady_window_s']:.1f} s, "
+        f"client ticker lag p99 {run['tick_lag_p99_ms']:.1f} ms); coordinator RSS {run['rss_baseline_mib']:.0f} MiB "
+        f"before the clients, {_fmt(run['rss_steady_mib'], '.0f')} MiB steady, {run['rss_peak_mib']:.0f} MiB peak "
+        f"({run['rss_per_worker_kib']:.0f} KiB per worker); GC: {run['gc_collections']} collections, "
+        f"{run['gc_pause_total_ms']:.0f} ms in all, longest {run['gc_pause_max_ms']:.1f} ms; wall {run['wall_s']:.1f} s, "
+        f"load average {run['load_1min']}")
+    if run["profile"] and os.path.exists(run["profile"]):
+        say(f"    profile of the coordinator (py-spy, {run['profile']}), share of samples:")
+        for line in profile_top(run["profile"]):
+            say(f"      {line}")
+    if run["client_errors"] or run["coordinator_error"]:
+        say(f"    errors: {run['client_errors'][:3]} {run['coordinator_error'][:500]}")
+
+
+def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, client_procs: int,
+                profile_at: Optional[int] = None, ack_every: int = 10) -> WorkloadResult:
+    """Every count in turn; rows for the main table at TARGET_WORKERS (or the largest count below it)."""
+    runs = []
+    for workers in counts:
+        if workers % SLOTS:
+            raise BenchError(f"--workers: {workers} is not a multiple of {SLOTS} (workers per fake node)")
+        procs = client_procs or max(1, min(2, workers // 1024))
+        say(f"\nscale: {workers} fake workers, {RATE_HZ:g} reports/s each for {seconds:g} s "
+            f"(warm-up {warmup_s:g} s excluded)")
+        run = run_count(tmp, workers, seconds, warmup_s, procs, profile=profile_at == workers, ack_every=ack_every)
+        print_run(run)
+        runs.append(run)
+    result = WorkloadResult("scale", figures={"runs": runs, "rate_hz": RATE_HZ, "seconds": seconds,
+                                              "slots": SLOTS, "markdown": scale_table(runs)})
+    at = [r for r in runs if r["workers"] <= TARGET_WORKERS] or runs[:1]
+    run = at[-1]
+    label = f"control plane, {run['workers']} fake workers x {RATE_HZ:g} Hz"
+    result.rows += [
+        Row("scale", f"{label}: report latency p99 (p50)", f"{_fmt(run['p99_ms'], '.1f')} ms "
+            f"({_fmt(run['p50_ms'], '.1f')} ms)", target=f"< {TARGET_P99_MS:g} ms at {TARGET_WORKERS}",
+            met=run["p99_ms"] is not None and run["p99_ms"] < TARGET_P99_MS if run["workers"] == TARGET_WORKERS
+            else None),
+        Row("scale", f"{label}: lost / reordered reports", f"{run['lost']} / {run['reordered']}",
+            target="0 / 0, all recorded", met=run["lost"] == 0 and run["reordered"] == 0 and run["all_recorded"]),
+        Row("scale", f"{label}: coordinator RSS peak", f"{run['rss_peak_mib']:.0f} MiB",
+            target=f"< {TARGET_RSS_MIB:g} MiB", met=run["rss_peak_mib"] < TARGET_RSS_MIB),
+    ]
+    return result
