@@ -35,12 +35,17 @@ def lives_in_this_process(storage: Storage) -> bool:
 def local_mirror(storage: Storage) -> Iterator[Storage]:
     """A local run directory holding a copy of `storage`'s run directory (if it has one), yielded
     for the run to use; on exit (also on an exception or KeyboardInterrupt) its content replaces the
-    run directory in `storage`, and the local copy is deleted."""
+    run directory in `storage`, and the local copy is deleted. If the copy cannot be made, the error
+    is raised and `storage` is left as it was."""
     staging = tempfile.mkdtemp(prefix="minitrain_memory_run_")
     local = Storage(LocalFileSystem(), staging)
     try:
         if storage.isdir(""):
             storage.download_dir("", staging)
+    except BaseException:  # an incomplete copy must never replace the run directory
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    try:
         yield local
     finally:
         try:

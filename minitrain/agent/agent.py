@@ -24,7 +24,7 @@ import grpc
 
 import minitrain
 from minitrain import hostinfo, procs
-from minitrain.agent.spares import Spare, SparePool, start_worker
+from minitrain.agent.spares import Spare, ForkServerPool, start_worker
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -77,7 +77,7 @@ class NodeAgent:
         self._end_reason = ""
         self._call = None
         self._oom_baseline = procs.oom_kill_count()
-        self._spares = SparePool()
+        self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
 
     # ------------------------------------------------------------------ session
@@ -114,12 +114,12 @@ class NodeAgent:
                 try:
                     command = self._commands.get(timeout=0.2)
                 except queue.Empty:
-                    self._spares.refill()
+                    self._fork_server.refill()
                     self._reap_orphans()
                     continue
                 self._execute(command)
         finally:
-            self._spares.clear()
+            self._fork_server.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
             self._outbox.put(END_OF_STREAM)
             self._call.cancel()
@@ -145,8 +145,8 @@ class NodeAgent:
                              daemon=True, name="agent-stop").start()
         elif kind == "prepare_spares" and self._last_start is not None:
             key, env, cwd = self._last_start
-            self._spares.want(key, env, cwd)
-            self._spares.refill()
+            self._fork_server.want(key, env, cwd)
+            self._fork_server.refill()
         elif kind == "dump_stacks":
             threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
@@ -156,7 +156,7 @@ class NodeAgent:
         that nobody else waits for."""
         with self._lock:
             keep = {worker.process.pid for worker in self._workers.values()}
-        procs.reap_orphans(keep | set(self._spares.pids()))
+        procs.reap_orphans(keep | set(self._fork_server.pids()))
 
     def _receive(self) -> None:
         try:
@@ -193,7 +193,7 @@ class NodeAgent:
         env["PYTHONUNBUFFERED"] = "1"
         key = (tuple(sorted(env.items())), start.cwd)
         for launch in start.workers:
-            self._spawn(start, launch, env, self._spares.take(key))
+            self._spawn(start, launch, env, self._fork_server.take(key))
         self._last_start = (key, env, start.cwd or None)
 
     def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict,

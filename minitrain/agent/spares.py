@@ -140,7 +140,7 @@ class ForkServer:
 
 
 @dataclass
-class SparePool:
+class ForkServerPool:
     """The fork server for one (environment, working directory). Not thread-safe: main thread only."""
 
     key: Optional[tuple] = None

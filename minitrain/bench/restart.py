@@ -9,7 +9,7 @@ restart, minitrain: ONE job with FailureConfig(max_failures=-1). Every attempt b
     last attempt trains 60 steps and the job ends. Latency = the first step of attempt i+1 - the kill
     in attempt i; a restart succeeded when that attempt reached its first step. Where the time went
     comes from the driver's timestamped log records and the training function's records, and the
-    latencies are split by whether the agent's warm spares were ready at the kill.
+    latencies are split by whether the agent's fork server was ready at the kill.
     Target: median <= 1.0 s, every restart succeeded.
 restart, torchrun: `torchrun --standalone --nproc-per-node 2 --max-restarts N` of the same training
     (its own checkpoint file, torch.save + rename every 50 steps); rank 1 SIGKILLs itself while
@@ -118,7 +118,7 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
     attempts = sorted({int(n) for _, n, _ in marks["starting"]})
     figures = analyse_restarts(records, attempts)
     figures["phases"] = phases_of_minitrain(figures, marks, kill_kind)
-    if kill_kind != "worker":  # the spares die with their agent: nothing to say about them
+    if kill_kind != "worker":  # the fork server dies with its agent: nothing to say about it
         for key in ("kills_with_all_spares_ready", "latency_spares_ready", "latency_spares_not_ready"):
             figures.pop(key, None)
     figures["run"] = run
@@ -229,7 +229,7 @@ def print_restarts(label: str, figures: dict) -> None:
     say(f"    latencies (s): {lat or 'none'}")
     if "kills_with_all_spares_ready" in figures:
         ready, cold = figures["latency_spares_ready"], figures["latency_spares_not_ready"]
-        say(f"    warm spares all ready at the kill: {figures['kills_with_all_spares_ready']}/{figures['kills']} "
+        say(f"    fork server ready at the kill: {figures['kills_with_all_spares_ready']}/{figures['kills']} "
             f"kills; median latency {fmt_s(ready['median_s'])} when ready (n={ready['n']}), "
             f"{fmt_s(cold['median_s'])} when not (n={cold['n']})")
     for restart in figures["per_restart"]:

@@ -59,8 +59,8 @@ def _train(torch, ddp, opt, x, y, step: int, rank: int, loaded: float, kill, rep
 
 
 def _spares_at_kill(exclude: set) -> list[dict]:
-    """The agent's warm spares (its `--preload` children but the current workers) and whether each is
-    ready: blocked reading its bootstrap line from the pipe (it imported everything it preloads)."""
+    """The agent's fork server (its `--zygote` child; a list, empty when there is none) and whether it
+    is ready: blocked reading fork requests from its socket (it imported everything it preloads)."""
     import psutil
 
     spares = []
@@ -72,14 +72,15 @@ def _spares_at_kill(exclude: set) -> list[dict]:
         return spares
     for child in children:
         try:
-            if child.pid in exclude or "--preload" not in child.cmdline():
+            if child.pid in exclude or "--zygote" not in child.cmdline():
                 continue
             with open(f"/proc/{child.pid}/wchan") as f:
                 waiting_on = f.read()
             with open(f"/proc/{child.pid}/stat") as f:
                 started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
             spares.append({"pid": child.pid, "age_s": round(now - started, 3),
-                           "cpu_s": round(sum(child.cpu_times()[:2]), 3), "ready": "pipe" in waiting_on})
+                           "cpu_s": round(sum(child.cpu_times()[:2]), 3),
+                           "ready": "wait_for_more_packets" in waiting_on})
         except (psutil.Error, OSError):
             continue
     return spares

@@ -281,7 +281,7 @@ class Controller:
                 self._check_hangs(tracker, hang_timeout)
 
     def _prepare_spares(self, tracker: AttemptTracker) -> None:
-        """Warm spares make a restart cheap; keep them only when a restart may come."""
+        """A fork server on each node makes a restart cheap; keep one only when a restart may come."""
         if not self._spec.failure_policy.allows_retry(self._failures + 1):
             return
         per_node: dict[str, int] = {}

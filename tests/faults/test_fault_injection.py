@@ -18,7 +18,7 @@ inside the training function. Invariants checked on every example:
   corrupt: every directory the index names exists, is complete, loads, and holds the step its metrics
   say; at most K+1 checkpoint directories exist; on success exactly the indexed ones remain.
 - No process survives `fit()`: none of the pids the run noted, no minitrain agent/worker below the
-  test process, and no process anywhere carrying this run's environment tag (orphans and spares too).
+  test process, and no process anywhere carrying this run's environment tag (orphans and fork servers too).
 
 How faults fire. Fault i fires the first time its (rank, step) is reached after fault i-1 fired, in a
 LATER attempt than fault i-1 (each attempt draws a token that rank 0 broadcasts; a marker file holding
@@ -183,7 +183,7 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
                                          worker_stop_grace_s=STOP_GRACE_S)))
     tag = uuid.uuid4().hex
     previous = os.environ.get(TAG_VAR)
-    os.environ[TAG_VAR] = tag  # agents, workers and spares inherit it: found even when orphaned
+    os.environ[TAG_VAR] = tag  # agents, workers and fork servers inherit it: found even when orphaned
     result = error = None
     started = time.monotonic()
     watchdog = _Watchdog(FIT_TIMEOUT_S)
@@ -240,7 +240,7 @@ def check_processes(outcome: Outcome) -> None:
     assert len(pids) >= 2, "the run noted no pids: the check would prove nothing"
     assert wait_until_gone(pids, timeout=10.0) == [], "processes of the run survived fit()"
     assert wait_until_gone(_tagged_processes(outcome.tag), timeout=10.0) == [], \
-        "processes with this run's environment (agents, workers, spares) survived fit()"
+        "processes with this run's environment (agents, workers, fork servers) survived fit()"
 
 
 def check_outcome(outcome: Outcome) -> None:
