@@ -1,27 +1,34 @@
 """Committing checkpoints: the run's checkpoint index and top-K retention (L1: storage + retention).
 
 The index `checkpoint_manager_snapshot.json` in the run directory is the only authority on which
-checkpoints exist. A commit (`CheckpointManager.register`) replaces it atomically FIRST and deletes the
-evicted directories AFTER, so a crash at any point leaves either the old or the new index, every
-directory it names complete, and at worst extra directories that no index names. Those are garbage:
+checkpoints exist. Ranks upload into `.staging/attempt_<a>/rank_<r>/<dir>/` (see `minitrain.layout`),
+and a commit (`CheckpointManager.commit`):
 
-The run directory belongs to minitrain. Besides the committed checkpoints it holds only minitrain's
-own entries (the index, `metrics.jsonl`, `.validate_storage_marker`, `logs/`). Any other directory
-(a partial upload of a failed attempt, a checkpoint evicted by a commit that crashed before deleting
-it) and any temporary file of an interrupted atomic write is garbage that `delete_garbage` removes.
-Call it only while no attempt is uploading, e.g. before an attempt starts.
+1. records `<dir>` in the index as created by this run (an intent: replaced atomically),
+2. moves the staged uploads into `<dir>/` (one rename locally when one rank uploaded),
+3. replaces the index atomically with `<dir>` committed and the evicted checkpoints recorded as created
+   but no longer committed,
+4. deletes the evicted directories.
+
+A crash at any point leaves either the old or the new index, every directory it names complete, and
+at worst directories the index records as created but uncommitted: those, the staging area and
+temporary files of interrupted atomic writes are garbage that `delete_garbage` removes. Nothing else
+in the run directory is ever deleted: a directory minitrain did not create (the user's, or one written
+with NO_UPLOAD and never committed) stays where it is.
 
 The index never silently starts fresh: an unreadable or malformed index, or one naming a checkpoint
 directory that does not exist, raises `CheckpointIndexError` saying how to proceed.
 
 Index JSON (Ray's key names where Ray has one; unlike Ray, the version is recorded but not enforced):
-    {"minitrain_version": "0.1.0", "format": 1,
+    {"minitrain_version": "0.1.0", "format": 2,
      "checkpoint_config": {"num_to_keep": ..., "checkpoint_score_attribute": ..., "checkpoint_score_order": ...},
      "checkpoint_results": [{"checkpoint_dir_name", "metrics", "report_index", "attempt", "committed_at"}, ...],
      "latest_checkpoint_result": {...} or null,
-     "current_report_index": 7}
+     "current_report_index": 7,
+     "created_uncommitted": ["checkpoint_000004", ...]}
 `checkpoint_results` are the kept checkpoints in manager order (worst first). Directory names are
-relative to the run directory, so the run directory can be moved.
+relative to the run directory, so the run directory can be moved. Format 1 (no
+`created_uncommitted`) is read as created nothing.
 
 A resumed run with a different `CheckpointConfig` re-applies retention with the new config at load
 time, in memory only: the checkpoints it drops stay on disk, and stay named by the index on disk,
@@ -42,14 +49,14 @@ import minitrain
 from minitrain.config import CheckpointConfig
 from minitrain.errors import MinitrainError
 from minitrain.retention import CheckpointRecord, Retention, best_checkpoints, retain
-from minitrain.storage import VALIDATE_MARKER, Storage, StorageError, is_temp_name
+from minitrain.layout import INDEX_NAME, METRICS_NAME, RESERVED_NAMES, STAGING_DIR, is_own_name, is_temp_name
+from minitrain.storage import Storage, StorageError
 
-INDEX_NAME = "checkpoint_manager_snapshot.json"
-METRICS_NAME = "metrics.jsonl"
-LOGS_DIR = "logs"
-FORMAT = 1
-# Names in the run directory that are never checkpoints.
-RESERVED_NAMES = frozenset({INDEX_NAME, METRICS_NAME, LOGS_DIR, VALIDATE_MARKER})
+__all__ = ["CheckpointIndexError", "CheckpointManager", "INDEX_NAME", "METRICS_NAME", "RESERVED_NAMES",
+           "check_dir_name", "config_dict"]
+
+FORMAT = 2
+READABLE_FORMATS = (1, 2)
 
 logger = logging.getLogger("minitrain")
 
@@ -110,12 +117,22 @@ def _parse_record(obj: Any, where: str) -> CheckpointRecord:
                             attempt=_int_field(obj, "attempt", where), committed_at=float(committed_at))
 
 
+def _parse_created(data: dict) -> frozenset[str]:
+    created = data.get("created_uncommitted", [])
+    if not isinstance(created, list):
+        raise _Shape(f"'created_uncommitted' must be a list, got {created!r}")
+    try:
+        return frozenset(check_dir_name(name) for name in created)
+    except ValueError as exc:
+        raise _Shape(f"'created_uncommitted': {exc}") from None
+
+
 def _parse_index(data: Any) -> tuple[dict, list[CheckpointRecord], Optional[CheckpointRecord], int]:
     """(stored checkpoint config, records, latest, current_report_index) of a parsed index."""
     if not isinstance(data, dict):
         raise _Shape(f"the top level must be an object, got {type(data).__name__}")
-    if data.get("format") != FORMAT:
-        raise _Shape(f"'format' is {data.get('format')!r}; this minitrain reads format {FORMAT} "
+    if data.get("format") not in READABLE_FORMATS:
+        raise _Shape(f"'format' is {data.get('format')!r}; this minitrain reads formats {READABLE_FORMATS} "
                      f"(written by minitrain {data.get('minitrain_version')!r})")
     stored_config = data.get("checkpoint_config")
     if not isinstance(stored_config, dict):
@@ -157,6 +174,7 @@ class CheckpointManager:
         self._report_index = 0
         self._persisted_names: frozenset[str] = frozenset()  # named by the index on disk
         self._pending_evictions: tuple[CheckpointRecord, ...] = ()  # dropped at load by a new config
+        self._created: frozenset[str] = frozenset()  # made by this run, not committed: ours to delete
         self._warned_missing = False
 
     # ------------------------------------------------------------------------------ loading
@@ -172,7 +190,9 @@ class CheckpointManager:
             return manager
         url = storage.url(INDEX_NAME)
         try:
-            stored_config, records, latest, current = _parse_index(json.loads(storage.read_text(INDEX_NAME)))
+            data = json.loads(storage.read_text(INDEX_NAME))
+            stored_config, records, latest, current = _parse_index(data)
+            manager._created = _parse_created(data)
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointIndexError(_corrupt(url, f"it is not valid JSON: {exc}")) from exc
         except _Shape as exc:
@@ -232,38 +252,72 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------------------ commits
 
+    def commit(self, record: CheckpointRecord, staged: tuple[str, ...] = ()) -> Retention:
+        """Commit `record` as the latest checkpoint: move the staged uploads `staged` (directories
+        relative to the run directory, in merge order) into `record.dir_name`, then `register` it.
+
+        Before anything is moved, the index records the directory as created by this run, so a crash
+        mid-move leaves garbage this run may delete, never a directory of unknown origin. Refuses
+        (StorageError, nothing moved) to write into a committed checkpoint or into a directory this run
+        did not create; with no `staged`, the directory must already hold the files (NO_UPLOAD).
+        """
+        check_dir_name(record.dir_name)
+        self._check_order(record)
+        if staged:
+            target = record.dir_name
+            url = self.storage.url(target)
+            if target in self.committed_dir_names or target in self._persisted_names:
+                raise StorageError(f"cannot commit {url}: a committed checkpoint of this name exists, and "
+                                   "committed checkpoints are never written again")
+            if self.storage.exists(target):
+                if target not in self._created:
+                    raise StorageError(
+                        f"cannot commit {url}: a directory of that name exists and minitrain did not create "
+                        "it, so minitrain neither writes into nor deletes it. Move it away, or report with "
+                        "another checkpoint_dir_name.")
+                self.storage.remove_tree(target)  # an interrupted commit of this run left it
+            self._created = self._created | {target}
+            self._write(self._records, self._latest, self._report_index)
+            self.storage.promote(list(staged), target)
+        return self.register(record)
+
     def register(self, record: CheckpointRecord) -> Retention:
         """Commit `record`, whose directory must already hold its files, as the latest checkpoint.
 
         Applies retention, replaces the index atomically, then deletes the evicted directories (plus
         any dropped by a config change at load). A record reusing a kept directory name replaces
-        that record (the upload overwrote its files). The returned `Retention.evicted` lists every
+        that record (NO_UPLOAD wrote into it). The returned `Retention.evicted` lists every
         record whose directory was deleted. Raises ValueError for a bad directory name, a
         `report_index` not above the latest's, or a non-numeric score (nothing changes then),
         `StorageError` when the directory is missing or the index cannot be written.
         """
         check_dir_name(record.dir_name)
-        if self._latest is not None and record.report_index <= self._latest.report_index:
-            raise ValueError(f"checkpoint {record.dir_name!r} has report_index {record.report_index}, but "
-                             f"checkpoint {self._latest.dir_name!r} was committed with "
-                             f"{self._latest.report_index}; rounds are committed in increasing order")
+        self._check_order(record)
         if not self.storage.isdir(record.dir_name):
             raise StorageError(f"cannot commit checkpoint {self.storage.url(record.dir_name)}: the directory "
                                "does not exist (its upload did not happen or failed)")
         others = [kept for kept in self._records if kept.dir_name != record.dir_name]
         retention = self._retain(others + [record])
+        evicted = self._pending_evictions + retention.evicted
+        self._created = (self._created - {record.dir_name}) | {r.dir_name for r in evicted}
         self._write(retention.kept, record, max(self._report_index, record.report_index))
         self._warn_missing(retention)
-        evicted = self._pending_evictions + retention.evicted
         self._pending_evictions = ()
         self._delete(evicted)
         return dataclasses.replace(retention, evicted=evicted)
 
+    def _check_order(self, record: CheckpointRecord) -> None:
+        if self._latest is not None and record.report_index <= self._latest.report_index:
+            raise ValueError(f"checkpoint {record.dir_name!r} has report_index {record.report_index}, but "
+                             f"checkpoint {self._latest.dir_name!r} was committed with "
+                             f"{self._latest.report_index}; rounds are committed in increasing order")
+
     def save(self) -> None:
         """Write the index now (e.g. after `advance_report_index`), then delete the checkpoints a
         config change at load dropped."""
-        self._write(self._records, self._latest, self._report_index)
         evicted, self._pending_evictions = self._pending_evictions, ()
+        self._created = self._created | {r.dir_name for r in evicted}
+        self._write(self._records, self._latest, self._report_index)
         self._delete(evicted)
 
     def _retain(self, records: list[CheckpointRecord] | tuple[CheckpointRecord, ...]) -> Retention:
@@ -280,6 +334,7 @@ class CheckpointManager:
             "checkpoint_results": [_record_json(record) for record in records],
             "latest_checkpoint_result": None if latest is None else _record_json(latest),
             "current_report_index": report_index,
+            "created_uncommitted": sorted(self._created - {record.dir_name for record in records}),
         }
         self.storage.write_text_atomic(INDEX_NAME, json.dumps(snapshot, indent=2) + "\n")
         self._records, self._latest, self._report_index = tuple(records), latest, report_index
@@ -295,6 +350,8 @@ class CheckpointManager:
             except StorageError as exc:  # committed already: the directory is now garbage, not an error
                 logger.warning("Could not delete evicted checkpoint %s (%s); delete_garbage() removes it "
                                "later.", record.dir_name, exc)
+                continue
+            self._created = self._created - {record.dir_name}
 
     def _warn_missing(self, retention: Retention) -> None:
         if retention.missing_attribute and not self._warned_missing:
@@ -308,20 +365,27 @@ class CheckpointManager:
     # ------------------------------------------------------------------------------ garbage
 
     def garbage_dirs(self) -> list[str]:
-        """Names in the run directory that are neither committed checkpoints nor minitrain's own:
-        directories (partial uploads, evictions a crash interrupted) and temporary files of
-        interrupted atomic writes. Directories the index on disk names are never garbage."""
-        protected = self.committed_dir_names | self._persisted_names | {LOGS_DIR}
-        dirs = self.storage.list_dirs()
-        temp_files = [name for name in self.storage.list_entries()
-                      if is_temp_name(name) and name not in dirs]
-        return sorted([name for name in dirs if name not in protected] + temp_files)
+        """What this run may delete in its run directory: directories it created that no index entry
+        names (partial commits, evictions a crash interrupted), the staging area of uploads that were
+        never committed, and temporary files of interrupted atomic writes. Never anything else."""
+        protected = self.committed_dir_names | self._persisted_names
+        entries = self.storage.list_entries()
+        return sorted(name for name in entries
+                      if name not in protected and (name in self._created or name == STAGING_DIR
+                                                    or is_temp_name(name)))
+
+    def unknown_entries(self) -> list[str]:
+        """Entries of the run directory that are neither minitrain's nor checkpoints it created: left
+        alone (a directory of the user's, a NO_UPLOAD directory that was never committed)."""
+        known = self.committed_dir_names | self._persisted_names | self._created
+        return sorted(name for name in self.storage.list_entries() if name not in known and not is_own_name(name))
 
     def delete_garbage(self) -> list[str]:
         """Delete `garbage_dirs()` and return their names. Only while no attempt is uploading."""
         garbage = self.garbage_dirs()
         for name in garbage:
             self.storage.remove_tree(name)
+        self._created = self._created - set(garbage)
         return garbage
 
 

@@ -124,6 +124,7 @@ class ReportRecord:
     reported_at: float
     checkpoint_dir_name: str = ""
     wants_ack: bool = False
+    staged: bool = False  # uploaded to the staging area (minitrain.layout.staged_dir), moved at commit
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
 
-SNAPSHOT_FILE = "checkpoint_manager_snapshot.json"
-METRICS_FILE = "metrics.jsonl"
+from minitrain.layout import INDEX_NAME as SNAPSHOT_FILE
+from minitrain.layout import METRICS_NAME as METRICS_FILE
+from minitrain.layout import split_metrics_lines
 
 
 @dataclass
@@ -179,17 +180,8 @@ def _read_history(fs: fsspec.AbstractFileSystem, location: str) -> list:
     """The `metrics` of each line of metrics.jsonl; a torn last line (a crash mid-write) is ignored."""
     if not fs.exists(location):
         return []
-    lines = [line for line in fs.cat_file(location).decode("utf-8").splitlines() if line.strip()]
-    history = []
-    for number, line in enumerate(lines, start=1):
-        try:
-            record = json.loads(line)
-        except ValueError as exc:
-            if number == len(lines):
-                break
-            raise ValueError(f"{location}:{number} is not valid JSON: {exc}") from exc
-        metrics = record.get("metrics") if isinstance(record, dict) else None
-        if not isinstance(metrics, dict):
-            raise ValueError(f"{location}:{number} has no \"metrics\" object: {line[:200]}")
-        history.append(metrics)
-    return history
+    try:
+        entries, _ = split_metrics_lines(fs.cat_file(location).decode("utf-8"))
+    except ValueError as exc:
+        raise ValueError(f"{location}: {exc}") from None
+    return [entry["metrics"] for entry in entries]

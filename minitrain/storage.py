@@ -31,18 +31,37 @@ import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.errors import MinitrainError
+from minitrain.layout import TEMP_SUFFIX, VALIDATE_MARKER, is_temp_name
 
-TEMP_SUFFIX = ".minitrain-tmp"
-VALIDATE_MARKER = ".validate_storage_marker"
+__all__ = ["Storage", "StorageError", "TEMP_SUFFIX", "VALIDATE_MARKER", "is_temp_name", "local_files"]
 
 
 class StorageError(MinitrainError):
     """Reading or writing the run directory failed; the message names the path and the cause."""
 
 
-def is_temp_name(name: str) -> bool:
-    """True for the name of a temporary file `write_text_atomic` makes (left behind by a crash)."""
-    return name.startswith(".") and name.endswith(TEMP_SUFFIX)
+def local_files(local_dir: str) -> Iterator[tuple[str, str]]:
+    """(source path, "/"-separated path relative to `local_dir`) of every file under the local directory
+    `local_dir`, following symbolic links to files and to directories (a checkpoint's linked directory
+    is part of it: it is copied, never dropped). StorageError naming the link for a dangling link or a
+    link that loops back into a directory already being walked."""
+    def walk(directory: str, prefix: str, seen: frozenset) -> Iterator[tuple[str, str]]:
+        with os.scandir(directory) as entries:
+            for entry in sorted(entries, key=lambda e: e.name):
+                rel = f"{prefix}{entry.name}"
+                if entry.is_dir(follow_symlinks=True):
+                    real = os.path.realpath(entry.path)
+                    if real in seen:
+                        raise StorageError(f"the checkpoint directory {local_dir!r} holds the symbolic link "
+                                           f"{rel!r}, which loops back to {real!r}; remove the loop")
+                    yield from walk(entry.path, f"{rel}/", seen | {real})
+                elif entry.is_file(follow_symlinks=True):
+                    yield entry.path, rel
+                elif entry.is_symlink():
+                    raise StorageError(f"the checkpoint directory {local_dir!r} holds the symbolic link {rel!r}, "
+                                       f"whose target {os.readlink(entry.path)!r} does not exist; a checkpoint "
+                                       "must hold its files (copy them in, or remove the link)")
+    return walk(local_dir, "", frozenset({os.path.realpath(local_dir)}))
 
 
 def _check_rel(rel: str) -> str:
@@ -210,6 +229,9 @@ class Storage:
             raise ValueError("remove_tree('') would delete the whole run directory; name a path inside it")
         path = self.path(rel)
         with self._io("delete", rel):
+            if self.is_local and os.path.islink(path):  # delete the link, never what it points to
+                os.unlink(path)
+                return
             try:
                 self.fs.rm(path, recursive=True)
             except FileNotFoundError:
@@ -219,31 +241,33 @@ class Storage:
 
     def upload_dir(self, local_dir: str, rel: str) -> int:
         """Copy every file under the local directory `local_dir` into the directory `rel`, merging with
-        files already there (same relative name: overwritten). Parents are created. Returns the bytes
-        copied. Locally `shutil.copyfile` per file (copy_file_range/sendfile: as fast as `cp`)."""
+        files already there (same relative name: overwritten). Parents are created; symbolic links are
+        followed (see `local_files`). Returns the bytes copied. Locally `shutil.copyfile` per file
+        (copy_file_range/sendfile: as fast as `cp`)."""
         if not os.path.isdir(local_dir):
             raise StorageError(f"could not upload {local_dir!r} to {self.url(rel)}: not a local directory")
         copied = 0
         with self._io(f"upload {local_dir!r} to", rel):
             self.fs.makedirs(self.path(rel), exist_ok=True)
-            for current, dirs, files in os.walk(local_dir):
-                sub = os.path.relpath(current, local_dir).replace(os.sep, "/")
-                target_dir = self.path("/".join(part for part in (rel, sub) if part not in ("", ".")))
-                self.fs.makedirs(target_dir, exist_ok=True)
-                for name in files:
-                    source = os.path.join(current, name)
-                    target = posixpath.join(target_dir, name)
-                    if self._plain_local:
-                        shutil.copyfile(source, target)
-                    else:
-                        self.fs.put_file(source, target)
-                    copied += os.path.getsize(source)
+            made = {self.path(rel)}
+            for source, relative in local_files(local_dir):
+                target = self.path(f"{rel}/{relative}" if rel else relative)
+                parent = posixpath.dirname(target)
+                if parent not in made:
+                    self.fs.makedirs(parent, exist_ok=True)
+                    made.add(parent)
+                if self._plain_local:
+                    shutil.copyfile(source, target)
+                else:
+                    self.fs.put_file(source, target)
+                copied += os.path.getsize(source)
         return copied
 
     def move_into(self, local_dir: str, rel: str) -> bool:
         """Move every file of `local_dir` into the directory `rel` (renames: O(files), no bytes copied;
-        the files leave `local_dir`, the directories stay). Only for plain local storage on the same
-        filesystem; returns False, having moved nothing, when that does not hold (copy instead)."""
+        the files leave `local_dir`, the directories stay). A symbolic link is copied as the file it
+        points to, never moved as a link. Only for plain local storage on the same filesystem; returns
+        False, having moved nothing, when that does not hold (copy instead)."""
         if not self._plain_local or not os.path.isdir(local_dir):
             return False
         target_root = self.path(rel)
@@ -251,13 +275,42 @@ class Storage:
         if os.stat(local_dir).st_dev != os.stat(target_root).st_dev:
             return False
         with self._io(f"move {local_dir!r} into", rel):
-            for current, _dirs, files in os.walk(local_dir):
-                sub = os.path.relpath(current, local_dir)
-                target_dir = os.path.normpath(os.path.join(target_root, sub))
-                os.makedirs(target_dir, exist_ok=True)
-                for name in files:
-                    os.replace(os.path.join(current, name), os.path.join(target_dir, name))
+            real_root = os.path.realpath(local_dir)
+            files = list(local_files(real_root))
+            # Reached through a link: copied, first (a link may point at a file this call moves).
+            linked = [(s, r) for s, r in files if os.path.realpath(s) != s]
+            for source, relative in linked + [(s, r) for s, r in files if os.path.realpath(s) == s]:
+                target = os.path.join(target_root, *relative.split("/"))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                if os.path.realpath(source) != source:
+                    shutil.copyfile(source, target)
+                else:
+                    os.replace(source, target)
         return True
+
+    def promote(self, sources: list[str], rel: str) -> None:
+        """Move the directories `sources` (staged uploads) into the directory `rel`, merging them in
+        order (a later source's file of the same name wins). Locally a lone source is one atomic rename
+        when `rel` does not exist yet; otherwise each file is renamed (moved: copy then delete, on an
+        object store). The sources are gone afterwards."""
+        target_root = self.path(rel)
+        with self._io("commit into", rel):
+            if self.is_local and len(sources) == 1 and not os.path.lexists(target_root):
+                os.makedirs(os.path.dirname(target_root), exist_ok=True)
+                os.rename(self.path(sources[0]), target_root)
+                return
+            self.fs.makedirs(target_root, exist_ok=True)
+            for source in sources:
+                source_root = self.path(source)
+                for path in self.fs.find(source_root, withdirs=False):
+                    relative = path[len(source_root):].lstrip("/")
+                    target = posixpath.join(target_root, relative)
+                    if self.is_local:
+                        os.makedirs(os.path.dirname(target), exist_ok=True)
+                        os.replace(path, target)
+                    else:
+                        self.fs.mv(path, target)
+                self.remove_tree(source)
 
     def download_dir(self, rel: str, local_dir: str) -> int:
         """Copy every file under the directory `rel` into the local directory `local_dir` (created,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import logging
@@ -11,7 +12,7 @@ import shutil
 import sys
 import tempfile
 import uuid
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
@@ -35,6 +36,8 @@ from minitrain.metrics import encode_metrics
 from minitrain.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
+from minitrain.layout import is_own_name
+from minitrain.run_lock import RunLock
 from minitrain.storage import VALIDATE_MARKER, Storage, StorageError
 
 logger = logging.getLogger("minitrain")
@@ -118,10 +121,12 @@ class TorchTrainer:
             return self._fit_local()
         cluster = current_cluster()
         storage = _prepare_storage(self.run_config, cluster)
-        if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
-            with local_mirror(storage) as local:
-                return self._fit_on(cluster, local, published=storage)
-        return self._fit_on(cluster, storage, published=storage)
+        with _locked(storage, self.run_config):  # one fit() per run directory
+            _validate_writable(storage, self.run_config)
+            if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
+                with local_mirror(storage) as local:
+                    return self._fit_on(cluster, local, published=storage)
+            return self._fit_on(cluster, storage, published=storage)
 
     def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage) -> Result:
         """Run on the run directory `storage`; the Result names checkpoints in `published` (the same
@@ -141,9 +146,16 @@ class TorchTrainer:
         else:
             _preflight(cluster, storage)
         checkpoints = _load_checkpoints(storage, self.run_config)
+        metrics_log = MetricsLog(storage)
+        metrics_log.repair()
         if checkpoints.resumed:
             logger.info("resuming run %r from %s (latest checkpoint: %s)", self.run_config.name, storage.url(),
                         checkpoints.latest.dir_name if checkpoints.latest else "none")
+        else:
+            checkpoints.save()  # the index marks the directory as a minitrain run from the start
+        unknown = checkpoints.unknown_entries()
+        if unknown:
+            logger.info("leaving alone what minitrain did not create in %s: %s", storage.url(), ", ".join(unknown))
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             experiment_name=self.run_config.name,
@@ -166,7 +178,7 @@ class TorchTrainer:
         log_sink = LogSink(logs_dir)
         try:
             outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
-                                      checkpoints, MetricsLog(storage))
+                                      checkpoints, metrics_log)
         except LaunchError as exc:
             raise ControllerError(exc) from None
         finally:
@@ -343,7 +355,7 @@ def _storage_at(path: str, storage_filesystem: Any = None) -> Storage:
 
 
 def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
-    """The run directory, checked writable before any process starts (ConfigError otherwise)."""
+    """The run directory, refused (ConfigError) when it cannot be used or is not minitrain's to use."""
     try:
         storage = Storage.for_run(run_config.storage_path, run_config.name, run_config.storage_filesystem)
     except (ValueError, ImportError) as exc:
@@ -355,10 +367,56 @@ def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
             f"so it works on this node only, and the cluster has other hosts ({remote}). Use storage every "
             "host can reach: an NFS directory or an object store such as s3://.")
     try:
-        storage.validate_writable()
+        _check_ownership(storage, run_config)
     except StorageError as exc:
         raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
     return storage
+
+
+def _check_ownership(storage: Storage, run_config: RunConfig) -> None:
+    """Refuse a run directory reached through a symbolic link, and an existing directory that holds
+    files but is not a minitrain run (no index): minitrain writes into and deletes from its own run
+    directories only."""
+    where = f"RunConfig(name={run_config.name!r}, storage_path={run_config.storage_path!r})"
+    if storage.is_local and os.path.islink(storage.root):
+        target = os.path.realpath(storage.root)
+        raise ConfigError(
+            f"{where}: the run directory {storage.root} is a symbolic link to {target}. minitrain does not "
+            "run in (or delete from) a directory reached through a link anyone who can write the storage "
+            f"path could plant. Use the real path: storage_path={os.path.dirname(target)!r}, "
+            f"name={os.path.basename(target)!r}.")
+    entries = storage.list_entries()
+    if not entries or INDEX_NAME in entries:
+        return
+    foreign = [name for name in entries if not is_own_name(name)]
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(
+            f"{where}: the directory {storage.url()} already holds files that are not a minitrain run "
+            f"({shown}), and it has no {INDEX_NAME}. minitrain never writes into or deletes from a "
+            "directory it did not create. Choose another RunConfig(name=...) or storage_path, or move "
+            "those files away.")
+
+
+@contextlib.contextmanager
+def _locked(storage: Storage, run_config: RunConfig) -> Iterator[None]:
+    """Hold the run directory's lock (RunLockedError, a ConfigError, names the holder)."""
+    lock = RunLock(storage)
+    try:
+        lock.acquire()
+    except StorageError as exc:
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _validate_writable(storage: Storage, run_config: RunConfig) -> None:
+    try:
+        storage.validate_writable()
+    except StorageError as exc:
+        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
 
 
 # Driver variables every worker receives (over the authenticated channel, never an ssh command line).
@@ -431,13 +489,17 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         return Checkpoint(published.path(record.dir_name), filesystem=published.fs)
 
     latest = checkpoints.latest
+    history = [entry["metrics"] for entry in read_metrics_history(storage)]
+    metrics = outcome.last_metrics
+    if metrics is None:  # a resumed run that reported nothing new: the latest committed metrics, as Ray
+        metrics = history[-1] if history else (latest.metrics if latest is not None else None)
     return Result(
-        metrics=outcome.last_metrics,
+        metrics=metrics,
         checkpoint=checkpoint(latest) if latest is not None else None,
         error=None,
         path=published.path(),
         best_checkpoints=[(checkpoint(r), r.metrics) for r in checkpoints.best()],
         _storage_filesystem=published.fs,
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
-        _metrics_history=[entry["metrics"] for entry in read_metrics_history(storage)],
+        _metrics_history=history,
     )

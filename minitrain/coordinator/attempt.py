@@ -21,6 +21,7 @@ class RankState:
     node_name: str
     pid: int = 0
     connected: bool = False
+    stream_open: bool = False  # its session stream may still carry messages to the coordinator
     phase: Phase = Phase.UNSPECIFIED
     done: bool = False
     exited: bool = False
@@ -58,8 +59,15 @@ class AttemptTracker:
         """The worker opened its stream."""
         state = self.ranks[event.rank]
         state.connected = True
+        state.stream_open = True
         state.pid = event.pid or state.pid
         state.phase = max(state.phase, Phase.STARTUP)
+
+    def on_stream_closed(self, event: ev.WorkerStreamClosed) -> None:
+        """The worker's stream ended: every message it sent has been received."""
+        state = self.ranks.get(event.rank)
+        if state is not None:
+            state.stream_open = False
 
     def on_phase(self, event: ev.WorkerPhaseChanged) -> None:
         """The worker moved to a later phase."""
@@ -127,6 +135,7 @@ class AttemptTracker:
             if state.assignment.node_id != node_id or state.exited:
                 continue
             state.exited = True
+            state.stream_open = False  # nothing from it is waited for (it may be frozen, not gone)
             if state.failure is None and not state.done:
                 state.failure = WorkerFailure(
                     rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
@@ -152,6 +161,10 @@ class AttemptTracker:
     def all_exited(self) -> bool:
         """No process of this attempt is left."""
         return all(s.exited for s in self.ranks.values())
+
+    def all_drained(self) -> bool:
+        """No rank's stream is open: every message the ranks sent has been received."""
+        return not any(s.stream_open for s in self.ranks.values())
 
     def failures(self) -> list[WorkerFailure]:
         """The failures, in the order they were learned."""

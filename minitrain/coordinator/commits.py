@@ -1,8 +1,11 @@
 """Reports of an attempt: rank-0 history, rounds, checkpoint commits and acknowledgements.
 
-The controller hands every report of the current attempt here. A completed checkpoint round is
-committed (index first, then evictions) before the report that completed it is acknowledged, so a
-checkpoint report that returned on every rank is never lost.
+The controller hands every report of the current attempt here, also while the attempt is being
+stopped, so every report a rank sent before it failed or was stopped is processed. A completed
+round is committed at once (its staged uploads moved into place, the index written, then evictions),
+and only then are the ranks waiting in a checkpoint report acknowledged: a report that returned on
+every rank is committed. A checkpoint list is answered once the asking rank's earlier reports are
+processed (Ray's `get_all_reported_checkpoints` blocks the same way).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
+from minitrain.layout import staged_dir
 from minitrain.records import Phase, ReportRecord, WorkerFailure
 from minitrain.retention import CheckpointRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -34,8 +38,8 @@ class CheckpointBook(Protocol):
     records: tuple
     committed_dir_names: set
 
-    def register(self, record: CheckpointRecord):
-        """Commit a checkpoint: index first, then evictions."""
+    def commit(self, record: CheckpointRecord, staged: tuple[str, ...] = ()):
+        """Move staged uploads into the checkpoint directory, then register it: index, then evictions."""
 
     def advance_report_index(self, n: int) -> None:
         """Rounds up to n were processed."""
@@ -68,6 +72,7 @@ class Commits:
         self._clock = clock
         self._rounds: Optional[RoundTracker] = None
         self._base = 0
+        self._list_requests: list[ev.CheckpointsRequested] = []  # waiting for their rounds
 
     @property
     def report_base(self) -> int:
@@ -78,6 +83,7 @@ class Commits:
         """New rounds for a new attempt, numbered on from the rounds processed so far."""
         self._rounds = RoundTracker(world_size)
         self._base = self.checkpoints.report_index
+        self._list_requests = []
 
     def on_report(self, tracker: AttemptTracker, report: ReportRecord) -> None:
         """Record one report of the current attempt; commit what it completes; acknowledge it."""
@@ -89,14 +95,12 @@ class Commits:
             self._metrics_log.append(report.metrics, self._base + report.round, report.attempt,
                                      report.reported_at)
         try:
-            completed = self._rounds.add(report.rank, report.round, report.metrics, report.checkpoint_dir_name)
+            completed = self._rounds.add(report.rank, report.round, report.metrics, report.checkpoint_dir_name,
+                                         staged=report.staged, wants_ack=report.wants_ack)
         except RoundConflict as exc:
             self._fail_rank(tracker, report.rank, "CheckpointDirConflict", str(exc))
             return
         self._commit(tracker, completed)
-        if report.wants_ack:
-            ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=report.round))
-            self._hub.send_to_worker(tracker.attempt, report.rank, ack)
 
     def on_done(self, tracker: AttemptTracker, event: ev.WorkerDone) -> None:
         """A rank finished: it holds back no later round; rank 0's return value is kept."""
@@ -104,13 +108,25 @@ class Commits:
             self.history.return_value = event.return_value
         self._commit(tracker, self._rounds.finish(event.rank, event.reports))
 
-    def send_checkpoint_list(self, event: ev.CheckpointsRequested) -> None:
-        """Answer a worker's get_all_reported_checkpoints()."""
-        entries = [pb.CheckpointEntry(dir_name=r.dir_name, metrics_json=json.dumps(r.metrics))
-                   for r in self.checkpoints.records]
-        command = pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=event.request_id,
-                                                                     checkpoints=entries))
-        self._hub.send_to_worker(event.attempt, event.rank, command)
+    def request_checkpoint_list(self, event: ev.CheckpointsRequested) -> None:
+        """A worker's get_all_reported_checkpoints(): answered once every round up to its own last
+        report is processed (at once when they are)."""
+        self._list_requests.append(event)
+        self._answer_list_requests()
+
+    def _answer_list_requests(self) -> None:
+        processed = self._rounds.next_round if self._rounds is not None else 0
+        waiting = []
+        for event in self._list_requests:
+            if event.rounds > processed:
+                waiting.append(event)
+                continue
+            entries = [pb.CheckpointEntry(dir_name=r.dir_name, metrics_json=json.dumps(r.metrics))
+                       for r in self.checkpoints.records]
+            command = pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=event.request_id,
+                                                                         checkpoints=entries))
+            self._hub.send_to_worker(event.attempt, event.rank, command)
+        self._list_requests = waiting
 
     def persist(self) -> None:
         """Write the buffered metrics and the index (with its round counter)."""
@@ -121,17 +137,23 @@ class Commits:
         for done in completed:
             index = self._base + done.round
             self.checkpoints.advance_report_index(index + 1)
-            if not done.checkpoint_dir_name:
-                continue
-            record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
-                                      report_index=index, attempt=tracker.attempt, committed_at=self._clock())
-            try:
-                self._metrics_log.flush()
-                self.checkpoints.register(record)
-            except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
-                self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
-                return
-            logger.debug("committed %s (round %d)", record.dir_name, index)
+            if done.checkpoint_dir_name:
+                record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
+                                          report_index=index, attempt=tracker.attempt,
+                                          committed_at=self._clock())
+                staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
+                try:
+                    self._metrics_log.flush()
+                    self.checkpoints.commit(record, staged)
+                except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
+                    self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
+                    return
+                logger.debug("committed %s (round %d)", record.dir_name, index)
+            for rank in done.ack_ranks:
+                ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=done.round))
+                self._hub.send_to_worker(tracker.attempt, rank, ack)
+        if completed and self._list_requests:
+            self._answer_list_requests()
 
     def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
         state = tracker.ranks[rank]

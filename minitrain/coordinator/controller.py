@@ -33,6 +33,7 @@ logger = logging.getLogger("minitrain")
 POLL_S = 0.05
 STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
 STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
+DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (normally milliseconds)
 
 
 class FailurePolicy(Protocol):
@@ -135,6 +136,7 @@ class Controller:
         finally:
             self._shutdown_agents()
             self._persist()
+            self._delete_garbage()
 
     def _persist(self) -> None:
         """Keep the metrics history and the report counter, however the run ended."""
@@ -229,10 +231,7 @@ class Controller:
             lost = "; ".join(f"{n} ({why})" for n, why in sorted(self._lost_nodes.items()))
             raise RemainingHostsTooSmall(f"the hosts that remain cannot hold the run after losing {lost}: "
                                          f"{exc}") from None
-        garbage = self._checkpoints.delete_garbage()
-        if garbage:
-            logger.info("removed %d uncommitted checkpoint director%s: %s", len(garbage),
-                        "y" if len(garbage) == 1 else "ies", ", ".join(garbage))
+        self._delete_garbage()
         names = {n.node_id: n.hostname for n in nodes}
         tracker = AttemptTracker.create(self._attempt, assignments, names)
         self._tracker = tracker
@@ -252,6 +251,19 @@ class Controller:
         logger.info("attempt %d: starting %d worker(s) on %d node(s)", self._attempt,
                     len(assignments), len(by_node))
         return tracker
+
+    def _delete_garbage(self) -> None:
+        """Before an attempt: delete what earlier attempts left that the run created and never
+        committed. A failure here costs nothing committed (a stale writer of a lost node may still
+        be writing into its staging directory), so it is logged, not raised."""
+        try:
+            garbage = self._checkpoints.delete_garbage()
+        except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem
+            logger.warning("could not delete the uncommitted uploads of earlier attempts (%s); the next "
+                           "attempt deletes them", exc)
+            return
+        if garbage:
+            logger.info("removed what earlier attempts left uncommitted: %s", ", ".join(garbage))
 
     def _node_env(self, node: NodeInfo, assignments: list[WorkerAssignment]) -> dict[str, str]:
         env = dict(self._spec.worker_env)
@@ -344,7 +356,23 @@ class Controller:
                              tracker.attempt)
                 break
             self._next_event()
+        self._drain(tracker)
 
+    def _drain(self, tracker: AttemptTracker) -> None:
+        """Handle what the attempt's ranks sent before they ended (reports behind a peer's failure
+        complete rounds, and those rounds are committed), then close whatever stream is still open
+        (a rank of a lost node may be frozen, not gone): nothing it sends later is read."""
+        deadline = self._clock() + DRAIN_S
+        while not tracker.all_drained() and self._clock() < deadline:
+            self._next_event()
+        while True:  # what is already queued, without waiting
+            try:
+                self._handle(self._events.get_nowait())
+            except queue.Empty:
+                break
+        for rank, state in tracker.ranks.items():
+            if state.connected:
+                self._hub.close_worker(tracker.attempt, rank)
     def _abort(self, reason: str) -> None:
         tracker = self._tracker
         if not self._machine.state.is_terminal and self._machine.state is not RunState.STOPPING:
@@ -363,6 +391,8 @@ class Controller:
         tracker = self._tracker
         if tracker is not None and not tracker.all_exited():
             self._stop_attempt(tracker, self._spec.failure_policy.worker_stop_grace_s)
+        elif tracker is not None:
+            self._drain(tracker)
         self._machine.move(target, reason, self._attempt)
 
     def _shutdown_agents(self) -> None:
@@ -382,7 +412,8 @@ class Controller:
         tracker = self._tracker
         if isinstance(event, ev.ReportReceived):
             report = event.report
-            if tracker is not None and report.attempt == tracker.attempt and not tracker.stop_requested:
+            # Also while the attempt is being stopped: a report sent before a peer failed still counts.
+            if tracker is not None and report.attempt == tracker.attempt:
                 self._commits.on_report(tracker, report)
         elif isinstance(event, ev.AgentConnected):
             self._nodes[event.node.node_id] = event.node
@@ -416,7 +447,9 @@ class Controller:
             if all(s.done for s in tracker.ranks.values()):
                 self._hub.send_to_worker(tracker.attempt, 0, pb.WorkerCommand(release=pb.Release()))
         elif isinstance(event, ev.CheckpointsRequested):
-            self._commits.send_checkpoint_list(event)
+            self._commits.request_checkpoint_list(event)
+        elif isinstance(event, ev.WorkerStreamClosed):
+            tracker.on_stream_closed(event)
         elif isinstance(event, ev.WorkerFailed):
             tracker.on_failed(event)
         elif isinstance(event, ev.WorkerExited):

@@ -70,6 +70,14 @@ class WorkerConnected(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class WorkerStreamClosed(RunEvent):
+    """A worker's session stream ended; every message it sent came before this event."""
+
+    attempt: int
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class StoreReady(RunEvent):
     """Rank 0 opened its TCPStore at address:port."""
 
@@ -106,11 +114,12 @@ class WorkerDone(RunEvent):
 
 @dataclass(frozen=True, slots=True)
 class CheckpointsRequested(RunEvent):
-    """A worker asked for the run's committed checkpoints."""
+    """A worker asked for the run's committed checkpoints, after its first `rounds` reports."""
 
     attempt: int
     rank: int
     request_id: int
+    rounds: int = 0
 
 
 @dataclass(frozen=True, slots=True)

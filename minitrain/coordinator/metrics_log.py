@@ -1,18 +1,24 @@
 """`<run>/metrics.jsonl`: every rank-0 report of the run, in order, with round, attempt and time.
 
 Lines are buffered and appended at commits, at the end of the run, and at least every second, so a
-run that reports thousands of times per second does not pay a storage write per report.
+run that reports thousands of times per second does not pay a storage write per report. A crash in
+the middle of an append can leave a torn last line: readers ignore it, and `repair` (called before a
+run appends) cuts it off, so the run goes on with every intact line.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, Callable
 
-METRICS_NAME = "metrics.jsonl"
+from minitrain.layout import METRICS_NAME, split_metrics_lines
+
 FLUSH_INTERVAL_S = 1.0
 FLUSH_LINES = 1000
+
+logger = logging.getLogger("minitrain")
 
 
 class MetricsLog:
@@ -23,6 +29,18 @@ class MetricsLog:
         self._clock = clock
         self._lines: list[str] = []
         self._last_flush = clock()
+
+    def repair(self) -> None:
+        """Cut off a torn last line (a crash in the middle of an append) with a warning, so appends go
+        on after the last intact line. ValueError naming the line when an earlier line is damaged."""
+        if not self._storage.exists(METRICS_NAME):
+            return
+        text = self._storage.read_text(METRICS_NAME)
+        _, intact = split_metrics_lines(text)
+        if intact < len(text):
+            logger.warning("%s ends with a torn line (a crash in the middle of a write); removing it: %r",
+                           self._storage.url(METRICS_NAME), text[intact:intact + 200])
+            self._storage.write_text_atomic(METRICS_NAME, text[:intact])
 
     def append(self, metrics: dict, report_index: int, attempt: int, reported_at: float) -> None:
         """Queue one rank-0 report; flushes when the buffer is old or large."""
@@ -40,7 +58,8 @@ class MetricsLog:
 
 
 def read_metrics_history(storage: Any) -> list[dict]:
-    """Every entry of METRICS_NAME (empty when the file does not exist)."""
+    """Every intact entry of METRICS_NAME (empty when the file does not exist; a torn last line is
+    ignored)."""
     if not storage.exists(METRICS_NAME):
         return []
-    return [json.loads(line) for line in storage.read_text(METRICS_NAME).splitlines() if line.strip()]
+    return split_metrics_lines(storage.read_text(METRICS_NAME))[0]

@@ -24,12 +24,16 @@ class CompletedRound:
     checkpoint_dir_name: str  # "" when no rank passed a checkpoint
     rank0_metrics: Optional[dict]
     metrics_by_rank: dict
+    staged_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their staging directory
+    ack_ranks: tuple[int, ...] = ()  # ranks waiting for this round's commit
 
 
 @dataclass
 class _Pending:
     metrics: dict = field(default_factory=dict)  # rank -> metrics
     dir_names: dict = field(default_factory=dict)  # rank -> checkpoint dir name
+    staged: list = field(default_factory=list)  # ranks that uploaded to staging
+    acks: list = field(default_factory=list)  # ranks that wait for the commit
 
 
 class RoundTracker:
@@ -46,10 +50,15 @@ class RoundTracker:
         """The lowest round not completed yet."""
         return self._next
 
-    def add(self, rank: int, round_: int, metrics: dict, checkpoint_dir_name: str) -> list[CompletedRound]:
-        """Record one report; returns the rounds it completed, in order. RoundConflict on disagreement."""
+    def add(self, rank: int, round_: int, metrics: dict, checkpoint_dir_name: str, *, staged: bool = False,
+            wants_ack: bool = False) -> list[CompletedRound]:
+        """Record one report; returns the rounds it completed, in order. RoundConflict on disagreement.
+        `staged`: its checkpoint files wait in the rank's staging directory; `wants_ack`: the rank
+        waits for the round's commit (both are handed back in the CompletedRound)."""
         pending = self._pending.setdefault(round_, _Pending())
         pending.metrics[rank] = metrics
+        if wants_ack:
+            pending.acks.append(rank)
         if checkpoint_dir_name:
             for other_rank, other_name in pending.dir_names.items():
                 if other_name != checkpoint_dir_name:
@@ -59,6 +68,8 @@ class RoundTracker:
                         "reports a checkpoint in a round must use the same directory name (or leave "
                         "checkpoint_dir_name unset for the default).")
             pending.dir_names[rank] = checkpoint_dir_name
+            if staged:
+                pending.staged.append(rank)
         return self._release()
 
     def finish(self, rank: int, rounds_reported: int) -> list[CompletedRound]:
@@ -94,7 +105,8 @@ class RoundTracker:
                 break
             names = set(pending.dir_names.values())
             done.append(CompletedRound(self._next, names.pop() if names else "",
-                                       pending.metrics.get(0), dict(pending.metrics)))
+                                       pending.metrics.get(0), dict(pending.metrics),
+                                       tuple(sorted(pending.staged)), tuple(pending.acks)))
             del self._pending[self._next]
             self._next += 1
         return done

@@ -263,13 +263,16 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     done = message.done
                     put(ev.WorkerDone(attempt, rank, done.reports, done.return_value))
                 elif kind == "list_checkpoints":
-                    put(ev.CheckpointsRequested(attempt, rank, message.list_checkpoints.request_id))
+                    request = message.list_checkpoints
+                    put(ev.CheckpointsRequested(attempt, rank, request.request_id, request.rounds))
                 elif kind == "failure":
                     failure = convert.failure_from_message(rank, "", 0, message.failure)
                     put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
         except Exception:  # the worker died mid-stream; its agent reports the exit
             pass
         finally:
+            if key:
+                put(ev.WorkerStreamClosed(*key[0]))
             outbox.put_nowait(_CLOSE)
 
 
@@ -294,4 +297,5 @@ def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
 def _report_record(attempt: int, rank: int, report: pb.Report) -> ReportRecord:
     return ReportRecord(attempt=attempt, rank=rank, round=report.round,
                         metrics=json.loads(report.metrics_json), reported_at=report.reported_at,
-                        checkpoint_dir_name=report.checkpoint_dir_name, wants_ack=report.wants_ack)
+                        checkpoint_dir_name=report.checkpoint_dir_name, wants_ack=report.wants_ack,
+                        staged=report.staged)

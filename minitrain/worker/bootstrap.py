@@ -27,6 +27,7 @@ from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0
+SIGTERM_FLUSH_S = 1.0  # a stopped worker sends what it queued (reports that returned) before it dies
 PHASE_ACK_TIMEOUT_S = 30.0
 RELEASE_TIMEOUT_S = 7 * 24 * 3600.0  # other ranks may train much longer; a stop ends the wait anyway
 
@@ -138,6 +139,7 @@ class WorkerRun:
         try:
             self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
             self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))
+            _flush_on_sigterm(self._client)
             self._enter(Phase.STARTUP)
             # Importing torch takes most of a worker's start-up. Do it while gRPC's own threads carry
             # the hello and fetch the assignment. It stays on this thread: importing torch from two
@@ -209,6 +211,25 @@ class WorkerRun:
         self._client.close(CLOSE_TIMEOUT_S)
         sys.stderr.flush()
         os._exit(1)
+
+
+def _flush_on_sigterm(client: WorkerClient) -> None:
+    """When minitrain stops this worker (SIGTERM), first send the reports it queued: a report() that
+    returned just before a peer failed still reaches the coordinator. Only while SIGTERM has its
+    default meaning (a handler of the user's, installed later, replaces this one); the process then
+    dies of SIGTERM as it would have. The handler runs when the main thread next runs Python code; a
+    main thread blocked in C (a collective) is killed at the end of the grace period as before."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def flush_then_die(signum, _frame) -> None:
+        client.close(SIGTERM_FLUSH_S)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, flush_then_die)
 
 
 def _arm_stack_dumps(fd: int | None) -> None:

@@ -130,9 +130,10 @@ class WorkerClient:
         """Block until the coordinator recorded report `round_` of this worker."""
         self._wait_until(lambda: self._acked_round >= round_, timeout_s, f"acknowledgement of report {round_}")
 
-    def list_checkpoints(self, request_id: int, timeout_s: float) -> list[tuple[str, dict]]:
-        """Ask for the run's committed checkpoints: [(dir_name, metrics)] in retention order."""
-        self.send(list_checkpoints=pb.ListCheckpoints(request_id=request_id))
+    def list_checkpoints(self, request_id: int, rounds: int, timeout_s: float) -> list[tuple[str, dict]]:
+        """Ask for the run's committed checkpoints, [(dir_name, metrics)] in retention order, as they
+        are once this rank's first `rounds` reports are processed (the coordinator answers then)."""
+        self.send(list_checkpoints=pb.ListCheckpoints(request_id=request_id, rounds=rounds))
         self._wait_until(lambda: request_id in self._checkpoint_lists, timeout_s, "checkpoint list")
         with self._cond:
             return self._checkpoint_lists.pop(request_id)

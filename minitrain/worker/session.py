@@ -2,9 +2,11 @@
 
 Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
 microseconds and never waits for other ranks. A report with a checkpoint uploads the directory into
-`<run>/<dir>/` (ranks merge into one directory), sends the report, and waits for the coordinator to
-record it: one round trip, not a barrier. ASYNC uploads run in order on one background thread, and
-reports made meanwhile queue behind them so every rank's reports stay in call order.
+this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
+waits until the coordinator has committed the round (every rank reported it; the ranks' staged files
+are moved into `<run>/<dir>/`), as Ray's report with a checkpoint waits for every rank. ASYNC uploads
+run in order on one background thread, and reports made meanwhile queue behind them so every rank's
+reports stay in call order.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
+from minitrain.layout import RESERVED_NAMES, staged_dir
 from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -32,8 +35,9 @@ from minitrain.worker.client import WorkerClient
 
 logger = logging.getLogger("minitrain")
 
-ACK_TIMEOUT_S = 600.0
-_RESERVED_NAMES = {"logs", "checkpoint_manager_snapshot.json", "metrics.jsonl", ".validate_storage_marker"}
+# A checkpoint report waits for the round's commit, i.e. for the slowest rank's report: like a
+# collective, it has no deadline of its own (hang detection names a rank that never comes).
+ACK_TIMEOUT_S = 7 * 24 * 3600.0
 
 
 class UploadFailed(RuntimeError):
@@ -44,7 +48,7 @@ def _check_dir_name(name: str) -> None:
     if not isinstance(name, str) or not name or "/" in name or "\\" in name or name in (".", ".."):
         raise ValueError(f"checkpoint_dir_name={name!r} must be a plain directory name (no '/'), e.g. "
                          "'checkpoint_epoch_3'.")
-    if name in _RESERVED_NAMES or name.startswith("."):
+    if name in RESERVED_NAMES or name.startswith("."):
         raise ValueError(f"checkpoint_dir_name={name!r} is reserved for minitrain's own files in the run "
                          "directory; choose another name.")
 
@@ -134,7 +138,7 @@ class WorkerSession:
             raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
                              "ValidationConfig. Evaluate in the training function and report the metrics.")
         if checkpoint is None:
-            message = self._message(self._round, text, "")
+            message = self._message(self._round, text, "", staged=False)
             self._round += 1
             if self._async is not None and self._async.busy:
                 self._async.submit(lambda: self._client.put(message))
@@ -154,7 +158,7 @@ class WorkerSession:
         if self._async is not None:
             self._async.drain()
         self._request_ids += 1
-        entries = self._client.list_checkpoints(self._request_ids, timeout_s or ACK_TIMEOUT_S)
+        entries = self._client.list_checkpoints(self._request_ids, self._round, timeout_s or ACK_TIMEOUT_S)
         return [ReportedCheckpoint(self._checkpoint_at(name), metrics) for name, metrics in entries]
 
     def attach_collective(self, address: str, port: int, timeout_s: float, run_id: str, attempt: int,
@@ -196,12 +200,15 @@ class WorkerSession:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def _message(self, round_: int, text: str, dir_name: str) -> pb.WorkerMessage:
+    def _message(self, round_: int, text: str, dir_name: str, staged: bool) -> pb.WorkerMessage:
         client = self._client
         return pb.WorkerMessage(
             run_id=client.run_id, attempt=client.attempt, rank=client.rank,
             report=pb.Report(round=round_, metrics_json=text, reported_at=time.time(),
-                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name)))
+                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged))
+
+    def _staged(self, dir_name: str) -> str:
+        return staged_dir(self._client.attempt, self._client.rank, dir_name)
 
     def _checkpoint_at(self, dir_name: str) -> Checkpoint:
         return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.fs)
@@ -239,28 +246,31 @@ class WorkerSession:
             return
         if self._async is not None:
             self._async.drain()  # earlier rounds first: every rank's reports stay in call order
+        staged = False
         if mode is CheckpointUploadMode.SYNC:
-            dir_name = self._upload(checkpoint, dir_name, upload_fn)
-        self._send_and_wait(round_, text, dir_name)
+            dir_name, staged = self._upload(checkpoint, dir_name, upload_fn)
+        self._send_and_wait(round_, text, dir_name, staged)
         if delete_local and mode is not CheckpointUploadMode.NO_UPLOAD:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
 
-    def _upload(self, checkpoint: Checkpoint, dir_name: str, upload_fn: Any) -> str:
+    def _upload(self, checkpoint: Checkpoint, dir_name: str, upload_fn: Any) -> tuple[str, bool]:
+        """(directory name, staged): the upload lands in this rank's staging directory, except with
+        `checkpoint_upload_fn`, which persists into the run directory itself."""
         # Cleared only on success: a failure that propagates keeps the flag set, so the worker's error
         # names the checkpoint-upload phase.
         self.upload_in_progress = True
         if upload_fn is not None:
             persisted = upload_fn(checkpoint, dir_name)
-            name = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result")
+            result = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result"), False
         else:
             with checkpoint.as_directory() as local_dir:
-                self.storage.upload_dir(local_dir, dir_name)
-            name = dir_name
+                self.storage.upload_dir(local_dir, self._staged(dir_name))
+            result = dir_name, True
         self.upload_in_progress = False
-        return name
+        return result
 
-    def _send_and_wait(self, round_: int, text: str, dir_name: str) -> None:
-        self._client.put(self._message(round_, text, dir_name))
+    def _send_and_wait(self, round_: int, text: str, dir_name: str, staged: bool) -> None:
+        self._client.put(self._message(round_, text, dir_name, staged))
         self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
         self._checkpoint = self._checkpoint_at(dir_name)
 
@@ -272,9 +282,9 @@ class WorkerSession:
         if delete_local and upload_fn is None and local:
             # The caller gave the directory up: move its files into the run directory now (renames,
             # no bytes copied, no file shared with the caller). Only the report waits in the background.
-            if self.storage.move_into(checkpoint.path, dir_name):
+            if self.storage.move_into(checkpoint.path, self._staged(dir_name)):
                 def report_only() -> None:
-                    self._send_and_wait(round_, text, dir_name)
+                    self._send_and_wait(round_, text, dir_name, True)
                     shutil.rmtree(checkpoint.path, ignore_errors=True)
 
                 self._async.submit(report_only)
@@ -287,11 +297,11 @@ class WorkerSession:
 
         def job() -> None:
             try:
-                name = self._upload(source, dir_name, upload_fn)
+                name, in_staging = self._upload(source, dir_name, upload_fn)
             finally:
                 if staged:
                     shutil.rmtree(staged, ignore_errors=True)
-            self._send_and_wait(round_, text, name)
+            self._send_and_wait(round_, text, name, in_staging)
             if delete_local:
                 shutil.rmtree(checkpoint.path, ignore_errors=True)
 

@@ -37,6 +37,9 @@ CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_chec
 KINDS = PROCESS_KINDS + CHECKPOINT_KINDS
 HANG_KINDS = ("hang_sigstop", "hang_loop")
 PARTIAL_UPLOAD_EXIT_CODE = 13
+# The partial upload of an injected upload fault is written by the user's checkpoint_upload_fn
+# straight into the run directory: a directory of the user's, which minitrain must never delete.
+USER_UPLOAD_MARKER = "written_by_the_users_upload_fn"
 
 
 class ImportWhenLoaded:
@@ -150,6 +153,7 @@ def _partial_upload(run_dir: str, kind: str):
     def upload(checkpoint, dir_name):
         target = os.path.join(run_dir, dir_name)
         os.makedirs(target, exist_ok=True)
+        open(os.path.join(target, USER_UPLOAD_MARKER), "w").close()
         shutil.copyfile(os.path.join(checkpoint.path, "model.pt"), os.path.join(target, "model.pt"))
         with open(os.path.join(checkpoint.path, "optim.pt"), "rb") as handle:
             data = handle.read()

@@ -54,7 +54,7 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import minitrain
-from fault_training import (CHECKPOINT_FILES, CHECKPOINT_KINDS, HANG_KINDS, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
+from fault_training import (USER_UPLOAD_MARKER, CHECKPOINT_FILES, CHECKPOINT_KINDS, HANG_KINDS, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
                             Fault, ImportWhenLoaded, InjectedFault, InjectedUploadError, Schedule, checkpoint_steps,
                             train_fn)
 from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -316,7 +316,14 @@ def check_checkpoints(outcome: Outcome) -> None:
         named[record["checkpoint_dir_name"]] = step
     steps = sorted(named.values())
     assert len(steps) == len(set(steps)), f"a step was committed twice: {records}"
-    on_disk = sorted(d.name for d in run_dir.iterdir() if d.is_dir() and d.name.startswith("checkpoint_"))
+    on_disk = sorted(d.name for d in run_dir.iterdir() if d.is_dir() and d.name.startswith("checkpoint_")
+                     and not (d / USER_UPLOAD_MARKER).exists())
+    # The partial uploads of injected upload faults are the user's own files: never deleted.
+    users = sorted(d.name for d in run_dir.iterdir() if (d / USER_UPLOAD_MARKER).exists())
+    upload_faults = [i for i in outcome.fired() if schedule.faults[i].kind in ("upload_fails",
+                                                                              "upload_partial_then_die")]
+    assert bool(users) == bool(upload_faults), \
+        f"a directory written by the user's upload function was deleted (or never written): {users}"
     if schedule.num_to_keep is not None:
         assert len(records) <= schedule.num_to_keep
         assert len(on_disk) <= schedule.num_to_keep + 1, f"too many checkpoint directories: {on_disk}"

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from minitrain.checkpoint_manager import (INDEX_NAME, METRICS_NAME, CheckpointIndexError, CheckpointManager)
 from minitrain.config import CheckpointConfig
+from minitrain.layout import STAGING_DIR, staged_dir
 from minitrain.retention import CheckpointRecord, retain
 from minitrain.storage import TEMP_SUFFIX, VALIDATE_MARKER, Storage, StorageError, is_temp_name
 
@@ -60,6 +61,12 @@ def upload(storage, name: str) -> None:
     storage.write_text_atomic(f"{name}/{FILE}", name)
 
 
+def stage(storage, name: str) -> None:
+    """What a worker's upload does now: the files of checkpoint `name` in rank 0's staging directory."""
+    storage.makedirs(staged_dir(0, 0, name))
+    storage.write_text_atomic(f"{staged_dir(0, 0, name)}/{FILE}", name)
+
+
 def record(index: int, score=None, attempt: int = 0) -> CheckpointRecord:
     metrics = {"epoch": index} if score is None else {"epoch": index, "score": score}
     return CheckpointRecord(f"checkpoint_{index:06d}", metrics, index, attempt, committed_at=1000.0 + index)
@@ -95,7 +102,7 @@ def test_disk_holds_exactly_the_kept_checkpoints(any_storage):
     assert names(manager.best()) == ["checkpoint_000010", "checkpoint_000007"]
     index = json.loads(storage.read_text(INDEX_NAME))
     assert set(index) == {"minitrain_version", "format", "checkpoint_config", "checkpoint_results",
-                          "latest_checkpoint_result", "current_report_index"}
+                          "latest_checkpoint_result", "current_report_index", "created_uncommitted"}
     assert index["checkpoint_config"] == {"num_to_keep": 2, "checkpoint_score_attribute": "score",
                                           "checkpoint_score_order": "max"}
     assert [r["checkpoint_dir_name"] for r in index["checkpoint_results"]] == names(manager.records)
@@ -220,7 +227,7 @@ def _mutations():
     return {
         "top-level list": lambda index: [index],
         "no format": drop("format"),
-        "future format": set_("format", 2),
+        "future format": set_("format", 3),
         "results not a list": set_("checkpoint_results", {"a": 1}),
         "no config": drop("checkpoint_config"),
         "result without dir": result("checkpoint_dir_name", None),
@@ -266,23 +273,71 @@ def test_an_index_naming_a_missing_directory_is_refused(any_storage):
 # ---------------------------------------------------------------------------------- garbage
 
 
-def test_delete_garbage_keeps_committed_checkpoints_and_minitrains_own_files(any_storage):
+def test_delete_garbage_deletes_only_what_the_run_created(any_storage):
     storage = any_storage
-    manager = CheckpointManager.load(storage, TOP2)
+    manager = CheckpointManager.load(storage, TOP1)
     storage.validate_writable()
     storage.append_text(METRICS_NAME, "{}\n")
     storage.write_text_atomic("logs/attempt_0/rank_0.log", "hello\n")
+    storage.write_text_atomic("images/cat.png", "the user's")  # not minitrain's: never touched
+    storage.write_text_atomic("checkpoint_000009/model.txt", "a directory of unknown origin")
     commit(manager, 1, 1.0)
-    commit(manager, 2, 2.0)
-    storage.write_text_atomic("checkpoint_000003/rank_1.bin", "x")  # a partial upload of a failed attempt
-    storage.write_text_atomic("checkpoint_000004/half.bin", "x")
+    commit(manager, 2, 2.0)  # evicts checkpoint_000001
+    storage.write_text_atomic(f"{staged_dir(3, 1, 'checkpoint_000003')}/rank_1.bin", "x")  # a failed attempt's
     stray = f".{INDEX_NAME}.abc123{TEMP_SUFFIX}"  # an atomic write that died before its rename
     storage.write_text_atomic(stray, "{")
-    assert manager.garbage_dirs() == [stray, "checkpoint_000003", "checkpoint_000004"]
-    assert manager.delete_garbage() == [stray, "checkpoint_000003", "checkpoint_000004"]
-    assert storage.list_entries() == sorted([VALIDATE_MARKER, INDEX_NAME, METRICS_NAME, "logs",
-                                             "checkpoint_000001", "checkpoint_000002"])
+    assert manager.garbage_dirs() == sorted([stray, STAGING_DIR])
+    assert manager.unknown_entries() == ["checkpoint_000009", "images"]
+    assert manager.delete_garbage() == sorted([stray, STAGING_DIR])
+    assert storage.list_entries() == sorted([VALIDATE_MARKER, INDEX_NAME, METRICS_NAME, "logs", "images",
+                                             "checkpoint_000009", "checkpoint_000002"])
     assert manager.garbage_dirs() == []
+
+
+def test_an_eviction_a_crash_interrupted_is_deleted_by_the_next_run(storage):
+    manager = CheckpointManager.load(storage, TOP1)
+    commit(manager, 1, 1.0)
+    real_delete = manager._delete
+    manager._delete = lambda evicted: None  # the driver died between the index write and the deletion
+    commit(manager, 2, 2.0)
+    manager._delete = real_delete
+    assert "checkpoint_000001" in storage.list_dirs()
+    resumed = CheckpointManager.load(storage, TOP1)
+    assert resumed.garbage_dirs() == ["checkpoint_000001"]  # recorded as created, no longer committed
+    resumed.delete_garbage()
+    assert storage.list_dirs() == ["checkpoint_000002"]
+
+
+def test_commit_moves_every_ranks_staged_files_into_one_directory(any_storage):
+    storage = any_storage
+    manager = CheckpointManager.load(storage, TOP2)
+    for rank in (0, 1):
+        storage.write_text_atomic(f"{staged_dir(0, rank, 'ckpt')}/shard_{rank}.bin", f"rank {rank}")
+    storage.write_text_atomic(f"{staged_dir(0, 1, 'ckpt')}/sub/extra.txt", "nested")
+    manager.commit(CheckpointRecord("ckpt", {"score": 1}, 0, 0),
+                   (staged_dir(0, 0, "ckpt"), staged_dir(0, 1, "ckpt")))
+    files = sorted(p[len(storage.path("ckpt")) + 1:] for p in storage.fs.find(storage.path("ckpt")))
+    assert files == ["shard_0.bin", "shard_1.bin", "sub/extra.txt"]
+    assert storage.read_text("ckpt/shard_1.bin") == "rank 1"
+    assert not storage.fs.find(storage.path(staged_dir(0, 0, "ckpt")))
+
+
+def test_commit_never_writes_into_a_directory_it_did_not_create(storage):
+    manager = CheckpointManager.load(storage, TOP2)
+    storage.write_text_atomic("mine/notes.txt", "the user's")
+    storage.write_text_atomic(f"{staged_dir(0, 0, 'mine')}/model.bin", "x")
+    with pytest.raises(StorageError, match="did not create"):
+        manager.commit(CheckpointRecord("mine", {"score": 1}, 0, 0), (staged_dir(0, 0, "mine"),))
+    assert storage.read_text("mine/notes.txt") == "the user's" and storage.list_entries("mine") == ["notes.txt"]
+    commit(manager, 1, 1.0)
+    storage.write_text_atomic(f"{staged_dir(1, 0, 'checkpoint_000001')}/late.bin", "a stale attempt")
+    with pytest.raises(StorageError, match="never written again"):
+        manager.commit(CheckpointRecord("checkpoint_000001", {"score": 1}, 2, 1),
+                       (staged_dir(1, 0, "checkpoint_000001"),))
+    assert storage.list_entries("checkpoint_000001") == [FILE]
+
+
+TOP1 = CheckpointConfig(num_to_keep=1)
 
 
 # ---------------------------------------------------------------------------------- crashes
@@ -343,6 +398,14 @@ class CrashingStorage:
         return self._op("write_text_atomic", rel, text,
                         torn=lambda: self.real.fs.pipe_file(self.real.path(stray), text[: len(text) // 2].encode()))
 
+    def promote(self, sources, rel):
+        def move_one_file():
+            files = self.real.fs.find(self.real.path(sources[0]))
+            if files:
+                self.real.fs.makedirs(self.real.path(rel), exist_ok=True)
+                self.real.fs.mv(files[0], self.real.path(f"{rel}/{files[0].rsplit('/', 1)[1]}"))
+        return self._op("promote", sources, rel, torn=move_one_file)
+
     def remove_tree(self, rel):
         def remove_one_file():
             files = self.real.fs.find(self.real.path(rel))
@@ -375,8 +438,8 @@ def test_a_crash_anywhere_leaves_a_consistent_run(tmp_path, scores, num_to_keep,
             new = record(index, score)
             in_flight, before = new.dir_name, manager.committed_dir_names  # == the index on disk
             after = set(names(retain(manager.records + (new,), num_to_keep, "score", order).kept))
-            upload(crashing, new.dir_name)
-            manager.register(new)
+            stage(crashing, new.dir_name)
+            manager.commit(new, (staged_dir(0, 0, new.dir_name),))
             in_flight = None
     except SimulatedCrash:
         crashed = True
@@ -387,14 +450,14 @@ def test_a_crash_anywhere_leaves_a_consistent_run(tmp_path, scores, num_to_keep,
         assert real.read_text(f"{name}/{FILE}") == name
     assert on_index in (before, after)  # the old index or the new one, nothing in between
     assert len(on_index) <= (len(scores) if num_to_keep is None else num_to_keep + 1)
-    extras = set(real.list_dirs()) - on_index
+    extras = set(real.list_dirs()) - on_index - {STAGING_DIR}
     if crashed:  # at most the interrupted commit's upload and the evictions it had not finished
         assert extras <= before | {in_flight}
     else:
         assert not extras and on_index == after
 
     reloaded.delete_garbage()
-    assert set(real.list_dirs()) == on_index
+    assert set(real.list_dirs()) == on_index  # the interrupted commit's directory was recorded as created
     assert not [name for name in real.list_entries() if is_temp_name(name)]
     nxt = reloaded.report_index + 1  # and the run goes on
     upload(real, f"checkpoint_{nxt:06d}")

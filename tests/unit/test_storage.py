@@ -202,3 +202,58 @@ def test_move_into_declines_storage_that_is_not_plain_local(tmp_path):
     (source / "a.bin").write_bytes(b"a")
     assert not storage.move_into(str(source), "c")
     assert (source / "a.bin").exists()  # nothing moved: the caller copies instead
+
+
+# ---------------------------------------------------------------------------------- symbolic links
+
+
+def _tree_with_links(tmp_path):
+    outside = tmp_path / "outside"
+    (outside / "deeper").mkdir(parents=True)
+    (outside / "a.bin").write_text("a")
+    (outside / "deeper" / "b.bin").write_text("b")
+    source = tmp_path / "ckpt"
+    source.mkdir()
+    (source / "model.txt").write_text("m")
+    os.symlink(outside, source / "shards")
+    os.symlink(outside / "a.bin", source / "alias.bin")
+    return source, outside
+
+
+def test_upload_and_move_follow_links_and_never_move_what_a_link_points_to(tmp_path):
+    source, outside = _tree_with_links(tmp_path)
+    storage = Storage.for_run(str(tmp_path / "results"), "run")
+    storage.upload_dir(str(source), "up")
+    expected = {"model.txt", "alias.bin", "shards/a.bin", "shards/deeper/b.bin"}
+    found = {os.path.relpath(p, storage.path("up")) for p in storage.fs.find(storage.path("up"))}
+    assert found == expected
+    assert storage.move_into(str(source), "moved")
+    found = {os.path.relpath(p, storage.path("moved")) for p in storage.fs.find(storage.path("moved"))}
+    assert found == expected
+    assert not any(os.path.islink(p) for p in storage.fs.find(storage.path("moved")))
+    assert (outside / "a.bin").read_text() == "a" and (outside / "deeper" / "b.bin").exists()  # copied, not moved
+
+
+def test_a_dangling_or_looping_link_in_a_checkpoint_is_an_error_naming_it(tmp_path):
+    storage = Storage.for_run(str(tmp_path / "results"), "run")
+    dangling = tmp_path / "dangling"
+    dangling.mkdir()
+    os.symlink(tmp_path / "nowhere", dangling / "gone")
+    with pytest.raises(StorageError, match="'gone'.*does not exist"):
+        storage.upload_dir(str(dangling), "x")
+    looping = tmp_path / "looping"
+    (looping / "sub").mkdir(parents=True)
+    os.symlink(looping, looping / "sub" / "back")
+    with pytest.raises(StorageError, match="loops back"):
+        storage.upload_dir(str(looping), "y")
+
+
+def test_remove_tree_deletes_a_link_not_its_target(tmp_path):
+    storage = Storage.for_run(str(tmp_path / "results"), "run")
+    storage.makedirs()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "precious.txt").write_text("keep")
+    os.symlink(victim, storage.path("planted"))
+    storage.remove_tree("planted")
+    assert not os.path.lexists(storage.path("planted")) and (victim / "precious.txt").read_text() == "keep"

@@ -244,18 +244,20 @@ class PhaseChange(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack")
+    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack", "staged")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_NAME_FIELD_NUMBER: _ClassVar[int]
     WANTS_ACK_FIELD_NUMBER: _ClassVar[int]
+    STAGED_FIELD_NUMBER: _ClassVar[int]
     round: int
     metrics_json: str
     reported_at: float
     checkpoint_dir_name: str
     wants_ack: bool
-    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ...) -> None: ...
+    staged: bool
+    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ..., staged: _Optional[bool] = ...) -> None: ...
 
 class WorkerDone(_message.Message):
     __slots__ = ("finished_at", "reports", "return_value")
@@ -268,10 +270,12 @@ class WorkerDone(_message.Message):
     def __init__(self, finished_at: _Optional[float] = ..., reports: _Optional[int] = ..., return_value: _Optional[bytes] = ...) -> None: ...
 
 class ListCheckpoints(_message.Message):
-    __slots__ = ("request_id",)
+    __slots__ = ("request_id", "rounds")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     request_id: int
-    def __init__(self, request_id: _Optional[int] = ...) -> None: ...
+    rounds: int
+    def __init__(self, request_id: _Optional[int] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class WorkerFailure(_message.Message):
     __slots__ = ("phase", "exc_type", "message", "traceback", "exc_pickle", "failed_at")

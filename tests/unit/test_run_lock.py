@@ -1,0 +1,77 @@
+"""One fit() per run directory (minitrain.run_lock): fcntl locally, a conditional-create lease on
+object stores (a real S3 API: moto), and a per-process registry."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+from minitrain.layout import LOCK_NAME
+from minitrain.run_lock import LEASE_EXPIRY_S, RunLock, RunLockedError
+from minitrain.storage import Storage
+
+
+def test_a_second_lock_in_the_same_process_is_refused_until_released(tmp_path):
+    storage = Storage.for_run(str(tmp_path), "run")
+    with RunLock(storage):
+        with pytest.raises(RunLockedError, match="this process"):
+            RunLock(storage).acquire()
+        holder = json.loads((tmp_path / "run" / LOCK_NAME).read_text())
+        assert holder["pid"] == os.getpid()
+    with RunLock(storage):  # released: taken again
+        pass
+
+
+def test_another_process_holding_the_lock_is_named_and_its_death_releases_it(tmp_path):
+    storage = Storage.for_run(str(tmp_path), "run")
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom minitrain.run_lock import RunLock\n"
+         "from minitrain.storage import Storage\n"
+         f"RunLock(Storage.for_run({str(tmp_path)!r}, 'run')).acquire()\nprint('held', flush=True)\n"
+         "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunLockedError) as info:
+            RunLock(storage).acquire()
+        assert f"pid {holder.pid}" in str(info.value) and str(tmp_path / "run") in str(info.value)
+    finally:
+        holder.kill()  # SIGKILL: the kernel drops its fcntl lock
+        holder.wait()
+    with RunLock(storage):
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_memory_storage_uses_a_lease(tmp_path):
+    storage = Storage.for_run(f"memory://lock-{uuid.uuid4().hex}", "run")
+    lock = RunLock(storage)
+    lock.acquire()
+    try:
+        assert storage.exists(LOCK_NAME)
+    finally:
+        lock.release()
+    assert not storage.exists(LOCK_NAME)
+
+
+def test_an_s3_lease_is_exclusive_and_an_expired_one_is_taken_over(s3):
+    storage = Storage.for_run(s3.url("results"), "run", filesystem=s3.filesystem())
+    other = dict(host="elsewhere", pid=4242, since=time.time(), renewed_at=time.time())
+    storage.fs.pipe_file(storage.path(LOCK_NAME), json.dumps(other).encode())
+    with pytest.raises(RunLockedError, match="host elsewhere, pid 4242"):
+        RunLock(storage).acquire()
+    stale = dict(other, renewed_at=time.time() - LEASE_EXPIRY_S - 5)
+    storage.fs.pipe_file(storage.path(LOCK_NAME), json.dumps(stale).encode())
+    lock = RunLock(storage)
+    lock.acquire()
+    try:
+        assert json.loads(storage.fs.cat_file(storage.path(LOCK_NAME)))["pid"] == os.getpid()
+        storage.fs.invalidate_cache()
+        with pytest.raises(RunLockedError):  # a conditional create: the live lease wins
+            RunLock(Storage.for_run(s3.url("results"), "run", filesystem=s3.filesystem()))._take_lease()
+    finally:
+        lock.release()
