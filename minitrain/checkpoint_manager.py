@@ -279,7 +279,7 @@ class CheckpointManager:
             self._created = self._created | {target}
             self._write(self._records, self._latest, self._report_index)
             self.storage.promote(list(staged), target)
-        return self.register(record)
+        return self._register(record)
 
     def register(self, record: CheckpointRecord) -> Retention:
         """Commit `record`, whose directory must already hold its files, as the latest checkpoint.
@@ -293,6 +293,9 @@ class CheckpointManager:
         """
         check_dir_name(record.dir_name)
         self._check_order(record)
+        return self._register(record)
+
+    def _register(self, record: CheckpointRecord) -> Retention:
         if not self.storage.isdir(record.dir_name):
             raise StorageError(f"cannot commit checkpoint {self.storage.url(record.dir_name)}: the directory "
                                "does not exist (its upload did not happen or failed)")

@@ -275,17 +275,16 @@ class Storage:
         if os.stat(local_dir).st_dev != os.stat(target_root).st_dev:
             return False
         with self._io(f"move {local_dir!r} into", rel):
-            real_root = os.path.realpath(local_dir)
-            files = list(local_files(real_root))
-            # Reached through a link: copied, first (a link may point at a file this call moves).
+            files = list(local_files(os.path.realpath(local_dir)))
+            # A file reached through a link is copied, and first: a link may point at a file this call
+            # moves. The others are renamed.
             linked = [(s, r) for s, r in files if os.path.realpath(s) != s]
-            for source, relative in linked + [(s, r) for s, r in files if os.path.realpath(s) == s]:
-                target = os.path.join(target_root, *relative.split("/"))
-                os.makedirs(os.path.dirname(target), exist_ok=True)
-                if os.path.realpath(source) != source:
-                    shutil.copyfile(source, target)
-                else:
-                    os.replace(source, target)
+            owned = [(s, r) for s, r in files if os.path.realpath(s) == s]
+            for files_of_kind, transfer in ((linked, shutil.copyfile), (owned, os.replace)):
+                for source, relative in files_of_kind:
+                    target = os.path.join(target_root, *relative.split("/"))
+                    os.makedirs(os.path.dirname(target), exist_ok=True)
+                    transfer(source, target)
         return True
 
     def promote(self, sources: list[str], rel: str) -> None:
