@@ -3,9 +3,12 @@
 Two drivers writing one run directory would delete each other's uploads and overwrite each other's
 index. `RunLock` is held for the whole `fit()`:
 
-- Local and NFS storage: an exclusive `fcntl` lock (POSIX record lock, which NFS implements with
-  its lock manager) on `<run>/.minitrain_lock`. The kernel drops it when the holder dies, however
-  it dies, so the lock of a dead driver is taken over at once and safely. The file holds who has it
+- Local and NFS storage: an exclusive open-file-description lock (`F_OFD_SETLK`, Linux; NFS carries
+  it to the server's lock manager like a POSIX record lock) on `<run>/.minitrain_lock`. The kernel
+  drops it when the holder dies, however it dies, so the lock of a dead driver is taken over at once
+  and safely. Not a classic POSIX `lockf`: that one is dropped as soon as the process closes ANY
+  descriptor of the file (a copy of the run directory, a look at the holder), which silently let a
+  second driver in. Where OFD locks are missing (not Linux), `flock`. The file holds who has it
   (host, pid, since) for the error message.
 - Object stores and other fsspec filesystems: a lease object `<run>/.minitrain_lock` written with a
   conditional create (`pipe_file(mode="create")`, S3's `If-None-Match: *`), renewed every
@@ -14,8 +17,8 @@ index. `RunLock` is held for the whole `fit()`:
   a holder frozen for longer than the expiry loses its lease without knowing). Where the filesystem
   has no conditional create the same steps run as a best effort (an existence check before the
   write).
-- Within one process, a registry refuses a second lock of the same directory (POSIX locks are per
-  process, so `fcntl` alone would let two `fit()` calls of one process through).
+- Within one process, a registry refuses a second lock of the same directory with a message that
+  says so (the file lock would refuse it too, naming this process as the holder).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import fcntl
 import json
 import os
 import socket
+import struct
 import threading
 import time
 from typing import Any, Optional
@@ -37,6 +41,16 @@ LEASE_EXPIRY_S = 60.0
 
 _held_lock = threading.Lock()
 _held: set[str] = set()  # run directory URLs locked by this process
+
+
+def _lock_exclusive(fd: int) -> None:
+    """An exclusive lock on the whole file that belongs to this open file description; OSError
+    (EAGAIN/EACCES) when another description holds it."""
+    if hasattr(fcntl, "F_OFD_SETLK"):
+        # struct flock: l_type, l_whence, l_start, l_len (0: to the end), l_pid (0 for OFD locks)
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    else:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 class RunLockedError(ConfigError):
@@ -111,7 +125,7 @@ class RunLock:
         path = self._storage.path(LOCK_NAME)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
-            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock_exclusive(fd)
         except OSError:
             holder = _parse_holder(os.pread(fd, 4096, 0))
             os.close(fd)

@@ -56,7 +56,7 @@ _settings.register_profile(
     phases=[_Phase.explicit, _Phase.reuse, _Phase.generate],
     suppress_health_check=[_HealthCheck.too_slow])
 _settings.register_profile(
-    "soak", max_examples=300, deadline=None, print_blob=True,
+    "soak", max_examples=500, deadline=None, print_blob=True,
     suppress_health_check=[_HealthCheck.too_slow])
 
 

@@ -10,7 +10,10 @@ model, optimizer state and step after every step s with (s + 1) % config["every"
 resumes from `get_checkpoint()` at step + 1. Each step reports {"step": s}. At the end rank 0 writes
 the exact bits of the parameters to <out>/final_params.hex. Notes under <out>: pids/<pid> (every
 worker and its agent), attempts/<time>_<token> (the step each attempt resumed from),
-markers/fault_<i> (fault i fired; holds the token of the attempt it fired in).
+markers/fault_<i> (fault i fired; holds the token of the attempt it fired in),
+markers/returned_<i>_rank_<r> (after-report fault i: rank r's report returned, the fault fires next),
+slow_writers/<pid>
+(that process's uploads crawl: see SlowWriterFileSystem).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import threading
 import time
@@ -27,14 +31,27 @@ import uuid
 from dataclasses import dataclass
 from typing import Optional
 
+from fsspec.implementations.local import LocalFileSystem
+
 import minitrain
 
 N_STEPS = 8
 CHECKPOINT_FILES = ("model.pt", "optim.pt", "meta.json")
 
 PROCESS_KINDS = ("exception", "exit_code", "sigkill", "sigsegv", "hang_sigstop", "hang_loop", "agent_sigkill")
-CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_checkpoint_report")
-KINDS = PROCESS_KINDS + CHECKPOINT_KINDS
+# Fired 0 ms after report() returned, on one rank or (rank EVERY_RANK) on every rank at once.
+AFTER_REPORT_KINDS = ("after_report_exception", "after_report_exit")
+CHECKPOINT_KINDS = ("upload_fails", "upload_partial_then_die", "kill_during_checkpoint_report",
+                    "agent_sigstop_slow_upload")
+KINDS = PROCESS_KINDS + AFTER_REPORT_KINDS + CHECKPOINT_KINDS
+EVERY_RANK = -1
+AFTER_REPORT_EXIT_CODE = 7
+# agent_sigstop_slow_upload: rank 0 freezes its node agent, then uploads a checkpoint to storage that is
+# slow for it alone (SlowWriterFileSystem). The node is declared lost while the upload crawls on; the
+# stale rank's checkpoint carries one more file, STALE_FILE, so a late write that lands in a directory a
+# later attempt committed is seen by the completeness check.
+STALE_FILE = "stale_writer"
+SLOW_WRITERS = "slow_writers"
 HANG_KINDS = ("hang_sigstop", "hang_loop")
 PARTIAL_UPLOAD_EXIT_CODE = 13
 # The partial upload of an injected upload fault is written by the user's checkpoint_upload_fn
@@ -55,6 +72,26 @@ class ImportWhenLoaded:
         return (importlib.import_module, (self.module,))
 
 
+class WaitForFile:
+    """Put in train_loop_config: a worker waits (at most `timeout_s`) for `path` to exist while it
+    unpickles its payload, before training and its hang clock start."""
+
+    def __init__(self, path: str, timeout_s: float = 180.0):
+        self.path, self.timeout_s = path, timeout_s
+
+    def __reduce__(self):
+        return (wait_for_file, (self.path, self.timeout_s))
+
+
+def wait_for_file(path: str, timeout_s: float) -> str:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s:g} s")
+        time.sleep(0.02)
+    return path
+
+
 class InjectedFault(Exception):
     """Raised by the training function on purpose."""
 
@@ -65,8 +102,8 @@ class InjectedUploadError(OSError):
 
 @dataclass(frozen=True)
 class Fault:
-    """Fire `kind` on `rank` at `step`; `arg` is the exit code (exit_code) or the kill delay in ms
-    (kill_during_checkpoint_report)."""
+    """Fire `kind` on `rank` (EVERY_RANK: on both, for AFTER_REPORT_KINDS) at `step`; `arg` is the
+    exit code (exit_code) or the kill delay in ms (kill_during_checkpoint_report)."""
 
     rank: int
     step: int
@@ -80,6 +117,104 @@ class Schedule:
     max_failures: int
     every: int  # rank 0 checkpoints at steps s with (s + 1) % every == 0
     num_to_keep: Optional[int]
+    # Other users of the run directory, each drawn per example:
+    killed_driver: int = 0  # > 0: an earlier driver of this run was SIGKILLed in its n-th metrics append
+    rival: bool = False  # a second driver calls fit() on the same run while this one trains
+
+
+class SlowWriterFileSystem(LocalFileSystem):
+    """The local filesystem, slow for the processes listed in `slow_dir`: each file a listed pid
+    puts waits `delay_s` first (a frozen node's worker on a slow link to storage)."""
+
+    def __init__(self, slow_dir: str = "", delay_s: float = 1.5, **kwargs):
+        super().__init__(**kwargs)
+        self.slow_dir, self.delay_s = slow_dir, delay_s
+
+    def put_file(self, lpath, rpath, **kwargs):
+        if self.slow_dir and os.path.exists(os.path.join(self.slow_dir, str(os.getpid()))):
+            time.sleep(self.delay_s)
+        return super().put_file(lpath, rpath, **kwargs)
+
+
+RUN_NAME = "faults"
+HANG_TIMEOUT_S = 2.0
+STOP_GRACE_S = 1.0
+
+
+def make_trainer(schedule: Schedule, root: str, out: str):
+    """The example's TorchTrainer: run directory <root>/results/RUN_NAME, notes under `out`."""
+    from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from minitrain.torch import TorchTrainer
+
+    for sub in ("pids", "markers", "attempts", SLOW_WRITERS):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+    results = os.path.join(root, "results")
+    config = {"out": out, "faults": [vars(f) for f in schedule.faults], "every": schedule.every,
+              "run_dir": os.path.join(results, RUN_NAME), "preload": ImportWhenLoaded("torch._dynamo")}
+    if schedule.rival:
+        config["rival_gate"] = WaitForFile(os.path.join(out, RIVAL_DONE))
+    return TorchTrainer(
+        train_fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(
+            name=RUN_NAME, storage_path=results,
+            storage_filesystem=SlowWriterFileSystem(slow_dir=os.path.join(out, SLOW_WRITERS)),
+            checkpoint_config=CheckpointConfig(num_to_keep=schedule.num_to_keep),
+            failure_config=FailureConfig(max_failures=schedule.max_failures,
+                                         worker_hang_timeout_s=HANG_TIMEOUT_S,
+                                         worker_stop_grace_s=STOP_GRACE_S)))
+
+
+# ---------------------------------------------------------------------------------- other drivers of the run
+# Each runs in a subprocess (see other_driver) and builds the example's trainer with no faults.
+
+KILLED_DRIVER_OUT = "killed_driver_out"
+RIVAL_REFUSED = "RIVAL: refused"
+RIVAL_DONE = "rival_done"  # under `out`: the workers of a schedule with a rival wait for it
+
+
+def _killed_driver(root: str, nth_append: int) -> None:
+    """fit() the run, SIGKILLing this driver in the middle of its n-th metrics append: the complete
+    lines and half of the last one reach the file, then the kill lands."""
+    from minitrain.coordinator import metrics_log
+
+    appends = [0]
+    flush = metrics_log.MetricsLog.flush
+
+    def torn_flush(log):
+        if log._lines:
+            appends[0] += 1
+            if appends[0] == nth_append:
+                text = "".join(log._lines)
+                log._storage.append_text(metrics_log.METRICS_NAME, text[:len(text) - len(log._lines[-1]) // 2])
+                os.kill(os.getpid(), signal.SIGKILL)
+        flush(log)
+
+    metrics_log.MetricsLog.flush = torn_flush
+    schedule = Schedule(faults=(), max_failures=0, every=int(os.environ["FAULTS_EVERY"]),
+                        num_to_keep=json.loads(os.environ["FAULTS_KEEP"]))
+    make_trainer(schedule, root, os.path.join(root, KILLED_DRIVER_OUT)).fit()
+
+
+def _rival(root: str) -> None:
+    """fit() a run that another driver holds: must be refused with RunLockedError, touching nothing."""
+    from minitrain.run_lock import RunLockedError
+
+    schedule = Schedule(faults=(), max_failures=0, every=2, num_to_keep=None)
+    try:
+        make_trainer(schedule, root, os.path.join(root, "rival_out")).fit()
+    except RunLockedError as exc:
+        print(RIVAL_REFUSED, exc, flush=True)
+        return
+    raise SystemExit("RIVAL: fit() was not refused")
+
+
+def other_driver(argv: list) -> None:
+    """["killed_driver", ROOT, N] or ["rival", ROOT]. Called from `python -c` after an import of this
+    module (never run as __main__: workers unpickle train_fn by this module's name)."""
+    if argv[0] == "killed_driver":
+        _killed_driver(argv[1], int(argv[2]))
+    else:
+        _rival(argv[1])
 
 
 def checkpoint_steps(every: int) -> list[int]:
@@ -107,30 +242,39 @@ def _batch(step: int, rank: int):
     return x, y
 
 
-def _claim_fault(config: dict, rank: int, step: int, token: str) -> Optional[Fault]:
-    """The fault due at (rank, step) in this attempt, marked as fired; None when none is due."""
+def _claim_fault(config: dict, rank: int, step: int, token: str) -> tuple[int, Optional[Fault]]:
+    """The fault due at (rank, step) in this attempt and its index, marked as fired; (-1, None) when
+    none is due."""
     markers = os.path.join(config["out"], "markers")
     for i, fields in enumerate(config["faults"]):
+        fault = Fault(**fields)
         marker = os.path.join(markers, f"fault_{i}")
         if os.path.exists(marker):
+            if fault.rank == EVERY_RANK and fault.step == step and _read(marker) == token:
+                return i, fault  # the other rank claimed it first, in this attempt: fire here too
             continue
-        if i > 0:  # the previous fault fired; only a later attempt may fire this one
-            with open(os.path.join(markers, f"fault_{i - 1}")) as handle:
-                if handle.read() == token:
-                    return None
-        fault = Fault(**fields)
-        if (fault.rank, fault.step) != (rank, step):
-            return None
+        if i > 0 and _read(os.path.join(markers, f"fault_{i - 1}")) == token:
+            return -1, None  # the previous fault fired in this attempt; only a later attempt may fire this one
+        if fault.step != step or fault.rank not in (rank, EVERY_RANK):
+            return -1, None
         _touch(marker, token)
-        return fault
-    return None
+        return i, fault
+    return -1, None
+
+
+def _read(path: str) -> str:
+    with open(path) as handle:
+        return handle.read()
 
 
 def _fire(fault: Fault) -> None:
     """Fire a fault that is not about checkpoints; never returns normally."""
     kind = fault.kind
-    if kind == "exception":
-        raise InjectedFault(f"injected on rank {fault.rank} at step {fault.step}")
+    if kind in ("exception", "after_report_exception"):
+        rank = minitrain.get_context().get_world_rank()
+        raise InjectedFault(f"injected on rank {rank} at step {fault.step}")
+    if kind == "after_report_exit":
+        sys.exit(AFTER_REPORT_EXIT_CODE)
     if kind == "exit_code":
         os._exit(fault.arg)
     if kind == "sigkill":
@@ -178,6 +322,14 @@ def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Option
         kind = fault.kind if fault is not None else None
         if kind is None:
             minitrain.report({"step": step}, checkpoint=checkpoint)
+        elif kind == "agent_sigstop_slow_upload":
+            with open(os.path.join(tmp, STALE_FILE), "w") as handle:
+                handle.write(f"written by pid {os.getpid()}, whose node agent is frozen")
+            _touch(os.path.join(config["out"], SLOW_WRITERS, str(os.getpid())))
+            os.kill(os.getppid(), signal.SIGSTOP)  # the agent: no heartbeat, no stop from now on
+            minitrain.report({"step": step}, checkpoint=checkpoint)
+            while True:  # the attempt is over for this rank; its agent's end kills it (PDEATHSIG)
+                time.sleep(0.05)
         elif kind == "kill_during_checkpoint_report":
             # The kill lands in the upload, the wait for the ack, the commit, or just after report().
             threading.Timer(fault.arg / 1000.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
@@ -233,13 +385,17 @@ def train_fn(config: dict):
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        fault = _claim_fault(config, rank, step, token)
+        index, fault = _claim_fault(config, rank, step, token)
         if fault is not None and fault.kind in PROCESS_KINDS:
             _fire(fault)
         if rank == 0 and (step + 1) % config["every"] == 0:
-            _report_checkpoint(config, module, optimizer, step, fault)
+            _report_checkpoint(config, module, optimizer, step,
+                               fault if fault is not None and fault.kind in CHECKPOINT_KINDS else None)
         else:
             minitrain.report({"step": step})
+        if fault is not None and fault.kind in AFTER_REPORT_KINDS:
+            _touch(os.path.join(out, "markers", f"returned_{index}_rank_{rank}"))
+            _fire(fault)  # 0 ms after report() returned
 
     if rank == 0:
         bits = b"".join(p.detach().numpy().tobytes() for p in module.parameters()).hex()

@@ -44,7 +44,10 @@ import tempfile
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -54,20 +57,17 @@ from hypothesis import event, given, note, settings
 from hypothesis import strategies as st
 
 import minitrain
-from fault_training import (USER_UPLOAD_MARKER, CHECKPOINT_FILES, CHECKPOINT_KINDS, HANG_KINDS, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
-                            Fault, ImportWhenLoaded, InjectedFault, InjectedUploadError, Schedule, checkpoint_steps,
-                            train_fn)
-from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+from fault_training import (AFTER_REPORT_EXIT_CODE, AFTER_REPORT_KINDS, CHECKPOINT_FILES, CHECKPOINT_KINDS,
+                            EVERY_RANK, HANG_KINDS, KILLED_DRIVER_OUT, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
+                            RIVAL_DONE, RIVAL_REFUSED, RUN_NAME, USER_UPLOAD_MARKER, Fault, InjectedFault, InjectedUploadError,
+                            Schedule, checkpoint_steps, make_trainer)
 from minitrain.procs import living_descendants, wait_until_gone
-from minitrain.torch import TorchTrainer
 
 pytestmark = pytest.mark.e2e
 
-HANG_TIMEOUT_S = 2.0
-STOP_GRACE_S = 1.0
 FIT_TIMEOUT_S = 240.0  # far above the slowest schedule (4 attempts, hangs included)
-RUN_NAME = "faults"
 TAG_VAR = "MINITRAIN_FAULTS_TAG"
+FAULTS_DIR = str(Path(__file__).resolve().parent)
 
 
 # ---------------------------------------------------------------------------------- running one schedule
@@ -82,6 +82,9 @@ class Outcome:
     seconds: float
     descendants_after: list  # minitrain agents/workers below the test process right after fit()
     tag: str  # the value of TAG_VAR in the environment of the run's processes
+    earlier_lines: int = 0  # intact metrics.jsonl lines an earlier (killed) driver of the run left
+    user_files: dict = field(default_factory=dict)  # path -> digest of the user's files around the run
+    rival: Optional[str] = None  # what the rival driver printed
     _fired: Optional[list] = None
     _attempts: Optional[list] = None
 
@@ -107,10 +110,17 @@ class Outcome:
                               if not p.name.endswith(".tmp")]
         return self._attempts
 
+    def metrics_entries(self) -> list[dict]:
+        """This fit()'s lines of metrics.jsonl (an earlier driver's lines left out); every line must parse."""
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [json.loads(line) for line in lines[self.earlier_lines:]]
+
     def diagnostics(self) -> str:
         """The schedule, the error, metrics and the tail of every rank's log, for assertion messages."""
         parts = [f"schedule: {self.schedule}", f"fired: {self.fired()}", f"attempts: {self.attempts()}",
-                 f"fit() took {self.seconds:.1f} s", f"error: {self.error}"]
+                 f"fit() took {self.seconds:.1f} s", f"error: {self.error}",
+                 f"earlier driver's lines: {self.earlier_lines}", f"rival: {self.rival}"]
         metrics = self.run_dir / "metrics.jsonl"
         if metrics.exists():
             parts.append("metrics.jsonl:\n" + metrics.read_text()[-3000:])
@@ -166,22 +176,74 @@ class _Watchdog:
         self._timer.cancel()
 
 
+def _other_driver(argv: list, env: dict, timeout_s: float) -> subprocess.CompletedProcess:
+    """Run fault_training.other_driver(argv) in a new Python process (see fault_training)."""
+    code = f"import sys; sys.path.insert(0, {FAULTS_DIR!r}); import fault_training; " \
+           f"fault_training.other_driver({argv!r})"
+    # nice: the rival's imports must not starve the run it races (2 s hang timeout on 2 cores)
+    return subprocess.run(["nice", "-n", "19", sys.executable, "-c", code], env=env, capture_output=True,
+                          text=True, timeout=timeout_s)
+
+
+def _run_killed_driver(schedule: Schedule, root: Path, env: dict) -> int:
+    """An earlier driver of the run, SIGKILLed in its n-th metrics append. The intact lines it left."""
+    done = _other_driver(["killed_driver", str(root), schedule.killed_driver],
+                         {**env, "FAULTS_EVERY": str(schedule.every), "FAULTS_KEEP": json.dumps(schedule.num_to_keep)},
+                         FIT_TIMEOUT_S)
+    assert done.returncode == -signal.SIGKILL, \
+        f"the earlier driver was not killed mid-append (rc {done.returncode}):\n{done.stdout}\n{done.stderr}"
+    text = (root / "results" / RUN_NAME / "metrics.jsonl").read_text()
+    assert not text.endswith("\n"), "the killed driver left no torn line"
+    return text.count("\n")
+
+
+def _plant_user_files(root: Path) -> dict:
+    """The user's files beside the run and (when it exists) inside it. path -> content."""
+    files = {root / "results" / "other_project" / "checkpoint_000000" / "model.pt": "another project's model",
+             root / "results" / "notes.txt": "beside the run"}
+    if (root / "results" / RUN_NAME).exists():
+        files[root / "results" / RUN_NAME / "my_notes" / "todo.txt"] = "inside the run"
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return {str(path): text for path, text in files.items()}
+
+
+class _Rival(threading.Thread):
+    """A second driver that calls fit() on the same run while this process holds the run's lock.
+    The run's workers wait for RIVAL_DONE before they train, so the race is always run."""
+
+    def __init__(self, root: Path, env: dict):
+        super().__init__(daemon=True)
+        self.root, self.env, self.output = root, env, None
+        self.stop = threading.Event()
+
+    def _locked_by_this_process(self) -> bool:
+        try:
+            return json.loads((self.root / "results" / RUN_NAME / ".minitrain_lock").read_text())["pid"] == os.getpid()
+        except (OSError, ValueError, KeyError):
+            return False
+
+    def run(self) -> None:
+        try:
+            while not self.stop.is_set():
+                if self._locked_by_this_process():
+                    done = _other_driver(["rival", str(self.root)], self.env, 120)
+                    self.output = f"rc {done.returncode}: {done.stdout}{done.stderr}"
+                    return
+                self.stop.wait(0.02)
+        finally:
+            (self.root / "out" / RIVAL_DONE).write_text("done")
+
+
 def run_schedule(schedule: Schedule, root: Path) -> Outcome:
     """Run fit() once under `schedule`, with everything under `root`."""
-    out = root / "out"
-    for sub in ("pids", "markers", "attempts"):
-        (out / sub).mkdir(parents=True, exist_ok=True)
-    config = {"out": str(out), "faults": [asdict(f) for f in schedule.faults], "every": schedule.every,
-              "run_dir": str(root / "results" / RUN_NAME), "preload": ImportWhenLoaded("torch._dynamo")}
-    trainer = TorchTrainer(
-        train_fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
-        run_config=RunConfig(
-            name=RUN_NAME, storage_path=str(root / "results"),
-            checkpoint_config=CheckpointConfig(num_to_keep=schedule.num_to_keep),
-            failure_config=FailureConfig(max_failures=schedule.max_failures,
-                                         worker_hang_timeout_s=HANG_TIMEOUT_S,
-                                         worker_stop_grace_s=STOP_GRACE_S)))
+    trainer = make_trainer(schedule, str(root), str(root / "out"))
     tag = uuid.uuid4().hex
+    env = {**os.environ, TAG_VAR: tag}
+    earlier_lines = _run_killed_driver(schedule, root, env) if schedule.killed_driver else 0
+    user_files = _plant_user_files(root)
+    rival = _Rival(root, env) if schedule.rival else None
     previous = os.environ.get(TAG_VAR)
     os.environ[TAG_VAR] = tag  # agents, workers and fork servers inherit it: found even when orphaned
     result = error = None
@@ -190,6 +252,8 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
     try:
         try:
             with watchdog:
+                if rival is not None:
+                    rival.start()
                 result = trainer.fit()
         except minitrain.WorkerGroupError as exc:
             error = exc
@@ -205,7 +269,11 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
             os.environ.pop(TAG_VAR, None)
         else:
             os.environ[TAG_VAR] = previous
-    outcome = Outcome(schedule, root, result, error, seconds, descendants, tag)
+        if rival is not None:
+            rival.stop.set()
+            rival.join(timeout=150)
+    outcome = Outcome(schedule, root, result, error, seconds, descendants, tag, earlier_lines, user_files,
+                      rival.output if rival is not None else None)
     outcome.fired(), outcome.attempts()
     return outcome
 
@@ -215,8 +283,10 @@ def run_schedule(schedule: Schedule, root: Path) -> Outcome:
 
 def _expected_cause(fault: Fault) -> tuple[type, str]:
     """The exception type worker_failures[rank] must have, and a text the message must contain."""
-    if fault.kind == "exception":
+    if fault.kind in ("exception", "after_report_exception"):
         return InjectedFault, "InjectedFault: injected on rank"
+    if fault.kind == "after_report_exit":
+        return SystemExit, f"SystemExit: {AFTER_REPORT_EXIT_CODE}"
     if fault.kind == "exit_code":
         return minitrain.WorkerProcessError, f"exited with code {fault.arg}"
     if fault.kind == "upload_partial_then_die":
@@ -229,6 +299,10 @@ def _expected_cause(fault: Fault) -> tuple[type, str]:
         return minitrain.WorkerHangError, "WorkerHangError: rank"
     if fault.kind == "agent_sigkill":
         return minitrain.NodeLostError, "NodeLostError: node"
+    if fault.kind == "agent_sigstop_slow_upload":
+        # rank 1 waits in DDP's all-reduce for the crawling rank 0: found hung (2 s) before the frozen
+        # node is found lost, or lost first; either names the frozen node's failure.
+        return (minitrain.NodeLostError, minitrain.WorkerHangError), "Error: "
     if fault.kind == "upload_fails":
         return InjectedUploadError, "InjectedUploadError: injected upload failure"
     raise AssertionError(fault.kind)
@@ -259,14 +333,22 @@ def check_outcome(outcome: Outcome) -> None:
     last = schedule.faults[fired[-1]]
     error, text = outcome.error, str(outcome.error)
     expected_type, expected_text = _expected_cause(last)
-    assert last.rank in error.worker_failures, f"rank {last.rank} ({last.kind}) is not among the failures"
-    assert isinstance(error.worker_failures[last.rank], expected_type), \
-        f"worker_failures[{last.rank}] is {error.worker_failures[last.rank]!r}, expected {expected_type.__name__}"
+    if last.rank == EVERY_RANK:  # the first rank to fail is the cause; the other may be stopped first
+        fired_on = [r for r in (0, 1) if (outcome.out / "markers" / f"returned_{fired[-1]}_rank_{r}").exists()]
+        assert any(isinstance(error.worker_failures.get(r), expected_type) for r in fired_on), \
+            f"none of ranks {fired_on} ({last.kind}) is among the failures as {expected_type}"
+    else:
+        assert last.rank in error.worker_failures, f"rank {last.rank} ({last.kind}) is not among the failures"
+        assert isinstance(error.worker_failures[last.rank], expected_type), \
+            f"worker_failures[{last.rank}] is {error.worker_failures[last.rank]!r}, expected {expected_type}"
     assert expected_text in text, f"{expected_text!r} is not in the error message"
     root_line = next(line for line in text.splitlines() if line.startswith("Root cause: "))
-    if last.kind == "agent_sigkill":
-        # Both ranks lived on the killed agent: either may be named as the root cause.
-        assert "NodeLostError" in root_line, root_line
+    if last.kind in ("agent_sigkill", "agent_sigstop_slow_upload"):
+        # Both ranks lived on the lost agent: either may be named as the root cause.
+        assert "NodeLostError" in root_line or "WorkerHangError" in root_line, root_line
+    elif last.rank == EVERY_RANK:
+        assert root_line.startswith(("Root cause: rank 0 ", "Root cause: rank 1 ")), root_line
+        assert expected_text in root_line, root_line
     else:
         assert root_line.startswith(f"Root cause: rank {last.rank} "), root_line
         assert expected_text in root_line, root_line
@@ -280,7 +362,7 @@ def check_success(outcome: Outcome, reference_params: str) -> None:
     assert outcome.result.metrics == {"step": N_STEPS - 1}
     resume = outcome.attempts()[-1]["resume_step"]
     last_attempt = len(outcome.fired())
-    entries = [json.loads(line) for line in (outcome.run_dir / "metrics.jsonl").read_text().splitlines()]
+    entries = outcome.metrics_entries()
     assert max((e["attempt"] for e in entries), default=0) <= last_attempt
     steps = [e["metrics"]["step"] for e in entries if e["attempt"] == last_attempt]
     assert steps == list(range(resume + 1, N_STEPS)), \
@@ -361,6 +443,45 @@ def check_acknowledged_checkpoints_survive(outcome: Outcome) -> None:
             f"ranks, yet the run then stood at step {resumed}")
 
 
+# A rank that fails this way sends its queued reports before its failure (SIGKILL, os._exit and a
+# frozen process cannot: the README states that window).
+FLUSHING_KINDS = ("exception", "upload_fails") + AFTER_REPORT_KINDS
+
+
+def check_returned_reports_committed(outcome: Outcome) -> None:
+    """Every round whose report() returned on both ranks before a flushing fault fired is committed:
+    its metrics are in metrics.jsonl, in order, once.
+
+    A fault at step t fires after step t's all-reduce, which each rank entered once its report of
+    step t-1 had returned; an after-report fault notes on each rank that its report of step t
+    returned (markers/returned_<i>_rank_<r>) right before it fires. When both ranks noted it, round
+    t is covered too.
+    """
+    entries, attempts = outcome.metrics_entries(), outcome.attempts()
+    for i in outcome.fired():
+        fault = outcome.schedule.faults[i]
+        steps = [e["metrics"]["step"] for e in entries if e["attempt"] == i]
+        start = attempts[i]["resume_step"]
+        assert steps == list(range(start + 1, start + 1 + len(steps))), \
+            f"attempt {i} committed the steps {steps} (it resumed after step {start})"
+        if fault.kind not in FLUSHING_KINDS:
+            continue
+        both = all((outcome.out / "markers" / f"returned_{i}_rank_{r}").exists() for r in (0, 1))
+        returned = fault.step if both else fault.step - 1
+        assert start + 1 + len(steps) > returned, (
+            f"fault {i} ({fault}) fired once every rank's report of step {returned} had returned, yet attempt {i} "
+            f"committed only {steps}")
+
+
+def check_other_users(outcome: Outcome) -> None:
+    """The user's files beside and inside the run are untouched; a rival driver was refused."""
+    for path, text in outcome.user_files.items():
+        assert os.path.exists(path) and Path(path).read_text() == text, f"the user's {path} was changed or deleted"
+    if outcome.schedule.rival:
+        assert outcome.rival is not None and outcome.rival.startswith("rc 0") and RIVAL_REFUSED in outcome.rival \
+            and f"pid {os.getpid()}" in outcome.rival, f"the rival driver was not refused: {outcome.rival}"
+
+
 def _committed_steps(outcome: Outcome) -> list[int]:
     index_path = outcome.run_dir / "checkpoint_manager_snapshot.json"
     if not index_path.exists():
@@ -379,6 +500,8 @@ def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
             check_outcome(outcome)
             check_checkpoints(outcome)
             check_acknowledged_checkpoints_survive(outcome)
+            check_returned_reports_committed(outcome)
+            check_other_users(outcome)
             check_success(outcome, reference_params)
         except AssertionError as exc:
             raise AssertionError(f"{exc}\n\n{outcome.diagnostics()}") from exc
@@ -438,6 +561,8 @@ def schedules(draw) -> Schedule:
         kind = draw(st.sampled_from(KINDS))
         if kind in CHECKPOINT_KINDS:
             rank, step = 0, draw(st.sampled_from(checkpoint_steps(every)))
+        elif kind in AFTER_REPORT_KINDS:
+            rank, step = draw(st.sampled_from([0, 1, EVERY_RANK])), draw(st.integers(0, N_STEPS - 1))
         else:
             rank, step = draw(st.integers(0, 1)), draw(st.integers(0, N_STEPS - 1))
         arg = 0
@@ -447,7 +572,9 @@ def schedules(draw) -> Schedule:
             arg = draw(st.integers(0, 30))
         faults.append(Fault(rank, step, kind, arg))
     return Schedule(faults=tuple(faults), max_failures=draw(st.sampled_from([0, 1, 2, 3])), every=every,
-                    num_to_keep=draw(st.sampled_from([1, 2, None])))
+                    num_to_keep=draw(st.sampled_from([1, 2, None])),
+                    killed_driver=draw(st.sampled_from([0, 0, 0, 1, 2, 3])),
+                    rival=draw(st.sampled_from([False, False, False, True])))
 
 
 @settings(_profile())
@@ -474,17 +601,22 @@ REGRESSIONS = [
     Fault(0, 3, "upload_fails"),
     Fault(0, 5, "upload_partial_then_die"),
     Fault(0, 3, "kill_during_checkpoint_report", 10),
+    Fault(1, 4, "after_report_exception"),
+    Fault(EVERY_RANK, 4, "after_report_exception"),
+    Fault(EVERY_RANK, 3, "after_report_exit"),
+    Fault(0, 3, "agent_sigstop_slow_upload"),
 ]
+IDS = [f"{f.kind}-rank{'s' if f.rank == EVERY_RANK else f.rank}" for f in REGRESSIONS]
 
 
-@pytest.mark.parametrize("fault", REGRESSIONS, ids=[f.kind for f in REGRESSIONS])
+@pytest.mark.parametrize("fault", REGRESSIONS, ids=IDS)
 def test_each_fault_kind_is_survived_once(fault, reference_params):
     outcome = run_and_check(Schedule(faults=(fault,), max_failures=1, every=2, num_to_keep=1),
                             reference_params)
     assert outcome.fired() == [0] and outcome.error is None
 
 
-@pytest.mark.parametrize("fault", REGRESSIONS, ids=[f.kind for f in REGRESSIONS])
+@pytest.mark.parametrize("fault", REGRESSIONS, ids=IDS)
 def test_each_fault_kind_spends_a_zero_budget_and_is_named(fault, reference_params):
     outcome = run_and_check(Schedule(faults=(fault,), max_failures=0, every=2, num_to_keep=2),
                             reference_params)
@@ -503,3 +635,12 @@ def test_a_failed_upload_is_reported_during_checkpoint_upload(reference_params):
                                      num_to_keep=2), reference_params)
     root_line = next(line for line in str(outcome.error).splitlines() if line.startswith("Root cause: "))
     assert "during checkpoint upload: InjectedUploadError" in root_line, root_line
+
+
+def test_a_driver_killed_mid_append_and_a_rival_driver_leave_the_run_whole(reference_params):
+    # The run was SIGKILLed in its third metrics append (a torn line), the user keeps notes in it, a
+    # second driver tries the same run while this one holds it, and rank 1 then fails once.
+    outcome = run_and_check(Schedule(faults=(Fault(1, 5, "exception"),), max_failures=1, every=2, num_to_keep=2,
+                                     killed_driver=3, rival=True), reference_params)
+    assert outcome.earlier_lines >= 2
+    assert outcome.fired() == [0] and outcome.error is None

@@ -1,10 +1,11 @@
-"""One fit() per run directory (minitrain.run_lock): fcntl locally, a conditional-create lease on
+"""One fit() per run directory (minitrain.run_lock): an OFD lock locally, a conditional-create lease on
 object stores (a real S3 API: moto), and a per-process registry."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +46,22 @@ def test_another_process_holding_the_lock_is_named_and_its_death_releases_it(tmp
         holder.wait()
     with RunLock(storage):
         assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
+def test_the_lock_holds_after_this_process_opens_and_closes_the_lock_file(tmp_path):
+    # A classic POSIX lock (lockf) is dropped when its process closes ANY descriptor of the file: a
+    # look at the holder or a copy of the run directory let a second driver in (found by the fault
+    # suite's rival driver).
+    storage = Storage.for_run(str(tmp_path), "run")
+    probe = [sys.executable, "-c", "from minitrain.run_lock import RunLock, RunLockedError\n"
+             "from minitrain.storage import Storage\n"
+             f"try:\n    RunLock(Storage.for_run({str(tmp_path)!r}, 'run')).acquire()\nexcept RunLockedError:\n"
+             "    print('refused')\nelse:\n    print('taken')"]
+    with RunLock(storage):
+        assert json.loads((tmp_path / "run" / LOCK_NAME).read_text())["pid"] == os.getpid()
+        shutil.copytree(tmp_path / "run", tmp_path / "copy")
+        assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "refused"
+    assert subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip() == "taken"
 
 
 def test_memory_storage_uses_a_lease(tmp_path):
