@@ -124,7 +124,7 @@ class ReportRecord:
     reported_at: float
     checkpoint_dir_name: str = ""
     wants_ack: bool = False
-    staged: bool = False  # uploaded to the staging area (minitrain.layout.staged_dir), moved at commit
+    staged: bool = False  # uploaded to the staging area (minitrain.storage.layout.staged_dir), moved at commit
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +147,7 @@ class Step:
 class RunPayload:
     """What every worker unpickles: the training function, its config, and the run's storage.
 
-    `storage` is a `minitrain.storage.Storage` (fsspec filesystems pickle), so workers upload to the
+    `storage` is a `minitrain.storage.filesystem.Storage` (fsspec filesystems pickle), so workers upload to the
     same place the coordinator commits in. `datasets` maps each name of `TorchTrainer(datasets=...)`
     to a `minitrain.data.staging.ShardSpec` (small: large tables are staged, not pickled in here).
     """

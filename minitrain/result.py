@@ -12,9 +12,9 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
 
-from minitrain.layout import INDEX_NAME as SNAPSHOT_FILE
-from minitrain.layout import METRICS_NAME as METRICS_FILE
-from minitrain.layout import split_metrics_lines
+from minitrain.storage.layout import INDEX_NAME as SNAPSHOT_FILE
+from minitrain.storage.layout import METRICS_NAME as METRICS_FILE
+from minitrain.storage.layout import split_metrics_lines
 
 
 @dataclass

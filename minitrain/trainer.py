@@ -16,9 +16,10 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, hostinfo
+from minitrain import __version__, _session
+from minitrain.hosts import hostinfo
 from minitrain.checkpoint import Checkpoint
-from minitrain.checkpoint_manager import INDEX_NAME, CheckpointManager
+from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
@@ -28,17 +29,17 @@ from minitrain.errors import (
     ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
     WorkerHangError, WorkerProcessError,
 )
-from minitrain.cluster import ClusterConfig, current_cluster
-from minitrain.launcher import ClusterLauncher
-from minitrain.ssh import preflight
+from minitrain.hosts.cluster import ClusterConfig, current_cluster
+from minitrain.hosts.launcher import ClusterLauncher
+from minitrain.hosts.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
-from minitrain.mirror import lives_in_this_process, local_mirror
+from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
-from minitrain.layout import is_own_name
-from minitrain.run_lock import RunLock
-from minitrain.storage import VALIDATE_MARKER, Storage, StorageError
+from minitrain.storage.layout import is_own_name
+from minitrain.storage.run_lock import RunLock
+from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError
 
 logger = logging.getLogger("minitrain")
 

@@ -23,7 +23,8 @@ from typing import Optional
 import grpc
 
 import minitrain
-from minitrain import hostinfo, procs
+from minitrain import procs
+from minitrain.hosts import hostinfo
 from minitrain.agent.spares import Spare, ForkServerPool, start_worker
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert

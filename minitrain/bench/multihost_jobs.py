@@ -67,7 +67,7 @@ def role_driver(spec: dict) -> None:
     if spec["init"] is not None:
         minitrain.init(**spec["init"])
     if spec["mode"] == "preflight":
-        from minitrain.ssh import preflight
+        from minitrain.hosts.ssh import preflight
 
         start = time.perf_counter()
         preflight(minitrain.current_cluster(), expected_version=minitrain.__version__)

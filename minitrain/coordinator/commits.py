@@ -21,17 +21,17 @@ from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
-from minitrain.layout import staged_dir
+from minitrain.storage.layout import staged_dir
 from minitrain.records import Phase, ReportRecord, WorkerFailure
-from minitrain.retention import CheckpointRecord
+from minitrain.storage.retention import CheckpointRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
-from minitrain.storage import StorageError
+from minitrain.storage.filesystem import StorageError
 
 logger = logging.getLogger("minitrain")
 
 
 class CheckpointBook(Protocol):
-    """The part of `minitrain.checkpoint_manager.CheckpointManager` the coordinator uses."""
+    """The part of `minitrain.storage.checkpoint_manager.CheckpointManager` the coordinator uses."""
 
     report_index: int
     latest: Optional[CheckpointRecord]

@@ -13,7 +13,7 @@ import logging
 import time
 from typing import Any, Callable
 
-from minitrain.layout import METRICS_NAME, split_metrics_lines
+from minitrain.storage.layout import METRICS_NAME, split_metrics_lines
 
 FLUSH_INTERVAL_S = 1.0
 FLUSH_LINES = 1000

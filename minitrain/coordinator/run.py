@@ -21,7 +21,7 @@ LEASE_TIMEOUT_S = 5.0
 
 
 class Launcher(Protocol):
-    """Starts node agents (see minitrain.launcher)."""
+    """Starts node agents (see minitrain.hosts.launcher)."""
 
     def bind_hosts(self) -> tuple[str, ...]:
         """The local addresses the nodes reach this machine by (the coordinator binds only these)."""

@@ -96,7 +96,7 @@ class StagingArea:
     @classmethod
     def for_run(cls, storage: Any, all_local: bool) -> "StagingArea":
         """A local temporary directory when `all_local`, else a fresh directory beside the run directory
-        of `storage` (a `minitrain.storage.Storage`), under `.minitrain_datasets/`."""
+        of `storage` (a `minitrain.storage.filesystem.Storage`), under `.minitrain_datasets/`."""
         if all_local:
             from fsspec.implementations.local import LocalFileSystem
 

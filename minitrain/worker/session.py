@@ -27,7 +27,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
-from minitrain.layout import RESERVED_NAMES, staged_dir
+from minitrain.storage.layout import RESERVED_NAMES, staged_dir
 from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.rpc._gen import minitrain_pb2 as pb

@@ -14,7 +14,7 @@ import pytest
 
 import minitrain
 from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
-from minitrain.checkpoint_manager import INDEX_NAME
+from minitrain.storage.checkpoint_manager import INDEX_NAME
 from minitrain.torch import TorchTrainer
 
 pytestmark = pytest.mark.e2e

@@ -20,8 +20,8 @@ import pytest
 import minitrain
 from minitrain import FailureConfig, RunConfig, ScalingConfig
 from minitrain.errors import ConfigError, WorkerGroupError
-from minitrain.layout import INDEX_NAME, METRICS_NAME
-from minitrain.run_lock import RunLockedError
+from minitrain.storage.layout import INDEX_NAME, METRICS_NAME
+from minitrain.storage.run_lock import RunLockedError
 from minitrain.torch import TorchTrainer
 
 from integrity_training import (GatedSlowFileSystem, checkpoint_with_linked_dir, freeze_agent_during_upload,

@@ -197,7 +197,7 @@ def _killed_driver(root: str, nth_append: int) -> None:
 
 def _rival(root: str) -> None:
     """fit() a run that another driver holds: must be refused with RunLockedError, touching nothing."""
-    from minitrain.run_lock import RunLockedError
+    from minitrain.storage.run_lock import RunLockedError
 
     schedule = Schedule(faults=(), max_failures=0, every=2, num_to_keep=None)
     try:

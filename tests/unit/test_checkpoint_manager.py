@@ -1,5 +1,5 @@
 """Checkpoint commit, retention on disk, resume, corrupt indexes, garbage, and crash safety
-(minitrain.checkpoint_manager), on the local filesystem, memory:// and a real S3 API (moto).
+(minitrain.storage.checkpoint_manager), on the local filesystem, memory:// and a real S3 API (moto).
 
 The crash property runs on local and memory:// only (fast); S3 differs from them in no way the
 manager relies on.
@@ -16,11 +16,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from minitrain.checkpoint_manager import (INDEX_NAME, METRICS_NAME, CheckpointIndexError, CheckpointManager)
+from minitrain.storage.checkpoint_manager import (INDEX_NAME, METRICS_NAME, CheckpointIndexError, CheckpointManager)
 from minitrain.config import CheckpointConfig
-from minitrain.layout import STAGING_DIR, staged_dir
-from minitrain.retention import CheckpointRecord, retain
-from minitrain.storage import TEMP_SUFFIX, VALIDATE_MARKER, Storage, StorageError, is_temp_name
+from minitrain.storage.layout import STAGING_DIR, staged_dir
+from minitrain.storage.retention import CheckpointRecord, retain
+from minitrain.storage.filesystem import TEMP_SUFFIX, VALIDATE_MARKER, Storage, StorageError, is_temp_name
 
 FILE = "model.txt"
 

@@ -1,4 +1,4 @@
-"""minitrain.cluster: host lists, hostfiles (every error with its line number), SSH option validation,
+"""minitrain.hosts.cluster: host lists, hostfiles (every error with its line number), SSH option validation,
 the environment variables, and the ambient cluster of init()/current_cluster()/shutdown()."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from minitrain import cluster, config
-from minitrain.cluster import ClusterConfig, HostSpec, SSHOptions, parse_host_list, parse_hostfile
+from minitrain import config
+from minitrain.hosts import cluster
+from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions, parse_host_list, parse_hostfile
 from minitrain.errors import ConfigError
 
 

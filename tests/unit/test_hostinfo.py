@@ -1,4 +1,4 @@
-"""minitrain.hostinfo: GPU discovery from CUDA_VISIBLE_DEVICES, a fake driver /proc dir, and a fake
+"""minitrain.hosts.hostinfo: GPU discovery from CUDA_VISIBLE_DEVICES, a fake driver /proc dir, and a fake
 `nvidia-smi` (a python -c script), plus sanity checks of the host facts."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from minitrain import hostinfo
+from minitrain.hosts import hostinfo
 
 NO_PROC = "/nonexistent/proc/driver/nvidia/gpus"
 
@@ -81,6 +81,6 @@ def test_host_facts_are_sane():
 
 def test_hostinfo_does_not_import_torch():
     # The agent imports this module; torch would cost seconds and a CUDA context in a supervisor.
-    code = "import sys, minitrain.hostinfo, minitrain.procs; sys.exit('torch' in sys.modules)"
+    code = "import sys, minitrain.hosts.hostinfo, minitrain.procs; sys.exit('torch' in sys.modules)"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     assert subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode == 0

@@ -1,9 +1,10 @@
 """The layer rules of docs/architecture.md section 3, enforced on the AST of every minitrain module.
 
 Imports go downward only:
-  L0 vocabulary  config, errors, records, context, metrics, _session, retention (stdlib + each other only)
-  L1 primitives  rpc/, procs, hostinfo, logs, launcher, storage, checkpoint_manager, data/ (L0 + L1 +
-                 third-party, never torch; data/ is L1 because the worker runtime builds dataset shards)
+  L0 vocabulary  config, errors, records, context, metrics, _session, storage.layout, storage.retention
+                 (stdlib + each other only)
+  L1 primitives  rpc/, procs, logs, storage/, hosts/, checkpoint, data/ (L0 + L1 + third-party, never
+                 torch; data/ is L1 because the worker runtime builds dataset shards)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
   L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
   L4 tools       bench/ (`python -m minitrain.bench`): may import anything, torch included; nothing else
@@ -40,10 +41,9 @@ SKIP = {PACKAGE / "rpc" / "_gen"}  # generated code
 # that adding them needs no edit here; anything else unlisted fails `test_every_module_has_a_layer`.
 L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.context", "minitrain.metrics",
       "minitrain.reporting",
-      "minitrain._session", "minitrain.clock", "minitrain.retention", "minitrain.layout"}
-L1 = {"minitrain.rpc", "minitrain.run_lock", "minitrain.procs", "minitrain.hostinfo", "minitrain.logs", "minitrain.launcher",
-      "minitrain.storage", "minitrain.checkpoint", "minitrain.checkpoint_manager", "minitrain.net",
-      "minitrain.cluster", "minitrain.ssh", "minitrain.mirror", "minitrain.data"}
+      "minitrain._session", "minitrain.clock", "minitrain.storage.retention", "minitrain.storage.layout"}
+L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.storage", "minitrain.hosts",
+      "minitrain.checkpoint", "minitrain.net", "minitrain.data"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface"}
@@ -201,7 +201,7 @@ def test_walker_sees_the_modules_it_should():
 def test_resolver_on_known_imports():
     agent = dict(source_modules())["minitrain.agent.agent"]
     targets = {imp.target for imp in imports_of("minitrain.agent.agent", agent)}
-    assert {"minitrain", "minitrain.hostinfo", "minitrain.procs", "minitrain.rpc.auth"} <= targets
+    assert {"minitrain", "minitrain.hosts.hostinfo", "minitrain.procs", "minitrain.rpc.auth"} <= targets
     distributed = dict(source_modules())["minitrain.worker.distributed"]
     assert "torch" in {imp.target for imp in imports_of("minitrain.worker.distributed", distributed)}
 

@@ -1,4 +1,4 @@
-"""The local mirror of an in-process (memory://) run directory (minitrain.mirror)."""
+"""The local mirror of an in-process (memory://) run directory (minitrain.storage.mirror)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import uuid
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minitrain.mirror import lives_in_this_process, local_mirror
-from minitrain.storage import Storage, StorageError
+from minitrain.storage.mirror import lives_in_this_process, local_mirror
+from minitrain.storage.filesystem import Storage, StorageError
 
 
 class _UnreadableMemory(MemoryFileSystem):

@@ -1,4 +1,4 @@
-"""The pure retention core: manager order, top-K plus latest, best_checkpoints (minitrain.retention).
+"""The pure retention core: manager order, top-K plus latest, best_checkpoints (minitrain.storage.retention).
 
 The property tests compare `retain` with a reference written straight from the documented rules
 (a pairwise "is better than" relation), for any sequence of rounds: missing scores, NaN, ties, both
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.retention import (CheckpointRecord, best_checkpoints, flatten_metrics, manager_order, retain,
+from minitrain.storage.retention import (CheckpointRecord, best_checkpoints, flatten_metrics, manager_order, retain,
                                  score_of)
 
 MISSING = object()  # the round's metrics lack the attribute

@@ -1,4 +1,4 @@
-"""One fit() per run directory (minitrain.run_lock): an OFD lock locally, a conditional-create lease on
+"""One fit() per run directory (minitrain.storage.run_lock): an OFD lock locally, a conditional-create lease on
 object stores (a real S3 API: moto), and a per-process registry."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import uuid
 
 import pytest
 
-from minitrain.layout import LOCK_NAME
-from minitrain.run_lock import LEASE_EXPIRY_S, RunLock, RunLockedError
-from minitrain.storage import Storage
+from minitrain.storage.layout import LOCK_NAME
+from minitrain.storage.run_lock import LEASE_EXPIRY_S, RunLock, RunLockedError
+from minitrain.storage.filesystem import Storage
 
 
 def test_a_second_lock_in_the_same_process_is_refused_until_released(tmp_path):
@@ -32,8 +32,8 @@ def test_a_second_lock_in_the_same_process_is_refused_until_released(tmp_path):
 def test_another_process_holding_the_lock_is_named_and_its_death_releases_it(tmp_path):
     storage = Storage.for_run(str(tmp_path), "run")
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom minitrain.run_lock import RunLock\n"
-         "from minitrain.storage import Storage\n"
+        [sys.executable, "-c", "import sys, time\nfrom minitrain.storage.run_lock import RunLock\n"
+         "from minitrain.storage.filesystem import Storage\n"
          f"RunLock(Storage.for_run({str(tmp_path)!r}, 'run')).acquire()\nprint('held', flush=True)\n"
          "time.sleep(600)"], stdout=subprocess.PIPE, text=True)
     try:
@@ -53,8 +53,8 @@ def test_the_lock_holds_after_this_process_opens_and_closes_the_lock_file(tmp_pa
     # look at the holder or a copy of the run directory let a second driver in (found by the fault
     # suite's rival driver).
     storage = Storage.for_run(str(tmp_path), "run")
-    probe = [sys.executable, "-c", "from minitrain.run_lock import RunLock, RunLockedError\n"
-             "from minitrain.storage import Storage\n"
+    probe = [sys.executable, "-c", "from minitrain.storage.run_lock import RunLock, RunLockedError\n"
+             "from minitrain.storage.filesystem import Storage\n"
              f"try:\n    RunLock(Storage.for_run({str(tmp_path)!r}, 'run')).acquire()\nexcept RunLockedError:\n"
              "    print('refused')\nelse:\n    print('taken')"]
     with RunLock(storage):

@@ -1,4 +1,4 @@
-"""minitrain.ssh: the ssh command line (pure), the remote agent command's quoting, and the parallel
+"""minitrain.hosts.ssh: the ssh command line (pure), the remote agent command's quoting, and the parallel
 pre-flight with fake `run`s. No real ssh: a "remote" host is simulated by running the remote command
 string with `sh -c`, which is what sshd does with it."""
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import minitrain
-from minitrain import ssh
-from minitrain.cluster import ClusterConfig, HostSpec, SSHOptions
+from minitrain.hosts import ssh
+from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions
 from minitrain.errors import LaunchError
-from minitrain.ssh import PreflightError, preflight, remote_agent_command, ssh_argv
+from minitrain.hosts.ssh import PreflightError, preflight, remote_agent_command, ssh_argv
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU1 = HostSpec("gpu1", 8)

@@ -1,4 +1,4 @@
-"""The run directory on fsspec (minitrain.storage): on the local filesystem, on memory://, and on a real
+"""The run directory on fsspec (minitrain.storage.filesystem): on the local filesystem, on memory://, and on a real
 S3 API (moto, see tests/conftest.py). Object stores have no empty directories, so every directory these
 tests expect holds a file."""
 
@@ -12,7 +12,7 @@ import fsspec
 import fsspec.core
 import pytest
 
-from minitrain.storage import VALIDATE_MARKER, Storage, StorageError, is_temp_name
+from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError, is_temp_name
 
 
 @pytest.fixture(params=["local", "memory", "s3"])
@@ -176,7 +176,7 @@ def test_local_upload_copies_bytes_exactly(tmp_path):
 
 
 def test_move_into_renames_files_into_the_run_dir_and_leaves_the_directories(tmp_path):
-    from minitrain.storage import Storage
+    from minitrain.storage.filesystem import Storage
 
     storage = Storage.for_run(str(tmp_path / "runs"), "moved")
     source = tmp_path / "scratch"
@@ -194,7 +194,7 @@ def test_move_into_renames_files_into_the_run_dir_and_leaves_the_directories(tmp
 def test_move_into_declines_storage_that_is_not_plain_local(tmp_path):
     import uuid
 
-    from minitrain.storage import Storage
+    from minitrain.storage.filesystem import Storage
 
     storage = Storage.for_run(f"memory://move-{uuid.uuid4().hex}", "run")
     source = tmp_path / "scratch"

@@ -91,7 +91,7 @@ def test_training_failed_error_is_not_a_runtime_error():
 
 
 def test_corrupted_index_is_an_error_before_anything_starts(tmp_path):
-    from minitrain.checkpoint_manager import INDEX_NAME, CheckpointIndexError
+    from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointIndexError
 
     run_dir = tmp_path / "validation"
     run_dir.mkdir()

@@ -29,7 +29,7 @@ PAYLOAD_BYTES = 4096  # a small training function's cloudpickle
 
 
 class FakeAgents:
-    """The handles `run_coordinator` expects from a launcher (see `minitrain.launcher.LaunchedAgents`)."""
+    """The handles `run_coordinator` expects from a launcher (see `minitrain.hosts.launcher.LaunchedAgents`)."""
 
     def __init__(self, procs: list[tuple[subprocess.Popen, list[str]]]):
         self._procs = procs
@@ -170,13 +170,13 @@ class GcWatch:
 
 def run(spec: dict) -> dict:
     """One simulated run; returns what the coordinator recorded (see the module docstring)."""
-    from minitrain.checkpoint_manager import CheckpointManager
+    from minitrain.storage.checkpoint_manager import CheckpointManager
     from minitrain.config import CheckpointConfig, FailureConfig
     from minitrain.coordinator.controller import RunSpec
     from minitrain.coordinator.metrics_log import MetricsLog
     from minitrain.coordinator.run import run_coordinator
     from minitrain.logs import LogSink
-    from minitrain.storage import Storage
+    from minitrain.storage.filesystem import Storage
 
     storage = Storage.for_run(spec["out_dir"], "run")
     storage.makedirs()

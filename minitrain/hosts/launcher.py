@@ -15,10 +15,11 @@ import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
-from minitrain import hostinfo, procs
-from minitrain.cluster import ClusterConfig, HostSpec
+from minitrain import procs
+from minitrain.hosts import hostinfo
+from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.errors import LaunchError
-from minitrain.ssh import remote_agent_command, ssh_argv
+from minitrain.hosts.ssh import remote_agent_command, ssh_argv
 
 logger = logging.getLogger("minitrain")
 

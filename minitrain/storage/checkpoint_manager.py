@@ -1,7 +1,7 @@
 """Committing checkpoints: the run's checkpoint index and top-K retention (L1: storage + retention).
 
 The index `checkpoint_manager_snapshot.json` in the run directory is the only authority on which
-checkpoints exist. Ranks upload into `.staging/attempt_<a>/rank_<r>/<dir>/` (see `minitrain.layout`),
+checkpoints exist. Ranks upload into `.staging/attempt_<a>/rank_<r>/<dir>/` (see `minitrain.storage.layout`),
 and a commit (`CheckpointManager.commit`):
 
 1. records `<dir>` in the index as created by this run (an intent: replaced atomically),
@@ -48,9 +48,9 @@ from typing import Any, Optional
 import minitrain
 from minitrain.config import CheckpointConfig
 from minitrain.errors import MinitrainError
-from minitrain.retention import CheckpointRecord, Retention, best_checkpoints, retain
-from minitrain.layout import INDEX_NAME, METRICS_NAME, RESERVED_NAMES, STAGING_DIR, is_own_name, is_temp_name
-from minitrain.storage import Storage, StorageError
+from minitrain.storage.retention import CheckpointRecord, Retention, best_checkpoints, retain
+from minitrain.storage.layout import INDEX_NAME, METRICS_NAME, RESERVED_NAMES, STAGING_DIR, is_own_name, is_temp_name
+from minitrain.storage.filesystem import Storage, StorageError
 
 __all__ = ["CheckpointIndexError", "CheckpointManager", "INDEX_NAME", "METRICS_NAME", "RESERVED_NAMES",
            "check_dir_name", "config_dict"]

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Union
 
-from minitrain.cluster import ClusterConfig, HostSpec, SSHOptions
+from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions
 from minitrain.errors import LaunchError
 
 # The line of the pre-flight script's answer; anything else on stdout (a chatty .bashrc) is ignored.

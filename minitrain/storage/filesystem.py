@@ -31,7 +31,7 @@ import fsspec.core
 from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.errors import MinitrainError
-from minitrain.layout import TEMP_SUFFIX, VALIDATE_MARKER, is_temp_name
+from minitrain.storage.layout import TEMP_SUFFIX, VALIDATE_MARKER, is_temp_name
 
 __all__ = ["Storage", "StorageError", "TEMP_SUFFIX", "VALIDATE_MARKER", "is_temp_name", "local_files"]
 

@@ -33,8 +33,8 @@ import time
 from typing import Any, Optional
 
 from minitrain.errors import ConfigError
-from minitrain.layout import LOCK_NAME
-from minitrain.storage import Storage, StorageError
+from minitrain.storage.layout import LOCK_NAME
+from minitrain.storage.filesystem import Storage, StorageError
 
 LEASE_RENEW_S = 10.0
 LEASE_EXPIRY_S = 60.0

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minitrain.storage import Storage, StorageError
+from minitrain.storage.filesystem import Storage, StorageError
 
 
 def lives_in_this_process(storage: Storage) -> bool:

@@ -64,7 +64,7 @@ def is_local_host(name: str) -> bool:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SSHOptions:
-    """How the system ``ssh`` client reaches every host of a cluster (see `minitrain.ssh.ssh_argv`).
+    """How the system ``ssh`` client reaches every host of a cluster (see `minitrain.hosts.ssh.ssh_argv`).
 
     Host keys are checked strictly by default (``StrictHostKeyChecking=yes``: the host must already be
     in known_hosts). `accept_new_host_keys=True` opts in to ``accept-new`` (trust on first use; a

@@ -2,7 +2,7 @@
 
 Everything here is a function over `CheckpointRecord`s: no I/O, no logging, no clock. What the caller
 must act on (directories to delete, checkpoints that lack the score attribute) is returned as facts in a
-`Retention`; `minitrain.checkpoint_manager` persists the index and deletes directories.
+`Retention`; `minitrain.storage.checkpoint_manager` persists the index and deletes directories.
 
 The order is Ray Train's "manager order": worst first, best last.
 
