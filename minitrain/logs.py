@@ -12,6 +12,8 @@ import sys
 import threading
 from typing import Optional, TextIO
 
+from minitrain.storage.layout import rank_log
+
 logger = logging.getLogger("minitrain")
 
 
@@ -37,7 +39,7 @@ class LogSink:
 
     def path(self, attempt: int, rank: int) -> str:
         """Where rank `rank`'s output of attempt `attempt` is kept."""
-        return os.path.join(self._logs_dir, f"attempt_{attempt}", f"rank_{rank}.log")
+        return os.path.join(self._logs_dir, *rank_log(attempt, rank).split("/"))
 
     def _file(self, attempt: int, rank: int) -> TextIO:
         handle = self._files.get((attempt, rank))

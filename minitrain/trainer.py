@@ -37,7 +37,7 @@ from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
-from minitrain.storage.layout import is_own_name
+from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError
 
@@ -175,7 +175,7 @@ class TorchTrainer:
             node_slots={host.name: host.slots for host in cluster.hosts},
             local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
         )
-        logs_dir = storage.path("logs") if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
+        logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir)
         try:
             outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
@@ -450,9 +450,9 @@ def _load_checkpoints(storage: Storage, run_config: RunConfig) -> CheckpointMana
 
 def _upload_logs(storage: Storage, logs_dir: str) -> None:
     try:
-        storage.upload_dir(logs_dir, "logs")
+        storage.upload_dir(logs_dir, LOGS_DIR)
     except Exception as exc:  # the run's result matters more than its logs
-        logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url("logs"), exc)
+        logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url(LOGS_DIR), exc)
         return
     shutil.rmtree(logs_dir, ignore_errors=True)
 

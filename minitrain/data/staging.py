@@ -38,6 +38,7 @@ from minitrain.config import DataConfig
 from minitrain.context import TrainContext
 from minitrain.data.dataset import Dataset, as_dataset
 from minitrain.data.iterator import DataIterator
+from minitrain.storage.layout import DATASETS_DIR
 from minitrain.data.sources import InMemory, Staged, column_file
 from minitrain.data.tables import ColumnTable
 from minitrain.errors import ConfigError
@@ -45,7 +46,6 @@ from minitrain.errors import ConfigError
 logger = logging.getLogger("minitrain")
 
 INLINE_LIMIT_BYTES = 4 << 20
-STAGING_DIR = ".minitrain_datasets"
 
 
 @dataclass(frozen=True)
@@ -102,7 +102,7 @@ class StagingArea:
 
             return cls(LocalFileSystem(), tempfile.mkdtemp(prefix="minitrain_datasets_"))
         parent, _, name = storage.root.rpartition("/")
-        root = posixpath.join(parent or "/", STAGING_DIR, f"{name}-{uuid.uuid4().hex[:12]}")
+        root = posixpath.join(parent or "/", DATASETS_DIR, f"{name}-{uuid.uuid4().hex[:12]}")
         storage.fs.makedirs(root, exist_ok=True)
         return cls(storage.fs, root, remove_parent_if_empty=True)
 

@@ -28,6 +28,9 @@ VALIDATE_MARKER = ".validate_storage_marker"
 TEMP_SUFFIX = ".minitrain-tmp"
 
 # Names in the run directory that are minitrain's own, never checkpoints and never the user's.
+# Beside the run directories, in `storage_path` itself: datasets staged for the workers, one folder per
+# fit() (`<name>-<id>/`), deleted by the fit() that made it.
+DATASETS_DIR = ".minitrain_datasets"
 RESERVED_NAMES = frozenset({INDEX_NAME, METRICS_NAME, LOGS_DIR, STAGING_DIR, LOCK_NAME, VALIDATE_MARKER})
 
 
@@ -39,6 +42,11 @@ def is_temp_name(name: str) -> bool:
 def is_own_name(name: str) -> bool:
     """True for a top-level entry of a run directory that minitrain itself names (not a checkpoint)."""
     return name in RESERVED_NAMES or is_temp_name(name)
+
+
+def rank_log(attempt: int, rank: int) -> str:
+    """The log file of rank `rank` in attempt `attempt`, relative to LOGS_DIR."""
+    return f"attempt_{attempt}/rank_{rank}.log"
 
 
 def staged_dir(attempt: int, rank: int, dir_name: str) -> str:

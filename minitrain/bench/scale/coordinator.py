@@ -176,6 +176,7 @@ def run(spec: dict) -> dict:
     from minitrain.coordinator.metrics_log import MetricsLog
     from minitrain.coordinator.run import run_coordinator
     from minitrain.logs import LogSink
+    from minitrain.storage.layout import LOGS_DIR
     from minitrain.storage.filesystem import Storage
 
     storage = Storage.for_run(spec["out_dir"], "run")
@@ -191,7 +192,7 @@ def run(spec: dict) -> dict:
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
     tap.install()
-    log_sink = LogSink(storage.path("logs"), console=False)
+    log_sink = LogSink(storage.path(LOGS_DIR), console=False)
     try:
         outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage))
     finally:
