@@ -17,7 +17,7 @@ import numpy as np
 from minitrain.data.dataset import Dataset, rows_dataset
 from minitrain.data.readers import expand_paths
 from minitrain.data.sources import Files, InMemory
-from minitrain.data.tables import ColumnTable, RowTable, as_column, concat_columns
+from minitrain.data.tables import ColumnTable, RowTable, as_column, concat_columns, pandas_table
 
 # Ray Data arguments that only steer its distributed execution: accepted, no effect here.
 _EXECUTION_ARGS = {"parallelism", "override_num_blocks", "concurrency", "ray_remote_args", "meta_provider",
@@ -48,13 +48,7 @@ def from_numpy(ndarrays: Union[np.ndarray, Sequence[np.ndarray]]) -> Dataset:
 def from_pandas(dfs: Any, **ray_args: Any) -> Dataset:
     """A dataset of the rows of a pandas DataFrame (or a list of them, concatenated); one column per
     DataFrame column (the index is dropped)."""
-    frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
-    parts, names = [], []
-    for i, frame in enumerate(frames):
-        where = f"from_pandas(dfs[{i}])" if isinstance(dfs, (list, tuple)) else "from_pandas(df)"
-        parts.append({str(c): as_column(frame[c].to_numpy(), f"column {c!r} of {where}") for c in frame.columns})
-        names.append(where)
-    return Dataset(InMemory(ColumnTable(concat_columns(parts, names), "from_pandas(...)")))
+    return Dataset(InMemory(pandas_table(dfs)))
 
 
 def from_torch(dataset: Any, **ray_args: Any) -> Dataset:

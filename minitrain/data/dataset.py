@@ -23,7 +23,7 @@ import numpy as np
 
 from minitrain.data.iterator import DataIterator
 from minitrain.data.sources import Factory, InMemory
-from minitrain.data.tables import ColumnTable, RowTable, as_column
+from minitrain.data.tables import ColumnTable, RowTable, as_column, pandas_table
 from minitrain.errors import ConfigError
 
 ACCEPTED = ("a minitrain.data.Dataset (minitrain.data.from_items, from_numpy, from_pandas, from_torch, read_csv, "
@@ -211,9 +211,7 @@ def as_dataset(value: Any, where: str) -> Dataset:
                           "the dataset with minitrain.data instead (same names: minitrain.data.read_parquet, "
                           "from_items, from_numpy, from_pandas, ...).")
     if module.split(".")[0] == "pandas" and hasattr(value, "columns"):
-        from minitrain.data.api import from_pandas
-
-        return from_pandas(value)
+        return Dataset(InMemory(pandas_table(value)))
     if isinstance(value, Mapping):
         return columns_dataset(value, where)
     if module.split(".")[0] in ("numpy", "torch") and hasattr(value, "shape"):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -26,8 +26,12 @@ from minitrain.data.sharding import (
 )
 from minitrain.data.tables import ColumnTable
 
-if TYPE_CHECKING:
-    from minitrain.data.dataset import Dataset
+
+class Resolvable(Protocol):
+    """What a DataIterator needs of its dataset (a `minitrain.data.Dataset`, which imports this module):
+    `_resolve()` -> (rows as a table, whether they are shuffled, the shuffle seed)."""
+
+    def _resolve(self) -> tuple[Any, bool, Optional[int]]: ...
 
 
 class _Passes(Iterable):
@@ -49,7 +53,7 @@ class DataIterator:
     The rows are loaded on first use (a factory is called, files are read) and kept for later epochs.
     """
 
-    def __init__(self, dataset: "Dataset", *, world_size: int = 1, rank: int = 0, run_seed: int = 0,
+    def __init__(self, dataset: Resolvable, *, world_size: int = 1, rank: int = 0, run_seed: int = 0,
                  context: Optional[TrainContext] = None, name: Optional[str] = None):
         self._dataset = dataset
         self._world_size = world_size

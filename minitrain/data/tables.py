@@ -113,3 +113,15 @@ def concat_columns(tables: list[dict[str, np.ndarray]], names: list[str]) -> dic
     if len(tables) == 1:
         return dict(tables[0])
     return {column: np.concatenate([table[column] for table in tables]) for column in first}
+
+
+def pandas_table(dfs: Any) -> ColumnTable:
+    """The rows of a pandas DataFrame (or a list of them, concatenated) as columns, one per DataFrame
+    column (the index is dropped); the error of a column that is not rows names it."""
+    frames = dfs if isinstance(dfs, (list, tuple)) else [dfs]
+    parts, names = [], []
+    for i, frame in enumerate(frames):
+        where = f"from_pandas(dfs[{i}])" if isinstance(dfs, (list, tuple)) else "from_pandas(df)"
+        parts.append({str(c): as_column(frame[c].to_numpy(), f"column {c!r} of {where}") for c in frame.columns})
+        names.append(where)
+    return ColumnTable(concat_columns(parts, names), "from_pandas(...)")

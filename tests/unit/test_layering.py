@@ -246,3 +246,67 @@ def test_worker_never_loads_the_coordinator(tmp_path):
             "print(sorted(m for m in sys.modules if m.startswith(('minitrain.coordinator', "
             "'minitrain.trainer', 'minitrain.agent'))))")
     assert _python(code, tmp_path) == "[]"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the minitrain modules it imports (a bare `import minitrain` left out: the package is lazy)."""
+    modules = dict(source_modules())
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        for imp in imports_of(name, path):
+            target = imp.target
+            while target and target not in modules:  # `from pkg.mod import Class` -> pkg.mod
+                target = target.rpartition(".")[0]
+            if target and target not in (name, "minitrain"):
+                graph[name].add(target)
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_import_graph_has_no_cycle():
+    assert _cycles(_import_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
