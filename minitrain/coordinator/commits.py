@@ -14,7 +14,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
@@ -51,6 +51,14 @@ class CheckpointBook(Protocol):
         """Write the index now."""
 
 
+class ReportObserver(Protocol):
+    """An exported seam (benchmarks, and the driver-side callbacks built on it): told of every report of
+    the current attempt as the controller receives it, before it is recorded. Runs on the controller's
+    thread, so it must be quick; an exception it raises is logged and the run goes on."""
+
+    def on_report(self, report: ReportRecord) -> None: ...
+
+
 @dataclass
 class History:
     """Rank 0's reports of this `fit()`, and what its training function returned."""
@@ -64,8 +72,9 @@ class Commits:
     """Report handling for the run; `start_attempt` before each attempt's first report."""
 
     def __init__(self, checkpoints: CheckpointBook, metrics_log: MetricsLog, hub: Hub,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, observers: Sequence[ReportObserver] = ()):
         self.checkpoints = checkpoints
+        self._observers = tuple(observers)
         self.history = History()
         self._metrics_log = metrics_log
         self._hub = hub
@@ -87,6 +96,11 @@ class Commits:
 
     def on_report(self, tracker: AttemptTracker, report: ReportRecord) -> None:
         """Record one report of the current attempt; commit what it completes; acknowledge it."""
+        for observer in self._observers:
+            try:
+                observer.on_report(report)
+            except Exception:  # noqa: BLE001 - an observer never breaks the run
+                logger.exception("report observer %r failed", observer)
         if report.rank in tracker.ranks:
             tracker.ranks[report.rank].last_progress = self._clock()
         if report.rank == 0:

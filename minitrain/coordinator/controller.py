@@ -12,12 +12,12 @@ import logging
 import queue
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol
+from typing import Callable, Mapping, Optional, Protocol, Sequence
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.hangs import waits_in_collective
-from minitrain.coordinator.commits import CheckpointBook, Commits
+from minitrain.coordinator.commits import CheckpointBook, Commits, ReportObserver
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.policy import HostBackoff, RemainingHostsTooSmall
 from minitrain.coordinator.ranks import assign_ranks
@@ -88,10 +88,10 @@ class Controller:
 
     def __init__(self, spec: RunSpec, hub: Hub, events: "queue.SimpleQueue[ev.RunEvent]",
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, observers: Sequence[ReportObserver] = ()):
         self._spec = spec
         self._checkpoints = checkpoints
-        self._commits = Commits(checkpoints, metrics_log, hub, clock)
+        self._commits = Commits(checkpoints, metrics_log, hub, clock, observers)
         self._hub = hub
         self._events = events
         self._agents = agents

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import logging
 import queue
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
-from minitrain.coordinator.commits import CheckpointBook
+from minitrain.coordinator.commits import CheckpointBook, ReportObserver
 from minitrain.coordinator.controller import Controller, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.server import CoordinatorServer
@@ -35,8 +35,10 @@ class Launcher(Protocol):
 
 
 def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
-                    checkpoints: CheckpointBook, metrics_log: MetricsLog) -> RunOutcome:
-    """Serve one run to its end and leave nothing running.
+                    checkpoints: CheckpointBook, metrics_log: MetricsLog,
+                    observers: Sequence[ReportObserver] = ()) -> RunOutcome:
+    """Serve one run to its end and leave nothing running. `observers` are told of every report
+    (`ReportObserver`).
 
     A fresh 256-bit token authenticates every RPC of the run. KeyboardInterrupt propagates after the
     workers were stopped.
@@ -53,7 +55,7 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
                 launcher.bind_host_for(node_id)), token, spec.run_id)
         except OSError as exc:
             raise LaunchError(f"could not start the node agents: {exc}") from exc
-        return Controller(spec, hub, events, agents, checkpoints, metrics_log).run()
+        return Controller(spec, hub, events, agents, checkpoints, metrics_log, observers=observers).run()
     finally:
         if agents is not None:
             agents.stop()

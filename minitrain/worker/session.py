@@ -100,7 +100,11 @@ class _AsyncUploads:
 
 
 class WorkerSession:
-    """Implements `minitrain._session.Session` for one rank of one attempt."""
+    """Implements `minitrain._session.Session` for one rank of one attempt.
+
+    `phase_seconds` is an exported seam for benchmarks and telemetry: the seconds this rank spent in
+    report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s"}.
+    """
 
     def __init__(self, client: WorkerClient, context: TrainContext, storage: Any, *,
                  report_index_base: int = 0, initial_checkpoint_dir: str = "",
@@ -120,6 +124,7 @@ class WorkerSession:
         self._collective_address: Optional[tuple] = None
         self._collective_store: Any = None
         self._collective_lock = threading.Lock()
+        self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0}
 
     # ------------------------------------------------------------------ public contract
 
@@ -259,6 +264,7 @@ class WorkerSession:
         # Cleared only on success: a failure that propagates keeps the flag set, so the worker's error
         # names the checkpoint-upload phase.
         self.upload_in_progress = True
+        started = time.perf_counter()
         if upload_fn is not None:
             persisted = upload_fn(checkpoint, dir_name)
             result = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result"), False
@@ -267,11 +273,14 @@ class WorkerSession:
                 self.storage.upload_dir(local_dir, self._staged(dir_name))
             result = dir_name, True
         self.upload_in_progress = False
+        self.phase_seconds["upload_s"] += time.perf_counter() - started
         return result
 
     def _send_and_wait(self, round_: int, text: str, dir_name: str, staged: bool) -> None:
         self._client.put(self._message(round_, text, dir_name, staged))
+        started = time.perf_counter()
         self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
+        self.phase_seconds["ack_wait_s"] += time.perf_counter() - started
         self._checkpoint = self._checkpoint_at(dir_name)
 
     def _submit_async(self, round_: int, text: str, checkpoint: Checkpoint, dir_name: str,
@@ -292,7 +301,9 @@ class WorkerSession:
         # The caller may delete its directory as soon as report() returns (a TemporaryDirectory, say):
         # hard-link its files into a private staging directory first. That costs a link per file, not
         # a copy, because the staging directory sits beside the original on the same filesystem.
+        started = time.perf_counter()
         staged = _stage(checkpoint.path) if local else None
+        self.phase_seconds["stage_s"] += time.perf_counter() - started
         source = Checkpoint.from_directory(staged) if staged else checkpoint
 
         def job() -> None:

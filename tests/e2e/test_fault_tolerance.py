@@ -214,7 +214,7 @@ def test_detection_latency_of_a_dead_worker_and_a_dead_agent(tmp_path, failure_c
     seen_at, message = failure_clock.times[0]
     latency = seen_at - killed_at
     print(f"{how} death detected after {latency * 1000:.0f} ms: {message}")
-    # Bounds far above the measured figures (see `python -m minitrain.bench --only restart,detect`) but far below what a
+    # Bounds far above the measured figures (see `python -m bench --only restart,detect`) but far below what a
     # collective timeout would take: they prove detection does not wait on gloo or TCP timeouts.
     assert latency < (2.0 if how == "worker" else 6.0)
     expected = minitrain.WorkerProcessError if how == "worker" else minitrain.NodeLostError

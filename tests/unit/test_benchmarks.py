@@ -1,4 +1,4 @@
-"""`python -m minitrain.bench` still works: every workload once in quick mode, its figures checked for
+"""`python -m bench` still works: every workload once in quick mode, its figures checked for
 presence and for what must hold whatever the speed (every restart succeeded, no report lost, nothing
 left running), never for speed. Plus the pure pieces (statistics, the table, the restart analysis, the
 command line) without processes.
@@ -8,24 +8,27 @@ from __future__ import annotations
 
 import json
 import subprocess
+from pathlib import Path
 import sys
 
 import pytest
 
-from minitrain.bench import cli
-from minitrain.bench.common import percentile, summary
-from minitrain.bench.restart_analysis import analyse_restarts, parse_log
-from minitrain.bench.table import Row, markdown, plain, ratio
+from bench import cli
+from bench.common import percentile, summary
+from bench.restart_analysis import analyse_restarts, parse_log
+from bench.table import Row, markdown, plain, ratio
+
+ROOT = Path(__file__).resolve().parents[2]
 
 QUICK_TIMEOUT_S = 300
 
 
 def run_quick(tmp_path, only: str, *extra: str) -> tuple[dict, str]:
-    """`python -m minitrain.bench --quick --only <only>`; its JSON figures and its stdout."""
+    """`python -m bench --quick --only <only>`; its JSON figures and its stdout."""
     out = tmp_path / "bench.json"
-    done = subprocess.run([sys.executable, "-m", "minitrain.bench", "--quick", "--only", only, "--json", str(out),
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out),
                            "--tmp-dir", str(tmp_path), *extra],
-                          capture_output=True, text=True, timeout=QUICK_TIMEOUT_S, cwd=tmp_path)
+                          capture_output=True, text=True, timeout=QUICK_TIMEOUT_S, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not list(tmp_path.glob("minitrain-bench-*")), "the temporary directory was left behind"
     figures = json.loads(out.read_text())

@@ -7,8 +7,8 @@ Imports go downward only:
                  torch; data/ is L1 because the worker runtime builds dataset shards)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
   L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
-  L4 tools       bench/ (`python -m minitrain.bench`): may import anything, torch included; nothing else
-                 imports it
+Outside the package, bench/ (`python -m bench`, the benchmarks) uses only the public API and the
+exported seams listed in BENCH_SEAMS; minitrain never imports it.
 Only worker/ and minitrain/torch/ may import torch, at module level or inside a function; besides them,
 minitrain.data.torch_batches imports it inside its functions (iter_torch_batches, in training functions).
 The integrations minitrain.lightning and minitrain.huggingface import torch too (they run in workers).
@@ -52,8 +52,12 @@ L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result
 TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}
 # minitrain.lightning and minitrain.huggingface: user-side integrations that run inside training functions.
 TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
-TOOLS = {"minitrain.bench"}  # L4: development tools; above the public API, so nothing imports them
-TORCH_ALLOWED = TORCH_ALLOWED | TOOLS
+# What bench/ may use besides the public API (L3 and the lazy package exports): the coordinator run
+# entry with its ReportObserver seam (the scale simulation serves fake agents over the wire protocol),
+# WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
+BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.run",
+               "minitrain.coordinator.controller", "minitrain.coordinator.metrics_log", "minitrain.logs",
+               "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 
 
@@ -69,7 +73,7 @@ def _longest(module: str, prefixes: set[str]) -> str | None:
 def layer_of(module: str) -> tuple[int, str] | None:
     """(layer, group) of a minitrain module; the group is the L2 runtime or the matched name."""
     best: tuple[int, str] | None = None
-    for level, names in ((0, L0), (1, L1), (2, L2_RUNTIMES), (3, L3), (4, TOOLS)):
+    for level, names in ((0, L0), (1, L1), (2, L2_RUNTIMES), (3, L3)):
         match = _longest(module, names)
         if match is not None and (best is None or len(match) > len(best[1])):
             best = (level, match)
@@ -310,3 +314,22 @@ def test_the_import_graph_has_no_cycle():
 
 def test_the_cycle_finder_finds_a_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_bench_uses_only_the_public_api_and_exported_seams():
+    exported = {module for names in LAZY_EXPORTS.values() for module in names.values()}
+    allowed = (L3 - {"minitrain"}) | BENCH_SEAMS | exported  # "minitrain" alone would match every module
+    bench = ROOT / "bench"
+    problems = []
+    for path in sorted(bench.rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        for imp in imports_of(name, path):
+            if _top(imp.target) == "minitrain" and imp.target != "minitrain" and _longest(imp.target, allowed) is None:
+                problems.append(f"{path.relative_to(ROOT)}:{imp.line} imports {imp.target}")
+    assert not problems, "bench/ reaches past the public API and the exported seams:\n" + "\n".join(problems)
+
+
+def test_minitrain_never_imports_bench():
+    users = [f"{module}:{imp.line}" for module, path in source_modules() for imp in imports_of(module, path)
+             if _top(imp.target) == "bench"]
+    assert not users, users

@@ -9,7 +9,7 @@ import os
 import re
 import statistics
 
-from minitrain.bench.common import summary
+from bench.common import summary
 
 
 def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None, hung: bool = False) -> dict:

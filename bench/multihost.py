@@ -34,9 +34,9 @@ import sys
 import time
 from pathlib import Path
 
-from minitrain.bench.common import BenchError, role_argv, say, stop_tree, tail, write_json
-from minitrain.bench.multihost_jobs import NUM_HOSTS, NUM_WORKERS, READY_STEP, SLOTS
-from minitrain.bench.table import Row, WorkloadResult, ratio
+from bench.common import BenchError, role_argv, say, stop_tree, tail, write_json
+from bench.multihost_jobs import NUM_HOSTS, NUM_WORKERS, READY_STEP, SLOTS
+from bench.table import Row, WorkloadResult, ratio
 
 STEP_S = 0.1
 CUT_AFTER_READY_S = 0.5  # after every rank is ready, so the cut falls mid-training

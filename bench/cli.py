@@ -1,10 +1,10 @@
-"""`python -m minitrain.bench`: every workload back to back, then one table of medians, ratios and targets.
+"""`python -m bench`: every workload back to back, then one table of medians, ratios and targets.
 
-    python -m minitrain.bench                          # the default set, full sizes (about 20 minutes)
-    python -m minitrain.bench --quick                  # tiny sizes, 1 repetition: proves it still works
-    python -m minitrain.bench --only restart,report --repeats 9 --json bench.json
-    python -m minitrain.bench scale --workers 64,256,1024,4096
-    sudo python -m minitrain.bench --only multihost    # optional: a fake 2-host cluster over SSH
+    python -m bench                          # the default set, full sizes (about 20 minutes)
+    python -m bench --quick                  # tiny sizes, 1 repetition: proves it still works
+    python -m bench --only restart,report --repeats 9 --json bench.json
+    python -m bench scale --workers 64,256,1024,4096
+    sudo python -m bench --only multihost    # optional: a fake 2-host cluster over SSH
 
 Workloads (each module's docstring says exactly what it measures and how):
   job         trivial 2-worker job, whole-process wall time, vs torchrun --standalone; with `memory`:
@@ -15,7 +15,7 @@ Workloads (each module's docstring says exactly what it measures and how):
   ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
-  scale       the control plane with 64..4096 fake workers over real gRPC (minitrain.bench.scale)
+  scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
 
 Machine load moves every figure: the machine's CPU, cores and load average are printed with them.
@@ -35,8 +35,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from minitrain.bench.common import BenchError, machine_info, machine_line, say
-from minitrain.bench.table import Row, WorkloadResult, markdown, plain
+from bench.common import BenchError, machine_info, machine_line, say
+from bench.table import Row, WorkloadResult, markdown, plain
 
 ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "scale", "multihost")
 DEFAULT = tuple(w for w in ORDER if w != "multihost")
@@ -84,58 +84,58 @@ def _sizes(args: argparse.Namespace) -> dict:
 
 
 def _run_job(tmp, s, args):
-    from minitrain.bench.core import bench_job
+    from bench.core import bench_job
 
     return bench_job(tmp, s["repeats"], s["warmup"])
 
 
 def _run_report(tmp, s, args):
-    from minitrain.bench.core import bench_report
+    from bench.core import bench_report
 
     return bench_report(tmp, s["calls"])
 
 
 def _run_restart(tmp, s, args):
-    from minitrain.bench.restart import bench_restart
+    from bench.restart import bench_restart
 
     return bench_restart(tmp, s["restarts"], s["train_s"], s["stall_s"], 0 if args.no_torchrun else s["torchrun_runs"])
 
 
 def _run_checkpoint(tmp, s, args):
-    from minitrain.bench.checkpoint import checkpoint_workload
+    from bench.checkpoint import checkpoint_workload
 
     drop = not (args.no_drop_caches or args.quick)  # dropping the page cache would slow whatever runs beside
     return checkpoint_workload(tmp, s["size_mib"], max(1, min(s["repeats"], 3)), drop)
 
 
 def _run_ddp(tmp, s, args):
-    from minitrain.bench.ddp import bench_ddp
+    from bench.ddp import bench_ddp
 
     return bench_ddp(tmp, s["repeats"], s["ddp_steps"], warmup=5 if args.quick else 50)
 
 
 def _run_detect(tmp, s, args):
-    from minitrain.bench.restart import bench_detect
+    from bench.restart import bench_detect
 
     return bench_detect(tmp, s["agent_kills"], s["agent_stops"], s["train_s"], s["stall_s"])
 
 
 def _run_async(tmp, s, args):
-    from minitrain.bench.checkpoint import async_workload
+    from bench.checkpoint import async_workload
 
     return async_workload(tmp, s["async_steps"], 2 if args.quick else 5, 4 if args.quick else 10,
                           max(1, min(s["repeats"], 3)))
 
 
 def _run_scale(tmp, s, args):
-    from minitrain.bench.scale.workload import bench_scale
+    from bench.scale.workload import bench_scale
 
     return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
                        profile_at=args.profile_at)
 
 
 def _run_multihost(tmp, s, args):
-    from minitrain.bench.multihost import bench_multihost
+    from bench.multihost import bench_multihost
 
     return bench_multihost(tmp, max(1, min(s["repeats"], 3)), s["warmup"], keep_dns=args.keep_dns)
 
@@ -167,7 +167,7 @@ def _selection(text: str) -> tuple:
 
 def parser() -> argparse.ArgumentParser:
     """The command line (see the module docstring)."""
-    p = argparse.ArgumentParser(prog="python -m minitrain.bench", description=__doc__.splitlines()[0],
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[1:]))
     p.add_argument("command", nargs="?", choices=["scale"], help="`scale`: the scale simulation alone")
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
     results, failures = run(names, sizes, args)
     machine["load_1min_end"] = round(os.getloadavg()[0], 2)
     rows = [row for result in results for row in result.rows]
-    command = "python -m minitrain.bench " + " ".join(argv if argv is not None else sys.argv[1:])
+    command = "python -m bench " + " ".join(argv if argv is not None else sys.argv[1:])
     footer = (f"_Machine: {machine['cpu']}, {machine['cores']} cores, Python {machine['python']}, torch "
               f"{machine['torch']}, grpcio {machine['grpcio']}; load average {machine['load_1min']} -> "
               f"{machine['load_1min_end']}; `{command.strip()}`._")

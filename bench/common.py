@@ -172,8 +172,8 @@ def run_timed(argv: list[str], cwd: str, timeout_s: float, env: Optional[dict] =
 
 
 def role_argv(module: str, role: str, spec_path: str) -> list[str]:
-    """`python -m minitrain.bench.<module> --role <role> --spec <spec_path>`: a measured process."""
-    return [sys.executable, "-m", f"minitrain.bench.{module}", "--role", role, "--spec", spec_path]
+    """`python -m bench.<module> --role <role> --spec <spec_path>`: a measured process."""
+    return [sys.executable, "-m", f"bench.{module}", "--role", role, "--spec", spec_path]
 
 
 def run_role(tmp: str, module: str, role: str, spec: dict, name: str, timeout_s: float,
@@ -186,13 +186,13 @@ def run_role(tmp: str, module: str, role: str, spec: dict, name: str, timeout_s:
 
 def torchrun_argv(module: str, args: Iterable[str], nproc: int = NUM_WORKERS,
                   max_restarts: Optional[int] = None) -> list[str]:
-    """`torchrun --standalone --nproc-per-node N [--max-restarts R] -m minitrain.bench.<module> args`,
+    """`torchrun --standalone --nproc-per-node N [--max-restarts R] -m bench.<module> args`,
     torchrun from this interpreter's environment (`python -m torch.distributed.run` if absent)."""
     candidate = os.path.join(os.path.dirname(sys.executable), "torchrun")
     base = [candidate] if os.access(candidate, os.X_OK) else [sys.executable, "-m", "torch.distributed.run"]
     restarts = ["--max-restarts", str(max_restarts)] if max_restarts is not None else []
     return [*base, "--standalone", "--nproc-per-node", str(nproc), *restarts, "-m",
-            f"minitrain.bench.{module}", *args]
+            f"bench.{module}", *args]
 
 
 def tagged_env(tag_var: str, tag: str) -> dict:

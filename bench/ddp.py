@@ -19,9 +19,9 @@ import statistics
 import sys
 import time
 
-from minitrain.bench.common import (NUM_WORKERS, BenchError, read_json, role_argv, run_timed, say,
+from bench.common import (NUM_WORKERS, BenchError, read_json, role_argv, run_timed, say,
                                     torchrun_argv, write_json)
-from minitrain.bench.table import Row, WorkloadResult, ratio
+from bench.table import Row, WorkloadResult, ratio
 
 MLP_IN, MLP_HIDDEN, MLP_OUT, BATCH = 256, 512, 10, 128
 TARGET_RATIO = 0.98
@@ -76,7 +76,7 @@ def minitrain_train_func(config: dict) -> None:
 
 def role_minitrain(spec: dict) -> None:
     """A driver running the minitrain side."""
-    from minitrain.bench.core import fit
+    from bench.core import fit
 
     result = fit(minitrain_train_func, spec, spec["storage"])
     assert result.metrics["step"] == spec["warmup"] + spec["steps"] - 1, result.metrics

@@ -1,6 +1,6 @@
 """Fake agents and workers of the scale simulation: asyncio clients of the real proto, no torch.
 
-`python -m minitrain.bench.scale.clients` serves a share of the simulated nodes. Its configuration,
+`python -m bench.scale.clients` serves a share of the simulated nodes. Its configuration,
 the run token included, is one JSON line on stdin (as a real agent's token is).
 
 Each fake agent opens its own channel and AgentSession, says hello, sends a Heartbeat every second

@@ -1,10 +1,10 @@
 """The coordinator process of the scale simulation: the real `run_coordinator`, fake agents.
 
-`python -m minitrain.bench.scale.coordinator --role coordinator --spec SPEC.json` runs one simulated
+`python -m bench.scale.coordinator --role coordinator --spec SPEC.json` runs one simulated
 run exactly as `TorchTrainer.fit()` runs its coordinator (`minitrain.coordinator.run.run_coordinator`:
 the grpc.aio server with the token interceptor, the controller, commits, the metrics log, a local run
 directory and per-rank log files), but with `FakeAgentLauncher` instead of the launcher of real
-agents: its "agents" are client processes (`minitrain.bench.scale.clients`) that serve many fake
+agents: its "agents" are client processes (`bench.scale.clients`) that serve many fake
 nodes each. Their CPU is therefore not this process's; the benchmark samples this process from
 outside. At the end this process writes what the coordinator recorded (the run's outcome, rank 0's
 history, the number of completed rounds) and its own peak RSS to the spec's result file.
@@ -22,9 +22,9 @@ import sys
 import time
 import uuid
 
-from minitrain.bench.common import peak_rss_mib, read_json, self_peak_rss_mib, write_json
+from bench.common import peak_rss_mib, read_json, self_peak_rss_mib, write_json
 
-CLIENTS_MODULE = "minitrain.bench.scale.clients"
+CLIENTS_MODULE = "bench.scale.clients"
 PAYLOAD_BYTES = 4096  # a small training function's cloudpickle
 
 
@@ -102,7 +102,7 @@ class FakeAgentLauncher:
 
 
 class ReportTap:
-    """Wraps `Commits.on_report` (the controller recording one report) to time and check every report.
+    """A `ReportObserver` (minitrain.coordinator.commits) that times and checks every report.
 
     latency = the controller's wall clock when it starts recording a report - the report's
     `reported_at` (the worker's wall clock when it put the report on its stream; same machine).
@@ -117,18 +117,9 @@ class ReportTap:
         self.reordered = 0
         self.per_second: dict[int, int] = {}
 
-    def install(self) -> None:
-        """Patch the class for this process (a benchmark process: nothing else runs here)."""
-        from minitrain.coordinator.commits import Commits
-
-        original = Commits.on_report
-        tap = self
-
-        def on_report(commits, tracker, report):
-            tap.seen(report.rank, report.round, report.reported_at)
-            return original(commits, tracker, report)
-
-        Commits.on_report = on_report
+    def on_report(self, report) -> None:
+        """The controller received one report of the current attempt."""
+        self.seen(report.rank, report.round, report.reported_at)
 
     def seen(self, rank: int, round_: int, reported_at: float) -> None:
         """One report reached the controller."""
@@ -191,10 +182,9 @@ def run(spec: dict) -> dict:
         agent_start_timeout_s=300.0)
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
-    tap.install()
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)
     try:
-        outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage))
+        outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage), observers=[tap])
     finally:
         log_sink.close()
     steps = [m.get("step") for m in outcome.metrics_history]

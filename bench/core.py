@@ -4,7 +4,7 @@ driver and the agent, and the per-call cost of `report()` without a checkpoint.
 job: whole-process wall time of a trivial 2-worker job (process-group init with gloo, one
     all_reduce, a few reports, exit), spawn to exit, so interpreter start, imports, launching,
     rendezvous and teardown all count. minitrain: a fresh driver calling `TorchTrainer.fit()`;
-    torchrun: `torchrun --standalone --nproc-per-node 2 -m minitrain.bench.core --role torchrun-worker`
+    torchrun: `torchrun --standalone --nproc-per-node 2 -m bench.core --role torchrun-worker`
     (env:// init, the same all_reduce, teardown). The two alternate after one warm-up each (excluded).
     Target: median ratio <= 1.2.
 memory: measured during the same minitrain jobs: the driver's own peak RSS (ru_maxrss, written by the
@@ -24,9 +24,9 @@ import os
 import statistics
 import sys
 
-from minitrain.bench.common import (NUM_WORKERS, PeakRssSampler, read_json,
+from bench.common import (NUM_WORKERS, PeakRssSampler, read_json,
                                     role_argv, run_timed, say, self_peak_rss_mib, torchrun_argv, write_json)
-from minitrain.bench.table import Row, WorkloadResult, ratio
+from bench.table import Row, WorkloadResult, ratio
 
 TARGET_JOB_RATIO = 1.2
 TARGET_REPORT_MEDIAN_US = 50.0

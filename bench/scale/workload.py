@@ -29,9 +29,9 @@ import threading
 import time
 from typing import Optional
 
-from minitrain.bench.common import (BenchError, percentile, read_json, role_argv, say, stop_tree, tail,
+from bench.common import (BenchError, percentile, read_json, role_argv, say, stop_tree, tail,
                                     write_json)
-from minitrain.bench.table import Row, WorkloadResult
+from bench.table import Row, WorkloadResult
 
 SAMPLE_S = 0.25
 SLOTS = 8  # workers per fake node (an 8-GPU host)

@@ -38,12 +38,12 @@ import statistics
 import subprocess
 import time
 
-from minitrain.bench.common import (NUM_WORKERS, BenchError, fmt_s, read_jsonl, reap_tagged, role_argv, say,
+from bench.common import (NUM_WORKERS, BenchError, fmt_s, read_jsonl, reap_tagged, role_argv, say,
                                     stop_tree, summary, tagged_env, tail, torchrun_argv, write_json)
-from minitrain.bench.restart_analysis import (analyse_restarts, attempt_at, error_lines, hang_stacks,
+from bench.restart_analysis import (analyse_restarts, attempt_at, error_lines, hang_stacks,
                                               locate_failed_attempts, parse_log, phases_of_minitrain,
                                               phases_of_torchrun)
-from minitrain.bench.table import Row, WorkloadResult, ratio
+from bench.table import Row, WorkloadResult, ratio
 
 TARGET_RESTART_MEDIAN_S = 1.0
 TARGET_DETECT_S = 5.0

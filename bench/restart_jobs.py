@@ -1,6 +1,6 @@
-"""The measured processes of the `restart` and `detect` workloads (see `minitrain.bench.restart`).
+"""The measured processes of the `restart` and `detect` workloads (see `bench.restart`).
 
-`python -m minitrain.bench.restart_jobs --role minitrain-job --spec SPEC` is a driver calling
+`python -m bench.restart_jobs --role minitrain-job --spec SPEC` is a driver calling
 `TorchTrainer.fit()` with unlimited restarts; `--role torchrun-worker --spec SPEC` is one torchrun
 worker of `torchrun --max-restarts N`. Both train the same small DDP MLP (2 CPU workers, gloo) from
 their latest checkpoint, append timestamped records (JSON lines) of each attempt's first step and of
@@ -20,7 +20,7 @@ import signal
 import sys
 import time
 
-from minitrain.bench.common import NUM_WORKERS, TimedLog, append_jsonl, read_json, read_jsonl
+from bench.common import NUM_WORKERS, TimedLog, append_jsonl, read_json, read_jsonl
 
 REPORT_EVERY = 10
 CHECKPOINT_EVERY = 50

@@ -1,6 +1,6 @@
-"""The measured processes of the `multihost` workload (see `minitrain.bench.multihost`).
+"""The measured processes of the `multihost` workload (see `bench.multihost`).
 
-`python -m minitrain.bench.multihost_jobs --role driver --spec SPEC` is a fresh driver: it inits the
+`python -m bench.multihost_jobs --role driver --spec SPEC` is a fresh driver: it inits the
 fake cluster (or not: localhost), then either times pre-flight alone or runs one fit() and writes its
 figures. Only the standard library is imported at module level.
 """
@@ -13,7 +13,7 @@ import signal
 import sys
 import time
 
-from minitrain.bench.common import TimedLog, read_json, write_json
+from bench.common import TimedLog, read_json, write_json
 
 NUM_HOSTS = 2
 SLOTS = 2

@@ -28,9 +28,9 @@ import statistics
 import subprocess
 import time
 
-from minitrain.bench.checkpoint_jobs import MLP_HIDDEN, MLP_IN, MLP_OUT, BATCH, drop_caches
-from minitrain.bench.common import (NUM_WORKERS, BenchError, read_json, run_role, say, stop_tree)
-from minitrain.bench.table import Row, WorkloadResult
+from bench.checkpoint_jobs import MLP_HIDDEN, MLP_IN, MLP_OUT, BATCH, drop_caches
+from bench.common import (NUM_WORKERS, BenchError, read_json, run_role, say, stop_tree)
+from bench.table import Row, WorkloadResult
 
 FILES_PER_RANK = 4
 MIB = 1 << 20

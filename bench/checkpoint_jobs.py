@@ -1,6 +1,6 @@
-"""The measured processes of the `checkpoint` and `async` workloads (see `minitrain.bench.checkpoint`).
+"""The measured processes of the `checkpoint` and `async` workloads (see `bench.checkpoint`).
 
-`python -m minitrain.bench.checkpoint_jobs --role persist-job|steps-job --spec SPEC` is a driver
+`python -m bench.checkpoint_jobs --role persist-job|steps-job --spec SPEC` is a driver
 calling `TorchTrainer.fit()` with one of the training functions below. Only the standard library is
 imported at module level.
 """
@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 
-from minitrain.bench.common import NUM_WORKERS, read_json, write_json
+from bench.common import NUM_WORKERS, read_json, write_json
 
 MLP_IN, MLP_HIDDEN, MLP_OUT, BATCH = 256, 1024, 10, 384
 DROP_CACHES = "/proc/sys/vm/drop_caches"
@@ -31,31 +31,13 @@ def drop_caches() -> str:
     return ""
 
 
-def _instrument(stats: dict) -> bool:
-    """Accumulate the seconds the session spends uploading, waiting for acks and staging in `stats`.
+def _phase_seconds() -> tuple[dict, bool]:
+    """The live `phase_seconds` of this rank's session (seconds spent uploading, waiting for acks and
+    staging, the exported seam of minitrain.worker.session.WorkerSession), and whether it exists."""
+    from minitrain import _session
 
-    This wraps private names of minitrain.worker.session; if they change, only the breakdown is lost.
-    """
-    def timed(name, fn):
-        def wrapper(*args, **kwargs):
-            start = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                stats[name] = stats.get(name, 0.0) + time.perf_counter() - start
-        return wrapper
-
-    try:
-        import minitrain.worker.session as worker_session
-        from minitrain import _session
-
-        session = _session.current("report")
-        session._upload = timed("upload_s", session._upload)
-        session._client.wait_report_ack = timed("ack_wait_s", session._client.wait_report_ack)
-        worker_session._stage = timed("stage_s", worker_session._stage)
-    except (AttributeError, ImportError, RuntimeError):
-        return False
-    return True
+    seconds = getattr(_session.current("report"), "phase_seconds", None)
+    return (seconds, True) if isinstance(seconds, dict) else ({}, False)
 
 
 def persist_train_func(config: dict) -> None:
@@ -65,8 +47,7 @@ def persist_train_func(config: dict) -> None:
     import minitrain
 
     rank = minitrain.get_context().get_world_rank()
-    stats: dict = {}
-    instrumented = _instrument(stats)
+    stats, instrumented = _phase_seconds()
     dist.barrier()
     drop_note = drop_caches() if rank == 0 and config["drop_caches"] else ""
     dist.barrier()
@@ -77,7 +58,7 @@ def persist_train_func(config: dict) -> None:
     end = time.perf_counter()  # CLOCK_MONOTONIC: comparable across the processes of this machine
     write_json(os.path.join(config["out_dir"], f"persist_rank{rank}.json"),
                {"rank": rank, "start": start, "end": end, "seconds": end - start,
-                 "instrumented": instrumented, **stats, "drop_caches_error": drop_note})
+                 "instrumented": instrumented, **dict(stats), "drop_caches_error": drop_note})
 
 
 def make_block_plan(variants: list, steps: int, block: int) -> list:
@@ -147,8 +128,7 @@ def steps_train_func(config: dict) -> None:
         for _ in range(config["warmup"]):
             step(variant, None)
         minitrain.get_all_reported_checkpoints()
-    stats: dict = {}
-    instrumented = _instrument(stats)
+    stats, instrumented = _phase_seconds()
     figures = {v: {"step_s": [], "save_s": [], "report_s": [], "drain_s": [], "block_median_s": [], "cpu_s": 0.0}
                for v in variants}
     for variant in make_block_plan(variants, config["steps"], config["block"]):
