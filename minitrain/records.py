@@ -76,12 +76,25 @@ class WorkerAssignment:
     gpu_ids: tuple[int, ...] = ()  # indices into the node's CUDA_VISIBLE_DEVICES
 
 
+class FailureKind(enum.Enum):
+    """What failed. Set once where the failure is learned and carried, typed, to the error class the
+    user catches (`trainer._rebuild_exception`); protobuf never carries it (a worker only ever reports
+    EXCEPTION, and rpc/convert.py says so)."""
+
+    EXCEPTION = "exception"  # code in the worker raised; `exc_type` names the class -> that exception
+    PROCESS = "process"  # the process died or could not start (exit code / signal) -> WorkerProcessError
+    HANG = "hang"  # no progress for FailureConfig.worker_hang_timeout_s -> WorkerHangError
+    NODE_LOST = "node_lost"  # the rank's node agent was lost -> NodeLostError
+    COMMIT = "commit"  # the coordinator refused or could not commit the rank's report -> RemoteWorkerError
+
+
 @dataclass(frozen=True, slots=True)
 class WorkerFailure:
     """Everything known about one rank's failure; rendered by `errors.render_failures`.
 
     Either an exception was captured (`exc_type`, `message`, `traceback`), or the process died
-    (`exit_code` / `signal`), or both (the worker reported its exception, then exited 1).
+    (`exit_code` / `signal`), or both (the worker reported its exception, then exited 1). `kind`
+    says which error class the user gets.
     """
 
     rank: int
@@ -96,6 +109,7 @@ class WorkerFailure:
     signal: int | None = None
     oom_suspected: bool = False
     consequence: bool = False  # known to be an effect of another rank's failure (e.g. stuck in a collective)
+    kind: FailureKind = FailureKind.EXCEPTION
 
     @property
     def cause(self) -> str:

@@ -35,7 +35,7 @@ from minitrain.hosts.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
-from minitrain.records import RunOutcome, RunPayload, WorkerFailure
+from minitrain.records import FailureKind, RunOutcome, RunPayload, WorkerFailure
 from minitrain.result import Result
 from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
@@ -465,11 +465,11 @@ def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> B
                 return rebuilt
         except Exception:  # the type does not exist in the driver: fall back below
             pass
-    if failure.exc_type == "WorkerHangError":
+    if failure.kind is FailureKind.HANG:
         return WorkerHangError(failure.message, failure.traceback)
-    if failure.exc_type == "NodeLostError":
+    if failure.kind is FailureKind.NODE_LOST:
         return NodeLostError(failure.message)
-    if failure.exc_type and failure.exc_type != "WorkerProcessError":
+    if failure.kind in (FailureKind.EXCEPTION, FailureKind.COMMIT) and failure.exc_type:
         return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
     return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
                               f"{failure.phase.description}: {failure.cause}",

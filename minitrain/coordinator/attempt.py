@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from minitrain.coordinator import events as ev
-from minitrain.records import Phase, WorkerAssignment, WorkerFailure
+from minitrain.records import FailureKind, Phase, WorkerAssignment, WorkerFailure
 
 
 @dataclass
@@ -87,7 +87,8 @@ class AttemptTracker:
         if state is None:
             return
         if state.failure is not None:
-            if not state.failure.exc_type:  # the exit was learned first: add what the worker said
+            if state.failure.kind is FailureKind.PROCESS and not state.failure.exc_type:
+                # the exit was learned first: add what the worker said
                 state.failure = replace(event.failure, node=state.node_name, pid=state.pid,
                                         time=state.failure.time, exit_code=state.failure.exit_code,
                                         signal=state.failure.signal)
@@ -121,8 +122,9 @@ class AttemptTracker:
             message = "the process exited with code 0 before its training function returned"
         state.failure = WorkerFailure(
             rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
-            time=event.time, exc_type="" if not message else "WorkerProcessError", message=message,
+            time=event.time, exc_type="WorkerProcessError" if message else "", message=message,
             exit_code=event.exit_code, signal=event.signal, oom_suspected=event.oom_suspected,
+            kind=FailureKind.PROCESS,
         )
         self.failure_order.append(state.assignment.rank)
 
@@ -139,7 +141,7 @@ class AttemptTracker:
             if state.failure is None and not state.done:
                 state.failure = WorkerFailure(
                     rank=state.assignment.rank, node=state.node_name, pid=state.pid, phase=state.phase,
-                    time=time, exc_type="NodeLostError",
+                    time=time, exc_type="NodeLostError", kind=FailureKind.NODE_LOST,
                     message=f"node {state.node_name} was lost: {reason}",
                 )
                 self.failure_order.append(state.assignment.rank)

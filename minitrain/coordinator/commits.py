@@ -22,7 +22,7 @@ from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.storage.layout import staged_dir
-from minitrain.records import Phase, ReportRecord, WorkerFailure
+from minitrain.records import FailureKind, Phase, ReportRecord, WorkerFailure
 from minitrain.storage.retention import CheckpointRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import StorageError
@@ -173,4 +173,4 @@ class Commits:
         state = tracker.ranks[rank]
         tracker.on_failed(ev.WorkerFailed(tracker.attempt, WorkerFailure(
             rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
-            exc_type=exc_type, message=message), b""))
+            exc_type=exc_type, message=message, kind=FailureKind.COMMIT), b""))

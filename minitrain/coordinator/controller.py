@@ -24,7 +24,7 @@ from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.errors import ConfigError, LaunchError, render_failures
-from minitrain.records import NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
+from minitrain.records import FailureKind, NodeInfo, Phase, RunOutcome, WorkerAssignment, WorkerFailure
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -319,7 +319,7 @@ class Controller:
                 # Stamped when it last made progress, not when found: the rank that stopped first is
                 # the earliest failure, so it is the root cause when several are found in one check.
                 phase=tracker.ranks[rank].phase, time=tracker.ranks[rank].last_progress,
-                exc_type="WorkerHangError",
+                exc_type="WorkerHangError", kind=FailureKind.HANG,
                 message=(f"rank {rank} made no progress (no report) for {silent:.1f} s, past "
                          f"FailureConfig.worker_hang_timeout_s={timeout_s:g}; the stacks of every thread of "
                          "every rank are in the logs"),

@@ -6,7 +6,7 @@ dataclasses of `minitrain.records`.
 
 from __future__ import annotations
 
-from minitrain.records import NodeInfo, Phase, WorkerAssignment, WorkerFailure
+from minitrain.records import FailureKind, NodeInfo, Phase, WorkerAssignment, WorkerFailure
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 
@@ -67,10 +67,12 @@ def assignment_from_message(message: pb.Assignment) -> WorkerAssignment:
 
 
 def failure_from_message(rank: int, node: str, pid: int, message: pb.WorkerFailure) -> WorkerFailure:
-    """A WorkerFailure from the exception a worker reported (exit code/signal are added later)."""
+    """A WorkerFailure from the exception a worker reported (exit code/signal are added later): a
+    worker only ever reports FailureKind.EXCEPTION."""
     return WorkerFailure(
         rank=rank, node=node, pid=pid, phase=Phase(message.phase), time=message.failed_at,
         exc_type=message.exc_type, message=message.message, traceback=message.traceback,
+        kind=FailureKind.EXCEPTION,
     )
 
 

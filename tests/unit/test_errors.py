@@ -242,3 +242,41 @@ def test_peer_loss_errors_are_not_chosen_as_root_cause():
     assert "Root cause: rank 1 " in text and "SIGKILL" in text.splitlines()[1]
     # With only consequences at hand, the earliest one is still named.
     assert "Root cause: rank 0 " in render_failures([consequence], attempt=0)
+
+
+# ---------------------------------------------------------------------------------- typed failure kinds
+
+
+def _failure(kind, exc_type="", message="m", **fields):
+    from minitrain.records import FailureKind
+
+    return WorkerFailure(rank=1, node="h", pid=7, phase=Phase.TRAINING, time=0.0, exc_type=exc_type,
+                         message=message, kind=FailureKind[kind], **fields)
+
+
+@pytest.mark.parametrize("kind, exc_type, expected", [
+    ("HANG", "WorkerHangError", "WorkerHangError"),
+    ("NODE_LOST", "NodeLostError", "NodeLostError"),
+    ("PROCESS", "", "WorkerProcessError"),
+    ("PROCESS", "WorkerProcessError", "WorkerProcessError"),  # could not be started
+    ("EXCEPTION", "mymodule.DataError", "RemoteWorkerError"),
+    ("COMMIT", "StorageError", "RemoteWorkerError"),
+    # A user's own exception class that happens to share a name with ours stays the user's.
+    ("EXCEPTION", "mymodule.WorkerHangError", "RemoteWorkerError"),
+    ("EXCEPTION", "NodeLostError", "RemoteWorkerError"),
+])
+def test_the_failure_kind_alone_picks_the_error_class(kind, exc_type, expected):
+    from minitrain.trainer import _rebuild_exception
+
+    rebuilt = _rebuild_exception(_failure(kind, exc_type, exit_code=3), None)
+    assert type(rebuilt).__name__ == expected
+
+
+def test_a_worker_reports_only_exceptions_and_the_kind_never_travels():
+    from minitrain.records import FailureKind
+    from minitrain.rpc.convert import failure_from_message, failure_message
+
+    sent = failure_message(_failure("HANG", "WorkerHangError"))  # whatever the record says ...
+    assert not any(field.name == "kind" for field in sent.DESCRIPTOR.fields)
+    received = failure_from_message(1, "h", 7, sent)
+    assert received.kind is FailureKind.EXCEPTION  # ... a worker's report is an exception it raised
