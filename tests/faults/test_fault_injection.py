@@ -30,7 +30,8 @@ failure. So every fired fault costs exactly one failure, and a fault whose step 
 Profiles (registered in tests/conftest.py): "faults-ci" by default (also under hypothesis's "default"
 and "ci" profiles); `--hypothesis-profile=soak` or `MINITRAIN_FAULTS_PROFILE=soak` for hundreds of
 examples. A failing example prints its
-`@reproduce_failure` blob. Set MINITRAIN_FAULTS_KEEP=1 to keep each example's run directory.
+`@reproduce_failure` blob. Set MINITRAIN_FAULTS_KEEP=1 to keep each example's run directory, and
+MINITRAIN_FAULTS_LOG=PATH to append one JSON line per example (verdict, faults fired, seconds).
 """
 
 from __future__ import annotations
@@ -489,6 +490,22 @@ def _committed_steps(outcome: Outcome) -> list[int]:
     return [r["metrics"]["step"] for r in json.loads(index_path.read_text()).get("checkpoint_results") or []]
 
 
+def _log_example(outcome: Outcome, verdict: str) -> None:
+    """With MINITRAIN_FAULTS_LOG=PATH, one JSON line per example (a soak's progress and its mix)."""
+    path = os.environ.get("MINITRAIN_FAULTS_LOG")
+    if not path:
+        return
+    schedule = outcome.schedule
+    line = {"verdict": verdict, "seconds": round(outcome.seconds, 1), "succeeded": outcome.error is None,
+            "fired": [schedule.faults[i].kind + ("@every_rank" if schedule.faults[i].rank == EVERY_RANK else "")
+                      for i in outcome.fired()],
+            "drawn": len(schedule.faults), "max_failures": schedule.max_failures,
+            "killed_driver": schedule.killed_driver, "rival": schedule.rival,
+            "committed": len(_committed_steps(outcome))}
+    with open(path, "a") as handle:
+        handle.write(json.dumps(line) + "\n")
+
+
 def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
     keep = os.environ.get("MINITRAIN_FAULTS_KEEP") == "1"
     root = Path(tempfile.mkdtemp(prefix="mt-faults-"))
@@ -504,7 +521,9 @@ def run_and_check(schedule: Schedule, reference_params: str) -> Outcome:
             check_other_users(outcome)
             check_success(outcome, reference_params)
         except AssertionError as exc:
+            _log_example(outcome, f"FAILED: {str(exc).splitlines()[0]}")
             raise AssertionError(f"{exc}\n\n{outcome.diagnostics()}") from exc
+        _log_example(outcome, "ok")
         return outcome
     finally:
         if keep:
