@@ -47,11 +47,11 @@ TARGET_CUT_S = 5.0
 TARGET_KILL_S = 1.0
 TAG_VAR = "MINITRAIN_BENCH_MULTIHOST_TAG"
 DETECTION_WORDS = ("lost", "stopping every rank of the attempt")
-SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"  # netns_cluster.py (a development checkout)
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"  # netns_cluster.py, beside bench/ in the checkout
 
 
 def netns_cluster():
-    """scripts/netns_cluster.py as a module, or None outside a development checkout."""
+    """scripts/netns_cluster.py as a module, or None when it is missing."""
     if not (SCRIPTS / "netns_cluster.py").exists():
         return None
     if str(SCRIPTS) not in sys.path:
