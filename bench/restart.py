@@ -119,7 +119,7 @@ def minitrain_job(tmp: str, name: str, kill_kind: str, kills: int, train_s: floa
     figures = analyse_restarts(records, attempts)
     figures["phases"] = phases_of_minitrain(figures, marks, kill_kind)
     if kill_kind != "worker":  # the fork server dies with its agent: nothing to say about it
-        for key in ("kills_with_all_spares_ready", "latency_spares_ready", "latency_spares_not_ready"):
+        for key in ("kills_with_all_fork_servers_ready", "latency_fork_servers_ready", "latency_fork_servers_not_ready"):
             figures.pop(key, None)
     figures["run"] = run
     figures["resumed_every_attempt"] = all(r.get("resumed") for r in records
@@ -227,9 +227,9 @@ def print_restarts(label: str, figures: dict) -> None:
         f"{figures['failed']} failed restart(s); median {fmt_s(figures['median_s'])}, p90 "
         f"{fmt_s(figures['p90_s'])}, max {fmt_s(figures['max_s'])}")
     say(f"    latencies (s): {lat or 'none'}")
-    if "kills_with_all_spares_ready" in figures:
-        ready, cold = figures["latency_spares_ready"], figures["latency_spares_not_ready"]
-        say(f"    fork server ready at the kill: {figures['kills_with_all_spares_ready']}/{figures['kills']} "
+    if "kills_with_all_fork_servers_ready" in figures:
+        ready, cold = figures["latency_fork_servers_ready"], figures["latency_fork_servers_not_ready"]
+        say(f"    fork server ready at the kill: {figures['kills_with_all_fork_servers_ready']}/{figures['kills']} "
             f"kills; median latency {fmt_s(ready['median_s'])} when ready (n={ready['n']}), "
             f"{fmt_s(cold['median_s'])} when not (n={cold['n']})")
     for restart in figures["per_restart"]:

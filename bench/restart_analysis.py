@@ -30,10 +30,10 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None,
     for previous, current in zip(ordered, ordered[1:]):
         before, after = by_attempt[previous], by_attempt[current]
         entry = {"attempt": current, "cause": "kill" if "kill" in before else "failure", "ok": "start" in after}
-        if "spares" in before.get("kill", {}):
-            spares = before["kill"]["spares"]
-            entry["spares_at_kill"] = f"{sum(x['ready'] for x in spares)}/{len(spares)} ready"
-            entry["all_spares_ready"] = bool(spares) and all(x["ready"] for x in spares)
+        if "fork_servers" in before.get("kill", {}):
+            fork_servers = before["kill"]["fork_servers"]
+            entry["fork_servers_at_kill"] = f"{sum(x['ready'] for x in fork_servers)}/{len(fork_servers)} ready"
+            entry["all_fork_servers_ready"] = bool(fork_servers) and all(x["ready"] for x in fork_servers)
         if entry["ok"] and "kill" in before:
             entry["latency_s"] = after["start"]["time"] - before["kill"]["time"]
             entry["kill_time"] = before["kill"]["time"]
@@ -54,13 +54,13 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None,
                                  "ok": False, "never_started": True})
     after_kill = [r for r in restarts if r["cause"] == "kill"]
     latencies = [r["latency_s"] for r in after_kill if r["ok"]]
-    spares = {}
-    if any("spares_at_kill" in r for r in after_kill):
-        ready = [r["latency_s"] for r in after_kill if r.get("all_spares_ready") and "latency_s" in r]
-        cold = [r["latency_s"] for r in after_kill if not r.get("all_spares_ready") and "latency_s" in r]
-        spares = {"kills_with_all_spares_ready": sum(bool(r.get("all_spares_ready")) for r in after_kill),
-                  "latency_spares_ready": summary(ready), "latency_spares_not_ready": summary(cold)}
-    return {"attempts": len(ordered), "kills": len(after_kill), "restarts": len(restarts), **spares,
+    fork_servers = {}
+    if any("fork_servers_at_kill" in r for r in after_kill):
+        ready = [r["latency_s"] for r in after_kill if r.get("all_fork_servers_ready") and "latency_s" in r]
+        cold = [r["latency_s"] for r in after_kill if not r.get("all_fork_servers_ready") and "latency_s" in r]
+        fork_servers = {"kills_with_all_fork_servers_ready": sum(bool(r.get("all_fork_servers_ready")) for r in after_kill),
+                  "latency_fork_servers_ready": summary(ready), "latency_fork_servers_not_ready": summary(cold)}
+    return {"attempts": len(ordered), "kills": len(after_kill), "restarts": len(restarts), **fork_servers,
             "succeeded_after_kill": sum(r["ok"] for r in after_kill),
             "failed": sum(not r["ok"] for r in restarts), "restarts_exhausted": exhausted,
             "hung_in_attempt": hung_in,

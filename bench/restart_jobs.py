@@ -58,32 +58,32 @@ def _train(torch, ddp, opt, x, y, step: int, rank: int, loaded: float, kill, rep
             kill()
 
 
-def _spares_at_kill(exclude: set) -> list[dict]:
-    """The agent's fork server (its `--zygote` child; a list, empty when there is none) and whether it
+def _fork_servers_at_kill(exclude: set) -> list[dict]:
+    """The agent's fork server (its `--fork-server` child; a list, empty when there is none) and whether it
     is ready: blocked reading fork requests from its socket (it imported everything it preloads)."""
     import psutil
 
-    spares = []
+    fork_servers = []
     try:
         children = psutil.Process(os.getppid()).children()
         with open("/proc/uptime") as f:
             now = float(f.read().split()[0])  # since boot, as the start times in /proc/<pid>/stat
     except (psutil.Error, OSError):
-        return spares
+        return fork_servers
     for child in children:
         try:
-            if child.pid in exclude or "--zygote" not in child.cmdline():
+            if child.pid in exclude or "--fork-server" not in child.cmdline():
                 continue
             with open(f"/proc/{child.pid}/wchan") as f:
                 waiting_on = f.read()
             with open(f"/proc/{child.pid}/stat") as f:
                 started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
-            spares.append({"pid": child.pid, "age_s": round(now - started, 3),
+            fork_servers.append({"pid": child.pid, "age_s": round(now - started, 3),
                            "cpu_s": round(sum(child.cpu_times()[:2]), 3),
                            "ready": "wait_for_more_packets" in waiting_on})
         except (psutil.Error, OSError):
             continue
-    return spares
+    return fork_servers
 
 
 def minitrain_train_func(config: dict) -> None:
@@ -133,9 +133,9 @@ def minitrain_train_func(config: dict) -> None:
 
     def kill() -> None:
         workers = {r["pid"] for r in read_jsonl(events) if r["kind"] == "start"}  # every attempt's ranks
-        spares = _spares_at_kill(workers | {os.getpid()})
+        fork_servers = _fork_servers_at_kill(workers | {os.getpid()})
         append_jsonl(events, {"kind": "kill", "what": kind, "rank": rank, "time": time.time(), "pid": os.getpid(),
-                              "agent_pid": os.getppid(), "spares": spares})
+                              "agent_pid": os.getppid(), "fork_servers": fork_servers})
         if kind == "worker":
             os.kill(os.getpid(), signal.SIGKILL)
         elif kind == "agent":

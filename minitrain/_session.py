@@ -47,8 +47,3 @@ def current(function_name: str) -> Session:
             "Call it inside the function you pass to TorchTrainer (it runs on every worker)."
         )
     return session
-
-
-def peek() -> Optional[Session]:
-    """The current session or None, without raising."""
-    return _current

@@ -3,7 +3,7 @@
 `python -m bench.scale.clients` serves a share of the simulated nodes. Its configuration,
 the run token included, is one JSON line on stdin (as a real agent's token is).
 
-Each fake agent opens its own channel and AgentSession, says hello, sends a Heartbeat every second
+Each fake agent opens its own channel and AgentStream, says hello, sends a Heartbeat every second
 (as `NodeAgent` does) and, on StartWorkers, reports each worker spawned and starts it; when a worker
 ends it reports the exit, as an agent does once the process is gone. Each fake worker opens its own
 channel and connection (a real worker is a process of its own) and walks the real worker's protocol:
@@ -192,7 +192,7 @@ class FakeWorker:
         sim = self.sim
         self._reset()
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
-        call = pb_grpc.CoordinatorStub(channel).WorkerSession(_requests(self.outbox, self), metadata=sim.metadata)
+        call = pb_grpc.CoordinatorStub(channel).WorkerStream(_requests(self.outbox, self), metadata=sim.metadata)
         reader = asyncio.ensure_future(self._read(call))
         try:
             self._put(hello=pb.WorkerHello(pid=sim.pid, hostname=sim.hostname))
@@ -296,7 +296,7 @@ class FakeAgent:
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
         heartbeat = asyncio.ensure_future(self._heartbeat())
         try:
-            call = pb_grpc.CoordinatorStub(channel).AgentSession(_requests(self.outbox), metadata=sim.metadata)
+            call = pb_grpc.CoordinatorStub(channel).AgentStream(_requests(self.outbox), metadata=sim.metadata)
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
                                           address="127.0.0.1", ifname="lo"))

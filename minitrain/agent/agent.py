@@ -1,7 +1,7 @@
 """The node agent: holds its lease with the coordinator, runs that node's workers, reports facts.
 
 The agent decides nothing about the run. It starts workers when told, stops them when told, and
-reports what happened (spawned, exited with code or signal, their output lines). If its session with
+reports what happened (spawned, exited with code or signal, their output lines). If its stream with
 the coordinator breaks or goes silent past the lease timeout, it kills its workers and exits: no
 worker outlives its coordinator. It never imports torch.
 """
@@ -25,7 +25,7 @@ import grpc
 import minitrain
 from minitrain import procs
 from minitrain.hosts import hostinfo
-from minitrain.agent.spares import Spare, ForkServerPool, start_worker
+from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -81,7 +81,7 @@ class NodeAgent:
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
 
-    # ------------------------------------------------------------------ session
+    # ------------------------------------------------------------------ stream
 
     def _message(self, **body) -> pb.AgentMessage:
         return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
@@ -96,7 +96,7 @@ class NodeAgent:
         return self._message(hello=convert.hello_from_node(node))
 
     def run(self) -> int:
-        """Serve the session until Shutdown or lease loss, then stop every worker and return.
+        """Serve the stream until Shutdown or lease loss, then stop every worker and return.
 
         Commands are executed on the calling (main) thread: workers get a parent-death signal, which
         Linux ties to the thread that spawned them, so they must come from a thread that lives as
@@ -107,7 +107,7 @@ class NodeAgent:
         channel = client_channel(self._address)
         stub = pb_grpc.CoordinatorStub(channel)
         self._outbox.put(self._hello())
-        self._call = stub.AgentSession(queued_requests(self._outbox), metadata=call_metadata(self._token))
+        self._call = stub.AgentStream(queued_requests(self._outbox), metadata=call_metadata(self._token))
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
@@ -132,7 +132,7 @@ class NodeAgent:
         return 0
 
     def request_stop(self, reason: str) -> None:
-        """End the session from outside (signal handler): workers are stopped, run() returns."""
+        """End the stream from outside (signal handler): workers are stopped, run() returns."""
         self._end_reason = reason
         self._finished.set()
 
@@ -144,7 +144,7 @@ class NodeAgent:
             # Stopping waits out the grace period; do it aside so commands keep flowing.
             threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
                              daemon=True, name="agent-stop").start()
-        elif kind == "prepare_spares" and self._last_start is not None:
+        elif kind == "prepare_fork_servers" and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
             self._fork_server.refill()
@@ -170,7 +170,7 @@ class NodeAgent:
                 if kind != "heartbeat":
                     self._commands.put(command)
             if not self._shutdown_requested:
-                self._end_reason = "the coordinator closed the session"
+                self._end_reason = "the coordinator closed the stream"
         except grpc.RpcError as exc:
             self._end_reason = f"the connection broke: {exc.code().name}"
         finally:
@@ -198,15 +198,15 @@ class NodeAgent:
         self._last_start = (key, env, start.cwd or None)
 
     def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict,
-               spare: Optional[Spare]) -> None:
+               started: Optional[StartedWorker]) -> None:
         attempt, rank = start.attempt, launch.rank
-        if spare is None:
+        if started is None:
             try:
-                spare = start_worker(env, start.cwd or None)
+                started = start_worker(env, start.cwd or None)
             except OSError as exc:
                 self._send_exit(attempt, rank, 0, None, exc=exc)
                 return
-        process, stack_fd = spare.process, spare.stack_fd
+        process, stack_fd = started.process, started.stack_fd
         bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
                      "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
                      "agent_pid": os.getpid(), "stack_fd": stack_fd}

@@ -21,7 +21,7 @@ class RankState:
     node_name: str
     pid: int = 0
     connected: bool = False
-    stream_open: bool = False  # its session stream may still carry messages to the coordinator
+    stream_open: bool = False  # its stream may still carry messages to the coordinator
     phase: Phase = Phase.UNSPECIFIED
     done: bool = False
     exited: bool = False

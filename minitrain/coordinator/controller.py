@@ -98,7 +98,7 @@ class Controller:
         self._clock = clock
         self._machine = RunStateMachine(clock)
         self._nodes: dict[str, NodeInfo] = {}
-        self._sessions: dict[str, int] = {}
+        self._streams: dict[str, int] = {}  # node_id -> its agent's current stream
         self._lost_nodes: dict[str, str] = {}
         self._backoff = HostBackoff()
         self._stack_dumps: dict[int, str] = {}
@@ -247,7 +247,7 @@ class Controller:
                 env=self._node_env(self._nodes[node_id], node_assignments),
             ))
             if not self._hub.send_to_agent(node_id, command):
-                tracker.on_node_lost(node_id, "its session closed before the workers started", self._clock())
+                tracker.on_node_lost(node_id, "its stream closed before the workers started", self._clock())
         logger.info("attempt %d: starting %d worker(s) on %d node(s)", self._attempt,
                     len(assignments), len(by_node))
         return tracker
@@ -288,11 +288,11 @@ class Controller:
             self._next_event()
             if self._machine.state is RunState.STARTING and tracker.all_training():
                 self._machine.move(RunState.RUNNING, "every rank is training", tracker.attempt)
-                self._prepare_spares(tracker)
+                self._prepare_fork_servers(tracker)
             if hang_timeout:
                 self._check_hangs(tracker, hang_timeout)
 
-    def _prepare_spares(self, tracker: AttemptTracker) -> None:
+    def _prepare_fork_servers(self, tracker: AttemptTracker) -> None:
         """A fork server on each node makes a restart cheap; keep one only when a restart may come."""
         if not self._spec.failure_policy.allows_retry(self._failures + 1):
             return
@@ -300,7 +300,7 @@ class Controller:
         for state in tracker.ranks.values():
             per_node[state.assignment.node_id] = per_node.get(state.assignment.node_id, 0) + 1
         for node_id, count in per_node.items():
-            self._hub.send_to_agent(node_id, pb.AgentCommand(prepare_spares=pb.PrepareSpares(count=count)))
+            self._hub.send_to_agent(node_id, pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(count=count)))
 
     def _check_hangs(self, tracker: AttemptTracker, timeout_s: float) -> None:
         now = self._clock()
@@ -347,7 +347,7 @@ class Controller:
         for node_id in tracker.nodes():
             command = pb.AgentCommand(stop=pb.StopWorkers(attempt=tracker.attempt, grace_s=grace_s))
             if not self._hub.send_to_agent(node_id, command):
-                tracker.on_node_lost(node_id, "its session is closed", self._clock())
+                tracker.on_node_lost(node_id, "its stream is closed", self._clock())
         deadline = self._clock() + grace_s + STOP_MARGIN_S
         while not tracker.all_exited():
             if self._clock() > deadline:
@@ -417,9 +417,9 @@ class Controller:
                 self._commits.on_report(tracker, report)
         elif isinstance(event, ev.AgentConnected):
             self._nodes[event.node.node_id] = event.node
-            self._sessions[event.node.node_id] = event.session
+            self._streams[event.node.node_id] = event.stream
         elif isinstance(event, ev.AgentLost):
-            if event.session == self._sessions.get(event.node_id, event.session):
+            if event.stream == self._streams.get(event.node_id, event.stream):
                 self._on_agent_lost(event)
         elif isinstance(event, ev.StackDumped):
             if tracker is not None and event.attempt == tracker.attempt:

@@ -9,19 +9,19 @@ from minitrain.records import NodeInfo, Phase, ReportRecord, RunEvent, WorkerFai
 
 @dataclass(frozen=True, slots=True)
 class AgentConnected(RunEvent):
-    """An agent opened its session stream and said hello; `session` numbers its streams."""
+    """An agent opened its stream and said hello; `stream` numbers its streams."""
 
     node: NodeInfo
-    session: int = 0
+    stream: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class AgentLost(RunEvent):
-    """An agent's session stream ended or its heartbeats stopped."""
+    """An agent's stream ended or its heartbeats stopped."""
 
     node_id: str
     reason: str
-    session: int = 0
+    stream: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,7 +61,7 @@ class WorkerExited(RunEvent):
 
 @dataclass(frozen=True, slots=True)
 class WorkerConnected(RunEvent):
-    """A worker opened its session stream."""
+    """A worker opened its stream."""
 
     attempt: int
     rank: int
@@ -71,7 +71,7 @@ class WorkerConnected(RunEvent):
 
 @dataclass(frozen=True, slots=True)
 class WorkerStreamClosed(RunEvent):
-    """A worker's session stream ended; every message it sent came before this event."""
+    """A worker's stream ended; every message it sent came before this event."""
 
     attempt: int
     rank: int
@@ -129,10 +129,3 @@ class WorkerFailed(RunEvent):
     attempt: int
     failure: WorkerFailure
     exc_pickle: bytes
-
-
-@dataclass(frozen=True, slots=True)
-class AbortRequested(RunEvent):
-    """The user interrupted the run (Ctrl-C) or the trainer asked to stop."""
-
-    reason: str

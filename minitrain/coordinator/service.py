@@ -154,14 +154,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._clock = clock
         self._last_seen: dict[str, float] = {}
         self._node_names: dict[str, str] = {}
-        self._sessions = itertools.count(1)
+        self._streams = itertools.count(1)
 
     # ------------------------------------------------------------------ agents
 
-    async def AgentSession(self, request_iterator, context):
+    async def AgentStream(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
-        state = {"node_id": "", "reason": "its session ended (the agent exited, or its host stopped answering "
-                                          "the keepalive pings)", "session": next(self._sessions)}
+        state = {"node_id": "", "reason": "its stream ended (the agent exited, or its host stopped answering "
+                                          "the keepalive pings)", "stream": next(self._streams)}
         reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
         try:
             async for command in _drain(outbox):
@@ -172,7 +172,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             if node_id:
                 self._hub.unregister_agent(node_id, outbox)
                 self._last_seen.pop(node_id, None)
-                self._events.put(ev.AgentLost(node_id, state["reason"], state["session"]))
+                self._events.put(ev.AgentLost(node_id, state["reason"], state["stream"]))
 
     async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
         try:
@@ -188,7 +188,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
                     self._node_names[node_id] = node.hostname
                     self._hub.register_agent(node_id, outbox)
-                    self._events.put(ev.AgentConnected(node, state["session"]))
+                    self._events.put(ev.AgentConnected(node, state["stream"]))
                 elif kind == "logs":
                     logs = message.logs
                     self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
@@ -229,7 +229,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     # ------------------------------------------------------------------ workers
 
-    async def WorkerSession(self, request_iterator, context):
+    async def WorkerStream(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
         key: list[tuple[int, int]] = []
         reader = asyncio.ensure_future(self._read_worker(request_iterator, context, outbox, key))

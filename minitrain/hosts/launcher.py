@@ -180,10 +180,3 @@ class ClusterLauncher:
             return agent
 
         return LaunchedAgents([start_agent(node_id) for node_id in node_ids], start_agent)
-
-
-class LocalLauncher(ClusterLauncher):
-    """One agent on this machine (node id "localhost"): the launcher of a single-host run."""
-
-    def __init__(self, pythonpath: tuple[str, ...] = ()):
-        super().__init__(ClusterConfig(hosts=(HostSpec("localhost", local=True),)), pythonpath)

@@ -57,15 +57,6 @@ def assignment_message(assignment: WorkerAssignment, *, experiment_name: str, ba
     )
 
 
-def assignment_from_message(message: pb.Assignment) -> WorkerAssignment:
-    """The record view of an Assignment message."""
-    return WorkerAssignment(
-        rank=message.rank, local_rank=message.local_rank, world_size=message.world_size,
-        local_world_size=message.local_world_size, node_rank=message.node_rank,
-        node_id=message.node_id, gpu_ids=tuple(message.gpu_ids),
-    )
-
-
 def failure_from_message(rank: int, node: str, pid: int, message: pb.WorkerFailure) -> WorkerFailure:
     """A WorkerFailure from the exception a worker reported (exit code/signal are added later): a
     worker only ever reports FailureKind.EXCEPTION."""

@@ -22,7 +22,7 @@ from minitrain.context import TrainContext
 from minitrain.records import Phase, RunPayload
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker import distributed
-from minitrain.worker.client import SessionClosed, WorkerClient
+from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
@@ -165,7 +165,7 @@ class WorkerRun:
             self._enter(Phase.FINISHING)
             returned = _pickle_return_value(value) if assignment.rank == 0 else b""
             del store
-        except SessionClosed:
+        except StreamClosed:
             # The coordinator ended this attempt (stale or stopping); there is nobody to tell.
             return 0 if self._phase <= Phase.STARTUP else 1
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, SystemExit included
@@ -249,17 +249,17 @@ def main() -> None:
 
     args = sys.argv[1:]
     stack_fd = None
-    if "--zygote" in args:
+    if "--fork-server" in args:
         # A fork server: die with the agent from the start, import torch once, then fork workers.
-        from minitrain.worker import zygote
+        from minitrain.worker import fork_server
 
         procs.die_with_parent(expected_parent=os.getppid())
         _preimport_torch()
         # DistributedDataParallel's constructor imports torch._dynamo (~800 modules, over a second);
         # the fork server pays for it once, not each restarted worker.
         _preimport("torch._dynamo")
-        # Returns only in a forked worker (see zygote.py), which then goes on as a spawned one.
-        stack_fd = zygote.serve(int(args[args.index("--zygote") + 1]))
+        # Returns only in a forked worker (see fork_server.py), which then goes on as a spawned one.
+        stack_fd = fork_server.serve(int(args[args.index("--fork-server") + 1]))
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
     _arm_stack_dumps(stack_fd if stack_fd is not None else bootstrap.get("stack_fd"))

@@ -1,4 +1,4 @@
-"""The worker's session stream with the coordinator.
+"""The worker's stream with the coordinator.
 
 Outgoing messages are queued and sent by gRPC's own thread, so `send()` never waits on the network;
 that is what keeps `report()` without a checkpoint in the microseconds. Incoming commands (the
@@ -21,8 +21,8 @@ from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
 
 
 
-class SessionClosed(RuntimeError):
-    """The coordinator ended this worker's session (the run or attempt is over)."""
+class StreamClosed(RuntimeError):
+    """The coordinator ended this worker's stream (the run or attempt is over)."""
 
 
 class WorkerClient:
@@ -33,7 +33,7 @@ class WorkerClient:
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._channel = client_channel(address)
         stub = pb_grpc.CoordinatorStub(self._channel)
-        self._call = stub.WorkerSession(queued_requests(self._outbox), metadata=call_metadata(token))
+        self._call = stub.WorkerStream(queued_requests(self._outbox), metadata=call_metadata(token))
         self._cond = threading.Condition()
         self._assignment: Optional[pb.Assignment] = None
         self._rendezvous: Optional[pb.Rendezvous] = None
@@ -43,7 +43,7 @@ class WorkerClient:
         self._checkpoint_lists: dict[int, list] = {}
         self._closed = False
         self._close_reason = ""
-        self._reader = threading.Thread(target=self._read, name="minitrain-session", daemon=True)
+        self._reader = threading.Thread(target=self._read, name="minitrain-stream", daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
@@ -66,9 +66,9 @@ class WorkerClient:
                         self._checkpoint_lists[listing.request_id] = [
                             (entry.dir_name, json.loads(entry.metrics_json)) for entry in listing.checkpoints]
                     self._cond.notify_all()
-            reason = "the coordinator closed the session"
+            reason = "the coordinator closed the stream"
         except grpc.RpcError as exc:
-            reason = f"the session broke: {exc.code().name} {exc.details()}"
+            reason = f"the stream broke: {exc.code().name} {exc.details()}"
         with self._cond:
             self._closed = True
             self._close_reason = reason
@@ -94,20 +94,20 @@ class WorkerClient:
             if value is not None:
                 return value
             if self._closed:
-                raise SessionClosed(f"waiting for {what}: {self._close_reason}")
+                raise StreamClosed(f"waiting for {what}: {self._close_reason}")
         assert not ready
         raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
 
     def wait_assignment(self, timeout_s: float) -> pb.Assignment:
-        """The assignment sent after hello; SessionClosed / TimeoutError otherwise."""
+        """The assignment sent after hello; StreamClosed / TimeoutError otherwise."""
         return self._wait_for("_assignment", timeout_s, "assignment")
 
     def wait_rendezvous(self, timeout_s: float) -> pb.Rendezvous:
-        """Rank 0's TCPStore address; SessionClosed / TimeoutError otherwise."""
+        """Rank 0's TCPStore address; StreamClosed / TimeoutError otherwise."""
         return self._wait_for("_rendezvous", timeout_s, "rendezvous")
 
     def wait_phase_ack(self, phase: int, timeout_s: float) -> None:
-        """Block until the coordinator recorded `phase` (or later); SessionClosed / TimeoutError."""
+        """Block until the coordinator recorded `phase` (or later); StreamClosed / TimeoutError."""
         self._wait_until(lambda: self._acked_phase >= phase, timeout_s, f"acknowledgement of phase {phase}")
 
     def _wait_until(self, ready, timeout_s: float, what: str) -> None:
@@ -116,14 +116,14 @@ class WorkerClient:
             if ready():
                 return
             if self._closed:
-                raise SessionClosed(f"waiting for {what}: {self._close_reason}")
+                raise StreamClosed(f"waiting for {what}: {self._close_reason}")
         raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
 
     def wait_release(self, timeout_s: float) -> None:
-        """Block until the coordinator says every rank finished (or the session ends)."""
+        """Block until the coordinator says every rank finished (or the stream ends)."""
         try:
             self._wait_until(lambda: self._released, timeout_s, "the release of the attempt")
-        except SessionClosed:
+        except StreamClosed:
             pass
 
     def wait_report_ack(self, round_: int, timeout_s: float) -> None:

@@ -353,10 +353,3 @@ def _link_or_copy(source: str, destination: str) -> None:
         os.link(source, destination)
     except OSError:
         shutil.copy2(source, destination)
-
-
-def print_upload_failure(exc: BaseException) -> None:
-    """Write an ASYNC upload failure to stderr (it lands in the rank's log)."""
-    import traceback
-
-    sys.stderr.write("".join(traceback.format_exception(exc)))

@@ -284,7 +284,7 @@ def train_fails_once_then_reports_how_it_was_started(config):
         if rank == 1:
             # Fail only once the agent runs its fork server, so that the restart can use it.
             deadline = time.monotonic() + 120
-            while not any("--zygote" in c.cmdline() for c in agent.children()):
+            while not any("--fork-server" in c.cmdline() for c in agent.children()):
                 assert time.monotonic() < deadline, "the agent started no fork server"
                 time.sleep(0.05)
             open(config["marker"], "w").close()
@@ -292,7 +292,7 @@ def train_fails_once_then_reports_how_it_was_started(config):
         dist.barrier()  # broken by rank 1's exit
     model = minitrain.torch.prepare_model(torch.nn.Linear(4, 1))
     model(torch.ones(8, 4)).sum().backward()  # DDP's all-reduce works in a forked worker
-    seen = {"forked": b"--zygote" in open("/proc/self/cmdline", "rb").read().split(b"\0"),
+    seen = {"forked": b"--fork-server" in open("/proc/self/cmdline", "rb").read().split(b"\0"),
             "parent_is_agent": agent.pid == os.getppid() and "minitrain.agent" in " ".join(agent.cmdline()),
             "own_session": os.getsid(0) == os.getpid(), "numpy_draw": int(numpy.random.randint(1 << 30))}
     with open(os.path.join(config["dir"], f"rank{rank}.json"), "w") as handle:
@@ -305,7 +305,7 @@ def test_a_restart_forks_its_workers_from_the_fork_server(tmp_path):
     result = TorchTrainer(train_fails_once_then_reports_how_it_was_started,
                           train_loop_config={"marker": str(tmp_path / "failed"), "dir": str(tmp_path)},
                           scaling_config=ScalingConfig(num_workers=2),
-                          run_config=RunConfig(name="zygote", storage_path=str(tmp_path),
+                          run_config=RunConfig(name="fork_server", storage_path=str(tmp_path),
                                                failure_config=FailureConfig(max_failures=1))).fit()
     assert result.metrics == {"done": True}
     seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]

@@ -26,8 +26,8 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 
 RPC_TIMEOUT_S = 10.0  # a deadline on every call, so a bug shows up as a failure, not a hang
-WORKER_METHOD = "/minitrain.v1.Coordinator/WorkerSession"
-AGENT_METHOD = "/minitrain.v1.Coordinator/AgentSession"
+WORKER_METHOD = "/minitrain.v1.Coordinator/WorkerStream"
+AGENT_METHOD = "/minitrain.v1.Coordinator/AgentStream"
 GARBAGE = b"\xff\xff\xff\xff"  # not a valid protobuf message: parsing it fails
 
 
@@ -54,14 +54,14 @@ class SyncRecordingServicer(pb_grpc.CoordinatorServicer):
         with self._lock:
             self.calls.append(name)
 
-    def WorkerSession(self, request_iterator, context):
-        self._record("WorkerSession")
+    def WorkerStream(self, request_iterator, context):
+        self._record("WorkerStream")
         for message in request_iterator:
             self.requests.append(message)
             yield _echo(message)
 
-    def AgentSession(self, request_iterator, context):
-        self._record("AgentSession")
+    def AgentStream(self, request_iterator, context):
+        self._record("AgentStream")
         for message in request_iterator:
             self.requests.append(message)
             yield pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=1.0))
@@ -90,7 +90,7 @@ def sync_server():
 def _sync_worker_call(channel, metadata, messages=None):
     stub = pb_grpc.CoordinatorStub(channel)
     messages = [_worker_hello()] if messages is None else messages
-    return list(stub.WorkerSession(iter(messages), metadata=metadata, timeout=RPC_TIMEOUT_S))
+    return list(stub.WorkerStream(iter(messages), metadata=metadata, timeout=RPC_TIMEOUT_S))
 
 
 def _sync_raw_call(channel, metadata, payload: bytes):
@@ -140,7 +140,7 @@ def test_sync_right_token_reaches_handler(sync_server):
     token, servicer, refused, channel = sync_server
     responses = _sync_worker_call(channel, auth.call_metadata(token), [_worker_hello("run-7")])
     assert [r.abort.reason for r in responses] == ["echo run-7"]
-    assert servicer.calls == ["WorkerSession"]
+    assert servicer.calls == ["WorkerStream"]
     assert [m.run_id for m in servicer.requests] == ["run-7"]
     assert refused == []
 
@@ -150,13 +150,13 @@ def test_sync_token_checked_on_every_method(sync_server):
     stub = pb_grpc.CoordinatorStub(channel)
     message = pb.AgentMessage(run_id="r", node_id="n", heartbeat=pb.Heartbeat(sent_at=1.0))
     with pytest.raises(grpc.RpcError) as info:
-        list(stub.AgentSession(iter([message]), metadata=auth.call_metadata("nope"), timeout=RPC_TIMEOUT_S))
+        list(stub.AgentStream(iter([message]), metadata=auth.call_metadata("nope"), timeout=RPC_TIMEOUT_S))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert servicer.calls == []
-    responses = list(stub.AgentSession(iter([message]), metadata=auth.call_metadata(token),
+    responses = list(stub.AgentStream(iter([message]), metadata=auth.call_metadata(token),
                                        timeout=RPC_TIMEOUT_S))
     assert len(responses) == 1 and responses[0].WhichOneof("body") == "heartbeat"
-    assert servicer.calls == ["AgentSession"]
+    assert servicer.calls == ["AgentStream"]
     assert refused == [AGENT_METHOD]
 
 
@@ -170,14 +170,14 @@ class AioRecordingServicer(pb_grpc.CoordinatorServicer):
         self.calls: list[str] = []
         self.requests: list = []
 
-    async def WorkerSession(self, request_iterator, context):
-        self.calls.append("WorkerSession")
+    async def WorkerStream(self, request_iterator, context):
+        self.calls.append("WorkerStream")
         async for message in request_iterator:
             self.requests.append(message)
             yield _echo(message)
 
-    async def AgentSession(self, request_iterator, context):
-        self.calls.append("AgentSession")
+    async def AgentStream(self, request_iterator, context):
+        self.calls.append("AgentStream")
         async for message in request_iterator:
             self.requests.append(message)
             yield pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=1.0))
@@ -221,7 +221,7 @@ def _aio_status(coro_factory) -> grpc.StatusCode:
 def test_aio_refuses_missing_or_wrong_token(metadata):
     async def call(token, channel):
         stub = pb_grpc.CoordinatorStub(channel)
-        await _aio_collect(stub.WorkerSession(iter([_worker_hello()]), metadata=metadata,
+        await _aio_collect(stub.WorkerStream(iter([_worker_hello()]), metadata=metadata,
                                               timeout=RPC_TIMEOUT_S))
 
     code, calls, requests, refused = _aio_status(call)
@@ -255,13 +255,13 @@ def test_aio_right_token_reaches_handler():
 
     async def scenario(token, servicer, refused, channel):
         stub = pb_grpc.CoordinatorStub(channel)
-        responses = await _aio_collect(stub.WorkerSession(iter([_worker_hello("run-9")]),
+        responses = await _aio_collect(stub.WorkerStream(iter([_worker_hello("run-9")]),
                                                           metadata=auth.call_metadata(token),
                                                           timeout=RPC_TIMEOUT_S))
         seen.append(([r.abort.reason for r in responses], servicer.calls, refused))
 
     asyncio.run(_with_aio_server(scenario))
-    assert seen == [(["echo run-9"], ["WorkerSession"], [])]
+    assert seen == [(["echo run-9"], ["WorkerStream"], [])]
 
 
 # ---------------------------------------------------------------------------------- tokens
@@ -328,7 +328,7 @@ def test_coordinator_server_refuses_wrong_token(coordinator_server, metadata):
     token, events, sink, server, channel = coordinator_server
     stub = pb_grpc.CoordinatorStub(channel)
     with pytest.raises(grpc.RpcError) as info:
-        list(stub.AgentSession(iter(_agent_messages()), metadata=metadata, timeout=RPC_TIMEOUT_S))
+        list(stub.AgentStream(iter(_agent_messages()), metadata=metadata, timeout=RPC_TIMEOUT_S))
     assert info.value.code() == grpc.StatusCode.UNAUTHENTICATED
     raw = channel.stream_stream(WORKER_METHOD, request_serializer=None, response_deserializer=None)
     with pytest.raises(grpc.RpcError) as info:
@@ -350,7 +350,7 @@ def test_coordinator_server_right_token_reaches_service(coordinator_server):
         # Keep the stream open until the test has seen the effects, then close it.
         outgoing.get(timeout=RPC_TIMEOUT_S)
 
-    call = stub.AgentSession(requests(), metadata=auth.call_metadata(token), timeout=RPC_TIMEOUT_S)
+    call = stub.AgentStream(requests(), metadata=auth.call_metadata(token), timeout=RPC_TIMEOUT_S)
     try:
         connected = events.get(timeout=RPC_TIMEOUT_S)
         assert isinstance(connected, ev.AgentConnected)

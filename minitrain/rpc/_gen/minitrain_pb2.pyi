@@ -125,20 +125,20 @@ class LogLines(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stderr: _Optional[bool] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
-    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_spares")
+    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_fork_servers")
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
-    PREPARE_SPARES_FIELD_NUMBER: _ClassVar[int]
+    PREPARE_FORK_SERVERS_FIELD_NUMBER: _ClassVar[int]
     start: StartWorkers
     stop: StopWorkers
     heartbeat: Heartbeat
     shutdown: Shutdown
     dump_stacks: DumpStacks
-    prepare_spares: PrepareSpares
-    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_spares: _Optional[_Union[PrepareSpares, _Mapping]] = ...) -> None: ...
+    prepare_fork_servers: PrepareForkServers
+    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_fork_servers: _Optional[_Union[PrepareForkServers, _Mapping]] = ...) -> None: ...
 
 class DumpStacks(_message.Message):
     __slots__ = ("attempt",)
@@ -175,7 +175,7 @@ class StartWorkers(_message.Message):
     coordinator_address: str
     def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
 
-class PrepareSpares(_message.Message):
+class PrepareForkServers(_message.Message):
     __slots__ = ("count",)
     COUNT_FIELD_NUMBER: _ClassVar[int]
     count: int

@@ -34,13 +34,13 @@ class CoordinatorStub:
         Args:
             channel: A grpc.Channel.
         """
-        self.AgentSession = channel.stream_stream(
-                '/minitrain.v1.Coordinator/AgentSession',
+        self.AgentStream = channel.stream_stream(
+                '/minitrain.v1.Coordinator/AgentStream',
                 request_serializer=minitrain__pb2.AgentMessage.SerializeToString,
                 response_deserializer=minitrain__pb2.AgentCommand.FromString,
                 _registered_method=True)
-        self.WorkerSession = channel.stream_stream(
-                '/minitrain.v1.Coordinator/WorkerSession',
+        self.WorkerStream = channel.stream_stream(
+                '/minitrain.v1.Coordinator/WorkerStream',
                 request_serializer=minitrain__pb2.WorkerMessage.SerializeToString,
                 response_deserializer=minitrain__pb2.WorkerCommand.FromString,
                 _registered_method=True)
@@ -49,7 +49,7 @@ class CoordinatorStub:
 class CoordinatorServicer:
     """Missing associated documentation comment in .proto file."""
 
-    def AgentSession(self, request_iterator, context):
+    def AgentStream(self, request_iterator, context):
         """The agent's lease: the stream lives as long as the agent may run workers. If it breaks, the agent
         kills its workers and exits; the coordinator treats the node as lost.
         """
@@ -57,7 +57,7 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
-    def WorkerSession(self, request_iterator, context):
+    def WorkerStream(self, request_iterator, context):
         """One stream per worker process for its whole life: hello, rendezvous, reports, and its outcome.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -67,13 +67,13 @@ class CoordinatorServicer:
 
 def add_CoordinatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
-            'AgentSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.AgentSession,
+            'AgentStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.AgentStream,
                     request_deserializer=minitrain__pb2.AgentMessage.FromString,
                     response_serializer=minitrain__pb2.AgentCommand.SerializeToString,
             ),
-            'WorkerSession': grpc.stream_stream_rpc_method_handler(
-                    servicer.WorkerSession,
+            'WorkerStream': grpc.stream_stream_rpc_method_handler(
+                    servicer.WorkerStream,
                     request_deserializer=minitrain__pb2.WorkerMessage.FromString,
                     response_serializer=minitrain__pb2.WorkerCommand.SerializeToString,
             ),
@@ -89,7 +89,7 @@ class Coordinator:
     """Missing associated documentation comment in .proto file."""
 
     @staticmethod
-    def AgentSession(request_iterator,
+    def AgentStream(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -102,7 +102,7 @@ class Coordinator:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/minitrain.v1.Coordinator/AgentSession',
+            '/minitrain.v1.Coordinator/AgentStream',
             minitrain__pb2.AgentMessage.SerializeToString,
             minitrain__pb2.AgentCommand.FromString,
             options,
@@ -116,7 +116,7 @@ class Coordinator:
             _registered_method=True)
 
     @staticmethod
-    def WorkerSession(request_iterator,
+    def WorkerStream(request_iterator,
             target,
             options=(),
             channel_credentials=None,
@@ -129,7 +129,7 @@ class Coordinator:
         return grpc.experimental.stream_stream(
             request_iterator,
             target,
-            '/minitrain.v1.Coordinator/WorkerSession',
+            '/minitrain.v1.Coordinator/WorkerStream',
             minitrain__pb2.WorkerMessage.SerializeToString,
             minitrain__pb2.WorkerCommand.FromString,
             options,

@@ -1,21 +1,21 @@
-"""The fork server (zygote): a worker process that imported torch once and forks ready workers.
+"""The fork server: a worker process that imported torch once and forks ready workers.
 
 A restart spends most of its time starting Python and importing torch in each new worker. A node
-agent that may restart keeps one zygote per (environment, working directory): it imports torch and
+agent that may restart keeps one fork server per (environment, working directory): it imports torch and
 DDP's dependencies once, without touching CUDA or running a torch op (so no thread pool or device
 context is copied into a fork), then waits on a Unix socket shared with the agent. For each request
 it forks a worker in milliseconds, and the worker goes on exactly as a freshly started one would:
 it reads its bootstrap line on stdin and runs.
 
-Protocol (SOCK_SEQPACKET, one message per datagram): the zygote sends b"ready" once its imports are
+Protocol (SOCK_SEQPACKET, one message per datagram): the fork server sends b"ready" once its imports are
 done. The agent sends b"fork" with four file descriptors (SCM_RIGHTS): the read end of the worker's
-stdin pipe, the write ends of its stdout and stderr pipes, and its stack-dump file. The zygote
+stdin pipe, the write ends of its stdout and stderr pipes, and its stack-dump file. The fork server
 answers {"pid": N} (or {"error": "..."}) as JSON.
 
 The worker is double-forked: an intermediate child forks it and exits at once, so the worker is
 re-parented to the agent, a subreaper (`procs.become_subreaper`). It is then the agent's own child:
 the agent waits for it, stops its process group and reads its exit status exactly as for a worker
-it spawned, and the worker's parent-death signal ties it to the agent, not to the zygote.
+it spawned, and the worker's parent-death signal ties it to the agent, not to the fork server.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ def serve(sock_fd: int) -> int:
 
 
 def _fork_worker(sock: socket.socket, fds: list[int]) -> int | None:
-    """Double-fork a worker; in the zygote answer its pid and return None, in the worker return its
+    """Double-fork a worker; in the fork server answer its pid and return None, in the worker return its
     stack-dump file descriptor."""
     read_pid, write_pid = os.pipe()
     try:
@@ -69,7 +69,7 @@ def _fork_worker(sock: socket.socket, fds: list[int]) -> int | None:
             os.close(fd)
         sock.send(json.dumps({"error": f"fork failed: {exc}"}).encode())
         return None
-    if intermediate == 0:  # the intermediate: fork the worker, tell the zygote its pid, vanish
+    if intermediate == 0:  # the intermediate: fork the worker, tell the fork server its pid, vanish
         try:
             worker = os.fork()
         except BaseException:

@@ -1,7 +1,7 @@
-"""Warm workers for fast restarts: a fork server (zygote) that already imported torch.
+"""Warm workers for fast restarts: a fork server that already imported torch.
 
 A restart spends most of its time starting Python and importing torch in each new worker. When the
-run may restart, the agent keeps one fork server (`minitrain.worker.zygote`) for the environment and
+run may restart, the agent keeps one fork server (`minitrain.worker.fork_server`) for the environment and
 working directory of the last start; the next attempt's workers are forked from it in milliseconds,
 so a restart costs a rendezvous instead of an interpreter start, however many restarts come and
 however soon after each other. It is started when the coordinator says the attempt's start-up is
@@ -42,25 +42,25 @@ def anonymous_file() -> int:
 
 
 @dataclass
-class Spare:
+class StartedWorker:
     """A started worker process waiting on stdin, and the stack-dump file it was given."""
 
     process: object  # subprocess.Popen, or procs.AdoptedChild for a worker forked by the fork server
     stack_fd: int
 
 
-def start_worker(env: dict, cwd: Optional[str]) -> Spare:
+def start_worker(env: dict, cwd: Optional[str]) -> StartedWorker:
     """Start a worker process the usual way (a new interpreter, waiting for its bootstrap line)."""
     stack_fd = anonymous_file()
     try:
-        return Spare(procs.spawn(WORKER_ARGV, env=env, cwd=cwd, pass_fds=(stack_fd,)), stack_fd)
+        return StartedWorker(procs.spawn(WORKER_ARGV, env=env, cwd=cwd, pass_fds=(stack_fd,)), stack_fd)
     except BaseException:
         os.close(stack_fd)
         raise
 
 
 class ForkServer:
-    """One fork server process and the agent's end of its socket (see minitrain.worker.zygote).
+    """One fork server process and the agent's end of its socket (see minitrain.worker.fork_server).
 
     The agent must be a subreaper (`procs.become_subreaper`): forked workers become its children.
     Not thread-safe: the agent's main thread only.
@@ -69,7 +69,7 @@ class ForkServer:
     def __init__(self, env: dict, cwd: Optional[str]):
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            self.process = procs.spawn([*WORKER_ARGV, "--zygote", str(theirs.fileno())], env=env, cwd=cwd,
+            self.process = procs.spawn([*WORKER_ARGV, "--fork-server", str(theirs.fileno())], env=env, cwd=cwd,
                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=None,
                                        pass_fds=(theirs.fileno(),))
         except BaseException:
@@ -92,7 +92,7 @@ class ForkServer:
             self.ready = True
         return self.ready
 
-    def fork_worker(self) -> Optional[Spare]:
+    def fork_worker(self) -> Optional[StartedWorker]:
         """A new worker forked from the server, waiting for its bootstrap line; None when the server
         is not ready or fails (it is closed then: the caller spawns instead)."""
         if not self.wait_ready(READY_WAIT_S):
@@ -119,7 +119,7 @@ class ForkServer:
             return None
         child = procs.AdoptedChild(reply["pid"], stdin=os.fdopen(stdin_w, "wb"), stdout=os.fdopen(stdout_r, "rb"),
                                    stderr=os.fdopen(stderr_r, "rb"))
-        return Spare(child, stack_fd)
+        return StartedWorker(child, stack_fd)
 
     def _receive(self, timeout_s: float) -> bytes:
         deadline = time.monotonic() + timeout_s
@@ -150,17 +150,17 @@ class ForkServerPool:
     server: Optional[ForkServer] = None
     starts: int = 0
 
-    def take(self, key: tuple) -> Optional[Spare]:
+    def take(self, key: tuple) -> Optional[StartedWorker]:
         """A worker forked for `key`, or None (then spawn one; a server of another key is stopped)."""
         if key != self.key:
             self.clear()
             return None
         if self.server is None:
             return None
-        spare = self.server.fork_worker()
-        if spare is None:
+        started = self.server.fork_worker()
+        if started is None:
             self.server = None
-        return spare
+        return started
 
     def want(self, key: tuple, env: dict, cwd: Optional[str]) -> None:
         """Keep a fork server for `key` from now on (see `refill`)."""
