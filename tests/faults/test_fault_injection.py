@@ -313,9 +313,24 @@ def check_processes(outcome: Outcome) -> None:
     assert outcome.descendants_after == [], f"minitrain processes outlived fit(): {outcome.descendants_after}"
     pids = sorted(int(p.name) for p in (outcome.out / "pids").iterdir() if not p.name.endswith(".tmp"))
     assert len(pids) >= 2, "the run noted no pids: the check would prove nothing"
-    assert wait_until_gone(pids, timeout=10.0) == [], "processes of the run survived fit()"
-    assert wait_until_gone(_tagged_processes(outcome.tag), timeout=10.0) == [], \
-        "processes with this run's environment (agents, workers, fork servers) survived fit()"
+    survivors = wait_until_gone(pids, timeout=10.0)
+    assert survivors == [], f"processes of the run survived fit(): {_describe(survivors)}"
+    survivors = wait_until_gone(_tagged_processes(outcome.tag), timeout=10.0)
+    assert survivors == [], \
+        f"processes with this run's environment (agents, workers, fork servers) survived fit(): {_describe(survivors)}"
+
+
+def _describe(pids: list) -> str:
+    """pid, parent, state, age and command line of each living process (for an assertion message)."""
+    lines = []
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            lines.append(f"\n  {pid} (parent {process.ppid()}, {process.status()}, "
+                         f"{time.time() - process.create_time():.1f} s old): {' '.join(process.cmdline())[:200]}")
+        except psutil.Error as exc:
+            lines.append(f"\n  {pid}: {exc}")
+    return "".join(lines)
 
 
 def check_outcome(outcome: Outcome) -> None:
