@@ -1,0 +1,118 @@
+"""Every benchmark workload still runs: `python -m bench --quick --only <workload>` end to end (tiny
+sizes, one repetition). The figures are printed, never asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import cli
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parents[2]
+QUICK_TIMEOUT_S = 300
+
+
+def run_quick(tmp_path, only: str, *extra: str) -> tuple[dict, str]:
+    """`python -m bench --quick --only <only>`; its JSON figures and its stdout."""
+    out = tmp_path / "bench.json"
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out),
+                           "--tmp-dir", str(tmp_path), *extra],
+                          capture_output=True, text=True, timeout=QUICK_TIMEOUT_S, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert not list(tmp_path.glob("minitrain-bench-*")), "the temporary directory was left behind"
+    figures = json.loads(out.read_text())
+    assert figures["quick"] and not figures["failures"]
+    assert "| workload | measure |" in done.stdout and figures["markdown"].startswith("| workload")
+    return figures["workloads"], done.stdout
+
+
+@pytest.mark.e2e
+def test_job_memory_report_and_ddp_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "job,report,ddp")
+    job = workloads["job"]["figures"]
+    assert job["minitrain_median_s"] > 0 and job["torchrun_median_s"] > 0
+    assert job["peak_rss_mib"]["coordinator"] > 0 and job["peak_rss_mib"]["agent"] > 0
+    assert not job["agent_imported_torch"] and not job["driver_imported_torch"]
+    assert {r["workload"] for r in workloads["job"]["rows"]} == {"job", "memory"}
+    report = workloads["report"]["figures"]
+    assert report["calls"] == cli.QUICK.calls and report["median_us"] > 0 and report["p99_us"] >= report["median_us"]
+    ddp = workloads["ddp"]["figures"]
+    assert ddp["minitrain_steps_per_s"] > 0 and ddp["torchrun_steps_per_s"] > 0
+    assert ddp["runs"]["minitrain"][0]["threads"] == ddp["runs"]["torchrun"][0]["threads"]
+
+
+@pytest.mark.e2e
+def test_checkpoint_and_async_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "checkpoint,async")
+    persist = workloads["checkpoint"]["figures"]
+    assert persist["size_bytes"] == cli.QUICK.size_mib << 20 and persist["ratio"] > 0
+    assert not persist["page_cache_dropped"]  # --quick never drops the cache of the tests beside it
+    steps = workloads["async"]["figures"]
+    for variant in ("plain", "metrics", "async", "sync"):
+        assert steps["summary"][variant]["median_ms"] > 0, variant
+        assert len(steps["runs"][variant][0]["step_s"]) == steps["steps"]
+    assert isinstance(steps["async_overhead_pct"], float)
+
+
+@pytest.mark.e2e
+def test_restart_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "restart")
+    figures = workloads["restart"]["figures"]
+    restart = figures["minitrain"]
+    # minitrain: every kill was followed by an attempt that reached its first step, and the job finished.
+    assert restart["kills"] == cli.QUICK.restarts == restart["succeeded_after_kill"], restart["per_restart"]
+    assert restart["resumed_every_attempt"] and restart["run"]["leftover_processes"] == 0
+    assert "kill_to_detected_log" in restart["phases"]
+    # torchrun: whatever it did is recorded (its restarts may fail or hang: a finding, not an error).
+    torchrun = figures["torchrun"]
+    assert torchrun["runs"] == 1 and torchrun["leftover_processes"] == 0
+    assert {"kills", "succeeded_after_kill", "failed", "latencies_s", "endings"} <= set(torchrun)
+
+
+@pytest.mark.e2e
+def test_detect_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "detect")
+    figures = workloads["detect"]["figures"]
+    for kind in ("agent", "agent-stop"):  # SIGKILLed and SIGSTOPped (silent) agents
+        loss = figures[kind]
+        assert loss["kills"] == 1 == loss["succeeded_after_kill"], loss["per_restart"]
+        assert loss["phases"]["kill_to_lost_log"]["median_s"] >= 0
+        assert loss["run"]["leftover_processes"] == 0
+
+
+@pytest.mark.e2e
+def test_scale_quick(tmp_path):
+    workloads, stdout = run_quick(tmp_path, "scale")
+    (run,) = workloads["scale"]["figures"]["runs"]
+    assert run["workers"] == cli.QUICK.workers[0] and run["state"] == "SUCCEEDED"
+    # Every report of every fake worker was recorded by the real coordinator, in order.
+    assert run["lost"] == 0 and run["reordered"] == 0 and run["all_recorded"], run
+    assert run["recorded"] == run["expected"] == run["workers"] * run["reports_per_worker"]
+    assert run["p99_ms"] > 0 and run["rss_peak_mib"] > 0 and run["coordinator_cores"] is not None
+    assert "Control-plane scale" in stdout
+
+
+@pytest.mark.e2e
+@pytest.mark.cluster
+def test_multihost_quick(tmp_path):
+    from cluster import skip_reason  # tests/cluster.py
+
+    if reason := skip_reason():
+        pytest.skip(reason)
+    workloads, _ = run_quick(tmp_path, "multihost")
+    figures = workloads["multihost"]["figures"]
+    assert "skipped" not in figures, figures.get("skipped")
+    start = figures["startup"]
+    for kind in ("ssh", "local"):  # 2 hosts x 2 workers over ssh, and the same job on one host
+        assert len(start[kind]["fit"]["values_s"]) == 1 and start[kind]["fit"]["median_s"] > 0
+    for name in ("cut", "agent_kill"):
+        run = figures[name]["runs"][0]
+        assert run["detect_s"] >= 0 and run["raised_s"] >= run["detect_s"], run
+        assert "WorkerGroupError" in run["error_head"], run
+    assert figures["leftover_processes"] == 0
