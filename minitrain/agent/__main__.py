@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 import signal
 import sys
 
@@ -35,18 +34,5 @@ def main(argv: list[str] | None = None) -> int:
     return agent.run()
 
 
-def exit_now(code: int) -> None:
-    """Flush what the agent wrote, then end the process without interpreter teardown: with gRPC's
-    threads still winding down after the coordinator vanished, teardown can wedge, and a wedged agent
-    outlives its run (seen in the fault suite: a SIGKILLed driver's agent alive, workers gone)."""
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(code)
-
-
 if __name__ == "__main__":
-    exit_now(main())
+    sys.exit(main())
