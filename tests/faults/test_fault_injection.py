@@ -177,13 +177,13 @@ class _Watchdog:
         self._timer.cancel()
 
 
-def _other_driver(argv: list, env: dict, timeout_s: float) -> subprocess.CompletedProcess:
-    """Run fault_training.other_driver(argv) in a new Python process (see fault_training)."""
+def _other_driver(argv: list, env: dict, timeout_s: float, nice: bool = False) -> subprocess.CompletedProcess:
+    """Run fault_training.other_driver(argv) in a new Python process (see fault_training); `nice`: at
+    the lowest priority (so its imports do not starve a run it races, whose hang timeout is 2 s)."""
     code = f"import sys; sys.path.insert(0, {FAULTS_DIR!r}); import fault_training; " \
            f"fault_training.other_driver({argv!r})"
-    # nice: the rival's imports must not starve the run it races (2 s hang timeout on 2 cores)
-    return subprocess.run(["nice", "-n", "19", sys.executable, "-c", code], env=env, capture_output=True,
-                          text=True, timeout=timeout_s)
+    return subprocess.run([*(["nice", "-n", "19"] if nice else []), sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=timeout_s)
 
 
 def _run_killed_driver(schedule: Schedule, root: Path, env: dict) -> int:
@@ -193,6 +193,9 @@ def _run_killed_driver(schedule: Schedule, root: Path, env: dict) -> int:
                          FIT_TIMEOUT_S)
     assert done.returncode == -signal.SIGKILL, \
         f"the earlier driver was not killed mid-append (rc {done.returncode}):\n{done.stdout}\n{done.stderr}"
+    # Its agent and workers follow it (parent-death signals, the lease): nothing of it is left.
+    survivors = wait_until_gone(_tagged_processes(env[TAG_VAR]), timeout=10.0)
+    assert survivors == [], f"processes of the SIGKILLed driver survived it: {_describe(survivors)}"
     text = (root / "results" / RUN_NAME / "metrics.jsonl").read_text()
     assert not text.endswith("\n"), "the killed driver left no torn line"
     return text.count("\n")
@@ -229,7 +232,7 @@ class _Rival(threading.Thread):
         try:
             while not self.stop.is_set():
                 if self._locked_by_this_process():
-                    done = _other_driver(["rival", str(self.root)], self.env, 120)
+                    done = _other_driver(["rival", str(self.root)], self.env, 120, nice=True)
                     self.output = f"rc {done.returncode}: {done.stdout}{done.stderr}"
                     return
                 self.stop.wait(0.02)
