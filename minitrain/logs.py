@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Optional, TextIO
 
+from minitrain.storage.filesystem import StorageError
 from minitrain.storage.layout import rank_log
 
 logger = logging.getLogger("minitrain")
@@ -25,7 +26,11 @@ def line_prefix(rank: int, node: str) -> str:
 class LogSink:
     """Writes worker lines to the console and to per-rank files under `logs_dir` (a local path).
 
-    `console=False` keeps lines out of the console (files only). Thread-safe. `close()` closes files.
+    `console=False` keeps lines out of the console (files only). Thread-safe. Never raises: the
+    output of a healthy worker must never end its node's stream (a raise here would read as a lost
+    node). A console that cannot be written (a closed pipe: `train.py | head -1`, EPIPE) is detached
+    with one warning and the files go on. A log file that cannot be written (a full disk, no file
+    descriptors left) is given up with one error naming it; `failures` keeps each as a `StorageError`.
     """
 
     def __init__(self, logs_dir: str, console: bool = True,
@@ -34,21 +39,39 @@ class LogSink:
         self._console = console
         self._stdout = stdout
         self._stderr = stderr
-        self._files: dict[tuple[int, int], TextIO] = {}
+        self._files: dict[tuple[int, int], Optional[TextIO]] = {}  # None: given up after a failure
         self._lock = threading.Lock()
+        self.failures: list[StorageError] = []
+        self.console_detached = False
 
     def path(self, attempt: int, rank: int) -> str:
         """Where rank `rank`'s output of attempt `attempt` is kept."""
         return os.path.join(self._logs_dir, *rank_log(attempt, rank).split("/"))
 
-    def _file(self, attempt: int, rank: int) -> TextIO:
-        handle = self._files.get((attempt, rank))
-        if handle is None:
+    def _file(self, attempt: int, rank: int) -> Optional[TextIO]:
+        key = (attempt, rank)
+        if key not in self._files:
             path = self.path(attempt, rank)
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            handle = open(path, "a", encoding="utf-8", buffering=1)
-            self._files[(attempt, rank)] = handle
-        return handle
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                self._files[key] = open(path, "a", encoding="utf-8", buffering=1)
+            except OSError as exc:
+                self._give_up(key, exc)
+        return self._files[key]
+
+    def _give_up(self, key: tuple[int, int], exc: OSError) -> None:
+        handle = self._files.get(key)
+        self._files[key] = None
+        path = self.path(*key)
+        error = StorageError(f"could not write the worker log {path}: {exc.strerror or exc}; the rest of "
+                             f"rank {key[1]}'s output of attempt {key[0]} is shown on the console only")
+        self.failures.append(error)
+        logger.error("%s", error)
+        if handle is not None:
+            try:
+                handle.close()
+            except OSError:
+                pass
 
     def open(self, attempt: int, rank: int) -> None:
         """Create the (possibly empty) log file of a worker that was just started."""
@@ -60,17 +83,36 @@ class LogSink:
         prefix = line_prefix(rank, node)
         with self._lock:
             handle = self._file(attempt, rank)
-            handle.write("".join(line + "\n" for line in lines))
+            if handle is not None:
+                try:
+                    handle.write("".join(line + "\n" for line in lines))
+                except OSError as exc:
+                    self._give_up((attempt, rank), exc)
             if self._console:
                 out = (self._stderr or sys.stderr) if stderr else (self._stdout or sys.stdout)
-                out.write("".join(prefix + line + "\n" for line in lines))
-                out.flush()
+                try:
+                    out.write("".join(prefix + line + "\n" for line in lines))
+                    out.flush()
+                except (OSError, ValueError) as exc:  # ValueError: the stream was closed
+                    self._detach_console(exc)
+
+    def _detach_console(self, exc: BaseException) -> None:
+        self._console = False
+        self.console_detached = True
+        logger.warning("the console cannot be written (%s): worker output goes on to the log files in %s "
+                       "only", exc, self._logs_dir)
 
     def close(self) -> None:
-        """Flush and close every log file."""
+        """Flush and close every log file (a failure is recorded, not raised)."""
         with self._lock:
-            for handle in self._files.values():
-                handle.close()
+            for key, handle in self._files.items():
+                if handle is None:
+                    continue
+                try:
+                    handle.close()
+                except OSError as exc:
+                    self._files[key] = handle
+                    self._give_up(key, exc)
             self._files.clear()
 
 

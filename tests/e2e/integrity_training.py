@@ -196,3 +196,12 @@ def tree_digest(path: str) -> dict:
             full = os.path.join(root, name)
             digest[os.path.relpath(full, path)] = hashlib.sha256(open(full, "rb").read()).hexdigest()
     return digest
+
+
+def chatty_epochs(config):
+    """report_epochs, with config["lines"] lines of output per epoch on stdout and stderr."""
+    for epoch in range(config["epochs"]):
+        for n in range(config["lines"]):
+            print(f"epoch {epoch} line {n}", flush=True)
+            print(f"epoch {epoch} warning {n}", file=sys.stderr, flush=True)
+        minitrain.report({"epoch": epoch})

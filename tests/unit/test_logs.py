@@ -1,0 +1,67 @@
+"""Worker output in the driver (minitrain.logs.LogSink): a console or a log file that cannot be written
+never raises (a raise would end the node's stream and read as a lost node)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+
+import pytest
+
+from minitrain.logs import LogSink
+from minitrain.storage.filesystem import StorageError
+
+
+class ClosedPipe(io.StringIO):
+    """A console whose reader went away (`python train.py | head -1`)."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_lines_go_to_the_console_and_the_rank_file(tmp_path):
+    out = io.StringIO()
+    sink = LogSink(str(tmp_path), stdout=out)
+    sink.write(0, 1, "h0", False, ["hello", "world"])
+    sink.close()
+    assert out.getvalue() == "(rank 1, h0) hello\n(rank 1, h0) world\n"
+    assert (tmp_path / "attempt_0" / "rank_1.log").read_text() == "hello\nworld\n"
+
+
+def test_a_closed_console_is_detached_and_the_files_go_on(tmp_path, caplog):
+    sink = LogSink(str(tmp_path), stdout=ClosedPipe(), stderr=ClosedPipe())
+    with caplog.at_level(logging.WARNING, logger="minitrain"):
+        sink.write(0, 0, "h0", False, ["first"])
+        sink.write(0, 0, "h0", True, ["second"])
+    sink.close()
+    assert sink.console_detached and sink.failures == []
+    assert (tmp_path / "attempt_0" / "rank_0.log").read_text() == "first\nsecond\n"
+    assert caplog.text.count("the console cannot be written") == 1
+
+
+def test_a_full_disk_is_a_storage_error_naming_the_file_and_the_console_goes_on(tmp_path, caplog):
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full on this system")
+    (tmp_path / "attempt_0").mkdir()
+    os.symlink("/dev/full", tmp_path / "attempt_0" / "rank_0.log")  # every write: ENOSPC
+    out = io.StringIO()
+    sink = LogSink(str(tmp_path), stdout=out)
+    with caplog.at_level(logging.ERROR, logger="minitrain"):
+        for n in range(3):
+            sink.write(0, 0, "h0", False, [f"line {n}" * 2000])
+    sink.close()
+    assert len(sink.failures) == 1 and isinstance(sink.failures[0], StorageError)
+    assert str(tmp_path / "attempt_0" / "rank_0.log") in str(sink.failures[0])
+    assert "No space left on device" in str(sink.failures[0])
+    assert out.getvalue().count("(rank 0, h0) line") == 3
+    assert caplog.text.count("could not write the worker log") == 1
+
+
+def test_a_log_file_that_cannot_be_opened_is_a_storage_error(tmp_path):
+    (tmp_path / "attempt_0").write_text("a file where a folder should be")
+    sink = LogSink(str(tmp_path), console=False)
+    sink.open(0, 0)
+    sink.write(0, 0, "h0", False, ["lost to the file, not to the run"])
+    sink.close()
+    assert len(sink.failures) == 1 and "attempt_0" in str(sink.failures[0])
