@@ -45,15 +45,33 @@ def _qualified_name(exc: BaseException) -> str:
     return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
+# What a failure may carry to the driver. A 50 MB exception message once took the driver 69 s and
+# 742 MiB to handle; the full text always goes to the rank's log file.
+MAX_MESSAGE_CHARS = 16 * 1024
+MAX_TRACEBACK_CHARS = 64 * 1024
+MAX_EXCEPTION_PICKLE_BYTES = 1024 * 1024  # larger: the driver rebuilds a RemoteWorkerError from the text
+
+
 def _pickle_exception(exc: BaseException) -> bytes:
     try:
         import cloudpickle
 
         data = cloudpickle.dumps(exc)
+        if len(data) > MAX_EXCEPTION_PICKLE_BYTES:
+            return b""
         cloudpickle.loads(data)  # refuse what would not come back (e.g. unpicklable arguments)
         return data
     except Exception:
         return b""
+
+
+def truncated(text: str, limit: int) -> str:
+    """`text` cut to about `limit` characters, head and tail kept, saying how much was left out."""
+    if len(text) <= limit:
+        return text
+    keep = limit // 2
+    return (f"{text[:keep]}\n... [{len(text) - 2 * keep} characters left out; the full text is in this "
+            f"rank's log file] ...\n{text[-keep:]}")
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -64,12 +82,15 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def failure_message(phase: Phase, exc: BaseException) -> pb.WorkerFailure:
-    """The record of a captured exception."""
-    return pb.WorkerFailure(
-        phase=int(phase), exc_type=_qualified_name(exc), message=str(exc),
-        traceback=_user_traceback(exc), exc_pickle=_pickle_exception(exc), failed_at=time.time(),
+def failure_message(phase: Phase, exc: BaseException) -> tuple[pb.WorkerFailure, str]:
+    """The record of a captured exception, its message and traceback cut to MAX_MESSAGE_CHARS and
+    MAX_TRACEBACK_CHARS, and the full traceback (for the rank's log)."""
+    full = _user_traceback(exc)
+    failure = pb.WorkerFailure(
+        phase=int(phase), exc_type=_qualified_name(exc), message=truncated(str(exc), MAX_MESSAGE_CHARS),
+        traceback=truncated(full, MAX_TRACEBACK_CHARS), exc_pickle=_pickle_exception(exc), failed_at=time.time(),
     )
+    return failure, full
 
 
 def _context(assignment: pb.Assignment) -> TrainContext:
@@ -189,8 +210,8 @@ class WorkerRun:
 
     def _report_failure(self, exc: BaseException) -> None:
         phase = Phase.CHECKPOINT_UPLOAD if isinstance(exc, UploadFailed) else self._failure_phase()
-        failure = failure_message(phase, exc)
-        sys.stderr.write(failure.traceback)
+        failure, full_traceback = failure_message(phase, exc)
+        sys.stderr.write(full_traceback)
         if self._client is not None:
             self._client.send(failure=failure)
             self._client.close(CLOSE_TIMEOUT_S)
@@ -205,8 +226,8 @@ class WorkerRun:
 
     def _fail_from_upload_thread(self, exc: BaseException) -> None:
         """An ASYNC upload failed on the upload thread: that is this worker's failure; end now."""
-        failure = failure_message(Phase.CHECKPOINT_UPLOAD, exc)
-        sys.stderr.write(failure.traceback)
+        failure, full_traceback = failure_message(Phase.CHECKPOINT_UPLOAD, exc)
+        sys.stderr.write(full_traceback)
         self._client.send(failure=failure)
         self._client.close(CLOSE_TIMEOUT_S)
         sys.stderr.flush()
