@@ -74,6 +74,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._last_heard = time.monotonic()
         self._finished = threading.Event()
+        self._signalled: Optional[str] = None  # set by a signal handler, without any lock (see note_signal)
         self._shutdown_requested = False
         self._end_reason = ""
         self._call = None
@@ -111,7 +112,7 @@ class NodeAgent:
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
-            while not self._finished.is_set():
+            while not self._finished.is_set() and self._signalled is None:
                 try:
                     command = self._commands.get(timeout=0.2)
                 except queue.Empty:
@@ -120,6 +121,8 @@ class NodeAgent:
                     continue
                 self._execute(command)
         finally:
+            if self._signalled is not None:
+                self.request_stop(self._signalled)
             self._fork_server.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
             self._outbox.put(END_OF_STREAM)
@@ -132,9 +135,20 @@ class NodeAgent:
         return 0
 
     def request_stop(self, reason: str) -> None:
-        """End the stream from outside (signal handler): workers are stopped, run() returns."""
+        """End the stream from another thread: workers are stopped, run() returns. Never from a signal
+        handler (it takes a lock): use `note_signal` there."""
         self._end_reason = reason
         self._finished.set()
+
+    def note_signal(self, name: str) -> None:
+        """A signal asks the agent to stop; the command loop acts on it within one poll (0.2 s).
+
+        Takes no lock: a Python signal handler runs on the main thread between two bytecodes, possibly
+        while that thread holds the very lock it would take. Event.set() there deadlocked an agent whose
+        driver was SIGKILLed: SIGTERM (the parent-death signal) and SIGHUP came together, the second
+        handler ran inside the first one's Event.set(), and the agent never exited."""
+        if self._signalled is None:
+            self._signalled = f"received {name}"
 
     def _execute(self, command: pb.AgentCommand) -> None:
         kind = command.WhichOneof("body")
@@ -339,7 +353,7 @@ def _read_when_settled(fd: int, start: int, timeout_s: float) -> str:
 def install_signal_handlers(agent: NodeAgent) -> None:
     """SIGTERM, SIGINT and SIGHUP stop the workers and end the agent cleanly."""
     def handle(signum, _frame):
-        agent.request_stop(f"received {signal.Signals(signum).name}")
+        agent.note_signal(signal.Signals(signum).name)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, handle)
