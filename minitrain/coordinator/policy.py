@@ -3,10 +3,6 @@
 from __future__ import annotations
 
 
-class RemainingHostsTooSmall(Exception):
-    """After losing nodes, the rest cannot hold the requested workers (the run cannot restart)."""
-
-
 class HostBackoff:
     """When a lost remote host may be tried again: 30 s after its first loss, doubling each time."""
 

@@ -16,7 +16,6 @@ import logging
 import os
 import queue
 import shutil
-import sys
 import tempfile
 import threading
 import time

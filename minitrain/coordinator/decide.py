@@ -1,0 +1,332 @@
+"""The controller's decisions (pure): where the run is, plus what is true now, gives what happens next.
+
+`decide(loop, seen, now, rules)` is the whole policy of the run's lifecycle: when to start an attempt,
+when a rank counts as hung, whether a failure restarts the group or ends the run, how long a stop or a
+drain may take, and what a Ctrl-C does. It does no I/O and reads no clock, so every path is unit-tested
+with scripted inputs (tests/unit/test_decide.py). The controller turns the world into `Seen`, calls
+`decide`, and executes the returned actions; a new behaviour (resize, preemption) is a new fact in
+`Seen` and a few rows here, not a new wait loop.
+
+Every run state is real and timed: the loop stays in RESTARTING while the old attempt's processes exit
+and their streams drain, and in STOPPING until the same has happened on the way to the terminal state.
+A `Stage` says what the loop waits for inside a state, each with a deadline:
+
+    LAUNCHING/AGENTS --every agent connected--> STARTING/WORKERS --every rank training--> RUNNING/WORKERS
+    STARTING|RUNNING/WORKERS --a rank failed, retry allowed--> RESTARTING/EXIT --exited--> RESTARTING/DRAIN
+        --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ] STARTING/WORKERS (attempt + 1)
+    RUNNING/WORKERS --a rank silent past the hang timeout--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
+    any --finished | budget spent | Ctrl-C | launch failed--> STOPPING/EXIT -> STOPPING/DRAIN -> terminal
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Optional, Union
+
+from minitrain.coordinator.states import RunState
+
+STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
+STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
+DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (normally milliseconds)
+INTERRUPTED = "interrupted by the user (Ctrl-C)"
+
+
+class Stage(enum.Enum):
+    """What the loop waits for inside its run state."""
+
+    AGENTS = "agents"  # every expected node agent connected
+    WORKERS = "workers"  # the attempt finishes or a rank fails
+    STACKS = "stacks"  # every live rank's thread stacks arrived (a rank was found silent)
+    EXIT = "exit"  # every process of the attempt exited
+    DRAIN = "drain"  # every stream of the attempt delivered its last message
+    DONE = "done"  # the run is in its terminal state
+
+
+@dataclass(frozen=True)
+class Rules:
+    """The limits `decide` applies; built from the run's FailureConfig and ScalingConfig."""
+
+    max_failures: int  # -1: unlimited
+    stop_grace_s: float
+    agent_start_timeout_s: float = 60.0
+    hang_timeout_s: Optional[float] = None
+    stack_wait_s: float = STACK_WAIT_S
+    stop_margin_s: float = STOP_MARGIN_S
+    drain_s: float = DRAIN_S
+
+    def allows_retry(self, failures: int) -> bool:
+        """As Ray: retry while `failures <= max_failures`; -1 retries forever."""
+        return self.max_failures == -1 or failures <= self.max_failures
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Where the run is. Replaced (never mutated) by every decision."""
+
+    state: RunState = RunState.PENDING
+    stage: Stage = Stage.AGENTS
+    attempt: int = 0
+    failures: int = 0
+    deadline: Optional[float] = None  # when the stage gives up waiting
+    target: Optional[RunState] = None  # the terminal state STOPPING leads to
+    reason: str = ""  # why the run is in this state (the last move's reason)
+    interrupts: int = 0  # Ctrl-C presses so far
+    hung: tuple[int, ...] = ()  # STACKS: the ranks found silent
+
+    @property
+    def finished(self) -> bool:
+        """True once the run reached its terminal state."""
+        return self.state.is_terminal
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What is true now, as the controller observed it just before deciding."""
+
+    agents_missing: tuple[str, ...] = ()  # expected node agents not connected (yet)
+    agents_failed: str = ""  # why some expected agent ended before it connected; "" when none did
+    lost_nodes: bool = False  # nodes were lost since the last attempt started (they need new agents)
+    start_error: str = ""  # the last start could not place the workers (the remaining hosts are too small)
+    has_attempt: bool = False  # an attempt was started
+    failed: bool = False  # a rank of the attempt failed
+    finished: bool = False  # every rank of the attempt returned and exited cleanly
+    all_training: bool = False  # every rank reached its training function
+    all_exited: bool = False  # no process of the attempt is left
+    all_drained: bool = False  # every stream of the attempt ended
+    stacks_answered: bool = False  # every live rank's stacks arrived since they were asked for
+    progress: Mapping[int, float] = field(default_factory=dict)  # live training rank -> last progress
+    root_cause: str = ""  # one line naming the attempt's root-cause failure
+    interrupted: bool = False  # Ctrl-C was pressed since the last decision
+
+
+# ---------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True)
+class MoveTo:
+    """Move the run's state machine (it records the time of every move)."""
+
+    state: RunState
+    reason: str
+    target: Optional[RunState] = None
+
+
+@dataclass(frozen=True)
+class StartAttempt:
+    """Place the ranks of `attempt` on the connected nodes and start its workers."""
+
+    attempt: int
+
+
+@dataclass(frozen=True)
+class StopWorkers:
+    """Ask every node of the attempt to stop its workers: SIGTERM, `grace_s`, SIGKILL."""
+
+    grace_s: float
+
+
+@dataclass(frozen=True)
+class CollectStacks:
+    """Ask every node for the thread stacks of every worker of the attempt."""
+
+
+@dataclass(frozen=True)
+class DeclareHung:
+    """Record a hang failure for each of `ranks`, with the stacks that arrived."""
+
+    ranks: tuple[int, ...]
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class CloseStreams:
+    """Close every stream of the attempt still open: nothing a frozen rank sends later is read."""
+
+
+@dataclass(frozen=True)
+class PrepareForkServers:
+    """Keep a warm fork server on each node so that the next attempt starts fast."""
+
+
+@dataclass(frozen=True)
+class RelaunchAgents:
+    """Start new agents for lost nodes that may come back (local ones at once, remote ones after backoff)."""
+
+
+@dataclass(frozen=True)
+class ForgetAgents:
+    """The relaunched agents that did not connect in time stay lost (their hosts back off longer)."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class LogLate:
+    """The stage's deadline passed before what it waited for happened: say so."""
+
+    stage: Stage
+
+
+Action = Union[MoveTo, StartAttempt, StopWorkers, CollectStacks, DeclareHung, CloseStreams,
+               PrepareForkServers, RelaunchAgents, ForgetAgents, LogLate]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The next loop state and the actions that take the world there, in order."""
+
+    loop: Loop
+    actions: tuple[Action, ...] = ()
+
+
+# ---------------------------------------------------------------------- the policy
+
+
+def decide(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """The next step of the run from `loop` given `seen` at time `now`."""
+    if loop.finished:
+        return Decision(loop)
+    if seen.interrupted:
+        return _interrupt(loop, seen, now, rules)
+    if loop.state is RunState.PENDING:
+        return Decision(replace(loop, state=RunState.LAUNCHING, stage=Stage.AGENTS, reason="starting node agents",
+                                deadline=now + rules.agent_start_timeout_s),
+                        (MoveTo(RunState.LAUNCHING, "starting node agents"),))
+    if loop.stage is Stage.AGENTS:
+        return _agents(loop, seen, now, rules)
+    if loop.stage is Stage.WORKERS:
+        return _workers(loop, seen, now, rules)
+    if loop.stage is Stage.STACKS:
+        return _stacks(loop, seen, now, rules)
+    if loop.stage is Stage.EXIT:
+        return _exit(loop, seen, now, rules)
+    return _drain(loop, seen, now, rules)
+
+
+def _interrupt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """The first Ctrl-C stops the workers gracefully on the way to ABORTED. One during a stop (the
+    second, or the first while a failure or success is being torn down) kills the workers at once and
+    keeps the stop's target: the outcome that was already decided stays the outcome."""
+    loop = replace(loop, interrupts=loop.interrupts + 1)
+    if loop.state is not RunState.STOPPING:
+        return _stop(loop, seen, now, rules, RunState.ABORTED, INTERRUPTED)
+    if loop.stage is Stage.EXIT:
+        return Decision(loop, (StopWorkers(0.0),))
+    return Decision(loop)
+
+
+def _stop(loop: Loop, seen: Seen, now: float, rules: Rules, target: RunState, reason: str) -> Decision:
+    """Head for `target` through STOPPING: stop the attempt's workers (if any are left), drain, end."""
+    loop = replace(loop, state=RunState.STOPPING, target=target, reason=reason)
+    move = MoveTo(RunState.STOPPING, reason, target)
+    if not seen.has_attempt:
+        return _end(loop, (move,))
+    if not seen.all_exited:
+        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
+                        (move, StopWorkers(rules.stop_grace_s)))
+    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
+
+
+def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
+    return Decision(replace(loop, state=loop.target, stage=Stage.DONE, deadline=None),
+                    actions + (MoveTo(loop.target, loop.reason),))
+
+
+def _start(loop: Loop, now: float, attempt: int, reason: str) -> Decision:
+    return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
+                            reason=reason),
+                    (MoveTo(RunState.STARTING, reason), StartAttempt(attempt)))
+
+
+def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """LAUNCHING, or RESTARTING after lost nodes got new agents: wait until every expected agent is in."""
+    restarting = loop.state is RunState.RESTARTING
+    if not seen.agents_missing:
+        attempt = loop.attempt + 1 if restarting else loop.attempt
+        return _start(loop, now, attempt, f"starting attempt {attempt}")
+    why = seen.agents_failed
+    if not why and now > loop.deadline:
+        why = (f"node agent(s) {', '.join(seen.agents_missing)} did not connect within "
+               f"{rules.agent_start_timeout_s:g} s")
+    if not why:
+        return Decision(loop)
+    if restarting:  # the hosts that came back are used; the start fails if they are too few
+        attempt = loop.attempt + 1
+        decision = _start(loop, now, attempt, f"starting attempt {attempt}")
+        return replace(decision, actions=(ForgetAgents(why),) + decision.actions)
+    return _stop(loop, seen, now, rules, RunState.FAILED, why)
+
+
+def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """STARTING or RUNNING: wait for the attempt to finish, fail, or go silent."""
+    if seen.start_error:
+        return _stop(loop, seen, now, rules, RunState.FAILED, seen.start_error)
+    if seen.failed:
+        return _failed(loop, seen, now, rules)
+    if seen.finished:
+        return _stop(loop, seen, now, rules, RunState.SUCCEEDED, "every rank finished")
+    actions: tuple[Action, ...] = ()
+    if loop.state is RunState.STARTING and seen.all_training:
+        loop = replace(loop, state=RunState.RUNNING, reason="every rank is training")
+        actions = (MoveTo(RunState.RUNNING, "every rank is training"),)
+        if rules.allows_retry(loop.failures + 1):  # a warm fork server pays off only if a restart may come
+            actions += (PrepareForkServers(),)
+    hung = _silent_ranks(seen, now, rules)
+    if hung:
+        loop = replace(loop, stage=Stage.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
+        actions += (CollectStacks(),)
+    return Decision(loop, actions)
+
+
+def _silent_ranks(seen: Seen, now: float, rules: Rules) -> tuple[int, ...]:
+    if not rules.hang_timeout_s:
+        return ()
+    return tuple(sorted(r for r, last in seen.progress.items() if now - last > rules.hang_timeout_s))
+
+
+def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """A rank failed: stop the attempt; restart within the failure budget, else fail the run."""
+    failures = loop.failures + 1
+    loop = replace(loop, failures=failures)
+    if not rules.allows_retry(failures):
+        return _stop(loop, seen, now, rules, RunState.FAILED, seen.root_cause)
+    loop = replace(loop, state=RunState.RESTARTING, reason=seen.root_cause)
+    move = MoveTo(RunState.RESTARTING, seen.root_cause)
+    if seen.all_exited:
+        return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
+    return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
+                    (move, StopWorkers(rules.stop_grace_s)))
+
+
+def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """RUNNING with silent ranks: once their stacks are in (or the wait ran out), they fail as hung."""
+    if not seen.stacks_answered and now <= loop.deadline:
+        return Decision(loop)
+    late = () if seen.stacks_answered else (LogLate(Stage.STACKS),)
+    return Decision(replace(loop, stage=Stage.WORKERS, hung=(), deadline=None),
+                    late + (DeclareHung(loop.hung, rules.hang_timeout_s),))
+
+
+def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """RESTARTING or STOPPING: wait until every process of the attempt exited."""
+    if not seen.all_exited and now <= loop.deadline:
+        return Decision(loop)
+    late = () if seen.all_exited else (LogLate(Stage.EXIT),)
+    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), late)
+
+
+def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """RESTARTING or STOPPING: take the ranks' last messages (reports sent before a peer failed still
+    complete rounds), then close what is still open and go on."""
+    if not seen.all_drained and now <= loop.deadline:
+        return Decision(loop)
+    actions: tuple[Action, ...] = (CloseStreams(),)
+    if loop.state is RunState.STOPPING:
+        return _end(loop, actions)
+    if seen.lost_nodes:
+        return Decision(replace(loop, stage=Stage.AGENTS, deadline=now + rules.agent_start_timeout_s),
+                        actions + (RelaunchAgents(),))
+    attempt = loop.attempt + 1
+    decision = _start(loop, now, attempt, f"starting attempt {attempt}")
+    return replace(decision, actions=actions + decision.actions)

@@ -1,0 +1,246 @@
+"""The controller's policy, scripted: `decide()` fed observations, no processes (as Ray Train v2's
+scripted-policy tests and TorchElastic's pure rendezvous tests do)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, strategies as st
+
+from minitrain.coordinator.decide import (
+    CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
+    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+)
+from minitrain.coordinator.states import ALLOWED, RunState, RunStateMachine
+
+S = RunState
+RULES = Rules(max_failures=1, stop_grace_s=3.0, agent_start_timeout_s=60.0, hang_timeout_s=10.0)
+RUNNING_ATTEMPT = Seen(has_attempt=True, all_training=True)
+EXITED = replace(RUNNING_ATTEMPT, failed=True, all_exited=True, root_cause="rank 1 raised ValueError")
+
+
+def _run(script, loop=Loop(), rules=RULES):
+    """Feed (seen, now) pairs; return the final loop and every action, in order."""
+    actions = []
+    for seen, now in script:
+        decision = decide(loop, seen, now, rules)
+        loop = decision.loop
+        actions.extend(decision.actions)
+    return loop, actions
+
+
+def _running(failures=0, attempt=0) -> Loop:
+    return Loop(state=S.RUNNING, stage=Stage.WORKERS, attempt=attempt, failures=failures)
+
+
+def _kinds(actions):
+    return [type(a).__name__ for a in actions]
+
+
+def test_a_clean_run_launches_starts_runs_and_succeeds_through_stopping():
+    loop, actions = _run([
+        (Seen(agents_missing=("n0",)), 0.0),  # PENDING -> LAUNCHING
+        (Seen(agents_missing=("n0",)), 1.0),  # still waiting
+        (Seen(), 2.0),  # the agent is in
+        (Seen(has_attempt=True), 2.1),  # ranks starting
+        (RUNNING_ATTEMPT, 3.0),
+        (replace(RUNNING_ATTEMPT, finished=True, all_exited=True), 9.0),
+        (replace(RUNNING_ATTEMPT, finished=True, all_exited=True, all_drained=True), 9.1),
+    ])
+    moves = [a.state for a in actions if isinstance(a, MoveTo)]
+    assert moves == [S.LAUNCHING, S.STARTING, S.RUNNING, S.STOPPING, S.SUCCEEDED]
+    assert StartAttempt(0) in actions and loop.finished and loop.state is S.SUCCEEDED
+    assert actions[-2:] == [CloseStreams(), MoveTo(S.SUCCEEDED, "every rank finished")]
+
+
+def test_every_move_decide_makes_is_legal_in_the_state_machine():
+    """decide never asks RunStateMachine for a transition its table forbids, on any scripted path."""
+    scripts = [
+        [(Seen(), 0), (Seen(has_attempt=True), 0), (RUNNING_ATTEMPT, 1),
+         (replace(RUNNING_ATTEMPT, failed=True), 2), (EXITED, 3), (replace(EXITED, all_drained=True), 4),
+         (Seen(has_attempt=True), 5), (replace(EXITED, failed=True), 6), (replace(EXITED, all_drained=True), 7)],
+        [(Seen(agents_missing=("n0",)), 0), (Seen(agents_failed="n0: exit 1", agents_missing=("n0",)), 0)],
+        [(Seen(), 0), (Seen(has_attempt=True, interrupted=True), 1), (Seen(has_attempt=True, interrupted=True), 2),
+         (replace(EXITED, all_drained=True), 3), (replace(EXITED, all_drained=True), 4)],
+    ]
+    for script in scripts:
+        _, actions = _run(script)
+        machine = RunStateMachine(clock=lambda: 0.0)
+        for move in (a for a in actions if isinstance(a, MoveTo)):
+            machine.move(move.state, move.reason, 0, target=move.target)
+        assert machine.state.is_terminal
+
+
+def test_a_failure_within_budget_restarts_after_the_old_attempt_exited_and_drained():
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True, root_cause="boom"), 100.0)], _running())
+    assert loop.state is S.RESTARTING and loop.stage is Stage.EXIT and loop.failures == 1
+    assert actions == [MoveTo(S.RESTARTING, "boom"), StopWorkers(3.0)]
+    assert loop.deadline == 100.0 + 3.0 + RULES.stop_margin_s
+    # Still stopping: nothing new happens, and RESTARTING lasts as long as the stop does.
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True), 101.0)], loop)
+    assert actions == [] and loop.state is S.RESTARTING
+    loop, actions = _run([(EXITED, 102.0)], loop)
+    assert loop.stage is Stage.DRAIN and actions == []
+    loop, actions = _run([(replace(EXITED, all_drained=True), 102.5)], loop)
+    assert actions == [CloseStreams(), MoveTo(S.STARTING, "starting attempt 1"), StartAttempt(1)]
+    assert loop.attempt == 1 and loop.state is S.STARTING
+
+
+def test_the_failure_past_the_budget_fails_the_run_with_its_root_cause():
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True, root_cause="rank 0 OOM"), 5.0)], _running(failures=1))
+    assert loop.failures == 2 and loop.state is S.STOPPING and loop.target is S.FAILED
+    assert actions == [MoveTo(S.STOPPING, "rank 0 OOM", S.FAILED), StopWorkers(3.0)]
+    loop, actions = _run([(EXITED, 6.0), (replace(EXITED, all_drained=True), 6.1)], loop)
+    assert loop.state is S.FAILED and actions[-1] == MoveTo(S.FAILED, "rank 0 OOM")
+
+
+@pytest.mark.parametrize("max_failures, failures_before, restarts", [
+    (0, 0, False), (1, 0, True), (1, 1, False), (3, 2, True), (-1, 1000, True)])
+def test_the_budget_follows_ray_retry_while_failures_le_max_failures(max_failures, failures_before, restarts):
+    rules = replace(RULES, max_failures=max_failures)
+    loop, _ = _run([(replace(RUNNING_ATTEMPT, failed=True), 0.0)], _running(failures_before), rules)
+    assert (loop.state is S.RESTARTING) == restarts
+
+
+def test_a_stop_that_is_not_confirmed_gives_up_at_its_deadline_and_says_so():
+    loop, _ = _run([(replace(RUNNING_ATTEMPT, failed=True), 0.0)], _running())
+    stopping = replace(RUNNING_ATTEMPT, failed=True)  # a frozen rank never confirms its exit
+    loop, actions = _run([(stopping, loop.deadline)], loop)
+    assert loop.stage is Stage.EXIT and actions == []
+    loop, actions = _run([(stopping, loop.deadline + 0.01)], loop)
+    assert loop.stage is Stage.DRAIN and actions == [LogLate(Stage.EXIT)]
+    loop, actions = _run([(stopping, loop.deadline + 0.01)], loop)  # nor does its stream end
+    assert actions[0] == CloseStreams() and StartAttempt(1) in actions
+
+
+def test_the_drain_waits_for_every_stream_so_reports_behind_a_failure_are_taken():
+    loop, _ = _run([(EXITED, 0.0)], _running())  # every process already gone: straight to DRAIN
+    assert loop.stage is Stage.DRAIN
+    loop, actions = _run([(EXITED, 1.0)], loop)
+    assert actions == [], "closed the streams before their last messages were read"
+    loop, actions = _run([(replace(EXITED, all_drained=True), 1.2)], loop)
+    assert actions[0] == CloseStreams()
+
+
+def test_launch_fails_when_an_agent_dies_or_does_not_connect_in_time():
+    loop, actions = _run([(Seen(agents_missing=("n1",)), 0.0),
+                          (Seen(agents_missing=("n1",), agents_failed="node agent(s) failed to start: n1: ssh"), 1.0)])
+    assert loop.state is S.FAILED and "n1: ssh" in loop.reason
+    assert [a.state for a in actions if isinstance(a, MoveTo)] == [S.LAUNCHING, S.STOPPING, S.FAILED]
+    loop, _ = _run([(Seen(agents_missing=("n1", "n2")), 0.0), (Seen(agents_missing=("n1", "n2")), 60.0)])
+    assert loop.state is S.LAUNCHING
+    loop, _ = _run([(Seen(agents_missing=("n2",)), 60.01)], loop)
+    assert loop.state is S.FAILED and loop.reason == "node agent(s) n2 did not connect within 60 s"
+
+
+def test_lost_nodes_get_new_agents_before_the_next_attempt_and_the_run_goes_on_without_the_late():
+    lost = replace(EXITED, all_drained=True, lost_nodes=True)
+    loop, _ = _run([(EXITED, 0.0)], _running())
+    loop, actions = _run([(lost, 1.0)], loop)
+    assert actions == [CloseStreams(), RelaunchAgents()] and loop.stage is Stage.AGENTS
+    assert loop.state is S.RESTARTING  # still restarting while the agents come up
+    loop, actions = _run([(replace(lost, agents_missing=("n1",)), 30.0)], loop)
+    assert actions == []
+    loop, actions = _run([(replace(lost, agents_missing=("n1",)), 61.5)], loop)
+    assert isinstance(actions[0], ForgetAgents) and actions[-1] == StartAttempt(1)
+    # If the hosts left cannot hold the run, the start says so and the run fails with that reason.
+    loop, actions = _run([(replace(lost, start_error="the hosts that remain cannot hold the run"), 62.0)], loop)
+    assert loop.target is S.FAILED and loop.reason == "the hosts that remain cannot hold the run"
+
+
+def test_relaunched_agents_that_connect_start_the_next_attempt_at_once():
+    loop, _ = _run([(EXITED, 0.0), (replace(EXITED, all_drained=True, lost_nodes=True), 0.1)], _running())
+    loop, actions = _run([(replace(EXITED, all_drained=True, lost_nodes=True), 0.5)], loop)
+    assert actions == [MoveTo(S.STARTING, "starting attempt 1"), StartAttempt(1)]
+
+
+def test_a_silent_rank_gets_its_stacks_collected_then_fails_as_hung():
+    seen = replace(RUNNING_ATTEMPT, progress={0: 100.0, 1: 91.0, 2: 89.5})
+    loop, actions = _run([(seen, 100.0)], _running())
+    assert loop.stage is Stage.STACKS and loop.hung == (2,) and actions == [CollectStacks()]
+    loop, actions = _run([(seen, 101.0)], loop)  # not every stack is in yet
+    assert actions == []
+    loop, actions = _run([(replace(seen, stacks_answered=True), 101.5)], loop)
+    assert actions == [DeclareHung((2,), 10.0)] and loop.stage is Stage.WORKERS
+    loop, actions = _run([(replace(seen, failed=True, root_cause="rank 2 hung"), 101.6)], loop)
+    assert loop.state is S.RESTARTING
+
+
+def test_stacks_that_never_come_do_not_hold_the_run():
+    seen = replace(RUNNING_ATTEMPT, progress={0: 0.0})
+    loop, _ = _run([(seen, 20.0)], _running())
+    loop, actions = _run([(seen, 20.0 + RULES.stack_wait_s + 0.1)], loop)
+    assert actions == [LogLate(Stage.STACKS), DeclareHung((0,), 10.0)]
+
+
+def test_no_hang_detection_without_a_timeout():
+    rules = replace(RULES, hang_timeout_s=None)
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, progress={0: 0.0}), 1e9)], _running(), rules)
+    assert actions == [] and loop.stage is Stage.WORKERS
+
+
+def test_fork_servers_are_prepared_only_when_a_restart_may_come():
+    starting = Loop(state=S.STARTING, stage=Stage.WORKERS)
+    _, actions = _run([(RUNNING_ATTEMPT, 0.0)], starting)
+    assert PrepareForkServers() in actions
+    _, actions = _run([(RUNNING_ATTEMPT, 0.0)], starting, replace(RULES, max_failures=0))
+    assert PrepareForkServers() not in actions and MoveTo(S.RUNNING, "every rank is training") in actions
+
+
+def test_ctrl_c_stops_gracefully_then_a_second_one_kills_at_once():
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, interrupted=True), 0.0)], _running())
+    assert loop.state is S.STOPPING and loop.target is S.ABORTED and loop.interrupts == 1
+    assert actions == [MoveTo(S.STOPPING, "interrupted by the user (Ctrl-C)", S.ABORTED), StopWorkers(3.0)]
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, interrupted=True), 0.5)], loop)
+    assert actions == [StopWorkers(0.0)] and loop.interrupts == 2
+    loop, _ = _run([(replace(EXITED, all_drained=True), 0.6), (replace(EXITED, all_drained=True), 0.7)], loop)
+    assert loop.state is S.ABORTED
+
+
+def test_ctrl_c_during_a_failing_teardown_hurries_it_and_keeps_the_failure():
+    loop, _ = _run([(replace(RUNNING_ATTEMPT, failed=True, root_cause="boom"), 0.0)], _running(failures=1))
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True, interrupted=True), 0.1)], loop)
+    assert actions == [StopWorkers(0.0)] and loop.target is S.FAILED and loop.interrupts == 1
+
+
+def test_ctrl_c_while_launching_ends_at_once():
+    loop, actions = _run([(Seen(agents_missing=("n0",)), 0.0), (Seen(agents_missing=("n0",), interrupted=True), 1.0)])
+    assert loop.state is S.ABORTED and StopWorkers(3.0) not in actions
+
+
+def test_an_unsatisfiable_first_start_fails_without_a_teardown():
+    loop, actions = _run([(Seen(), 0.0), (Seen(), 0.1), (Seen(start_error="needs 9 GPUs"), 0.2)])
+    assert loop.state is S.FAILED and loop.reason == "needs 9 GPUs"
+    assert not any(isinstance(a, StopWorkers) for a in actions)
+
+
+_SEEN = st.builds(
+    Seen, agents_missing=st.sampled_from([(), ("n1",)]), agents_failed=st.sampled_from(["", "died"]),
+    lost_nodes=st.booleans(), start_error=st.sampled_from(["", "too small"]), has_attempt=st.booleans(),
+    failed=st.booleans(), finished=st.booleans(), all_training=st.booleans(), all_exited=st.booleans(),
+    all_drained=st.booleans(), stacks_answered=st.booleans(),
+    progress=st.dictionaries(st.integers(0, 3), st.floats(0, 100)), root_cause=st.just("cause"),
+    interrupted=st.booleans())
+
+
+@given(st.lists(st.tuples(_SEEN, st.floats(0, 5)), max_size=40), st.integers(-1, 3))
+def test_any_sequence_of_observations_moves_only_along_allowed_transitions(script, max_failures):
+    """Whatever the world reports, in any order: every move is allowed by the transition table, the
+    attempt only grows, an attempt is started only from STARTING, and a terminal state is final."""
+    rules = replace(RULES, max_failures=max_failures)
+    loop, now, state = Loop(), 0.0, S.PENDING
+    for seen, step in script:
+        now += step
+        decision = decide(loop, seen, now, rules)
+        assert decision.loop.attempt >= loop.attempt
+        if loop.finished:
+            assert decision.actions == () and decision.loop == loop
+        for action in decision.actions:
+            if isinstance(action, MoveTo):
+                assert action.state in ALLOWED[state], f"{state} -> {action.state}"
+                state = action.state
+            if isinstance(action, StartAttempt):
+                assert state is S.STARTING and action.attempt == decision.loop.attempt
+        assert decision.loop.state is state
+        loop = decision.loop
