@@ -38,7 +38,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from minitrain.errors import ConfigError
 
@@ -341,20 +341,27 @@ class FailureConfig:
 
     A failure of any rank restarts the whole worker group from the latest committed checkpoint while
     failures so far <= `max_failures` (0: the first failure is fatal; -1: unlimited).
-    `worker_hang_timeout_s` (minitrain extension): a rank that makes no progress for this many
-    seconds counts as hung, which is a failure; None disables the check. Progress is a `report()` (its
-    arrival at the coordinator) or entering the training function, so the clock also covers the first
-    steps (model build, DDP set-up, compilation): choose a timeout
-    longer than the slowest gap between two reports. When it fires, every thread's stack of every
-    rank is dumped into the logs and the error, and ranks found waiting in a collective are marked
-    consequences, not root causes.
+    `worker_hang_timeout_s` (minitrain extension): when a rank that makes no progress counts as hung,
+    which is a failure. Progress is a `report()` (its arrival at the coordinator), entering the
+    training function, or starting or ending a checkpoint upload. "auto" (the default): a rank is hung
+    past `max(worker_hang_floor_s, 10 x the slowest of its last 100 report intervals)` (the group's
+    slowest while the rank has shown fewer than two; its pace is kept across restarts, and the
+    interval spanning a start is not counted), and at least 1800 s until its first report of a later
+    attempt (restore, recompilation). Nothing is judged before any rank showed a pace: the first
+    steps of a run take a time nothing predicts. A number: a fixed deadline that also covers start-up
+    and the first step: choose it longer than the slowest gap between two reports. None disables
+    the check. While a rank uploads a checkpoint its deadline is at least 1800 s. When it fires, every thread's stack of every rank is dumped into the
+    logs and the error, and ranks found waiting in a collective are marked consequences, not root
+    causes. `worker_hang_floor_s` (minitrain extension; None means 600 s, torch's NCCL collective
+    timeout): the shortest deadline "auto" sets; setting it with any other timeout raises.
     `worker_stop_grace_s` (minitrain extension): seconds between SIGTERM and SIGKILL when workers are
     stopped. `controller_failure_limit`: retryable controller failures (worker-group start-up)
     tolerated, -1 unlimited.
     """
 
     max_failures: int = 0
-    worker_hang_timeout_s: Optional[float] = None
+    worker_hang_timeout_s: Union[float, str, None] = "auto"
+    worker_hang_floor_s: Optional[float] = None
     worker_stop_grace_s: float = 5.0
     fail_fast: Any = _deprecated_field()
     controller_failure_limit: int = -1
@@ -366,17 +373,27 @@ class FailureConfig:
         object.__setattr__(self, "max_failures", _int(
             self.max_failures, owner, "max_failures", -1,
             "Use 0 to fail on the first error, N to retry up to N times, or -1 to retry without limit."))
-        if self.worker_hang_timeout_s is not None:
+        if self.worker_hang_timeout_s is not None and self.worker_hang_timeout_s != "auto":
             object.__setattr__(self, "worker_hang_timeout_s", _number(
                 self.worker_hang_timeout_s, owner, "worker_hang_timeout_s", above=0,
-                fix="Use None to disable hang detection, or the seconds without progress after which a "
-                    "rank counts as hung."))
+                fix="Use 'auto' (the default: a deadline from each rank's pace), None to disable hang "
+                    "detection, or the seconds without progress after which a rank counts as hung."))
         object.__setattr__(self, "worker_stop_grace_s", _number(
             self.worker_stop_grace_s, owner, "worker_stop_grace_s", at_least=0,
             fix="Use the seconds a stopping worker gets between SIGTERM and SIGKILL (0 kills at once)."))
         object.__setattr__(self, "controller_failure_limit", _int(
             self.controller_failure_limit, owner, "controller_failure_limit", -1,
             "Use -1 for no limit, or the number of worker-group start-up failures to retry."))
+        if self.worker_hang_floor_s is not None:
+            object.__setattr__(self, "worker_hang_floor_s", _number(
+                self.worker_hang_floor_s, owner, "worker_hang_floor_s", above=0,
+                fix="Use None (600 s) or the shortest deadline, in seconds, that "
+                    "worker_hang_timeout_s='auto' may set."))
+            if self.worker_hang_timeout_s != "auto":
+                raise ConfigError(
+                    f"FailureConfig.worker_hang_floor_s={self.worker_hang_floor_s:g} only applies to "
+                    f"worker_hang_timeout_s='auto', but worker_hang_timeout_s={self.worker_hang_timeout_s!r}. "
+                    "Remove worker_hang_floor_s, or set worker_hang_timeout_s='auto'.")
 
     def retries_left(self, failures_so_far: int) -> Optional[int]:
         """Retries still unused after `failures_so_far` failures; None when unlimited (-1), never < 0."""

@@ -77,7 +77,10 @@ class RemoteWorkerError(MinitrainError):
 
 
 class WorkerHangError(MinitrainError):
-    """A rank made no progress (no report) for `FailureConfig.worker_hang_timeout_s`.
+    """A rank made no progress (no report) past its hang deadline (`FailureConfig.worker_hang_timeout_s`).
+
+    The message names the rank, its host and pid, the deadline and how it was set, its last report
+    that reached the coordinator, and the ranks found merely waiting for it in a collective.
 
     `stacks` holds every thread's Python stack of that rank when it was found hung (empty when the
     process did not answer: stopped, or blocked in the kernel).

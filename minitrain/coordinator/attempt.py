@@ -28,6 +28,7 @@ class RankState:
     failure: Optional[WorkerFailure] = None
     exc_pickle: bytes = b""
     last_progress: float = 0.0  # when it entered training or last reported (controller's clock)
+    last_round: Optional[int] = None  # the round of its last report in this attempt
 
 
 @dataclass

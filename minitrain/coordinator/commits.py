@@ -102,7 +102,9 @@ class Commits:
             except Exception:  # noqa: BLE001 - an observer never breaks the run
                 logger.exception("report observer %r failed", observer)
         if report.rank in tracker.ranks:
-            tracker.ranks[report.rank].last_progress = self._clock()
+            state = tracker.ranks[report.rank]
+            state.last_progress = self._clock()
+            state.last_round = report.round
         if report.rank == 0:
             self.history.last_metrics = report.metrics
             self.history.metrics.append(report.metrics)

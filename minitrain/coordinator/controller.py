@@ -19,15 +19,16 @@ import signal
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Protocol, Sequence
+from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.attempt import AttemptTracker, RankState
 from minitrain.coordinator.commits import CheckpointBook, Commits, ReportObserver
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
+from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.policy import HostBackoff
 from minitrain.coordinator.ranks import assign_ranks
@@ -48,7 +49,8 @@ class FailurePolicy(Protocol):
 
     max_failures: int
     worker_stop_grace_s: float
-    worker_hang_timeout_s: Optional[float]
+    worker_hang_timeout_s: Union[float, str, None]
+    worker_hang_floor_s: Optional[float]
 
     def allows_retry(self, failures_so_far: int) -> bool:
         """True when one more attempt may start after `failures_so_far` failures."""
@@ -105,8 +107,10 @@ class Controller:
         self._clock = clock
         policy = spec.failure_policy
         self._rules = Rules(max_failures=policy.max_failures, stop_grace_s=policy.worker_stop_grace_s,
-                            agent_start_timeout_s=spec.agent_start_timeout_s,
-                            hang_timeout_s=policy.worker_hang_timeout_s)
+                            agent_start_timeout_s=spec.agent_start_timeout_s)
+        self._hang_rule = HangRule(timeout_s=policy.worker_hang_timeout_s,
+                                   floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S)
+        self._pace = Pace()  # every rank's report intervals, across attempts
         self._machine = RunStateMachine(clock)
         self._loop = Loop()
         self._nodes: dict[str, NodeInfo] = {}
@@ -199,8 +203,7 @@ class Controller:
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
             all_training=tracker.all_training(), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
-            progress={r: s.last_progress for r, s in tracker.ranks.items()
-                      if s.phase >= Phase.TRAINING and not s.done and not s.exited},
+            watched=self._watched(tracker),
             root_cause=_root_cause_text(tracker) if failed else "")
 
     # ------------------------------------------------------------------ actions
@@ -224,7 +227,7 @@ class Controller:
         elif isinstance(action, CollectStacks):
             group.collect_stacks()
         elif isinstance(action, DeclareHung):
-            group.declare_hung(action.ranks, action.timeout_s)
+            group.declare_hung(action.ranks, {r: self._hang_deadline(group.tracker, r) for r in action.ranks})
         elif isinstance(action, CloseStreams):
             group.close_streams()
         elif isinstance(action, PrepareForkServers):
@@ -352,6 +355,12 @@ class Controller:
         elif isinstance(event, ev.ReportReceived):
             # Also while the attempt is being stopped: a report sent before a peer failed still counts.
             self._commits.on_report(group.tracker, event.report)
+            self._pace.reported(event.report.rank, self._clock())
+        elif isinstance(event, ev.WorkerPhaseChanged):
+            state = group.tracker.ranks.get(event.rank)
+            if state is not None and state.phase < Phase.TRAINING <= event.phase:
+                self._pace.started(event.rank)  # the interval up to its first report spans a start
+            group.handle(event)
         elif isinstance(event, ev.CheckpointsRequested):
             self._commits.request_checkpoint_list(event)
         elif isinstance(event, ev.WorkerDone):
@@ -360,6 +369,25 @@ class Controller:
             group.release_when_all_done()
         else:
             group.handle(event)
+
+    def _watched(self, tracker: AttemptTracker) -> dict[int, Watch]:
+        """The hang clock of every live rank in its training function that has a deadline."""
+        watched = {}
+        for rank, state in tracker.ranks.items():
+            if state.phase >= Phase.TRAINING and not state.done and not state.exited:
+                deadline_s = self._hang_rule.deadline_s(self._pace.slowest(rank), **self._hang_facts(state))
+                if deadline_s is not None:
+                    watched[rank] = Watch(state.last_progress, deadline_s)
+        return watched
+
+    def _hang_deadline(self, tracker: AttemptTracker, rank: int) -> tuple[float, str]:
+        """How long hung `rank` could stay silent, and how that was set (for its failure message)."""
+        slowest, facts = self._pace.slowest(rank), self._hang_facts(tracker.ranks[rank])
+        return self._hang_rule.deadline_s(slowest, **facts) or 0.0, self._hang_rule.explain(slowest, **facts)
+
+    @staticmethod
+    def _hang_facts(state: RankState) -> dict[str, bool]:
+        return {"starting": state.last_round is None, "uploading": state.phase is Phase.CHECKPOINT_UPLOAD}
 
     def _reject_stale(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.WorkerConnected):

@@ -50,7 +50,6 @@ class Rules:
     max_failures: int  # -1: unlimited
     stop_grace_s: float
     agent_start_timeout_s: float = 60.0
-    hang_timeout_s: Optional[float] = None
     stack_wait_s: float = STACK_WAIT_S
     stop_margin_s: float = STOP_MARGIN_S
     drain_s: float = DRAIN_S
@@ -81,6 +80,14 @@ class Loop:
 
 
 @dataclass(frozen=True)
+class Watch:
+    """A live rank's hang clock: when it last made progress, and how long it may stay silent."""
+
+    last_progress: float
+    deadline_s: float
+
+
+@dataclass(frozen=True)
 class Seen:
     """What is true now, as the controller observed it just before deciding."""
 
@@ -95,7 +102,7 @@ class Seen:
     all_exited: bool = False  # no process of the attempt is left
     all_drained: bool = False  # every stream of the attempt ended
     stacks_answered: bool = False  # every live rank's stacks arrived since they were asked for
-    progress: Mapping[int, float] = field(default_factory=dict)  # live training rank -> last progress
+    watched: Mapping[int, "Watch"] = field(default_factory=dict)  # live training ranks with a hang deadline
     root_cause: str = ""  # one line naming the attempt's root-cause failure
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
 
@@ -136,7 +143,6 @@ class DeclareHung:
     """Record a hang failure for each of `ranks`, with the stacks that arrived."""
 
     ranks: tuple[int, ...]
-    timeout_s: float
 
 
 @dataclass(frozen=True)
@@ -272,17 +278,15 @@ def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         actions = (MoveTo(RunState.RUNNING, "every rank is training"),)
         if rules.allows_retry(loop.failures + 1):  # a warm fork server pays off only if a restart may come
             actions += (PrepareForkServers(),)
-    hung = _silent_ranks(seen, now, rules)
+    hung = _silent_ranks(seen, now)
     if hung:
         loop = replace(loop, stage=Stage.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
         actions += (CollectStacks(),)
     return Decision(loop, actions)
 
 
-def _silent_ranks(seen: Seen, now: float, rules: Rules) -> tuple[int, ...]:
-    if not rules.hang_timeout_s:
-        return ()
-    return tuple(sorted(r for r, last in seen.progress.items() if now - last > rules.hang_timeout_s))
+def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
+    return tuple(sorted(r for r, w in seen.watched.items() if now - w.last_progress > w.deadline_s))
 
 
 def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -305,7 +309,7 @@ def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return Decision(loop)
     late = () if seen.stacks_answered else (LogLate(Stage.STACKS),)
     return Decision(replace(loop, stage=Stage.WORKERS, hung=(), deadline=None),
-                    late + (DeclareHung(loop.hung, rules.hang_timeout_s),))
+                    late + (DeclareHung(loop.hung),))
 
 
 def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:

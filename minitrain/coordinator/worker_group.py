@@ -171,29 +171,41 @@ class WorkerGroup:
         alive = {r for r in self._stacks_asked if not self.tracker.ranks[r].exited}
         return alive.issubset(self._stacks)
 
-    def declare_hung(self, ranks: tuple[int, ...], timeout_s: float) -> None:
-        """Record a hang failure for each of `ranks`, with its stacks (or why there are none)."""
+    def declare_hung(self, ranks: tuple[int, ...], deadlines: Mapping[int, tuple[float, str]]) -> None:
+        """Record a hang failure for each of `ranks`, with its stacks (or why there are none), the
+        deadline it passed and how that was set (`deadlines`: rank -> (seconds, explanation)), its last
+        completed report, and the ranks that merely wait for it in a collective."""
         now = self._clock()
         tracker = self.tracker
+        waiting = sorted(r for r, text in self._stacks.items() if waits_in_collective(text))
         for rank in ranks:
             state = tracker.ranks[rank]
-            silent = now - state.last_progress
+            deadline_s, how = deadlines[rank]
             text = self._stacks.get(rank) or ("(no stack: the process did not answer SIGUSR1; it is stopped, e.g. "
                                               "by SIGSTOP, or blocked in the kernel)")
+            consequence = rank in waiting
+            last = ("it made no report in this attempt" if state.last_round is None
+                    else f"its last report was round {state.last_round}")
+            if consequence:
+                role = "it waits in a collective for a peer"
+            else:
+                others = [r for r in waiting if r != rank]
+                role = (f"rank(s) {', '.join(map(str, others))} wait for it in a collective" if others
+                        else "no other rank was found waiting in a collective")
             failure = WorkerFailure(
                 rank=rank, node=state.node_name, pid=state.pid,
                 # Stamped when it last made progress, not when found: the rank that stopped first is
                 # the earliest failure, so it is the root cause when several are found in one check.
                 phase=state.phase, time=state.last_progress,
                 exc_type="WorkerHangError", kind=FailureKind.HANG,
-                message=(f"rank {rank} made no progress (no report) for {silent:.1f} s, past "
-                         f"FailureConfig.worker_hang_timeout_s={timeout_s:g}; the stacks of every thread of "
-                         "every rank are in the logs"),
+                message=(f"rank {rank} on {state.node_name} (pid {state.pid}) made no progress for "
+                         f"{now - state.last_progress:.1f} s, past its hang deadline of {deadline_s:g} s "
+                         f"({how}); {last}; {role}. The stacks of every thread of every rank are in the logs"),
                 traceback=f"Stacks of rank {rank} when it was found hung:\n{text}",
-                consequence=waits_in_collective(self._stacks.get(rank, "")))
+                consequence=consequence)
             tracker.on_failed(ev.WorkerFailed(self.attempt, failure, b""))
-        logger.error("attempt %d: rank(s) %s stopped making progress for over %g s", self.attempt,
-                     ",".join(map(str, ranks)), timeout_s)
+        logger.error("attempt %d: rank(s) %s stopped making progress past their hang deadline", self.attempt,
+                     ",".join(map(str, ranks)))
 
     def stop(self, grace_s: float) -> None:
         """Ask every node to stop its workers (SIGTERM, `grace_s`, SIGKILL); a node that cannot be told

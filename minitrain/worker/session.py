@@ -29,6 +29,7 @@ from minitrain.context import TrainContext
 from minitrain.storage.layout import RESERVED_NAMES, staged_dir
 from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
+from minitrain.records import Phase
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker.client import WorkerClient
 
@@ -263,14 +264,19 @@ class WorkerSession:
         # Cleared only on success: a failure that propagates keeps the flag set, so the worker's error
         # names the checkpoint-upload phase.
         self.upload_in_progress = True
+        # The coordinator's hang clock gives an upload its own allowance (FailureConfig docs).
+        self._client.send(phase=pb.PhaseChange(phase=int(Phase.CHECKPOINT_UPLOAD)))
         started = time.perf_counter()
-        if upload_fn is not None:
-            persisted = upload_fn(checkpoint, dir_name)
-            result = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result"), False
-        else:
-            with checkpoint.as_directory() as local_dir:
-                self.storage.upload_dir(local_dir, self._staged(dir_name))
-            result = dir_name, True
+        try:
+            if upload_fn is not None:
+                persisted = upload_fn(checkpoint, dir_name)
+                result = self._name_in_run_dir(persisted, "checkpoint_upload_fn's result"), False
+            else:
+                with checkpoint.as_directory() as local_dir:
+                    self.storage.upload_dir(local_dir, self._staged(dir_name))
+                result = dir_name, True
+        finally:  # also when it failed: user code that catches the error trains on under the normal clock
+            self._client.send(phase=pb.PhaseChange(phase=int(Phase.TRAINING)))
         self.upload_in_progress = False
         self.phase_seconds["upload_s"] += time.perf_counter() - started
         return result

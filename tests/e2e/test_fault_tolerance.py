@@ -10,8 +10,10 @@ import json
 import logging
 import os
 import pathlib
+import re
 import select
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -233,15 +235,28 @@ def train_one_rank_stops(config):
         time.sleep(0.05)
 
 
-def test_a_hung_rank_is_named_and_every_stack_is_dumped(tmp_path):
+@pytest.mark.parametrize("failure_config, rule", [
+    (FailureConfig(worker_hang_timeout_s=2), "worker_hang_timeout_s=2"),
+    # The default ("auto"), its floor lowered from 600 s so that the test is quick: the deadline comes
+    # from the rank's own pace, known after its first reports.
+    (FailureConfig(worker_hang_floor_s=2), "worker_hang_timeout_s='auto'"),
+], ids=["fixed", "auto"])
+def test_a_hung_rank_is_named_and_every_stack_is_dumped(tmp_path, failure_config, rule):
     with pytest.raises(minitrain.WorkerGroupError) as caught:
         TorchTrainer(train_one_rank_stops, scaling_config=ScalingConfig(num_workers=2),
                      run_config=RunConfig(name="hang", storage_path=str(tmp_path),
-                                          failure_config=FailureConfig(worker_hang_timeout_s=2))).fit()
+                                          failure_config=failure_config)).fit()
     text = str(caught.value)
     assert "Root cause: rank 1 " in text and "WorkerHangError" in text
     hung = caught.value.worker_failures[1]
     assert isinstance(hung, minitrain.WorkerHangError) and "did not answer" in hung.stacks  # it is stopped
+    # The culprit's host, its last completed report, the rule that fired, and who merely waits for it.
+    # (Its round-2 report may still sit in its send queue when SIGSTOP freezes it: metrics-only
+    # reports do not wait for the coordinator.)
+    message = str(hung)
+    assert re.search(rf"rank 1 on {re.escape(socket.gethostname())} \(pid \d+\)", message) and rule in message
+    assert re.search(r"its last report was round [12];", message)
+    assert "rank(s) 0 wait for it in a collective" in message
     # Every rank's stacks were dumped: rank 0 sits in the all_reduce that waits for rank 1.
     log = (tmp_path / "hang" / "logs" / "attempt_0" / "rank_0.log").read_text()
     assert "every thread's stack of rank 0" in log and "all_reduce" in log

@@ -47,7 +47,7 @@ def test_checkpoint_failure_logging_torch_data_defaults_match_ray():
     assert (c.num_to_keep, c.checkpoint_score_attribute, c.checkpoint_score_order) == (None, None, "max")
     f = FailureConfig()
     assert (f.max_failures, f.controller_failure_limit) == (0, -1)
-    assert (f.worker_hang_timeout_s, f.worker_stop_grace_s) == (None, 5.0)
+    assert (f.worker_hang_timeout_s, f.worker_stop_grace_s) == ("auto", 5.0)  # minitrain extensions
     assert LoggingConfig().log_level == "INFO"
     assert LoggingConfig().level == 20
     t = TorchConfig()

@@ -10,12 +10,12 @@ from hypothesis import given, strategies as st
 
 from minitrain.coordinator.decide import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
 from minitrain.coordinator.states import ALLOWED, RunState, RunStateMachine
 
 S = RunState
-RULES = Rules(max_failures=1, stop_grace_s=3.0, agent_start_timeout_s=60.0, hang_timeout_s=10.0)
+RULES = Rules(max_failures=1, stop_grace_s=3.0, agent_start_timeout_s=60.0)
 RUNNING_ATTEMPT = Seen(has_attempt=True, all_training=True)
 EXITED = replace(RUNNING_ATTEMPT, failed=True, all_exited=True, root_cause="rank 1 raised ValueError")
 
@@ -155,28 +155,36 @@ def test_relaunched_agents_that_connect_start_the_next_attempt_at_once():
     assert actions == [MoveTo(S.STARTING, "starting attempt 1"), StartAttempt(1)]
 
 
+def _watched(deadline_s=10.0, **last_progress):
+    return {int(r[1:]): Watch(t, deadline_s) for r, t in last_progress.items()}
+
+
 def test_a_silent_rank_gets_its_stacks_collected_then_fails_as_hung():
-    seen = replace(RUNNING_ATTEMPT, progress={0: 100.0, 1: 91.0, 2: 89.5})
+    seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=100.0, r1=91.0, r2=89.5))
     loop, actions = _run([(seen, 100.0)], _running())
     assert loop.stage is Stage.STACKS and loop.hung == (2,) and actions == [CollectStacks()]
     loop, actions = _run([(seen, 101.0)], loop)  # not every stack is in yet
     assert actions == []
     loop, actions = _run([(replace(seen, stacks_answered=True), 101.5)], loop)
-    assert actions == [DeclareHung((2,), 10.0)] and loop.stage is Stage.WORKERS
+    assert actions == [DeclareHung((2,))] and loop.stage is Stage.WORKERS
     loop, actions = _run([(replace(seen, failed=True, root_cause="rank 2 hung"), 101.6)], loop)
     assert loop.state is S.RESTARTING
 
 
 def test_stacks_that_never_come_do_not_hold_the_run():
-    seen = replace(RUNNING_ATTEMPT, progress={0: 0.0})
+    seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=0.0))
     loop, _ = _run([(seen, 20.0)], _running())
     loop, actions = _run([(seen, 20.0 + RULES.stack_wait_s + 0.1)], loop)
-    assert actions == [LogLate(Stage.STACKS), DeclareHung((0,), 10.0)]
+    assert actions == [LogLate(Stage.STACKS), DeclareHung((0,))]
 
 
-def test_no_hang_detection_without_a_timeout():
-    rules = replace(RULES, hang_timeout_s=None)
-    loop, actions = _run([(replace(RUNNING_ATTEMPT, progress={0: 0.0}), 1e9)], _running(), rules)
+def test_each_rank_is_judged_by_its_own_deadline_and_unwatched_ranks_never_hang():
+    watched = {0: Watch(0.0, 600.0), 1: Watch(50.0, 20.0)}  # rank 2 is not watched at all (no deadline)
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, watched=watched), 69.0)], _running())
+    assert actions == [] and loop.stage is Stage.WORKERS
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, watched=watched), 70.5)], _running())
+    assert loop.hung == (1,) and actions == [CollectStacks()]
+    loop, actions = _run([(RUNNING_ATTEMPT, 1e9)], _running())
     assert actions == [] and loop.stage is Stage.WORKERS
 
 
@@ -220,7 +228,7 @@ _SEEN = st.builds(
     lost_nodes=st.booleans(), start_error=st.sampled_from(["", "too small"]), has_attempt=st.booleans(),
     failed=st.booleans(), finished=st.booleans(), all_training=st.booleans(), all_exited=st.booleans(),
     all_drained=st.booleans(), stacks_answered=st.booleans(),
-    progress=st.dictionaries(st.integers(0, 3), st.floats(0, 100)), root_cause=st.just("cause"),
+    watched=st.dictionaries(st.integers(0, 3), st.builds(Watch, st.floats(0, 100), st.floats(0.1, 50))), root_cause=st.just("cause"),
     interrupted=st.booleans())
 
 

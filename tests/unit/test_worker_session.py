@@ -12,6 +12,7 @@ import pytest
 from minitrain import CheckpointUploadMode
 from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
+from minitrain.records import Phase
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import staged_dir
 from minitrain.worker.session import UploadFailed, WorkerSession
@@ -25,9 +26,13 @@ class FakeClient:
     def __init__(self):
         self.sent = []
         self.acked = []
+        self.phases = []  # PhaseChange messages, in order
 
     def put(self, message):
         self.sent.append(message)
+
+    def send(self, phase):
+        self.phases.append(Phase(phase.phase))
 
     def wait_report_ack(self, round_, timeout_s):
         self.acked.append(round_)
@@ -66,6 +71,8 @@ def test_a_sync_checkpoint_is_staged_reported_and_acknowledged(run, tmp_path):
     assert client.acked == [0]
     assert os.listdir(run.path(staged_dir(2, 0, "checkpoint_000005"))) == ["model.txt"]
     assert session.phase_seconds["upload_s"] > 0 and session.rounds_reported == 1
+    # The coordinator's hang clock knows the upload (it gives an upload its own allowance).
+    assert client.phases == [Phase.CHECKPOINT_UPLOAD, Phase.TRAINING]
 
 
 def test_metrics_only_reports_never_wait(run):
