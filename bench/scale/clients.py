@@ -19,7 +19,16 @@ ReportAck read back by the worker. Acks must come for the acknowledged rounds in
 counts as reordered, a report never acknowledged as lost. (The coordinator process checks every
 report's order and timing itself: see `coordinator.ReportTap`.)
 
-Pacing: one ticker per process. Each rank has one fixed, pseudo-random slot of SLOTS; every
+Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faults` in the configuration
+lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attempt the rank either fails
+("exception": a WorkerFailure, then its agent reports exit code 1, as a real worker that raised) or
+freezes ("freeze": it stays connected, sends nothing more, and never answers a stack dump, as a
+SIGSTOPped process); the other ranks of that attempt in the same client process stop reporting too, as
+DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
+whose main thread waits in torch.distributed's all_reduce, as a DDP peer of a frozen rank would. Each
+attempt starts with reports from round 0 after its own barrier, so a restarted run is paced as the first.
+
+Pacing: one ticker per process and attempt. Each rank has one fixed, pseudo-random slot of SLOTS; every
 period/SLOTS seconds one slot's workers each put one report (a timer per worker would cost the client
 more than the coordinator). So a round's reports arrive in no particular rank order, and a rank that is
 late in one round is late in every round, as a slow host is. Reporting starts once every worker of
@@ -54,6 +63,12 @@ ACK_WAIT_S = 120.0
 PHASE_WAIT_S = 120.0
 START_TRIES = 5
 _END = None
+# What a rank blocked in DDP's all_reduce shows on a stack dump (faulthandler's format).
+WAITING_STACK = """Current thread 0x00007f0000000001 (most recent call first):
+  File "/venv/torch/distributed/distributed_c10d.py", line 2501 in all_reduce
+  File "/work/train.py", line 12 in train_func
+  File "/venv/minitrain/worker/bootstrap.py", line 182 in execute
+"""
 
 
 async def _requests(outbox: asyncio.Queue, worker: Optional["FakeWorker"] = None):
@@ -113,6 +128,8 @@ class FakeWorker:
         self.all_acked = asyncio.Event()
         self.sent_at: list[float] = []
         self.next_ack = self._next_acked(0)
+        self.fault = sim.fault_for(attempt, rank)
+        self.failed = self.frozen = self.closed = False
         sim.workers.append(self)
 
     def _put(self, **body) -> None:
@@ -120,8 +137,20 @@ class FakeWorker:
                                                 **body))
 
     def report(self) -> None:
-        """Put this worker's next report on its stream (called by the ticker)."""
+        """Put this worker's next report on its stream (called by the ticker), or fire its fault."""
+        if self.failed or self.frozen or self.closed or self.attempt in self.sim.frozen_attempts:
+            return  # a DDP peer of a frozen rank blocks in its next collective
         i = len(self.sent_at)
+        if self.fault is not None and i == self.fault["after"]:
+            if self.fault["kind"] == "freeze":
+                self.frozen = True
+                self.sim.frozen_attempts.add(self.attempt)
+            else:
+                self.failed = True
+                self._put(failure=pb.WorkerFailure(
+                    phase=pb.PHASE_TRAINING, exc_type="builtins.RuntimeError", failed_at=time.time(),
+                    message=f"injected fault on rank {self.rank} after {i} reports"))
+            return
         text = json.dumps({"step": i, "loss": 1.0 / (i + 1), "rank": self.rank, "lr": 1e-3})
         self.sent_at.append(time.perf_counter())
         self._put(report=pb.Report(round=i, metrics_json=text, reported_at=time.time(),
@@ -234,9 +263,14 @@ class FakeWorker:
                 return False
         try:
             sim.training_started(self)
-            await sim.go.wait()
-            while not self.done_reporting():
+            await sim.go_for(self.attempt).wait()
+            while not (self.done_reporting() or self.failed or self.frozen):
                 await asyncio.sleep(0.2)
+            if self.failed:
+                self.outbox.put_nowait(_END)
+                return False  # its agent reports exit code 1, as for a worker that raised
+            if self.frozen or self.attempt in sim.frozen_attempts:
+                await asyncio.Event().wait()  # until its agent stops it (StopWorkers)
             try:
                 await asyncio.wait_for(self.all_acked.wait(), ACK_WAIT_S)
             except asyncio.TimeoutError:
@@ -252,6 +286,7 @@ class FakeWorker:
             sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
             return False
         finally:
+            self.closed = True
             await channel.close()
 
 
@@ -262,6 +297,7 @@ class FakeAgent:
         self.sim, self.node_id, self.slots = sim, node_id, slots
         self.outbox: asyncio.Queue = asyncio.Queue()
         self.workers: dict[tuple[int, int], asyncio.Task] = {}
+        self.fakes: dict[tuple[int, int], FakeWorker] = {}
 
     def _put(self, **body) -> None:
         self.outbox.put_nowait(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
@@ -272,7 +308,9 @@ class FakeAgent:
             self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
 
     async def _worker(self, attempt: int, rank: int, pid: int) -> None:
-        clean = await FakeWorker(self.sim, attempt, rank).run()
+        worker = FakeWorker(self.sim, attempt, rank)
+        self.fakes[(attempt, rank)] = worker
+        clean = await worker.run()
         self._put(exited=pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=0 if clean else 1,
                                          exited_at=time.time()))
 
@@ -282,6 +320,13 @@ class FakeAgent:
             self._put(spawned=pb.WorkerSpawned(attempt=start.attempt, rank=launch.rank, pid=pid))
             task = asyncio.ensure_future(self._worker(start.attempt, launch.rank, pid))
             self.workers[(start.attempt, launch.rank)] = task
+
+    def _dump_stacks(self, dump: pb.DumpStacks) -> None:
+        """Answer for every live rank of the attempt but a frozen one (a stopped process cannot)."""
+        for (attempt, rank), task in self.workers.items():
+            worker = self.fakes.get((attempt, rank))
+            if attempt == dump.attempt and not task.done() and worker is not None and not worker.frozen:
+                self._put(stack_dump=pb.StackDump(attempt=attempt, rank=rank, text=WAITING_STACK))
 
     def _stop(self, stop: pb.StopWorkers) -> None:
         for (attempt, rank), task in self.workers.items():
@@ -306,6 +351,8 @@ class FakeAgent:
                     self._start(command.start)
                 elif kind == "stop":
                     self._stop(command.stop)
+                elif kind == "dump_stacks":
+                    self._dump_stacks(command.dump_stacks)
                 elif kind == "shutdown":
                     break
         except Exception as exc:  # noqa: BLE001
@@ -330,10 +377,14 @@ class Simulation:
         self.pid, self.hostname = os.getpid(), "bench-client"
         self.pids = itertools.count(1_000_000 + os.getpid() * 10_000)
         self.stats = Stats(config["warmup_rounds"])
-        self.slots: list[list[FakeWorker]] = [[] for _ in range(SLOTS)]
+        self.faults = {(f["attempt"], f["rank"]): f for f in config.get("faults", ())}
+        self.slots: dict[int, list[list[FakeWorker]]] = {}  # attempt -> its ticker's slots
         self.workers: list[FakeWorker] = []
-        self.training = 0
-        self.go = asyncio.Event()
+        self.training = 0  # workers that reached training, every attempt
+        self._training_in: dict[int, int] = {}  # attempt -> workers that reached training in it
+        self._go: dict[int, asyncio.Event] = {}
+        self._tickers: list[asyncio.Future] = []
+        self.frozen_attempts: set[int] = set()  # attempts in which a rank froze (in this process)
         self.started = time.monotonic()
         self.barrier_dir, self.processes = config["barrier_dir"], config["processes"]
         self.agents = [FakeAgent(self, node_id, config["slots"]) for node_id in config["node_ids"]]
@@ -342,35 +393,48 @@ class Simulation:
         """Seconds since this process started its simulation (error messages carry it)."""
         return time.monotonic() - self.started
 
+    def fault_for(self, attempt: int, rank: int) -> Optional[dict]:
+        """The fault injected into `rank` in `attempt`, if any (see the module docstring)."""
+        return self.faults.get((attempt, rank))
+
+    def go_for(self, attempt: int) -> asyncio.Event:
+        """Set once every worker of `attempt`, in every client process, is training."""
+        return self._go.setdefault(attempt, asyncio.Event())
+
     def training_started(self, worker: FakeWorker) -> None:
-        """A worker got its PhaseAck(TRAINING); reporting starts once every worker of the run has."""
+        """A worker got its PhaseAck(TRAINING); its attempt's reporting starts once every worker of
+        the attempt has."""
         # Each rank keeps one pseudo-random slot: no rank order, and a late rank stays late.
-        self.slots[random.Random(worker.rank).randrange(SLOTS)].append(worker)
+        slots = self.slots.setdefault(worker.attempt, [[] for _ in range(SLOTS)])
+        slots[random.Random(worker.rank).randrange(SLOTS)].append(worker)
         self.training += 1
-        if self.training == self.expected_workers:
-            asyncio.ensure_future(self._barrier())
+        count = self._training_in[worker.attempt] = self._training_in.get(worker.attempt, 0) + 1
+        if count == self.expected_workers:
+            self._tickers.append(asyncio.ensure_future(self._barrier(worker.attempt)))
 
-    async def _barrier(self) -> None:
-        """Every client process marks itself ready in the shared directory and waits for the others:
-        as in DDP, where no rank gets past the first collective before every rank is up."""
-        open(os.path.join(self.barrier_dir, f"ready_{os.getpid()}"), "w").close()
-        while sum(name.startswith("ready_") for name in os.listdir(self.barrier_dir)) < self.processes:
+    async def _barrier(self, attempt: int) -> None:
+        """Every client process marks itself ready in the shared directory and waits for the others
+        (as in DDP, where no rank gets past the first collective before every rank is up); then the
+        attempt's reports are paced."""
+        suffix = f"_attempt{attempt}"
+        open(os.path.join(self.barrier_dir, f"ready_{os.getpid()}{suffix}"), "w").close()
+        while sum(name.endswith(suffix) for name in os.listdir(self.barrier_dir)) < self.processes:
             await asyncio.sleep(0.02)
-        self.go.set()
+        self.go_for(attempt).set()
+        await self._ticker(self.slots[attempt])
 
-    async def _ticker(self) -> None:
-        await self.go.wait()
+    async def _ticker(self, slots: list[list[FakeWorker]]) -> None:
         loop = asyncio.get_running_loop()
         step = 1.0 / self.rate_hz / SLOTS
         start = loop.time()
-        self.stats.first_report_at = time.time()
+        self.stats.first_report_at = self.stats.first_report_at or time.time()
         for tick in range(self.reports * SLOTS):
             due = start + tick * step
             delay = due - loop.time()
             if delay > 0:
                 await asyncio.sleep(delay)
             self.stats.lag.append(max(0.0, loop.time() - due))
-            for worker in self.slots[tick % SLOTS]:
+            for worker in slots[tick % SLOTS]:
                 if not worker.done_reporting():
                     worker.report()
                     self.stats.sent += 1
@@ -378,9 +442,9 @@ class Simulation:
 
     async def run(self) -> None:
         """Run every agent until the coordinator shuts them down."""
-        ticker = asyncio.ensure_future(self._ticker())
         await asyncio.gather(*(agent.run() for agent in self.agents))
-        ticker.cancel()
+        for ticker in self._tickers:
+            ticker.cancel()
 
 
 def _results(sim: Simulation, out: str) -> dict:

@@ -91,7 +91,7 @@ class FakeAgentLauncher:
                       "slots": spec["slots"], "workers": len(nodes) * spec["slots"], "reports": spec["reports"],
                       "rate_hz": spec["rate_hz"], "warmup_rounds": spec["warmup_rounds"], "ack_every": spec["ack_every"],
                       "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
-                      "barrier_dir": barrier, "processes": count}
+                      "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", [])}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -159,8 +159,15 @@ class GcWatch:
                 for g in range(3) for p in [[s for gen, s in self.pauses if gen == g]]}
 
 
-def run(spec: dict) -> dict:
-    """One simulated run; returns what the coordinator recorded (see the module docstring)."""
+def simulate(spec: dict, observers=()):
+    """One simulated run in this process: the real coordinator and the spec's fake clients;
+    `observers` (ReportObserver) are told of every report, beside the ReportTap.
+
+    Returns (RunOutcome, ReportTap, the run's CheckpointManager, the launcher). Optional spec keys
+    beyond the benchmark's: `max_failures` (0), `worker_hang_timeout_s` ("auto"),
+    `worker_hang_floor_s` (None), `stop_grace_s` (5), and `faults` for the clients (see `bench.scale.clients`). tests/process/test_fake_cluster.py
+    drives the controller through it.
+    """
     from minitrain.storage.checkpoint_manager import CheckpointManager
     from minitrain.config import CheckpointConfig, FailureConfig
     from minitrain.coordinator.controller import RunSpec
@@ -175,18 +182,29 @@ def run(spec: dict) -> dict:
     checkpoints = CheckpointManager.load(storage, CheckpointConfig())
     workers, slots = spec["workers"], spec["slots"]
     node_ids = tuple(f"node{i:04d}" for i in range(workers // slots))
+    policy = FailureConfig(max_failures=spec.get("max_failures", 0),
+                           worker_hang_timeout_s=spec.get("worker_hang_timeout_s", "auto"),
+                           worker_hang_floor_s=spec.get("worker_hang_floor_s"),
+                           worker_stop_grace_s=spec.get("stop_grace_s", 5.0))
     run_spec = RunSpec(
         run_id=uuid.uuid4().hex, experiment_name="scale", run_path=storage.url(), num_workers=workers,
         node_ids=node_ids, payload=bytes(PAYLOAD_BYTES), backend="gloo", dist_timeout_s=600.0,
-        failure_policy=FailureConfig(max_failures=0), node_slots={n: slots for n in node_ids},
-        agent_start_timeout_s=300.0)
+        failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0)
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)
     try:
-        outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage), observers=[tap])
+        outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage),
+                                  observers=[tap, *observers])
     finally:
         log_sink.close()
+    return outcome, tap, checkpoints, launcher
+
+
+def run(spec: dict) -> dict:
+    """One simulated run; returns what the coordinator recorded (see the module docstring)."""
+    workers = spec["workers"]
+    outcome, tap, checkpoints, launcher = simulate(spec)
     steps = [m.get("step") for m in outcome.metrics_history]
     latencies_file = os.path.join(spec["out_dir"], "coordinator.latencies")
     with open(latencies_file, "wb") as f:

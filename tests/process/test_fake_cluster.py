@@ -1,0 +1,82 @@
+"""The controller loop at a size no real test can run here: the real coordinator (in this process: gRPC
+server, controller, commits, metrics log, run directory) against the scale benchmark's fake agents and
+workers (`bench.scale.clients`, separate processes speaking the real protocol, no torch), with faults
+injected into chosen ranks. What `decide` promises in its scripted unit tests (tests/unit/test_decide.py)
+is checked here on the wire: a failed rank restarts the whole group once and the next attempt completes
+every round; a frozen rank is found hung by the default adaptive deadline, named as the root cause, and
+its waiting peers are marked consequences; a spent budget fails the run with the injected cause.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+
+import pytest
+
+from bench.scale.coordinator import simulate
+from minitrain.records import FailureKind
+from minitrain.procs import living_descendants
+
+WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
+
+
+class Rounds:
+    """A ReportObserver: every (attempt, rank) -> the rounds it reported, in arrival order."""
+
+    def __init__(self):
+        self.seen = collections.defaultdict(list)
+
+    def on_report(self, report) -> None:
+        self.seen[(report.attempt, report.rank)].append(report.round)
+
+    def complete(self, attempt: int) -> bool:
+        """Every rank of `attempt` reported rounds 0..REPORTS-1 once each, in order."""
+        return all(self.seen[(attempt, rank)] == list(range(REPORTS)) for rank in range(WORKERS))
+
+
+def _simulate(tmp_path, faults, **policy):
+    spec = {"workers": WORKERS, "slots": SLOTS, "reports": REPORTS, "rate_hz": RATE_HZ, "warmup_rounds": 0,
+            "client_procs": 2, "out_dir": str(tmp_path), "ack_every": 2, "faults": faults, "stop_grace_s": 1.0,
+            **policy}
+    rounds = Rounds()
+    outcome, tap, checkpoints, _ = simulate(spec, observers=[rounds])
+    assert not living_descendants(os.getpid()), "a fake client outlived the run"
+    return outcome, rounds, checkpoints
+
+
+def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(tmp_path):
+    outcome, rounds, checkpoints = _simulate(
+        tmp_path, [{"attempt": 0, "rank": 13, "after": 2, "kind": "exception"}], max_failures=1)
+    assert (outcome.state, outcome.attempt) == ("SUCCEEDED", 1), outcome.error_message
+    assert rounds.seen[(0, 13)] == [0, 1]  # it failed after two reports
+    assert rounds.complete(1)
+    # Rank 0's history and the committed rounds are the last attempt's, each round once, in order.
+    assert [m["step"] for m in outcome.metrics_history][-REPORTS:] == list(range(REPORTS))
+    assert checkpoints.report_index >= REPORTS
+
+
+def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):
+    outcome, _, _ = _simulate(
+        tmp_path, [{"attempt": 0, "rank": 5, "after": 1, "kind": "exception"},
+                   {"attempt": 1, "rank": 30, "after": 3, "kind": "exception"}], max_failures=1)
+    assert (outcome.state, outcome.attempt) == ("FAILED", 1)
+    assert "Root cause: rank 30 " in outcome.error_message and "injected fault on rank 30" in outcome.error_message
+
+
+def test_a_frozen_rank_is_found_by_the_default_deadline_and_its_waiting_peers_are_consequences(tmp_path):
+    """The default "auto" rule, its floor lowered from 600 s so that the test is quick: rank 21's pace
+    (5 reports/s) gives it a deadline of max(2 s, 10 x 0.2 s)."""
+    outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 21, "after": 3, "kind": "freeze"}],
+                                   worker_hang_floor_s=2.0)
+    assert outcome.state == "FAILED"
+    hung = {f.rank: f for f in outcome.failures if f.kind is FailureKind.HANG}
+    assert 21 in hung and not hung[21].consequence, outcome.error_message
+    assert "Root cause: rank 21 " in outcome.error_message
+    message = hung[21].message
+    assert "worker_hang_timeout_s='auto'" in message and "its last report was round 2;" in message
+    # Its peers answered their stack dumps from inside all_reduce: they merely wait for it.
+    waiting = re.search(r"rank\(s\) ([\d, ]+) wait for it in a collective", message)
+    assert waiting and "21" not in waiting.group(1).split(", ") and len(waiting.group(1).split(", ")) >= 8
+    assert all(f.consequence for rank, f in hung.items() if rank != 21)
