@@ -22,6 +22,7 @@ _EXPORTS = {
     "report": "minitrain.train_api",
     "get_checkpoint": "minitrain.train_api",
     "get_context": "minitrain.train_api",
+    "get_preemption_info": "minitrain.train_api",
     "get_dataset_shard": "minitrain.train_api",
     "get_all_reported_checkpoints": "minitrain.train_api",
     "Checkpoint": "minitrain.checkpoint",

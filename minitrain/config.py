@@ -8,13 +8,21 @@ mistake surfaces where the config is written, before any process starts:
 - a bad value raises `ConfigError` (a `ValueError`) naming the field, the value and the fix;
 - a wrong type where Ray raises `TypeError` (`DataConfig.datasets_to_split`) raises `TypeError`;
 - an argument Ray Train V2 removed raises `DeprecationWarning` *as an exception*, as Ray does, with the
-  way to get the same effect in minitrain.
+  way to get the same effect in minitrain;
+- an argument minitrain has no use for (Ray placement labels, accelerator types, TPU topology, Ray
+  Data execution options, a controller failure budget, `RunConfig.callbacks`, resources other than
+  CPU and GPU) is accepted at its default only: any other value raises `ConfigError` saying what to
+  do instead, so a ported script never carries a setting that silently does nothing.
+
+Where Ray's own tests match a fragment of Ray's error message, minitrain's message ends with Ray's
+wording too (`(Ray: "...")`), so such a test still passes.
 
 Deliberate differences from Ray: the default run name is `minitrain_run-<local time>` and the default
 storage is `~/minitrain_results`; elastic `num_workers=(min, max)` and TPUs are rejected; configs are
 never mutated after construction (`TorchConfig.resolved_backend` replaces Ray's in-place backend
 fill-in); mappings are stored as `ReadOnlyDict`; `worker_runtime_env` supports only `env_vars` and
-`working_dir`; `FailureConfig.worker_hang_timeout_s` and `worker_stop_grace_s` are minitrain extensions.
+`working_dir`; `FailureConfig.worker_hang_timeout_s`, `worker_hang_floor_s` and `worker_stop_grace_s`
+are minitrain extensions.
 
 Environment variables
 ---------------------
@@ -141,6 +149,23 @@ def _optional_str(value: Any, owner: str, name: str, fix: str) -> Optional[str]:
     return value
 
 
+def _default_only(value: Any, owner: str, name: str, default: Any, why: str, fix: str) -> Any:
+    """`value` when it is `default` (None, or an int such as -1), else a ConfigError saying why minitrain
+    does not support the field and what to do instead."""
+    if default is None:
+        unsupported = value is not None
+    else:  # an int default: True == 1 and -1.0 == -1 must not pass for it
+        unsupported = isinstance(value, bool) or not isinstance(value, numbers.Integral) or value != default
+    if unsupported:
+        raise ConfigError(f"{owner}.{name} must be {default!r} (the default), got {value!r}: {why}. {fix}")
+    return default
+
+
+def _ray_words(text: str) -> str:
+    """Ray's wording of the same error, appended so that a test matching Ray's message still passes."""
+    return f' (Ray: "{text}")'
+
+
 def _reject_deprecated(owner: str, passed: dict[str, Any], hints: dict[str, str]) -> None:
     for arg, value in passed.items():
         if value is not _DEPRECATED:
@@ -153,6 +178,10 @@ def _reject_deprecated(owner: str, passed: dict[str, Any], hints: dict[str, str]
 
 _PLACEMENT_STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
 _CANONICAL_RESOURCES = ("CPU", "GPU", "TPU", "memory")
+_HOSTS_FIX = ("minitrain places workers only on the hosts you list (minitrain.init(hosts=...) or "
+              "hostfile=..., i.e. ClusterConfig; --hosts/--hostfile for python -m minitrain.launch; "
+              "MINITRAIN_HOSTS) and on their GPUs through use_gpu=True and resources_per_worker={'GPU': n}, "
+              "so choose the hosts there")
 
 
 def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
@@ -173,29 +202,22 @@ def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
                               f"Use {canonical!r}.")
         kept_amount = _number(amount, owner, f"{name}[{key!r}]", at_least=0,
                               fix="Use an amount >= 0 (fractions are allowed; 0 drops the resource).")
+        if kept_amount and key not in ("CPU", "GPU"):
+            raise ConfigError(
+                f"{owner}.{name} has {key!r}: {amount!r}, but minitrain reserves only 'CPU' and 'GPU' per "
+                f"worker and does not support {key!r}. Remove {key!r} (or set it to 0); {_HOSTS_FIX}: "
+                f"list only hosts that have enough {key!r}.")
         if kept_amount:
             kept[key] = kept_amount
     if not use_gpu and "GPU" in kept:
         raise ConfigError(f"{owner}.{name} has 'GPU': {kept['GPU']!r} but use_gpu=False. Either set "
-                          f"use_gpu=True or remove 'GPU' from resources_per_worker.")
+                          f"use_gpu=True or remove 'GPU' from resources_per_worker."
+                          + _ray_words("`use_gpu` is False but `GPU` was found in `resources_per_worker`."))
     if use_gpu and "GPU" in value and "GPU" not in kept:
         raise ConfigError(f"{owner}.{name} has 'GPU': {value['GPU']!r} but use_gpu=True. Either set "
-                          f"use_gpu=False or give each worker a positive 'GPU' amount.")
+                          f"use_gpu=False or give each worker a positive 'GPU' amount."
+                          + _ray_words("`use_gpu` is True but `GPU` is set to 0 in `resources_per_worker`."))
     return ReadOnlyDict(kept)
-
-
-def _label_selector(value: Any, num_workers: int) -> Any:
-    if value is None:
-        return None
-    if isinstance(value, Mapping):
-        return ReadOnlyDict(value)
-    if isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
-        if len(value) != num_workers:
-            raise ConfigError(f"ScalingConfig.label_selector has {len(value)} entries, got {value!r}, but "
-                              f"num_workers={num_workers}. Give one dict per worker, or one dict for all.")
-        return tuple(ReadOnlyDict(v) for v in value)
-    raise _fail("ScalingConfig", "label_selector", "None, a dict, or a list of dicts (one per worker)",
-                value, "Labels are accepted for compatibility and not used by minitrain; None is fine.")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,10 +226,14 @@ class ScalingConfig:
 
     `num_workers=0` runs the training function in the driver process (local mode). With
     `resources_per_worker=None` each worker takes 1 CPU, or 1 GPU and no CPU when `use_gpu=True`.
-    Zero amounts in `resources_per_worker` are dropped; the stored mapping is read-only and does not
-    contain the implied `GPU: 1` of `use_gpu=True` (see `effective_resources_per_worker`). Custom
-    resource names are accepted. `label_selector` and `topology` are accepted and stored, not used.
-    Raises `ConfigError` for elastic `(min, max)` worker counts and for `use_tpu=True`.
+    `resources_per_worker` holds 'CPU' and 'GPU' amounts only; zero amounts are dropped; the stored
+    mapping is read-only and does not contain the implied `GPU: 1` of `use_gpu=True` (see
+    `effective_resources_per_worker`). Workers are placed on the hosts the user lists
+    (`minitrain.init(hosts=...)` / `ClusterConfig`, or the launcher's `--hosts`), so choose hosts
+    there. Raises `ConfigError` for elastic `(min, max)` worker counts, `use_tpu=True`, any other
+    resource name ('memory', 'TPU', custom names), and any `accelerator_type`, `label_selector` or
+    `topology` but None (minitrain does not select hosts by accelerator type or labels, and has no
+    TPUs); the defaults are accepted, so a Ray script that leaves them unset ports unchanged.
     """
 
     num_workers: int = 1
@@ -242,10 +268,15 @@ class ScalingConfig:
         object.__setattr__(self, "resources_per_worker",
                            _resources_per_worker(self.resources_per_worker, self.use_gpu))
         _choice(self.placement_strategy, owner, "placement_strategy", _PLACEMENT_STRATEGIES)
-        _optional_str(self.accelerator_type, owner, "accelerator_type",
-                      "Use None, or an accelerator type name such as 'A100'.")
-        object.__setattr__(self, "label_selector", _label_selector(self.label_selector, self.num_workers))
-        _optional_str(self.topology, owner, "topology", "topology is a TPU setting; leave it None.")
+        _default_only(self.accelerator_type, owner, "accelerator_type", None,
+                      "minitrain does not select hosts or GPUs by accelerator type",
+                      f"Remove accelerator_type; {_HOSTS_FIX}: list only hosts with that accelerator.")
+        _default_only(self.label_selector, owner, "label_selector", None,
+                      "minitrain does not select hosts by label",
+                      f"Remove label_selector; {_HOSTS_FIX}: list only the hosts the labels would select.")
+        _default_only(self.topology, owner, "topology", None,
+                      "topology is a TPU setting and minitrain does not support TPUs",
+                      "Remove topology and train on CPUs or GPUs.")
 
     @property
     def local_mode(self) -> bool:
@@ -288,7 +319,8 @@ class ScalingConfig:
 
     @property
     def additional_resources_per_worker(self) -> dict[str, float]:
-        """Per-worker resources other than CPU and GPU (memory, custom names), as a new dict."""
+        """Per-worker resources other than CPU and GPU, as a new dict: always empty, because
+        `resources_per_worker` accepts only 'CPU' and 'GPU' (kept for Ray compatibility)."""
         return {k: v for k, v in self.effective_resources_per_worker.items() if k not in ("CPU", "GPU")}
 
     @property
@@ -328,11 +360,15 @@ class CheckpointConfig:
         if self.num_to_keep is not None:
             object.__setattr__(self, "num_to_keep", _int(
                 self.num_to_keep, "CheckpointConfig", "num_to_keep", 1,
-                "Use None to keep every checkpoint, or the number of best checkpoints to keep."))
+                "Use None to keep every checkpoint, or the number of best checkpoints to keep."
+                + _ray_words(f"Received invalid num_to_keep: {self.num_to_keep}. "
+                             "Must be None or an integer >= 1.")))
         _optional_str(self.checkpoint_score_attribute, "CheckpointConfig", "checkpoint_score_attribute",
                       "Use None to rank checkpoints by recency, or a metric key you report, e.g. 'loss'.")
         _choice(self.checkpoint_score_order, "CheckpointConfig", "checkpoint_score_order", ("max", "min"),
-                "Use 'max' when a higher score is better, 'min' when lower is better (e.g. a loss).")
+                "Use 'max' when a higher score is better, 'min' when lower is better (e.g. a loss)."
+                + _ray_words(f"Received invalid checkpoint_score_order: {self.checkpoint_score_order}. "
+                             "Must be 'max' or 'min'."))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -355,8 +391,13 @@ class FailureConfig:
     causes. `worker_hang_floor_s` (minitrain extension; None means 600 s, torch's NCCL collective
     timeout): the shortest deadline "auto" sets; setting it with any other timeout raises.
     `worker_stop_grace_s` (minitrain extension): seconds between SIGTERM and SIGKILL when workers are
-    stopped. `controller_failure_limit`: retryable controller failures (worker-group start-up)
-    tolerated, -1 unlimited.
+    stopped. `controller_failure_limit`: only -1 (the default) is accepted; any other value raises
+    `ConfigError`, because minitrain has no separate controller budget: a failed worker-group
+    start-up is a worker failure and counts against `max_failures` (set that instead).
+    `max_preemption_failures` (as Ray: an int >= -1, default -1 = unlimited): the budget for node
+    preemptions, counted apart from `max_failures` (see `preemption_retries_left`). minitrain does
+    not detect preemptions yet, so today no failure is counted as a preemption: every failure, a
+    preempted node's included, counts against `max_failures`.
     """
 
     max_failures: int = 0
@@ -365,6 +406,7 @@ class FailureConfig:
     worker_stop_grace_s: float = 5.0
     fail_fast: Any = _deprecated_field()
     controller_failure_limit: int = -1
+    max_preemption_failures: int = -1
 
     def __post_init__(self) -> None:
         _reject_deprecated("FailureConfig", {"fail_fast": self.fail_fast}, {
@@ -381,9 +423,16 @@ class FailureConfig:
         object.__setattr__(self, "worker_stop_grace_s", _number(
             self.worker_stop_grace_s, owner, "worker_stop_grace_s", at_least=0,
             fix="Use the seconds a stopping worker gets between SIGTERM and SIGKILL (0 kills at once)."))
-        object.__setattr__(self, "controller_failure_limit", _int(
+        object.__setattr__(self, "controller_failure_limit", _default_only(
             self.controller_failure_limit, owner, "controller_failure_limit", -1,
-            "Use -1 for no limit, or the number of worker-group start-up failures to retry."))
+            "minitrain has no separate budget for controller failures: a failed worker-group start-up "
+            "counts against max_failures",
+            "Remove controller_failure_limit and set max_failures instead (it counts start-up "
+            "failures too)."))
+        object.__setattr__(self, "max_preemption_failures", _int(
+            self.max_preemption_failures, owner, "max_preemption_failures", -1,
+            "Use -1 (the default) for unlimited, 0 to fail on the first preemption, or N to restart "
+            "after up to N preemptions."))
         if self.worker_hang_floor_s is not None:
             object.__setattr__(self, "worker_hang_floor_s", _number(
                 self.worker_hang_floor_s, owner, "worker_hang_floor_s", above=0,
@@ -402,6 +451,19 @@ class FailureConfig:
             return None
         return max(0, self.max_failures - failures_so_far)
 
+    def preemption_retries_left(self, preemptions_so_far: int) -> Optional[int]:
+        """Restarts still unused after `preemptions_so_far` preemptions; None when unlimited (-1), never < 0.
+
+        The controller counts preemptions apart from failures, against `max_preemption_failures`, once
+        a preemption is detected. minitrain does not detect preemptions yet (Slurm/SIGTERM preemption
+        detection is a later issue), so today it never calls this: every failure counts against
+        `max_failures` through `retries_left`/`allows_retry`.
+        """
+        _check_count(preemptions_so_far, "preemptions_so_far")
+        if self.max_preemption_failures == -1:
+            return None
+        return max(0, self.max_preemption_failures - preemptions_so_far)
+
     def allows_retry(self, failures_so_far: int) -> bool:
         """Whether the run is retried after its `failures_so_far`-th failure (this one included).
 
@@ -412,9 +474,9 @@ class FailureConfig:
         return self.max_failures == -1 or failures_so_far <= self.max_failures
 
 
-def _check_count(failures_so_far: Any) -> None:
-    if isinstance(failures_so_far, bool) or not isinstance(failures_so_far, int) or failures_so_far < 0:
-        raise ValueError(f"failures_so_far must be an int >= 0, got {failures_so_far!r}")
+def _check_count(count: Any, name: str = "failures_so_far") -> None:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {count!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -520,8 +582,10 @@ class RunConfig:
     `minitrain_run-YYYY-MM-DD_HH-MM-SS` (local time); `storage_path` to `~/minitrain_results`. Local
     paths are expanded and made absolute; URLs (`s3://`, `file://`, `memory://`, ...) and paths inside a
     given `storage_filesystem` (an fsspec filesystem) are kept as given. None for a sub-config means its
-    default; `callbacks` is stored as a tuple and `worker_runtime_env` as a read-only dict holding at
-    most `env_vars` (str -> str) and `working_dir` (str).
+    default; `worker_runtime_env` is stored as a read-only dict holding at most `env_vars` (str -> str)
+    and `working_dir` (str). `callbacks` must be None or empty (stored as `()`): minitrain does not
+    call Ray's `UserCallback`s, so any callback raises `ConfigError`; act on metrics inside the
+    training function, or read `Result.metrics_dataframe` after `fit()`.
     """
 
     name: Optional[str] = None
@@ -549,7 +613,8 @@ class RunConfig:
                        "log_level=...)).",
             "stop": "Stop from inside the training function: return from it when your condition is met.",
             "progress_reporter": "Metrics passed to minitrain.report() are logged and kept in the run "
-                                 "directory; use callbacks for custom reporting.",
+                                 "directory (metrics.jsonl, Result.metrics_dataframe); for custom "
+                                 "reporting, act on them inside the training function.",
             "log_to_file": "minitrain always writes each worker's output to "
                            "<storage_path>/<name>/logs/attempt_<n>/rank_<r>.log.",
         })
@@ -560,10 +625,12 @@ class RunConfig:
         for name, cls in (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig),
                           ("logging_config", LoggingConfig)):
             object.__setattr__(self, name, _instance(getattr(self, name), cls, name))
-        if self.callbacks is not None and not isinstance(self.callbacks, (list, tuple)):
-            raise _fail("RunConfig", "callbacks", "None or a list of callbacks", self.callbacks,
-                        "Wrap a single callback in a list: callbacks=[my_callback].")
-        object.__setattr__(self, "callbacks", tuple(self.callbacks or ()))
+        if self.callbacks is not None and (not isinstance(self.callbacks, (list, tuple)) or self.callbacks):
+            raise _fail("RunConfig", "callbacks", "None or an empty list (minitrain does not call RunConfig "
+                        "callbacks)", self.callbacks,
+                        "Remove callbacks: act on the metrics inside the training function (e.g. on rank 0 "
+                        "next to minitrain.report()), or read Result.metrics_dataframe after fit().")
+        object.__setattr__(self, "callbacks", ())
         object.__setattr__(self, "worker_runtime_env", _runtime_env(self.worker_runtime_env))
 
     def _checked_name(self) -> str:
@@ -628,8 +695,15 @@ class DataConfig:
 
     Split datasets give each rank a disjoint shard; the others give every rank the full data. Anything
     other than "all" or a list/tuple of str raises `TypeError`, as Ray does; `TorchTrainer` refuses a
-    name that is not in its `datasets`. `execution_options` and `enable_shard_locality` steer Ray Data's
-    streaming execution; they are accepted so that Ray scripts port, and have no effect here.
+    name that is not in its `datasets`. `execution_options` steers Ray Data's streaming executor,
+    which minitrain does not have: only None (the default) is accepted, anything else raises
+    `ConfigError`. `enable_shard_locality` must be a bool; True and False give identical runs: Ray
+    uses it to hand each worker blocks already stored on its node, while in minitrain there is no
+    locality to enable: a rank's rows are a pure function of the row count, world size, rank,
+    epoch, seeds and batching options (`minitrain.data.sharding`), and each worker reads them itself
+    from where the dataset lives (its files, the staging directory, the run's payload, or the
+    function that builds it), so the value cannot change which rows a rank reads, their order, or
+    where they are read from.
     """
 
     datasets_to_split: Any = "all"
@@ -638,13 +712,21 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         value = self.datasets_to_split
-        if isinstance(value, str) and value == "all":
-            return
         if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
             object.__setattr__(self, "datasets_to_split", tuple(value))
-            return
-        raise TypeError(f"DataConfig.datasets_to_split must be 'all' or a list of dataset names (str), got "
-                        f"{value!r}. For example DataConfig(datasets_to_split=['train']).")
+        elif not (isinstance(value, str) and value == "all"):
+            raise TypeError(
+                f"DataConfig.datasets_to_split must be 'all' or a list of dataset names (str), got "
+                f"{value!r}. For example DataConfig(datasets_to_split=['train'])."
+                + _ray_words("`datasets_to_split` should be a 'all' or a list of strings of dataset names. "
+                             f"Received {type(value).__name__} with value {value}."))
+        _default_only(self.execution_options, "DataConfig", "execution_options", None,
+                      "execution options steer Ray Data's streaming executor, which minitrain does not have",
+                      "Remove execution_options: each worker reads its own shard directly (see "
+                      "minitrain.data); size batches with iter_torch_batches(batch_size=...).")
+        if not isinstance(self.enable_shard_locality, bool):
+            raise _fail("DataConfig", "enable_shard_locality", "True or False", self.enable_shard_locality,
+                        "Pass a bool; either value gives the same run (see DataConfig).")
 
     def should_split(self, name: str) -> bool:
         """Whether the dataset called `name` is split across workers."""

@@ -1,7 +1,8 @@
 """The per-worker functions a training function calls: `report`, `get_checkpoint`, `get_context`, ...
 
 Each is valid only inside a training function (a worker, or the driver in local mode); elsewhere it
-raises the RuntimeError Ray raises. They are thin: the current session does the work.
+raises the RuntimeError Ray raises. They are thin: the current session does the work. The exception
+is `get_preemption_info`, which needs no session and works anywhere.
 """
 
 from __future__ import annotations
@@ -47,6 +48,18 @@ def get_checkpoint() -> Any:
 def get_context() -> TrainContext:
     """This worker's `TrainContext` (ranks, world sizes, experiment name)."""
     return _session.current("get_context").context
+
+
+def get_preemption_info() -> None:
+    """None: no preemption notice has been received. Always None for now, because minitrain does not
+    detect preemptions yet (Slurm/SIGTERM preemption detection is a later issue).
+
+    Ray returns a `PreemptionInfo` while a node is being drained, else None. Unlike the other
+    functions here (and unlike Ray, which raises RuntimeError outside a training function) it never
+    raises: it returns None inside a training function, on every rank and in local mode, and outside
+    one alike, and it never waits for the other ranks.
+    """
+    return None
 
 
 def get_all_reported_checkpoints(consistency_mode: Any = None,

@@ -46,14 +46,15 @@ def test_checkpoint_failure_logging_torch_data_defaults_match_ray():
     c = CheckpointConfig()
     assert (c.num_to_keep, c.checkpoint_score_attribute, c.checkpoint_score_order) == (None, None, "max")
     f = FailureConfig()
-    assert (f.max_failures, f.controller_failure_limit) == (0, -1)
+    assert (f.max_failures, f.controller_failure_limit, f.max_preemption_failures) == (0, -1, -1)
     assert (f.worker_hang_timeout_s, f.worker_stop_grace_s) == ("auto", 5.0)  # minitrain extensions
     assert LoggingConfig().log_level == "INFO"
     assert LoggingConfig().level == 20
     t = TorchConfig()
     assert (t.backend, t.init_method, t.timeout_s) == (None, "env", 1800)
     assert t.to_dict() == {"backend": None, "init_method": "env", "timeout_s": 1800}
-    assert DataConfig().datasets_to_split == "all"
+    d = DataConfig()
+    assert (d.datasets_to_split, d.execution_options, d.enable_shard_locality) == ("all", None, True)
 
 
 def test_run_config_defaults():
@@ -114,14 +115,14 @@ def test_caller_dict_is_copied():
 
 
 @pytest.mark.parametrize("cfg", [
-    ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "memory": 1e9}),
+    ScalingConfig(num_workers=2, use_gpu=True, resources_per_worker={"CPU": 2, "memory": 0}),
     CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="loss", checkpoint_score_order="min"),
-    FailureConfig(max_failures=-1, worker_hang_timeout_s=30),
+    FailureConfig(max_failures=-1, worker_hang_timeout_s=30, max_preemption_failures=2),
     LoggingConfig(log_level="debug"),
     RunConfig(name="r", storage_path="s3://bucket/runs", worker_runtime_env={"env_vars": {"A": "1"}},
-              callbacks=[1]),
+              callbacks=[]),
     TorchConfig(backend="gloo", timeout_s=10),
-    DataConfig(datasets_to_split=["train"]),
+    DataConfig(datasets_to_split=["train"], enable_shard_locality=False),
 ])
 def test_pickle_copy_and_replace_round_trip(cfg):
     for clone in (pickle.loads(pickle.dumps(cfg)), copy.deepcopy(cfg), dataclasses.replace(cfg)):
@@ -185,11 +186,18 @@ BAD = [
     (ScalingConfig, {"use_gpu": True, "resources_per_worker": {"GPU": 0}}, ConfigError, "resources_per_worker", 0),
     (ScalingConfig, {"placement_strategy": "pack"}, ConfigError, "placement_strategy", "pack"),
     (ScalingConfig, {"placement_strategy": None}, ConfigError, "placement_strategy", None),
+    (ScalingConfig, {"resources_per_worker": {"memory": 1e9}}, ConfigError, "resources_per_worker", "memory"),
+    (ScalingConfig, {"resources_per_worker": {"CPU": 1, "custom": 0.5}}, ConfigError, "resources_per_worker",
+     "custom"),
+    (ScalingConfig, {"resources_per_worker": {"TPU": 4}}, ConfigError, "resources_per_worker", "TPU"),
     (ScalingConfig, {"accelerator_type": ""}, ConfigError, "accelerator_type", ""),
+    (ScalingConfig, {"accelerator_type": "A100"}, ConfigError, "accelerator_type", "A100"),
     (ScalingConfig, {"label_selector": "zone=a"}, ConfigError, "label_selector", "zone=a"),
+    (ScalingConfig, {"label_selector": {"zone": "a"}}, ConfigError, "label_selector", {"zone": "a"}),
     (ScalingConfig, {"num_workers": 2, "label_selector": [{"a": "b"}]}, ConfigError, "label_selector",
      [{"a": "b"}]),
     (ScalingConfig, {"topology": 4}, ConfigError, "topology", 4),
+    (ScalingConfig, {"topology": "2x2"}, ConfigError, "topology", "2x2"),
     (CheckpointConfig, {"num_to_keep": 0}, ConfigError, "num_to_keep", 0),
     (CheckpointConfig, {"num_to_keep": -2}, ConfigError, "num_to_keep", -2),
     (CheckpointConfig, {"num_to_keep": 1.5}, ConfigError, "num_to_keep", 1.5),
@@ -202,6 +210,13 @@ BAD = [
     (FailureConfig, {"worker_hang_timeout_s": float("inf")}, ConfigError, "worker_hang_timeout_s", float("inf")),
     (FailureConfig, {"worker_stop_grace_s": -0.5}, ConfigError, "worker_stop_grace_s", -0.5),
     (FailureConfig, {"controller_failure_limit": -3}, ConfigError, "controller_failure_limit", -3),
+    (FailureConfig, {"controller_failure_limit": 0}, ConfigError, "controller_failure_limit", 0),
+    (FailureConfig, {"controller_failure_limit": 5}, ConfigError, "controller_failure_limit", 5),
+    (FailureConfig, {"controller_failure_limit": None}, ConfigError, "controller_failure_limit", None),
+    (FailureConfig, {"max_preemption_failures": -2}, ConfigError, "max_preemption_failures", -2),
+    (FailureConfig, {"max_preemption_failures": 1.0}, ConfigError, "max_preemption_failures", 1.0),
+    (FailureConfig, {"max_preemption_failures": True}, ConfigError, "max_preemption_failures", True),
+    (FailureConfig, {"max_preemption_failures": None}, ConfigError, "max_preemption_failures", None),
     (LoggingConfig, {"log_level": "LOUD"}, ConfigError, "log_level", "LOUD"),
     (LoggingConfig, {"log_level": 10}, ConfigError, "log_level", 10),
     (RunConfig, {"name": ""}, ConfigError, "name", ""),
@@ -216,6 +231,7 @@ BAD = [
     (RunConfig, {"checkpoint_config": {"num_to_keep": 1}}, ConfigError, "checkpoint_config", {"num_to_keep": 1}),
     (RunConfig, {"logging_config": "DEBUG"}, ConfigError, "logging_config", "DEBUG"),
     (RunConfig, {"callbacks": "cb"}, ConfigError, "callbacks", "cb"),
+    (RunConfig, {"callbacks": [1]}, ConfigError, "callbacks", [1]),
     (RunConfig, {"worker_runtime_env": ["env_vars"]}, ConfigError, "worker_runtime_env", ["env_vars"]),
     (RunConfig, {"worker_runtime_env": {"pip": ["torch"]}}, ConfigError, "worker_runtime_env", "pip"),
     (RunConfig, {"worker_runtime_env": {"env_vars": ["A=1"]}}, ConfigError, "env_vars", ["A=1"]),
@@ -231,6 +247,10 @@ BAD = [
     (DataConfig, {"datasets_to_split": "train"}, TypeError, "datasets_to_split", "train"),
     (DataConfig, {"datasets_to_split": ["train", 1]}, TypeError, "datasets_to_split", ["train", 1]),
     (DataConfig, {"datasets_to_split": None}, TypeError, "datasets_to_split", None),
+    (DataConfig, {"execution_options": {"locality_with_output": True}}, ConfigError, "execution_options",
+     {"locality_with_output": True}),
+    (DataConfig, {"enable_shard_locality": "yes"}, ConfigError, "enable_shard_locality", "yes"),
+    (DataConfig, {"enable_shard_locality": None}, ConfigError, "enable_shard_locality", None),
 ]
 
 
@@ -293,15 +313,15 @@ def test_gpu_workers_take_no_cpu_by_default():
 
 def test_resources_per_worker_normalisation():
     s = ScalingConfig(num_workers=2, use_gpu=True,
-                      resources_per_worker={"CPU": 4, "memory": 2e9, "custom": 0.5, "TPU": 0})
-    assert s.resources_per_worker == {"CPU": 4, "memory": 2e9, "custom": 0.5}  # zeros dropped
-    assert s.effective_resources_per_worker == {"CPU": 4.0, "memory": 2e9, "custom": 0.5, "GPU": 1.0}
+                      resources_per_worker={"CPU": 4, "memory": 0, "custom": 0, "TPU": 0})
+    assert s.resources_per_worker == {"CPU": 4}  # zeros dropped, so a zero of any name is accepted
+    assert s.effective_resources_per_worker == {"CPU": 4.0, "GPU": 1.0}
     assert (s.num_cpus_per_worker, s.num_gpus_per_worker) == (4.0, 1.0)
-    assert s.additional_resources_per_worker == {"memory": 2e9, "custom": 0.5}
-    assert s.total_resources == {"CPU": 8.0, "memory": 4e9, "custom": 1.0, "GPU": 2.0}
+    assert s.additional_resources_per_worker == {}
+    assert s.total_resources == {"CPU": 8.0, "GPU": 2.0}
     assert ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0.5}).num_gpus_per_worker == 0.5
     assert ScalingConfig(resources_per_worker={"GPU": 0}).num_gpus_per_worker == 0.0
-    assert ScalingConfig(resources_per_worker={"memory": 1}).num_cpus_per_worker == 0.0  # as Ray
+    assert ScalingConfig(resources_per_worker={"GPU": 0}).num_cpus_per_worker == 0.0  # as Ray
 
 
 def test_derived_dicts_are_fresh_copies():
@@ -311,13 +331,75 @@ def test_derived_dicts_are_fresh_copies():
     assert s.total_resources == {"CPU": 2.0}
 
 
-def test_accepted_but_unused_fields_are_stored():
-    s = ScalingConfig(num_workers=2, accelerator_type="A100", label_selector={"zone": "a"}, topology="2x2",
+def test_unsupported_ray_fields_accept_their_defaults():
+    # A ported Ray script that passes the defaults explicitly is unaffected.
+    s = ScalingConfig(num_workers=2, accelerator_type=None, label_selector=None, topology=None,
                       placement_strategy="STRICT_SPREAD")
-    assert s.accelerator_type == "A100" and s.topology == "2x2" and s.placement_strategy == "STRICT_SPREAD"
-    assert s.label_selector == {"zone": "a"}
-    per_worker = ScalingConfig(num_workers=2, label_selector=[{"a": "1"}, {"a": "2"}])
-    assert per_worker.label_selector == ({"a": "1"}, {"a": "2"})
+    assert (s.accelerator_type, s.label_selector, s.topology) == (None, None, None)
+    assert FailureConfig(controller_failure_limit=-1).controller_failure_limit == -1
+    assert DataConfig(execution_options=None).execution_options is None
+    assert RunConfig(name="r", callbacks=None).callbacks == RunConfig(name="r", callbacks=()).callbacks == ()
+
+
+@pytest.mark.parametrize("kwargs, fix", [
+    ({"accelerator_type": "A100"}, r"does not select hosts or GPUs by accelerator type.*minitrain\.init\(hosts="),
+    ({"label_selector": {"zone": "a"}}, r"does not select hosts by label.*minitrain\.init\(hosts="),
+    ({"num_workers": 2, "label_selector": [{"a": "1"}, {"a": "2"}]}, r"does not select hosts by label"),
+    ({"topology": "2x2"}, r"TPU setting.*CPUs or GPUs"),
+    ({"resources_per_worker": {"memory": 2e9}}, r"only 'CPU' and 'GPU'.*Remove 'memory'.*--hosts"),
+])
+def test_unsupported_scaling_fields_raise_with_a_fix(kwargs, fix):
+    with pytest.raises(ConfigError, match=fix):
+        ScalingConfig(**kwargs)
+
+
+def test_controller_failure_limit_other_than_default_points_to_max_failures():
+    with pytest.raises(ConfigError, match=r"controller_failure_limit must be -1 \(the default\), got 3: .*"
+                                          r"start-up counts against max_failures.*set max_failures"):
+        FailureConfig(controller_failure_limit=3)
+
+
+def test_data_config_execution_options_raise_and_shard_locality_takes_either_bool():
+    with pytest.raises(ConfigError, match=r"execution_options must be None.*Remove execution_options"):
+        DataConfig(execution_options=object())
+    for flag in (True, False):
+        assert DataConfig(enable_shard_locality=flag).enable_shard_locality is flag
+
+
+def test_callbacks_raise_with_a_fix():
+    with pytest.raises(ConfigError, match=r"RunConfig\.callbacks must be None or an empty list.*"
+                                          r"Result\.metrics_dataframe"):
+        RunConfig(name="r", callbacks=[object()])
+
+
+def test_no_docstring_calls_a_field_accepted_but_unused():
+    for cls in ALL_CONFIGS:
+        text = " ".join(cls.__doc__.split())
+        for phrase in ("accepted and stored", "not used", "have no effect", "accepted and ignored"):
+            assert phrase not in text, f"{cls.__name__}: {phrase!r}"
+
+
+# --- error fragments Ray's own tests match ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("build, exc_type, fragment", [
+    (lambda: CheckpointConfig(num_to_keep=0), ConfigError, "Received invalid num_to_keep"),
+    (lambda: CheckpointConfig(num_to_keep=-1), ConfigError, "Received invalid num_to_keep"),
+    (lambda: CheckpointConfig(checkpoint_score_order="MAX"), ConfigError, "Received invalid checkpoint_score_order"),
+    (lambda: ScalingConfig(use_gpu=False, resources_per_worker={"GPU": 1}), ConfigError,
+     "`use_gpu` is False but `GPU` was found in"),
+    (lambda: ScalingConfig(use_gpu=True, resources_per_worker={"GPU": 0}), ConfigError,
+     "`use_gpu` is True but `GPU` is set to 0 in"),
+    (lambda: DataConfig(datasets_to_split="hello"), TypeError, "`datasets_to_split` should be"),
+    (lambda: DataConfig(datasets_to_split={}), TypeError, "`datasets_to_split` should be"),
+], ids=["num_to_keep=0", "num_to_keep=-1", "score_order", "gpu-without-use_gpu", "use_gpu-with-gpu-0",
+        "split-str", "split-dict"])
+def test_messages_carry_the_fragment_ray_tests_match(build, exc_type, fragment):
+    with pytest.raises(exc_type, match=re.escape(fragment)) as info:
+        build()
+    message = str(info.value)
+    assert message.index(fragment) > 0  # after minitrain's own wording, which names class.field
+    assert re.match(r"(CheckpointConfig|ScalingConfig|DataConfig)\.\w+", message)
 
 
 @given(n=st.integers(min_value=0, max_value=10_000), use_gpu=st.booleans(),
@@ -345,6 +427,22 @@ def test_max_failures_one_retries_once():
     assert f.retries_left(0) == 1
     assert f.allows_retry(1) and f.retries_left(1) == 0
     assert not f.allows_retry(2) and f.retries_left(2) == 0
+
+
+def test_preemption_budget_mirrors_retries_left():
+    assert FailureConfig().preemption_retries_left(10**9) is None  # default -1: unlimited, as Ray
+    f = FailureConfig(max_preemption_failures=2)
+    assert [f.preemption_retries_left(n) for n in range(4)] == [2, 1, 0, 0]
+    assert FailureConfig(max_preemption_failures=0).preemption_retries_left(0) == 0
+    # the preemption budget is apart from max_failures
+    both = FailureConfig(max_failures=0, max_preemption_failures=3)
+    assert (both.retries_left(0), both.preemption_retries_left(0)) == (0, 3)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.0, None, True])
+def test_preemption_counts_are_checked(bad):
+    with pytest.raises(ValueError, match=r"preemptions_so_far must be an int >= 0, got " + re.escape(repr(bad))):
+        FailureConfig().preemption_retries_left(bad)
 
 
 def test_max_failures_minus_one_is_unlimited():
@@ -390,9 +488,8 @@ def test_storage_path_inside_a_filesystem_is_not_expanded():
 
 
 def test_run_config_normalises_collections():
-    cb = object()
-    r = RunConfig(name="r", callbacks=[cb], worker_runtime_env={"env_vars": {"A": "1"}, "working_dir": "/w"})
-    assert r.callbacks == (cb,)
+    r = RunConfig(name="r", callbacks=[], worker_runtime_env={"env_vars": {"A": "1"}, "working_dir": "/w"})
+    assert r.callbacks == ()
     assert r.worker_runtime_env == {"env_vars": {"A": "1"}, "working_dir": "/w"}
     f = FailureConfig(max_failures=3)
     assert RunConfig(name="r", failure_config=f).failure_config is f
