@@ -14,7 +14,7 @@ A `Stage` says what the loop waits for inside a state, each with a deadline:
     LAUNCHING/AGENTS --every agent connected--> STARTING/WORKERS --every rank training--> RUNNING/WORKERS
     STARTING|RUNNING/WORKERS --a rank failed, retry allowed--> RESTARTING/EXIT --exited--> RESTARTING/DRAIN
         --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ] STARTING/WORKERS (attempt + 1)
-    RUNNING/WORKERS --a rank silent past the hang timeout--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
+    RUNNING/WORKERS --a rank silent past its hang deadline--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
     any --finished | budget spent | Ctrl-C | launch failed--> STOPPING/EXIT -> STOPPING/DRAIN -> terminal
 """
 
