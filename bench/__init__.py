@@ -2,7 +2,7 @@
 
 A development tool at the project root, not part of the installed library: nothing in minitrain
 imports it, and it uses only the public API and the exported seams (`run_coordinator(observers=)` with
-`ReportObserver`, `WorkerSession.phase_seconds`, the wire protocol; tests/unit/test_layering.py
+`RunObserver` (minitrain.coordinator.observers), `WorkerSession.phase_seconds`, the wire protocol; tests/unit/test_layering.py
 checks). Run it from a checkout: `python -m bench` in the project root. Each workload runs
 minitrain and its peer (torchrun, a plain file copy, ...) back to back on the same machine and returns
 rows for one table of medians, ratios and targets (see `bench.cli`). The control-plane scale

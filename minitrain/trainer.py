@@ -179,7 +179,7 @@ class TorchTrainer:
         log_sink = LogSink(logs_dir)
         try:
             outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
-                                      checkpoints, metrics_log)
+                                      checkpoints, metrics_log, observers=self._run_observers(spec, storage))
         except LaunchError as exc:
             raise ControllerError(exc) from None
         finally:
@@ -190,6 +190,11 @@ class TorchTrainer:
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
         return _result_or_raise(outcome, storage, checkpoints, published)
+
+    def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
+        """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
+        order they are told of each event."""
+        return []
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 
@@ -487,7 +492,7 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         raise WorkerGroupError(outcome.error_message, exceptions)
 
     def checkpoint(record) -> Checkpoint:
-        return Checkpoint(published.path(record.dir_name), filesystem=published.fs)
+        return Checkpoint(published.path(record.dir_name), filesystem=published.public_fs)
 
     latest = checkpoints.latest
     history = [entry["metrics"] for entry in read_metrics_history(storage)]
@@ -500,7 +505,7 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         error=None,
         path=published.path(),
         best_checkpoints=[(checkpoint(r), r.metrics) for r in checkpoints.best()],
-        _storage_filesystem=published.fs,
+        _storage_filesystem=published.public_fs,
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
         _metrics_history=history,
     )

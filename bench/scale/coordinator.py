@@ -102,7 +102,7 @@ class FakeAgentLauncher:
 
 
 class ReportTap:
-    """A `ReportObserver` (minitrain.coordinator.commits) that times and checks every report.
+    """A `RunObserver` (minitrain.coordinator.observers) that times and checks every report.
 
     latency = the controller's wall clock when it starts recording a report - the report's
     `reported_at` (the worker's wall clock when it put the report on its stream; same machine).
@@ -161,7 +161,7 @@ class GcWatch:
 
 def simulate(spec: dict, observers=()):
     """One simulated run in this process: the real coordinator and the spec's fake clients;
-    `observers` (ReportObserver) are told of every report, beside the ReportTap.
+    `observers` (RunObserver) are told of the run, beside the ReportTap.
 
     Returns (RunOutcome, ReportTap, the run's CheckpointManager, the launcher). Optional spec keys
     beyond the benchmark's: `max_failures` (0), `worker_hang_timeout_s` ("auto"),

@@ -14,11 +14,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol, Sequence
+from typing import Callable, Optional, Protocol
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.observers import Observers, RoundInfo
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.storage.layout import staged_dir
@@ -51,14 +52,6 @@ class CheckpointBook(Protocol):
         """Write the index now."""
 
 
-class ReportObserver(Protocol):
-    """An exported seam (benchmarks, and the driver-side callbacks built on it): told of every report of
-    the current attempt as the controller receives it, before it is recorded. Runs on the controller's
-    thread, so it must be quick; an exception it raises is logged and the run goes on."""
-
-    def on_report(self, report: ReportRecord) -> None: ...
-
-
 @dataclass
 class History:
     """Rank 0's reports of this `fit()`, and what its training function returned."""
@@ -72,9 +65,10 @@ class Commits:
     """Report handling for the run; `start_attempt` before each attempt's first report."""
 
     def __init__(self, checkpoints: CheckpointBook, metrics_log: MetricsLog, hub: Hub,
-                 clock: Callable[[], float] = time.time, observers: Sequence[ReportObserver] = ()):
+                 clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
         self.checkpoints = checkpoints
-        self._observers = tuple(observers)
+        self._observers = observers if observers is not None else Observers()
+        self._world_size = 0
         self.history = History()
         self._metrics_log = metrics_log
         self._hub = hub
@@ -90,17 +84,14 @@ class Commits:
 
     def start_attempt(self, world_size: int) -> None:
         """New rounds for a new attempt, numbered on from the rounds processed so far."""
+        self._world_size = world_size
         self._rounds = RoundTracker(world_size)
         self._base = self.checkpoints.report_index
         self._list_requests = []
 
     def on_report(self, tracker: AttemptTracker, report: ReportRecord) -> None:
         """Record one report of the current attempt; commit what it completes; acknowledge it."""
-        for observer in self._observers:
-            try:
-                observer.on_report(report)
-            except Exception:  # noqa: BLE001 - an observer never breaks the run
-                logger.exception("report observer %r failed", observer)
+        self._observers.notify("on_report", report)
         if report.rank in tracker.ranks:
             state = tracker.ranks[report.rank]
             state.last_progress = self._clock()
@@ -153,6 +144,7 @@ class Commits:
         for done in completed:
             index = self._base + done.round
             self.checkpoints.advance_report_index(index + 1)
+            record = None
             if done.checkpoint_dir_name:
                 record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
                                           report_index=index, attempt=tracker.attempt,
@@ -165,6 +157,10 @@ class Commits:
                     self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
                     return
                 logger.debug("committed %s (round %d)", record.dir_name, index)
+            if self._observers:
+                by_rank = tuple(done.metrics_by_rank.get(r) for r in range(self._world_size))
+                self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
+                                                             self._clock()))
             for rank in done.ack_ranks:
                 ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=done.round))
                 self._hub.send_to_worker(tracker.attempt, rank, ack)

@@ -23,13 +23,14 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker, RankState
-from minitrain.coordinator.commits import CheckpointBook, Commits, ReportObserver
+from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver
 from minitrain.coordinator.policy import HostBackoff
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
@@ -97,10 +98,11 @@ class Controller:
 
     def __init__(self, spec: RunSpec, hub: Hub, events: "queue.SimpleQueue[ev.RunEvent]",
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
-                 clock: Callable[[], float] = time.time, observers: Sequence[ReportObserver] = ()):
+                 clock: Callable[[], float] = time.time, observers: Sequence[RunObserver] = ()):
         self._spec = spec
         self._checkpoints = checkpoints
-        self._commits = Commits(checkpoints, metrics_log, hub, clock, observers)
+        self._observers = Observers(observers)
+        self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
         self._hub = hub
         self._events = events
         self._agents = agents
@@ -122,6 +124,7 @@ class Controller:
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
+        self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
 
     @property
     def state(self) -> RunState:
@@ -137,6 +140,9 @@ class Controller:
         ends ABORTED, and KeyboardInterrupt is raised once they are gone. A request no host can hold
         raises ConfigError after the teardown.
         """
+        spec = self._spec
+        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.experiment_name, spec.run_path,
+                                                       spec.num_workers, self._clock()))
         try:
             with _sigint_noted(self._note_interrupt):
                 self._run_loop()
@@ -144,11 +150,14 @@ class Controller:
             self._shutdown_agents()
             self._persist()
             self._delete_garbage()
+        outcome = self._outcome()
+        self._end_attempt(restarting=False)
+        self._observers.notify("on_run_end", outcome)
         if self._loop.interrupts:
             raise KeyboardInterrupt
         if self._config_error is not None:
             raise self._config_error
-        return self._outcome()
+        return outcome
 
     def _run_loop(self) -> None:
         wait_s = 0.0
@@ -239,6 +248,7 @@ class Controller:
         if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
             logger.warning("attempt %d: %s; stopping every rank of the attempt", group.attempt, move.reason)
         if move.state is RunState.STARTING and self._machine.state is RunState.RESTARTING:
+            self._end_attempt(restarting=True)
             # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
             left = self._spec.failure_policy.retries_left(loop.failures)
             logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
@@ -291,6 +301,9 @@ class Controller:
                                   cwd=spec.cwd, worker_env=spec.worker_env)
         self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
                                         settings, resume, self._clock)
+        self._attempt_ended = False
+        hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
+        self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
 
     def _relaunch_lost_agents(self) -> None:
         """Before a new attempt: replace lost agents on this machine at once; re-admit a lost remote
@@ -335,6 +348,17 @@ class Controller:
             self._commits.persist()
         except Exception as exc:  # the run's own outcome matters more; say what was not saved
             logger.error("could not save the run's metrics history or index: %s", exc)
+
+    def _end_attempt(self, restarting: bool) -> None:
+        """Tell the observers, once, that the latest attempt is over."""
+        if self._attempt_ended or self._group is None:
+            return
+        self._attempt_ended = True
+        tracker = self._group.tracker
+        failures = tuple(tracker.failures())
+        self._observers.notify("on_attempt_end", AttemptEnd(
+            attempt=tracker.attempt, failures=failures, root_cause=_root_cause_text(tracker) if failures else "",
+            restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
 
     def _shutdown_agents(self) -> None:
         for node_id in list(self._nodes):

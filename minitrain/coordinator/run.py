@@ -6,9 +6,10 @@ import logging
 import queue
 from typing import Callable, Protocol, Sequence
 
-from minitrain.coordinator.commits import CheckpointBook, ReportObserver
+from minitrain.coordinator.commits import CheckpointBook
 from minitrain.coordinator.controller import Controller, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
 from minitrain.errors import LaunchError
@@ -36,9 +37,9 @@ class Launcher(Protocol):
 
 def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
                     checkpoints: CheckpointBook, metrics_log: MetricsLog,
-                    observers: Sequence[ReportObserver] = ()) -> RunOutcome:
-    """Serve one run to its end and leave nothing running. `observers` are told of every report
-    (`ReportObserver`).
+                    observers: Sequence[RunObserver] = ()) -> RunOutcome:
+    """Serve one run to its end and leave nothing running. `observers` are told of the run's
+    progress (`minitrain.coordinator.observers`).
 
     A fresh 256-bit token authenticates every RPC of the run. KeyboardInterrupt propagates after the
     workers were stopped.

@@ -16,20 +16,38 @@ import re
 import pytest
 
 from bench.scale.coordinator import simulate
+from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
 from minitrain.procs import living_descendants
 
 WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
 
 
-class Rounds:
-    """A ReportObserver: every (attempt, rank) -> the rounds it reported, in arrival order."""
+class Rounds(RunObserver):
+    """A RunObserver: every (attempt, rank) -> the rounds it reported, in arrival order; and the other
+    calls the controller made, in order."""
 
     def __init__(self):
         self.seen = collections.defaultdict(list)
+        self.calls = []  # (method, its argument) in call order, reports left out
 
     def on_report(self, report) -> None:
         self.seen[(report.attempt, report.rank)].append(report.round)
+
+    def on_run_start(self, run) -> None:
+        self.calls.append(("run_start", run))
+
+    def on_attempt_start(self, attempt) -> None:
+        self.calls.append(("attempt_start", attempt))
+
+    def on_round(self, round_) -> None:
+        self.calls.append(("round", round_))
+
+    def on_attempt_end(self, end) -> None:
+        self.calls.append(("attempt_end", end))
+
+    def on_run_end(self, outcome) -> None:
+        self.calls.append(("run_end", outcome))
 
     def complete(self, attempt: int) -> bool:
         """Every rank of `attempt` reported rounds 0..REPORTS-1 once each, in order."""
@@ -55,6 +73,20 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     # Rank 0's history and the committed rounds are the last attempt's, each round once, in order.
     assert [m["step"] for m in outcome.metrics_history][-REPORTS:] == list(range(REPORTS))
     assert checkpoints.report_index >= REPORTS
+    # The observers saw the run in order: start, attempt 0 and its end (restarting, rank 13 the root
+    # cause with its pickled exception), attempt 1 with every round of every rank, its end, the outcome.
+    kinds = [kind for kind, _ in rounds.calls]
+    assert kinds[:2] == ["run_start", "attempt_start"] and kinds[-2:] == ["attempt_end", "run_end"]
+    starts = [arg for kind, arg in rounds.calls if kind == "attempt_start"]
+    ends = [arg for kind, arg in rounds.calls if kind == "attempt_end"]
+    assert [a.attempt for a in starts] == [0, 1] and all(a.world_size == WORKERS for a in starts)
+    assert [(e.attempt, e.restarting) for e in ends] == [(0, True), (1, False)]
+    assert ends[0].failures and "rank 13 " in ends[0].root_cause and not ends[1].failures
+    last_rounds = [arg for kind, arg in rounds.calls if kind == "round" and arg.attempt == 1]
+    assert [r.index for r in last_rounds] == sorted(r.index for r in last_rounds)
+    assert len(last_rounds) == REPORTS and all(len(r.metrics_by_rank) == WORKERS for r in last_rounds)
+    assert all(m is not None and m["step"] == i for i, r in enumerate(last_rounds) for m in r.metrics_by_rank)
+    assert rounds.calls[-1][1] is outcome
 
 
 def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):

@@ -51,7 +51,7 @@ TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_ba
 # minitrain.lightning and minitrain.huggingface: user-side integrations that run inside training functions.
 TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
 # What bench/ may use besides the public API (L3 and the lazy package exports): the coordinator run
-# entry with its ReportObserver seam (the scale simulation serves fake agents over the wire protocol),
+# entry with its RunObserver seam (the scale simulation serves fake agents over the wire protocol),
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
 BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.run",
                "minitrain.coordinator.controller", "minitrain.coordinator.metrics_log", "minitrain.logs",

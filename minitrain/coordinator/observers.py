@@ -1,0 +1,131 @@
+"""What the controller tells the driver-side observers of a run, and the one fan-out that tells them.
+
+Every driver-side consumer of a run's progress is a `RunObserver`: Ray's `UserCallback` adapter and the
+tracker callbacks (`RunConfig.callbacks`), the run monitor behind the console and the dashboard, and
+the benchmarks' report tap. The controller calls `Observers` at these points, on its own thread:
+
+    on_run_start      once, before the agents are waited for
+    on_attempt_start  each attempt, once its ranks are placed and started
+    on_report         every report of every rank of the current attempt, as it arrives (before it is
+                      recorded); a report of a stale attempt is never passed on
+    on_round          a report round every rank has answered, after its checkpoint (if any) was
+                      committed: Ray's `after_report` granularity
+    on_attempt_end    each attempt that started, once it is over (failed, or the run's last)
+    on_run_end        once, however the run ended (also on Ctrl-C and on an unsatisfiable request)
+
+Observers run on the controller's thread, so each call must be quick (an observer that does I/O hands
+the work to a thread of its own). An exception an observer raises is logged and the run goes on: what
+watches a run never changes its outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Mapping, Optional, Sequence
+
+from minitrain.records import ReportRecord, RunOutcome, WorkerFailure
+from minitrain.storage.retention import CheckpointRecord
+
+logger = logging.getLogger("minitrain")
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """The run as it starts: `run_path` is the run directory's URL (`<storage_path>/<name>`)."""
+
+    run_id: str
+    experiment_name: str
+    run_path: str
+    num_workers: int
+    started_at: float
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """One attempt as it starts: `hosts[r]` is the node that runs rank r."""
+
+    attempt: int
+    hosts: tuple[str, ...]
+    started_at: float
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks of the attempt."""
+        return len(self.hosts)
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """A report round every rank answered. `index` counts rounds across attempts and resumes (the
+    `report_index` of checkpoints); `metrics_by_rank[r]` is rank r's metrics, or None for a rank that
+    finished without reporting this round; `checkpoint` is the checkpoint the round committed."""
+
+    attempt: int
+    index: int
+    metrics_by_rank: tuple[Optional[dict], ...]
+    checkpoint: Optional[CheckpointRecord]
+    completed_at: float
+
+
+@dataclass(frozen=True)
+class AttemptEnd:
+    """An attempt that is over. `failures` lists its failures in the order they were learned (empty
+    when it succeeded or was stopped without one) and `root_cause` names the one that caused the
+    others (see `minitrain.errors.render_failures`); `exceptions` maps a failed rank to its pickled exception,
+    as the worker sent it over the authenticated channel; `restarting` is True when another attempt
+    follows."""
+
+    attempt: int
+    failures: tuple[WorkerFailure, ...]
+    root_cause: str
+    restarting: bool
+    ended_at: float
+    exceptions: Mapping[int, bytes] = field(default_factory=dict)
+
+
+class RunObserver:
+    """Base of the driver-side observers: every method does nothing; override the ones you need.
+    Calls come from the controller's thread, in the order listed in the module docstring."""
+
+    def on_run_start(self, run: RunInfo) -> None:
+        """The run starts."""
+
+    def on_attempt_start(self, attempt: AttemptInfo) -> None:
+        """An attempt's ranks were placed and started."""
+
+    def on_report(self, report: ReportRecord) -> None:
+        """One rank's report of the current attempt arrived."""
+
+    def on_round(self, round_: RoundInfo) -> None:
+        """Every rank answered a report round; its checkpoint, if any, is committed."""
+
+    def on_attempt_end(self, end: AttemptEnd) -> None:
+        """An attempt is over."""
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        """The run is over (`outcome.state` says how)."""
+
+
+class Observers:
+    """The fan-out the controller calls: each observer in turn, each failure logged and contained.
+
+    An observer may implement any subset of `RunObserver`'s methods (a plain object with `on_report`
+    is one: the benchmarks' tap)."""
+
+    def __init__(self, observers: Sequence[object] = ()):
+        self._observers = tuple(observers)
+
+    def __bool__(self) -> bool:
+        return bool(self._observers)
+
+    def notify(self, method: str, *args) -> None:
+        """Call `method(*args)` on every observer that has it."""
+        for observer in self._observers:
+            call = getattr(observer, method, None)
+            if call is None:
+                continue
+            try:
+                call(*args)
+            except Exception:  # noqa: BLE001 - an observer never breaks the run
+                logger.exception("run observer %r failed in %s", observer, method)
