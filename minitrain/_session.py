@@ -9,7 +9,7 @@ import the runtime that created it.
 from __future__ import annotations
 
 import threading
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 from minitrain.context import TrainContext
 
@@ -47,3 +47,30 @@ def current(function_name: str) -> Session:
             "Call it inside the function you pass to TorchTrainer (it runs on every worker)."
         )
     return session
+
+
+# Process-wide makers of extra driver-side run observers (minitrain.coordinator.observers.RunObserver):
+# every TorchTrainer.fit() in this process asks each for one observer. minitrain.tune's trial process
+# registers one so that each report round of any fit() it runs reaches the tuner (Ray's
+# TuneReportCallback, implicit). A tuning trial owns its whole process, so process-wide is its scope.
+_run_observer_makers: list = []
+
+
+def add_run_observer_maker(maker: Callable[[], Any]) -> None:
+    """Give every later `fit()` in this process an observer made by `maker()`."""
+    with _lock:
+        _run_observer_makers.append(maker)
+
+
+def remove_run_observer_maker(maker: Callable[[], Any]) -> None:
+    """Undo `add_run_observer_maker(maker)` (nothing when it is not registered)."""
+    with _lock:
+        if maker in _run_observer_makers:
+            _run_observer_makers.remove(maker)
+
+
+def new_run_observers() -> list:
+    """One new observer from each registered maker, for one `fit()`."""
+    with _lock:
+        makers = list(_run_observer_makers)
+    return [maker() for maker in makers]

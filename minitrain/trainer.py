@@ -194,7 +194,7 @@ class TorchTrainer:
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
         order they are told of each event."""
-        return []
+        return _session.new_run_observers()  # a tuning trial's report forwarding (minitrain.tune)
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 

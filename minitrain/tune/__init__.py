@@ -1,0 +1,1 @@
+"""minitrain.tune: Ray Tune's `Tuner` surface on top of `TorchTrainer` (placeholder during build)."""
