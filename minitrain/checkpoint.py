@@ -1,7 +1,8 @@
 """`Checkpoint`: a directory of files on some filesystem, as `ray.train.Checkpoint` (L1).
 
-Ray's class is built on `pyarrow.fs`; this one is built on fsspec, so `filesystem` is an
-`fsspec.AbstractFileSystem` and any fsspec URL works (`s3://`, `gs://`, `file://`, `memory://`, ...).
+Ray's class is built on `pyarrow.fs`; this one works on fsspec, so any fsspec URL works (`s3://`, `gs://`,
+`file://`, `memory://`, ...), and `filesystem` may be an fsspec filesystem or a `pyarrow.fs.FileSystem`
+(see `minitrain.storage.user_filesystems`).
 This module must not import torch: the driver and the agents load it.
 """
 
@@ -19,6 +20,8 @@ from typing import Any, Iterator, Optional, Union
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+
+from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarrow
 
 _METADATA_FILE = ".metadata.json"
 _DICT_FILE = "dict_checkpoint.pkl"
@@ -80,8 +83,11 @@ class Checkpoint:
 
     `Checkpoint(path)` accepts a local path (`~` is expanded, the path made absolute) or a URL such as
     `"s3://bucket/run/ckpt"`; `.path` is then the path without the scheme and `.filesystem` the fsspec
-    filesystem. With `filesystem` given, `path` is a path on that filesystem. A Checkpoint is only a
-    reference: creating one copies nothing. Equality is identity, as in Ray.
+    filesystem. With `filesystem` given (an fsspec filesystem or a `pyarrow.fs.FileSystem`; anything else
+    raises `ConfigError`), `path` is a path on that filesystem, and `.filesystem` is that object as given:
+    a pyarrow filesystem stays one, so `pyarrow.fs.copy_files(ckpt.path, dest,
+    source_filesystem=ckpt.filesystem)` and `ckpt.filesystem.get_file_info(...)` work as in Ray. A
+    Checkpoint is only a reference: creating one copies nothing. Equality is identity, as in Ray.
     """
 
     # Removed in Ray 2.x: access raises AttributeError with a migration hint (from_dict/to_dict are kept).
@@ -95,24 +101,24 @@ class Checkpoint:
     set_preprocessor = _Removed(_REMOVED["set_preprocessor"])
 
     def __init__(self, path: Union[str, "os.PathLike[str]"],
-                 filesystem: Optional[fsspec.AbstractFileSystem] = None) -> None:
+                 filesystem: Any = None) -> None:
         if not isinstance(path, (str, os.PathLike)):
             raise TypeError(f"Checkpoint path must be a str or os.PathLike, got {type(path).__name__}: "
                             f"{path!r}")
         path = os.fspath(path)
         if filesystem is None:
-            filesystem, path = fsspec.core.url_to_fs(os.path.expanduser(path))
-        elif not isinstance(filesystem, fsspec.AbstractFileSystem):
-            raise TypeError(f"Checkpoint filesystem must be an fsspec filesystem "
-                            f"(fsspec.AbstractFileSystem), got {type(filesystem).__name__}.")
+            fs, path = fsspec.core.url_to_fs(os.path.expanduser(path))
         else:
-            path = filesystem._strip_protocol(path)  # a URL of the same filesystem is accepted too
-        self.path: str = _local_path(path) if _is_local(filesystem) else path
-        self.filesystem: fsspec.AbstractFileSystem = filesystem
+            fs = as_fsspec(filesystem, "Checkpoint(filesystem=...)")
+            path = fs._strip_protocol(path)  # a URL of the same filesystem is accepted too
+        self.path: str = _local_path(path) if _is_local(fs) else path
+        # All I/O goes through `_fs`; `filesystem` is what the user gave (a pyarrow one stays pyarrow).
+        self._fs: fsspec.AbstractFileSystem = fs
+        self.filesystem: Any = for_users(fs, given_pyarrow(filesystem))
         self._uuid = uuid.uuid4()
 
     def __repr__(self) -> str:
-        return f"Checkpoint(filesystem={_protocol_name(self.filesystem)}, path={self.path})"
+        return f"Checkpoint(filesystem={_protocol_name(self._fs)}, path={self.path})"
 
     @classmethod
     def from_directory(cls, path: Union[str, "os.PathLike[str]"]) -> "Checkpoint":
@@ -143,7 +149,7 @@ class Checkpoint:
         directory as read-only (your changes would alter the checkpoint). On a remote filesystem the files
         are downloaded to a fresh temporary directory that is removed when the block exits.
         """
-        if _is_local(self.filesystem):
+        if _is_local(self._fs):
             yield self.path
             return
         tmp = tempfile.mkdtemp(prefix=f"checkpoint_tmp_{self._uuid.hex}_")
@@ -154,16 +160,16 @@ class Checkpoint:
             shutil.rmtree(tmp, ignore_errors=True)
 
     def _copy_into(self, dest: str) -> None:
-        if not self.filesystem.isdir(self.path):
+        if not self._fs.isdir(self.path):
             raise FileNotFoundError(f"Checkpoint directory {self!r} does not exist.")
         os.makedirs(dest, exist_ok=True)
-        if _is_local(self.filesystem):
+        if _is_local(self._fs):
             if os.path.realpath(dest) != os.path.realpath(self.path):
                 shutil.copytree(self.path, dest, dirs_exist_ok=True)
             return
         remote, local = [], []
         root = self.path.rstrip("/")
-        for name, info in self.filesystem.find(root, withdirs=True, detail=True).items():
+        for name, info in self._fs.find(root, withdirs=True, detail=True).items():
             rel = posixpath.relpath(name.rstrip("/"), root)
             if rel == ".":
                 continue
@@ -177,7 +183,7 @@ class Checkpoint:
         if remote:
             # Two lists: fsspec copies path to path without reinterpreting them (and batches async
             # filesystems such as s3).
-            self.filesystem.get(remote, local)
+            self._fs.get(remote, local)
 
     # ------------------------------------------------------------------ metadata
 
@@ -187,9 +193,9 @@ class Checkpoint:
     def get_metadata(self) -> dict:
         """The dict stored in `<path>/.metadata.json`, or `{}` when there is none."""
         location = self._file(_METADATA_FILE)
-        if not self.filesystem.exists(location):
+        if not self._fs.exists(location):
             return {}
-        return json.loads(self.filesystem.cat_file(location).decode("utf-8"))
+        return json.loads(self._fs.cat_file(location).decode("utf-8"))
 
     def set_metadata(self, metadata: dict) -> None:
         """Replace the metadata with `metadata` (a JSON-safe dict), written into the checkpoint directory.
@@ -209,8 +215,8 @@ class Checkpoint:
                 raise ValueError(f"Checkpoint metadata value for key {key!r} is not JSON-serializable "
                                  f"({type(value).__name__}: {exc}). Store it in a file inside the "
                                  "checkpoint directory instead.") from exc
-        self.filesystem.makedirs(self.path, exist_ok=True)
-        self.filesystem.pipe_file(self._file(_METADATA_FILE), json.dumps(metadata).encode("utf-8"))
+        self._fs.makedirs(self.path, exist_ok=True)
+        self._fs.pipe_file(self._file(_METADATA_FILE), json.dumps(metadata).encode("utf-8"))
 
     def update_metadata(self, metadata: dict) -> None:
         """Merge `metadata` into the stored metadata (read, update, write; not atomic across writers)."""
@@ -246,8 +252,8 @@ class Checkpoint:
         trust. A checkpoint not made by `from_dict` raises `ValueError`.
         """
         location = self._file(_DICT_FILE)
-        if not self.filesystem.exists(location):
+        if not self._fs.exists(location):
             raise ValueError(f"{self!r} was not created with Checkpoint.from_dict (it has no {_DICT_FILE}); "
                              "use `with checkpoint.as_directory() as dir: ...` to read its files.")
-        with self.filesystem.open(location, "rb") as f:
+        with self._fs.open(location, "rb") as f:
             return pickle.load(f)

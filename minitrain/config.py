@@ -507,6 +507,29 @@ def _default_name() -> str:
     return f"minitrain_run-{datetime.now():%Y-%m-%d_%H-%M-%S}"
 
 
+def filesystem_kind(value: Any) -> Optional[str]:
+    """"fsspec" for an fsspec filesystem, "pyarrow" for a `pyarrow.fs.FileSystem`, else None.
+
+    Decided from the names of the object's classes, so neither library is imported to check (pyarrow is
+    optional, and this module uses the standard library only)."""
+    for cls in type(value).__mro__:
+        qualified = f"{cls.__module__}.{cls.__qualname__}"
+        if qualified == "fsspec.spec.AbstractFileSystem":
+            return "fsspec"
+        if qualified == "pyarrow._fs.FileSystem":
+            return "pyarrow"
+    return None
+
+
+def bad_filesystem(where: str, value: Any) -> ConfigError:
+    """The ConfigError for `value` given as the filesystem `where` (e.g. "RunConfig.storage_filesystem")."""
+    kind = type(value)
+    return ConfigError(
+        f"{where} must be None, a pyarrow.fs.FileSystem or an fsspec filesystem, got {value!r} (type "
+        f"{kind.__module__}.{kind.__qualname__}). Pass e.g. pyarrow.fs.S3FileSystem(...) or "
+        f"fsspec.filesystem('s3', ...), or leave it None and give a URL such as 's3://bucket/runs'.")
+
+
 def _storage_path(value: Any, has_filesystem: bool) -> str:
     if isinstance(value, os.PathLike):
         value = os.fspath(value)
@@ -581,7 +604,8 @@ class RunConfig:
     `storage_path` resumes from its latest checkpoint. `name` defaults to
     `minitrain_run-YYYY-MM-DD_HH-MM-SS` (local time); `storage_path` to `~/minitrain_results`. Local
     paths are expanded and made absolute; URLs (`s3://`, `file://`, `memory://`, ...) and paths inside a
-    given `storage_filesystem` (an fsspec filesystem) are kept as given. None for a sub-config means its
+    given `storage_filesystem` (a `pyarrow.fs.FileSystem` or an fsspec filesystem; anything else raises
+    `ConfigError`) are kept as given. None for a sub-config means its
     default; `worker_runtime_env` is stored as a read-only dict holding at most `env_vars` (str -> str)
     and `working_dir` (str). `callbacks` must be None or empty (stored as `()`): minitrain does not
     call Ray's `UserCallback`s, so any callback raises `ConfigError`; act on metrics inside the
@@ -619,6 +643,8 @@ class RunConfig:
                            "<storage_path>/<name>/logs/attempt_<n>/rank_<r>.log.",
         })
         object.__setattr__(self, "name", self._checked_name())
+        if self.storage_filesystem is not None and filesystem_kind(self.storage_filesystem) is None:
+            raise bad_filesystem("RunConfig.storage_filesystem", self.storage_filesystem)
         object.__setattr__(self, "storage_path", _storage_path(
             os.path.expanduser(_DEFAULT_STORAGE_PATH) if self.storage_path is None else self.storage_path,
             self.storage_filesystem is not None))

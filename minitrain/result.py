@@ -15,6 +15,7 @@ from minitrain.checkpoint import Checkpoint
 from minitrain.storage.layout import INDEX_NAME as SNAPSHOT_FILE
 from minitrain.storage.layout import METRICS_NAME as METRICS_FILE
 from minitrain.storage.layout import split_metrics_lines
+from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarrow
 
 
 @dataclass
@@ -49,7 +50,10 @@ class Result:
 
     @property
     def filesystem(self) -> Any:
-        """The storage filesystem of `path` (an fsspec filesystem), or None for a local path."""
+        """The storage filesystem of `path`: the `pyarrow.fs.FileSystem` given as `storage_filesystem`
+        when one was (so Ray's `result.filesystem.get_file_info(...)` works), else the fsspec filesystem;
+        None in local mode (no run directory). `pyarrow.fs.copy_files(...,
+        source_filesystem=result.filesystem)` accepts either kind."""
         return self._storage_filesystem
 
     @property
@@ -83,10 +87,11 @@ class Result:
         return pick(scored, key=lambda item: item[0])[1]
 
     @classmethod
-    def from_path(cls, path: str, storage_filesystem: Optional[fsspec.AbstractFileSystem] = None) -> "Result":
+    def from_path(cls, path: str, storage_filesystem: Any = None) -> "Result":
         """Rebuild the Result of a finished run from its run directory `<storage_path>/<name>`.
 
-        `path` may be a URL when `storage_filesystem` is not given. Reads
+        `path` may be a URL when `storage_filesystem` (an fsspec filesystem or a `pyarrow.fs.FileSystem`)
+        is not given. Reads
         `checkpoint_manager_snapshot.json` and, if present, `metrics.jsonl`. `best_checkpoints` holds
         every retained checkpoint in snapshot order, plus the latest if it is missing there (so it can
         include a latest checkpoint outside the top K, as Ray's `from_path` does); `checkpoint` is the
@@ -96,7 +101,9 @@ class Result:
         if storage_filesystem is None:
             fs, run_path = fsspec.core.url_to_fs(os.path.expanduser(os.fspath(path)))
         else:
-            fs, run_path = storage_filesystem, storage_filesystem._strip_protocol(os.fspath(path))
+            fs = as_fsspec(storage_filesystem, "Result.from_path(storage_filesystem=...)")
+            run_path = fs._strip_protocol(os.fspath(path))
+        shown = for_users(fs, given_pyarrow(storage_filesystem))
         if isinstance(fs, LocalFileSystem):
             run_path = os.path.abspath(os.path.expanduser(run_path))
         run_path = run_path.rstrip("/") or "/"
@@ -112,7 +119,7 @@ class Result:
             name = record.get("checkpoint_dir_name") if isinstance(record, dict) else None
             if not isinstance(name, str) or not name:
                 raise ValueError(f"{snapshot_path}: checkpoint entry without a checkpoint_dir_name: {record!r}")
-            return Checkpoint(f"{run_path}/{name}", filesystem=fs), record.get("metrics") or {}, name
+            return Checkpoint(f"{run_path}/{name}", filesystem=shown), record.get("metrics") or {}, name
 
         retained = [entry(record) for record in snapshot.get("checkpoint_results") or []]
         latest = snapshot.get("latest_checkpoint_result")
@@ -131,7 +138,7 @@ class Result:
             metrics = latest_entry[1] if latest_entry is not None else None
         return cls(metrics=metrics, checkpoint=latest_entry[0] if latest_entry is not None else None,
                    error=None, path=run_path, best_checkpoints=[(ckpt, m) for ckpt, m, _ in retained],
-                   _storage_filesystem=fs, _metrics_history=history or None)
+                   _storage_filesystem=shown, _metrics_history=history or None)
 
 
 def _get_metrics_dataframe(self: Result) -> Any:

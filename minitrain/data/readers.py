@@ -18,6 +18,7 @@ import fsspec.core
 import numpy as np
 
 from minitrain.data.tables import as_column
+from minitrain.storage.user_filesystems import as_fsspec
 
 EXTENSIONS = {"csv": ("csv", "csv.gz"), "json": ("json", "jsonl", "json.gz", "jsonl.gz"),
               "parquet": ("parquet",)}
@@ -35,6 +36,8 @@ def expand_paths(paths: Union[str, Sequence[str]], filesystem: Any, fmt: str,
     if not paths:
         raise ValueError(f"read_{fmt}(paths=...) needs at least one path.")
     extensions = tuple(e.lstrip(".").lower() for e in (file_extensions or EXTENSIONS[fmt]))
+    if filesystem is not None:  # fsspec or pyarrow.fs (Ray's readers take pyarrow filesystems)
+        filesystem = as_fsspec(filesystem, f"read_{fmt}(filesystem=...)")
     fs = filesystem
     found: list[str] = []
     for path in paths:

@@ -32,6 +32,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.errors import MinitrainError
 from minitrain.storage.layout import TEMP_SUFFIX, VALIDATE_MARKER, is_temp_name
+from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarrow
 
 __all__ = ["Storage", "StorageError", "TEMP_SUFFIX", "VALIDATE_MARKER", "is_temp_name", "local_files"]
 
@@ -72,13 +73,17 @@ def _check_rel(rel: str) -> str:
 
 
 class Storage:
-    """The run directory `root` (a path without protocol) on the fsspec filesystem `fs`."""
+    """The run directory `root` (a path without protocol) on the fsspec filesystem `fs`.
 
-    __slots__ = ("fs", "root")
+    `given` is the `pyarrow.fs.FileSystem` the user passed as `storage_filesystem`, if any: `public_fs`
+    hands it back in Checkpoints and the Result (all I/O goes through `fs`)."""
 
-    def __init__(self, fs: fsspec.AbstractFileSystem, root: str):
+    __slots__ = ("fs", "root", "given")
+
+    def __init__(self, fs: fsspec.AbstractFileSystem, root: str, given: Optional[object] = None):
         self.fs = fs
         self.root = root.rstrip("/") or "/"
+        self.given = given
 
     @classmethod
     def for_run(cls, storage_path: str, name: str,
@@ -86,18 +91,26 @@ class Storage:
         """The run directory `name` under `storage_path`.
 
         `storage_path` is a local path (relative paths and "~" are made absolute) or any fsspec URL
-        ("file://", "memory://", "s3://", ...). With `filesystem`, `storage_path` is a path inside it.
+        ("file://", "memory://", "s3://", ...). With `filesystem` (an fsspec filesystem or a
+        `pyarrow.fs.FileSystem`, see `user_filesystems.as_fsspec`), `storage_path` is a path inside it.
         """
         if not name or "/" in name or name in (".", ".."):
             raise ValueError(f"the run name must be a single path component, got {name!r}")
         if filesystem is None:
             fs, base = fsspec.core.url_to_fs(storage_path)
         else:
-            fs, base = filesystem, filesystem._strip_protocol(storage_path)
-        return cls(fs, posixpath.join(base.rstrip("/") or "/", name))
+            fs = as_fsspec(filesystem, "RunConfig.storage_filesystem")
+            base = fs._strip_protocol(storage_path)
+        return cls(fs, posixpath.join(base.rstrip("/") or "/", name), given_pyarrow(filesystem))
 
     def __reduce__(self):
-        return (Storage, (self.fs, self.root))
+        return (Storage, (self.fs, self.root, self.given))
+
+    @property
+    def public_fs(self) -> object:
+        """The filesystem to show users (`Checkpoint.filesystem`, `Result.filesystem`): the pyarrow
+        filesystem given as `storage_filesystem`, else `fs`."""
+        return for_users(self.fs, self.given)
 
     def __repr__(self) -> str:
         return f"Storage({self.url()!r})"
@@ -299,6 +312,7 @@ class Storage:
                 os.rename(self.path(sources[0]), target_root)
                 return
             self.fs.makedirs(target_root, exist_ok=True)
+            made = {target_root}
             for source in sources:
                 source_root = self.path(source)
                 for path in self.fs.find(source_root, withdirs=False):
@@ -307,8 +321,12 @@ class Storage:
                     if self.is_local:
                         os.makedirs(os.path.dirname(target), exist_ok=True)
                         os.replace(path, target)
-                    else:
-                        self.fs.mv(path, target)
+                        continue
+                    parent = posixpath.dirname(target)
+                    if parent not in made:  # filesystems with real directories (pyarrow's) need the parent
+                        self.fs.makedirs(parent, exist_ok=True)
+                        made.add(parent)
+                    self.fs.mv(path, target)
                 self.remove_tree(source)
 
     def download_dir(self, rel: str, local_dir: str) -> int:

@@ -216,7 +216,7 @@ class WorkerSession:
         return staged_dir(self._client.attempt, self._client.rank, dir_name)
 
     def _checkpoint_at(self, dir_name: str) -> Checkpoint:
-        return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.fs)
+        return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.public_fs)
 
     def _dir_name_for(self, round_: int, requested: Optional[str]) -> str:
         if requested is None:
@@ -325,7 +325,7 @@ class WorkerSession:
 
     def _inside_run_dir(self, checkpoint: Checkpoint) -> bool:
         root = self.storage.path("").rstrip("/") + "/"
-        return type(checkpoint.filesystem) is type(self.storage.fs) and checkpoint.path.startswith(root)
+        return type(checkpoint._fs) is type(self.storage.fs) and checkpoint.path.startswith(root)
 
     def _name_in_run_dir(self, checkpoint: Any, what: str) -> str:
         root = self.storage.path("").rstrip("/")

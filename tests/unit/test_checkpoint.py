@@ -15,6 +15,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from minitrain.checkpoint import Checkpoint
+from minitrain.errors import ConfigError
 
 
 def _tree(root: Path) -> dict:
@@ -88,7 +89,7 @@ def test_url_strips_the_scheme(memory_root):
 def test_explicit_filesystem_takes_a_path_on_it(memory_root):
     fs, root = memory_root
     assert Checkpoint(f"{root}/x", filesystem=fs).path == f"{root}/x"
-    with pytest.raises(TypeError, match="fsspec"):
+    with pytest.raises(ConfigError, match="fsspec"):  # a ValueError, as Ray's check
         Checkpoint("/x", filesystem="s3")
     with pytest.raises(TypeError, match="str or os.PathLike"):
         Checkpoint(42)

@@ -483,7 +483,9 @@ def test_urls_are_kept_as_given(url, run_path):
 
 
 def test_storage_path_inside_a_filesystem_is_not_expanded():
-    r = RunConfig(name="r", storage_path="bucket/runs", storage_filesystem=object())
+    import fsspec
+
+    r = RunConfig(name="r", storage_path="bucket/runs", storage_filesystem=fsspec.filesystem("memory"))
     assert r.storage_path == "bucket/runs" and r.run_path == "bucket/runs/r"
 
 

@@ -1,0 +1,209 @@
+"""pyarrow filesystems wherever minitrain takes a filesystem (issue 13, item 1).
+
+Ray's storage API is typed on `pyarrow.fs.FileSystem`; minitrain works on fsspec. These tests pass
+pyarrow's own filesystems (local, SubTree, S3 against a real S3 API on loopback, and Ray's
+`PyFileSystem(FSSpecHandler(fs))` wrapping) through RunConfig, Storage, Checkpoint, Result.from_path and
+the data readers, and run Ray's documented pyarrow snippets (`get_file_info`, `copy_files`) on what
+minitrain hands back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import sys
+import uuid
+
+import fsspec
+import pytest
+from fsspec.implementations.arrow import ArrowFSWrapper
+from fsspec.implementations.local import LocalFileSystem
+
+pafs = pytest.importorskip("pyarrow.fs")
+
+from minitrain import Checkpoint, ConfigError, Result, RunConfig  # noqa: E402
+from minitrain.data import read_csv  # noqa: E402
+from minitrain.storage.filesystem import Storage  # noqa: E402
+from minitrain.storage.user_filesystems import as_fsspec  # noqa: E402
+
+
+def _tree(root, files: dict) -> str:
+    for rel, text in files.items():
+        target = os.path.join(root, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        with open(target, "w") as handle:
+            handle.write(text)
+    return str(root)
+
+
+# ---------------------------------------------------------------------------------- what is accepted
+
+
+def test_as_fsspec_unwraps_fsspec_handler_and_wraps_other_pyarrow_filesystems(tmp_path):
+    memory = fsspec.filesystem("memory")
+    assert as_fsspec(memory, "x") is memory
+    assert as_fsspec(pafs.PyFileSystem(pafs.FSSpecHandler(memory)), "x") is memory
+    assert isinstance(as_fsspec(pafs.LocalFileSystem(), "x"), LocalFileSystem)
+    subtree = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    wrapped = as_fsspec(subtree, "x")
+    assert isinstance(wrapped, ArrowFSWrapper) and wrapped.fs is subtree
+
+
+@pytest.mark.parametrize("bad", ["s3", 42, object()])
+def test_anything_else_is_a_config_error_naming_the_field_type_and_fix(bad, tmp_path):
+    type_name = f"{type(bad).__module__}.{type(bad).__qualname__}"
+    for build, field in ((lambda: RunConfig(storage_filesystem=bad), "RunConfig.storage_filesystem"),
+                         (lambda: Checkpoint("/x", filesystem=bad), "Checkpoint(filesystem=...)"),
+                         (lambda: Result.from_path(str(tmp_path), storage_filesystem=bad),
+                          "Result.from_path(storage_filesystem=...)"),
+                         (lambda: read_csv(str(tmp_path), filesystem=bad), "read_csv(filesystem=...)")):
+        with pytest.raises(ConfigError) as caught:
+            build()
+        text = str(caught.value)
+        assert field in text and type_name in text and "pyarrow.fs.FileSystem" in text and "fsspec" in text
+
+
+def test_run_config_keeps_the_pyarrow_filesystem_and_path_as_given():
+    given = pafs.LocalFileSystem()
+    config = RunConfig(name="r", storage_path="relative/runs", storage_filesystem=given)
+    assert config.storage_filesystem is given and config.storage_path == "relative/runs"
+
+
+def test_checking_a_filesystem_never_imports_pyarrow(tmp_path, monkeypatch):
+    # pyarrow is optional: with it made unimportable, fsspec filesystems and bad values are still judged.
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.fs", None)
+    memory = fsspec.filesystem("memory")
+    assert RunConfig(storage_filesystem=memory).storage_filesystem is memory
+    assert Checkpoint(str(tmp_path), filesystem=LocalFileSystem()).path == str(tmp_path)
+    with pytest.raises(ConfigError, match="RunConfig.storage_filesystem"):
+        RunConfig(storage_filesystem=object())
+    with pytest.raises(ConfigError, match="Checkpoint"):
+        Checkpoint(str(tmp_path), filesystem="local")
+
+
+# ---------------------------------------------------------------------------------- Checkpoint
+
+
+def _pyarrow_filesystems(root: str):
+    """(pyarrow filesystem, path of `root` on it) for each way a Ray user may hand us a local directory."""
+    return [(pafs.LocalFileSystem(), root),
+            (pafs.PyFileSystem(pafs.FSSpecHandler(LocalFileSystem())), root),
+            (pafs.SubTreeFileSystem(os.path.dirname(root), pafs.LocalFileSystem()), os.path.basename(root))]
+
+
+def test_checkpoint_on_pyarrow_filesystems_answers_rays_pyarrow_calls(tmp_path):
+    source = _tree(tmp_path / "ckpt", {"model.pt": "weights", "sub/opt.pt": "state"})
+    for filesystem, path in _pyarrow_filesystems(source):
+        checkpoint = Checkpoint(path, filesystem=filesystem)
+        assert checkpoint.filesystem is filesystem  # handed back as given: Ray's code sees pyarrow
+        # Ray's docs: inspect and copy a checkpoint through pyarrow.
+        assert checkpoint.filesystem.get_file_info(checkpoint.path).type == pafs.FileType.Directory
+        selector = pafs.FileSelector(checkpoint.path, recursive=True)
+        names = sorted(info.base_name for info in checkpoint.filesystem.get_file_info(selector)
+                       if info.type == pafs.FileType.File)
+        assert names == ["model.pt", "opt.pt"]
+        copied = tmp_path / f"copy-{uuid.uuid4().hex}"
+        copied.mkdir()
+        pafs.copy_files(checkpoint.path, str(copied), source_filesystem=checkpoint.filesystem)
+        assert (copied / "sub" / "opt.pt").read_text() == "state"
+        # minitrain's own methods on the same object.
+        assert open(os.path.join(checkpoint.to_directory(str(tmp_path / f"to-{uuid.uuid4().hex}")),
+                                 "model.pt")).read() == "weights"
+        with checkpoint.as_directory() as local:
+            assert open(os.path.join(local, "sub", "opt.pt")).read() == "state"
+        checkpoint.set_metadata({"epoch": 3})
+        assert Checkpoint(path, filesystem=filesystem).get_metadata() == {"epoch": 3}
+        back = pickle.loads(pickle.dumps(checkpoint))
+        assert type(back.filesystem) is type(filesystem) and back.get_metadata() == {"epoch": 3}
+        os.remove(os.path.join(source, ".metadata.json"))
+
+
+def test_checkpoint_from_a_url_or_fsspec_keeps_the_fsspec_filesystem(tmp_path):
+    fs = fsspec.filesystem("memory")
+    assert Checkpoint("/x", filesystem=fs).filesystem is fs
+    assert isinstance(Checkpoint(str(tmp_path)).filesystem, LocalFileSystem)
+    # pyarrow.fs.copy_files accepts an fsspec filesystem too (pyarrow wraps it), so that snippet runs.
+    source = _tree(tmp_path / "c", {"a.txt": "a"})
+    (tmp_path / "out").mkdir()
+    pafs.copy_files(source, str(tmp_path / "out"), source_filesystem=Checkpoint(source).filesystem)
+    assert (tmp_path / "out" / "a.txt").read_text() == "a"
+
+
+# ---------------------------------------------------------------------------------- Storage
+
+
+@pytest.fixture(params=["pyarrow-local", "fsspec-handler", "subtree", "pyarrow-s3"])
+def arrow_storage(request, tmp_path):
+    if request.param == "pyarrow-s3":  # pyarrow's own S3 client against a real S3 API (moto)
+        s3 = request.getfixturevalue("s3")
+        host = s3.endpoint_url.split("://", 1)[1]
+        given = pafs.S3FileSystem(access_key=s3.access_key, secret_key=s3.secret_key, region=s3.region,
+                                  endpoint_override=host, scheme="http")
+        return Storage.for_run(f"{s3.bucket}/results", "run", given), given
+    given = {"pyarrow-local": pafs.LocalFileSystem(),
+             "fsspec-handler": pafs.PyFileSystem(pafs.FSSpecHandler(LocalFileSystem())),
+             "subtree": pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())}[request.param]
+    base = "results" if request.param == "subtree" else str(tmp_path / "results")
+    return Storage.for_run(base, "run", given), given
+
+
+def test_storage_works_on_pyarrow_filesystems(arrow_storage, tmp_path):
+    storage, given = arrow_storage
+    assert storage.public_fs is given
+    storage.validate_writable()
+    storage.write_text_atomic("checkpoint_manager_snapshot.json", json.dumps({"a": 1}))
+    storage.append_text("metrics.jsonl", "one\n")
+    storage.append_text("metrics.jsonl", "two\n")
+    assert storage.read_text("metrics.jsonl") == "one\ntwo\n"
+    rank0 = _tree(tmp_path / "rank0", {"r0.txt": "zero", "sub/a.txt": "a"})
+    rank1 = _tree(tmp_path / "rank1", {"r1.txt": "one"})
+    storage.upload_dir(rank0, ".staging/attempt_0/rank_0/checkpoint_000000")
+    storage.upload_dir(rank1, ".staging/attempt_0/rank_1/checkpoint_000000")
+    storage.promote([".staging/attempt_0/rank_0/checkpoint_000000",
+                     ".staging/attempt_0/rank_1/checkpoint_000000"], "checkpoint_000000")
+    assert storage.list_entries("checkpoint_000000") == ["r0.txt", "r1.txt", "sub"]
+    assert "checkpoint_000000" in storage.list_dirs()
+    out = tmp_path / "down"
+    assert storage.download_dir("checkpoint_000000", str(out)) == len("zero") + 1 + len("one")
+    assert (out / "sub" / "a.txt").read_text() == "a"
+    back = pickle.loads(pickle.dumps(storage))  # a Storage travels to the workers
+    assert back.root == storage.root and type(back.public_fs) is type(given)
+    assert back.read_text("checkpoint_manager_snapshot.json") == '{"a": 1}'
+    # Ray's docs read results through pyarrow: the filesystem handed back answers those calls.
+    info = storage.public_fs.get_file_info(storage.path("checkpoint_000000/r1.txt"))
+    assert info.type == pafs.FileType.File and info.size == len("one")
+    storage.remove_tree("checkpoint_000000")
+    assert not storage.exists("checkpoint_000000")
+
+
+# ---------------------------------------------------------------------------------- Result.from_path
+
+
+def test_result_from_path_with_a_pyarrow_filesystem(tmp_path):
+    entry = {"checkpoint_dir_name": "c1", "metrics": {"loss": 0.5}, "report_index": 0}
+    run = tmp_path / "run"
+    _tree(run, {"c1/model.txt": "m", "checkpoint_manager_snapshot.json":
+                json.dumps({"checkpoint_results": [entry], "latest_checkpoint_result": entry})})
+    for given, path in _pyarrow_filesystems(str(run)):
+        result = Result.from_path(path, storage_filesystem=given)
+        assert result.filesystem is given and result.checkpoint.filesystem is given
+        assert result.metrics == {"loss": 0.5}
+        files = result.filesystem.get_file_info(pafs.FileSelector(result.path, recursive=True))
+        assert "model.txt" in {info.base_name for info in files}
+        dest = tmp_path / f"dl-{uuid.uuid4().hex}"
+        dest.mkdir()  # pyarrow's copy_files creates the subdirectories, not the destination itself
+        pafs.copy_files(result.checkpoint.path, str(dest), source_filesystem=result.filesystem)
+        assert (dest / "model.txt").read_text() == "m"
+
+
+# ---------------------------------------------------------------------------------- data readers
+
+
+def test_read_csv_takes_a_pyarrow_filesystem(tmp_path):
+    _tree(tmp_path / "data", {"a.csv": "x,y\n1,2\n3,4\n"})
+    subtree = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
+    for given, path in ((pafs.LocalFileSystem(), str(tmp_path / "data")), (subtree, "data")):
+        rows = list(read_csv(path, filesystem=given).iter_rows())
+        assert [(int(r["x"]), int(r["y"])) for r in rows] == [(1, 2), (3, 4)]
