@@ -25,6 +25,7 @@ import grpc
 import minitrain
 from minitrain import procs
 from minitrain.hosts import hostinfo
+from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
@@ -62,11 +63,12 @@ class NodeAgent:
     """
 
     def __init__(self, coordinator_address: str, node_id: str, run_id: str, token: str,
-                 lease_timeout_s: float = LEASE_TIMEOUT_S):
+                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b""):
         self._address = coordinator_address
         self._node_id = node_id
         self._run_id = run_id
         self._token = token
+        self._tls_cert = tls_cert  # the run's certificate (PEM) to pin; empty for a loopback coordinator
         self._lease_timeout_s = lease_timeout_s
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
@@ -81,6 +83,11 @@ class NodeAgent:
         self._oom_baseline = procs.oom_kill_count()
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
+        # Held while a child is started (until it is in _workers or the fork server pool) and while
+        # orphans are reaped or swept: the sweep must never take a child being started for a leftover.
+        self._children_lock = threading.Lock()
+        self._unexited: dict[int, int] = {}  # attempt -> its workers on this node that have not exited
+        self._descendants: Optional[Descendants] = None  # made by run(): it may create cgroups
 
     # ------------------------------------------------------------------ stream
 
@@ -105,10 +112,14 @@ class NodeAgent:
         """
         # Workers forked by the fork server are re-parented to us: they are our children to wait for.
         procs.become_subreaper()
-        channel = client_channel(self._address)
+        # Daemons that workers start (their own sessions) are ended with their attempt: see descendants.py.
+        self._descendants = Descendants(self._run_id, self._kept_children, self._children_lock)
+        channel = client_channel(self._address, self._tls_cert)
         stub = pb_grpc.CoordinatorStub(channel)
         self._outbox.put(self._hello())
-        self._call = stub.AgentStream(queued_requests(self._outbox), metadata=call_metadata(self._token))
+        # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
+        self._call = stub.AgentStream(queued_requests(self._outbox), metadata=call_metadata(self._token),
+                                      wait_for_ready=True)
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
@@ -116,7 +127,7 @@ class NodeAgent:
                 try:
                     command = self._commands.get(timeout=0.2)
                 except queue.Empty:
-                    self._fork_server.refill()
+                    self._refill_fork_server()
                     self._reap_orphans()
                     continue
                 self._execute(command)
@@ -125,6 +136,7 @@ class NodeAgent:
                 self.request_stop(self._signalled)
             self._fork_server.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
+            self._descendants.close()
             self._outbox.put(END_OF_STREAM)
             self._call.cancel()
             channel.close()
@@ -161,17 +173,26 @@ class NodeAgent:
         elif kind == "prepare_fork_servers" and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
-            self._fork_server.refill()
+            self._refill_fork_server()
         elif kind == "dump_stacks":
             threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
 
+    def _refill_fork_server(self) -> None:
+        with self._children_lock:
+            self._fork_server.refill()
+
+    def _kept_children(self) -> set[int]:
+        """Our children that are not leftovers: workers not yet reaped, and the fork server."""
+        with self._lock:
+            workers = {w.process.pid for w in self._workers.values() if w.process.returncode is None}
+        return workers | set(self._fork_server.pids())
+
     def _reap_orphans(self) -> None:
         """As a subreaper we adopt orphans (a dead worker's leftover children): reap the dead ones
         that nobody else waits for."""
-        with self._lock:
-            keep = {worker.process.pid for worker in self._workers.values()}
-        procs.reap_orphans(keep | set(self._fork_server.pids()))
+        with self._children_lock:
+            procs.reap_orphans(self._kept_children())
 
     def _receive(self) -> None:
         try:
@@ -207,36 +228,43 @@ class NodeAgent:
         env.update(start.env)
         env["PYTHONUNBUFFERED"] = "1"
         key = (tuple(sorted(env.items())), start.cwd)
+        with self._lock:
+            self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)
         for launch in start.workers:
-            self._spawn(start, launch, env, self._fork_server.take(key))
+            self._spawn(start, launch, env, key)
         self._last_start = (key, env, start.cwd or None)
 
-    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict,
-               started: Optional[StartedWorker]) -> None:
+    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict, key: tuple) -> None:
         attempt, rank = start.attempt, launch.rank
-        if started is None:
-            try:
-                started = start_worker(env, start.cwd or None)
-            except OSError as exc:
-                self._send_exit(attempt, rank, 0, None, exc=exc)
-                return
+        with self._children_lock:  # from the fork until the worker is known (see _kept_children)
+            started: Optional[StartedWorker] = self._fork_server.take(key)
+            if started is None:
+                try:
+                    started = start_worker(env, start.cwd or None)
+                except OSError as exc:
+                    self._send_exit(attempt, rank, 0, None, exc=exc)
+                    self._worker_gone(attempt)
+                    return
+            worker = WorkerProcess(attempt, rank, started.process, stack_fd=started.stack_fd)
+            with self._lock:
+                self._workers[(attempt, rank)] = worker
         process, stack_fd = started.process, started.stack_fd
+        if self._descendants is not None:
+            # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
+            self._descendants.add_worker(process.pid, attempt)
         bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
-                     "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
+                     "tls_cert": self._tls_cert.decode("ascii"), "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
                      "agent_pid": os.getpid(), "stack_fd": stack_fd}
         try:
             process.stdin.write(json.dumps(bootstrap).encode() + b"\n")
             process.stdin.close()
         except OSError:
             pass  # it died already; the waiter reports how
-        worker = WorkerProcess(attempt, rank, process, stack_fd=stack_fd)
         for stream, is_stderr in ((process.stdout, False), (process.stderr, True)):
             reader = threading.Thread(target=self._forward_output, args=(worker, stream, is_stderr),
                                       daemon=True, name=f"worker-{rank}-{'err' if is_stderr else 'out'}")
             reader.start()
             worker.readers.append(reader)
-        with self._lock:
-            self._workers[(attempt, rank)] = worker
         self._outbox.put(self._message(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=process.pid)))
         threading.Thread(target=self._wait_for_exit, args=(worker,), daemon=True,
                          name=f"worker-{rank}-wait").start()
@@ -256,9 +284,23 @@ class NodeAgent:
         # Leftovers of its process group (e.g. DataLoader children) must not outlive the worker.
         procs.stop_process_group(worker.process, grace_s=0.0)
         os.close(worker.stack_fd)
+        if self._worker_gone(worker.attempt) and self._descendants is not None:
+            # The attempt's last worker here: what its workers started in sessions of their own
+            # must not outlive it (a daemon keeping a port). Before this exit is reported, so the
+            # next attempt never starts beside them.
+            self._descendants.end_attempt(worker.attempt)
         self._send_exit(worker.attempt, worker.rank, worker.process.pid, returncode,
                         stopped=worker.stopped_by_agent, exited_at=exited_at)
         worker.exited.set()
+
+    def _worker_gone(self, attempt: int) -> bool:
+        """Count one worker of `attempt` as exited; True when it was the attempt's last one here."""
+        with self._lock:
+            self._unexited[attempt] -= 1
+            if self._unexited[attempt] > 0:
+                return False
+            del self._unexited[attempt]
+            return True
 
     def _send_exit(self, attempt: int, rank: int, pid: int, returncode: Optional[int],
                    stopped: bool = False, exc: Optional[BaseException] = None,

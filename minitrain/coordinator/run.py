@@ -14,6 +14,7 @@ from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
 from minitrain.errors import LaunchError
 from minitrain.records import RunOutcome
+from minitrain.rpc import tls
 from minitrain.rpc.auth import new_token
 
 logger = logging.getLogger("minitrain")
@@ -30,8 +31,10 @@ class Launcher(Protocol):
     def bind_host_for(self, node_id: str) -> str:
         """Which of `bind_hosts()` the node `node_id` reaches this machine by."""
 
-    def start(self, node_ids: list[str], address_for: Callable[[str], str], token: str, run_id: str):
-        """Start one agent per node id, each told to dial `address_for(node_id)`; returns handles with
+    def start(self, node_ids: list[str], address_for: Callable[[str], str], token: str, run_id: str,
+              tls_cert: bytes = b""):
+        """Start one agent per node id, each told to dial `address_for(node_id)` and given the token and
+        the run's TLS certificate (empty when every bind is loopback) on stdin; returns handles with
         `dead_agents()`, `relaunch(node_id)` and `stop()`."""
 
 
@@ -41,19 +44,24 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
     """Serve one run to its end and leave nothing running. `observers` are told of the run's
     progress (`minitrain.coordinator.observers`).
 
-    A fresh 256-bit token authenticates every RPC of the run. KeyboardInterrupt propagates after the
-    workers were stopped.
+    A fresh 256-bit token authenticates every RPC of the run. When the coordinator binds any address
+    that is not loopback (a multi-host run), a fresh certificate and key (`tls.new_run_identity`, in
+    memory only) encrypt every connection there. KeyboardInterrupt propagates after the workers were
+    stopped.
     """
     token = new_token()
+    bind_hosts = launcher.bind_hosts()
+    identity = tls.new_run_identity(bind_hosts) if any(map(tls.uses_tls, bind_hosts)) else None
     events: "queue.SimpleQueue" = queue.SimpleQueue()
     hub = Hub()
     service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S)
-    server = CoordinatorServer(service, hub, token, hosts=launcher.bind_hosts()).start()
+    server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity).start()
     agents = None
     try:
         try:
             agents = launcher.start(list(spec.node_ids), lambda node_id: server.address_for(
-                launcher.bind_host_for(node_id)), token, spec.run_id)
+                launcher.bind_host_for(node_id)), token, spec.run_id,
+                identity.cert_pem if identity is not None else b"")
         except OSError as exc:
             raise LaunchError(f"could not start the node agents: {exc}") from exc
         return Controller(spec, hub, events, agents, checkpoints, metrics_log, observers=observers).run()

@@ -12,8 +12,9 @@ from grpc import aio
 
 from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc import limits, tls
 from minitrain.rpc.auth import AioTokenAuthInterceptor
-from minitrain.rpc.channel import SERVER_OPTIONS
+from minitrain.rpc.channel import server_options
 
 logger = logging.getLogger("minitrain.coordinator")
 
@@ -56,17 +57,28 @@ class CoordinatorServer:
     """An authenticated gRPC server serving `service`, bound only to `hosts` (local addresses), each
     on a free port; 127.0.0.1 alone for a run on this machine.
 
+    Every address that is not loopback (`tls.uses_tls`) serves TLS with `identity`, the run's
+    certificate and key, which is then required (ValueError otherwise); loopback is plaintext.
+    `start()` first raises the process's file-descriptor limit (`limits.raise_fd_limit`) and caps
+    accepted connections below it (`channel.server_options`).
+
     `start()` returns once the server listens; `address_for(host)` is then what a client dials.
     `stop()` ends every stream and joins the thread. Usable as a context manager. While it runs, the
     process's young-generation GC threshold is GC_YOUNG_THRESHOLD (restored by `stop()`).
     """
 
     def __init__(self, service: CoordinatorService, hub: Hub, token: str,
-                 hosts: "tuple[str, ...] | str" = ("127.0.0.1",)):
+                 hosts: "tuple[str, ...] | str" = ("127.0.0.1",),
+                 identity: Optional[tls.RunIdentity] = None):
         self._service = service
         self._hub = hub
         self._token = token
         self._hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
+        networked = [host for host in self._hosts if tls.uses_tls(host)]
+        if networked and identity is None:
+            raise ValueError(f"the coordinator binds {', '.join(networked)}, which is not loopback: "
+                             "TLS is required there; pass identity=tls.new_run_identity(hosts)")
+        self._identity = identity
         self._ports: dict[str, int] = {}
         self._thread: Optional[threading.Thread] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -93,6 +105,7 @@ class CoordinatorServer:
 
     def start(self) -> "CoordinatorServer":
         """Start serving; raises if the server cannot bind."""
+        limits.raise_fd_limit()
         self._thread = threading.Thread(target=self._run, name="minitrain-coordinator-grpc", daemon=True)
         self._thread.start()
         self._ready.wait()
@@ -113,11 +126,15 @@ class CoordinatorServer:
             self._stopped = asyncio.Event()
             self._hub.bind_loop(asyncio.get_running_loop())
             self._server = aio.server(interceptors=[AioTokenAuthInterceptor(self._token)],
-                                      options=SERVER_OPTIONS)
+                                      options=server_options())
             pb_grpc.add_CoordinatorServicer_to_server(self._service, self._server)
             for host in self._hosts:
                 bracketed = f"[{host}]" if ":" in host else host
-                self._ports[host] = self._server.add_insecure_port(f"{bracketed}:0")
+                if tls.uses_tls(host):
+                    self._ports[host] = self._server.add_secure_port(
+                        f"{bracketed}:0", tls.server_credentials(self._identity))
+                else:
+                    self._ports[host] = self._server.add_insecure_port(f"{bracketed}:0")
             await self._server.start()
         except BaseException as exc:  # surfaced by start()
             self._startup_error = exc

@@ -1,6 +1,7 @@
 """Starting node agents (L1): a local subprocess today; SSH hosts reuse the same handle type.
 
-The run token goes to the agent on its stdin, never on its command line or in its environment.
+The run token, and for a multi-host run the run's TLS certificate after it, go to the agent on its
+stdin (over the SSH channel for a remote host), never on its command line or in its environment.
 The agent's own stderr (not its workers' output, which travels over gRPC) is relayed to the driver's
 log so a crash at start-up is explained.
 """
@@ -161,9 +162,11 @@ class ClusterLauncher:
                                        self._cluster.resolved_workdir(), self._pythonpath)
         return ssh_argv(host, self._cluster.ssh, command)
 
-    def start(self, node_ids: list[str], address_for, token: str, run_id: str) -> LaunchedAgents:
-        """Start one agent per node id and hand each the token on stdin (never argv or environment);
-        `address_for(node_id)` is the coordinator address that agent dials."""
+    def start(self, node_ids: list[str], address_for, token: str, run_id: str,
+              tls_cert: bytes = b"") -> LaunchedAgents:
+        """Start one agent per node id and hand each, on stdin (never argv or environment), the token
+        on the first line and then `tls_cert` (the run's certificate in PEM, to pin; empty when every
+        address is loopback); `address_for(node_id)` is the coordinator address that agent dials."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
@@ -171,7 +174,7 @@ class ClusterLauncher:
         def start_agent(node_id: str) -> AgentProcess:
             argv = self._argv(self._hosts[node_id], address_for(node_id), run_id)
             process = procs.spawn(argv, env=env, stdout=subprocess.DEVNULL)
-            process.stdin.write(token.encode() + b"\n")
+            process.stdin.write(token.encode() + b"\n" + tls_cert)
             process.stdin.close()
             agent = AgentProcess(node_id, process)
             agent.relay = threading.Thread(target=_relay, args=(agent,), daemon=True,

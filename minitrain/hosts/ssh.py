@@ -5,8 +5,9 @@ can log or dry-run them. `preflight` checks every host of a cluster in parallel,
 worker starts, and raises one `PreflightError` listing every host that is not ready and why.
 
 Secrets never appear in a command line built here (no function takes one): ssh forwards its stdin
-to the remote command, so the caller writes the run token on the ssh process's stdin, as the local
-launcher does for a local agent. Remote ``ps`` and ssh logs therefore never show it.
+to the remote command, so the caller writes the run token (and the run's TLS certificate) on the ssh
+process's stdin, as the local launcher does for a local agent. Remote ``ps`` and ssh logs therefore
+never show it, and SSH encrypts it on the way.
 """
 
 from __future__ import annotations
@@ -106,7 +107,7 @@ def remote_agent_command(python: str, coordinator_address: str, node_id: str, ru
     --coordinator ADDR --node-id ID --run-id RUN``, each part shell-quoted, so `shlex.split` of it gives
     those words back. ``exec`` makes the agent the ssh session's process: when the session ends, the
     agent is the one that sees it. PYTHONPATH, when given, replaces the host's own. The run token is
-    not here: write it as the first line of the ssh process's stdin.
+    not here: write it as the first line of the ssh process's stdin, the run's certificate after it.
     """
     env = {"PYTHONUNBUFFERED": "1", **_pythonpath_env(pythonpath)}
     argv = [python, "-m", "minitrain.agent", "--coordinator", coordinator_address, "--node-id", node_id,

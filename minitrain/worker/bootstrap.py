@@ -21,7 +21,7 @@ from minitrain import _session
 from minitrain.context import TrainContext
 from minitrain.records import Phase, RunPayload
 from minitrain.rpc._gen import minitrain_pb2 as pb
-from minitrain.worker import distributed
+from minitrain.worker import distributed, telemetry
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
@@ -33,7 +33,8 @@ RELEASE_TIMEOUT_S = 7 * 24 * 3600.0  # other ranks may train much longer; a stop
 
 
 def read_bootstrap(stream) -> dict:
-    """The JSON line the agent writes on our stdin: coordinator address, token, run, attempt, rank."""
+    """The JSON line the agent writes on our stdin: coordinator address, token, the run's TLS
+    certificate (PEM, empty for a loopback coordinator), run, attempt, rank."""
     line = stream.readline()
     if not line:
         raise SystemExit("minitrain.worker: no bootstrap line on stdin (workers are started by an agent)")
@@ -158,7 +159,8 @@ class WorkerRun:
         """Run the phases; capture any failure; flush everything to the coordinator."""
         b = self._bootstrap
         try:
-            self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
+            self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"],
+                                        tls_cert=b.get("tls_cert", "").encode("ascii"))
             self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))
             _flush_on_sigterm(self._client)
             self._enter(Phase.STARTUP)
@@ -178,10 +180,15 @@ class WorkerRun:
                                             assignment.dist_timeout_s, b["run_id"], b["attempt"], b["token"])
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
-            if payload.takes_config:
-                value = payload.train_fn(payload.config)
-            else:
-                value = payload.train_fn()
+            sampling = telemetry.start(assignment.gpu_ids, self._client.send)
+            try:
+                if payload.takes_config:
+                    value = payload.train_fn(payload.config)
+                else:
+                    value = payload.train_fn()
+            finally:
+                if sampling is not None:
+                    sampling.stop()
             self._session.finish()  # pending ASYNC uploads belong to the training
             self._enter(Phase.FINISHING)
             returned = _pickle_return_value(value) if assignment.rank == 0 else b""

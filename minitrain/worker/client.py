@@ -28,12 +28,16 @@ class StreamClosed(RuntimeError):
 class WorkerClient:
     """One worker's bidirectional stream; every message carries run_id, attempt and rank."""
 
-    def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int):
+    def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int,
+                 tls_cert: bytes = b""):
         self.run_id, self.attempt, self.rank = run_id, attempt, rank
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._channel = client_channel(address)
+        self._channel = client_channel(address, tls_cert)  # TLS pinned to `tls_cert` unless loopback
         stub = pb_grpc.CoordinatorStub(self._channel)
-        self._call = stub.WorkerStream(queued_requests(self._outbox), metadata=call_metadata(token))
+        # wait_for_ready: a connection refused by a flooded server is retried; the assignment wait
+        # (and the agent's parent-death signal) bound it.
+        self._call = stub.WorkerStream(queued_requests(self._outbox), metadata=call_metadata(token),
+                                       wait_for_ready=True)
         self._cond = threading.Condition()
         self._assignment: Optional[pb.Assignment] = None
         self._rendezvous: Optional[pb.Rendezvous] = None

@@ -2,13 +2,16 @@
 
 Rendezvous cannot collide on ports: rank 0 opens a TCPStore on port 0 (the kernel picks a free
 port), tells the coordinator, and the coordinator passes address:port to the other ranks. No fixed
-port exists anywhere. Note: torch's TCPStore is unauthenticated and listens on all interfaces; keep
+port exists anywhere. The store listens only on the address used for the rendezvous (torch's own
+listener would take every interface): rank 0 binds that socket itself and hands it to the store.
+Note: torch's TCPStore and the collectives' traffic are unauthenticated and unencrypted; keep
 training traffic on a trusted network (the same holds for torchrun).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -27,9 +30,24 @@ def set_rank_environment(assignment: pb.Assignment) -> None:
     })
 
 
+def listening_socket(host: str) -> int:
+    """A TCP socket listening on `host` (an IPv4 or IPv6 address or a name) at a free port, as a
+    bare file descriptor for `TCPStore(master_listen_fd=...)`, which takes it over (and closes it)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.bind(address)
+        sock.listen(socket.SOMAXCONN)
+    except BaseException:
+        sock.close()
+        raise
+    return sock.detach()
+
+
 def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     """Open (rank 0) or join the run's TCPStore and initialise the default process group.
 
+    Rank 0's store listens on `assignment.store_address` only (`listening_socket`).
     Sets MASTER_ADDR/MASTER_PORT to the store's address for code that reads them (with RANK,
     LOCAL_RANK and WORLD_SIZE from `set_rank_environment`, these are what `deepspeed.initialize`,
     Lightning and Accelerate require; they find the group initialised and join it). This holds for
@@ -43,7 +61,8 @@ def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     world_size = assignment.world_size
     if assignment.rank == 0:
         store = dist.TCPStore(assignment.store_address, 0, world_size, is_master=True,
-                              timeout=timeout, wait_for_workers=False)
+                              timeout=timeout, wait_for_workers=False,
+                              master_listen_fd=listening_socket(assignment.store_address))
         address, port = assignment.store_address, store.port
         client.send(store_ready=pb.StoreReady(address=address, port=port))
     else:

@@ -276,3 +276,110 @@ def test_sigkill_of_the_driver_leaves_no_process_on_any_host(netns_cluster, tmp_
         if driver.poll() is None:
             os.killpg(driver.pid, signal.SIGKILL)
             driver.wait()
+
+
+def train_until_probed(config):
+    """Rank 0 notes the addresses its process listens on (its TCPStore among them); every rank keeps
+    training until the test has probed the coordinator."""
+    import torch.distributed as dist
+
+    _record(config)
+    if minitrain.get_context().get_world_rank() == 0:
+        listening = [[c.laddr.ip, c.laddr.port] for c in psutil.Process().net_connections("inet")
+                     if c.status == psutil.CONN_LISTEN]
+        with open(os.path.join(config["out"], "listening.json"), "w") as handle:
+            json.dump({"listening": listening, "store_port": int(os.environ["MASTER_PORT"])}, handle)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(config["probed"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dist.barrier()
+    minitrain.report({"probed": os.path.exists(config["probed"])})
+
+
+def _coordinator_address(timeout_s: float = 120) -> str:
+    """The address the agents dial, from an ssh command line of this test's run (it is public)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for process in psutil.Process().children(recursive=True):
+            try:
+                words = " ".join(process.cmdline()).split()
+            except psutil.Error:
+                continue
+            if "minitrain.agent" in words and "--coordinator" in words:
+                return words[words.index("--coordinator") + 1].strip("'")
+        time.sleep(0.05)
+    raise AssertionError("no agent command line seen")
+
+
+def _probe(address: str, credentials=None) -> "grpc.StatusCode":
+    """The status of one token-less WorkerStream call to `address` (plaintext without credentials)."""
+    import grpc
+
+    from minitrain.rpc._gen import minitrain_pb2 as pb
+    from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+
+    channel = (grpc.secure_channel(address, credentials) if credentials is not None
+               else grpc.insecure_channel(address))
+    with channel:
+        call = pb_grpc.CoordinatorStub(channel).WorkerStream(iter([pb.WorkerMessage(run_id="probe")]), timeout=10)
+        try:
+            list(call)
+        except grpc.RpcError as error:
+            return error.code()
+    raise AssertionError("a token-less call was answered")
+
+
+def test_traffic_between_hosts_is_tls_pinned_to_the_runs_certificate(netns_cluster, tmp_path, monkeypatch):
+    import socket
+    import threading
+
+    import grpc
+
+    from minitrain.rpc import tls
+
+    h0, _ = netns_cluster.hosts
+    _init(netns_cluster)
+    made = []
+    real_identity = tls.new_run_identity
+    monkeypatch.setattr(tls, "new_run_identity", lambda hosts: made.append(real_identity(hosts)) or made[-1])
+    probed = tmp_path / "probed"
+    findings: dict = {}
+
+    def probe():
+        try:
+            address = _coordinator_address()
+            host, port = address.rsplit(":", 1)
+            findings["address"] = address
+            findings["plaintext"] = _probe(address)
+            findings["other_run"] = _probe(address, tls.channel_credentials(real_identity([host]).cert_pem))
+            findings["system_roots"] = _probe(address, grpc.ssl_channel_credentials())
+            findings["this_run"] = _probe(address, tls.channel_credentials(made[0].cert_pem))
+            with socket.create_connection((host, int(port)), timeout=10) as raw:
+                raw.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0]))
+                raw.settimeout(10)
+                findings["preface_reply"] = raw.recv(64)
+        finally:
+            probed.write_text("done")
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    result = _fit(tmp_path, fn=train_until_probed, probed=str(probed))
+    prober.join(timeout=30)
+
+    assert result.metrics == {"probed": True}
+    assert len(made) == 1 and b"PRIVATE KEY" not in made[0].cert_pem
+    host = findings["address"].rsplit(":", 1)[0]
+    assert tls.uses_tls(host) and host == netns_cluster.driver_ip  # the bridge address, not loopback
+    # The server speaks only TLS there, and only with this run's key: a plaintext client, a client pinned
+    # to another run's certificate and one trusting the system's CAs all fail before any RPC.
+    assert findings["plaintext"] == findings["other_run"] == findings["system_roots"] == grpc.StatusCode.UNAVAILABLE
+    # The same probe pinned to this run's certificate gets through TLS and is refused by the token check.
+    assert findings["this_run"] == grpc.StatusCode.UNAUTHENTICATED
+    # Raw HTTP/2 gets no HTTP/2 answer: the connection closes, or a TLS alert record (type 21) comes back.
+    reply = findings["preface_reply"]
+    assert reply == b"" or reply[0] == 21, reply
+    # Rank 0's TCPStore listens on its host's rendezvous address only, never on every interface.
+    listening = json.loads((tmp_path / "out" / "listening.json").read_text())
+    store = [ip for ip, port in listening["listening"] if port == listening["store_port"]]
+    assert store == [h0.ip], listening
+    assert not {ip for ip, _ in listening["listening"]} & {"0.0.0.0", "::"}, listening
