@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Optional
 from pathlib import Path
 
 import psutil
@@ -121,6 +122,51 @@ def reap_orphans(keep: Iterable[int]) -> list[int]:
         except (psutil.Error, ChildProcessError):
             continue
     return reaped
+
+
+def signal_orphans(keep: Iterable[int], sig: Optional[int]) -> list[int]:
+    """For a subreaper: reap this process's dead children whose pid is not in `keep`, send `sig`
+    (None: no signal) to the living ones, and return their pids.
+
+    Only children are signalled, never deeper descendants: a child stays ours until we reap it, so
+    its pid cannot name anyone else while we look, and the child's own children come to us (the
+    subreaper) when it dies, to be signalled in the next call. The caller must make sure nothing
+    else reaps these children meanwhile, and that `keep` holds every child it started on purpose
+    (workers, fork servers, a child being started right now)."""
+    keep = set(keep)
+    living = []
+    try:
+        children = psutil.Process().children()
+    except psutil.Error:
+        return living
+    for child in children:
+        if child.pid in keep:
+            continue
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                os.waitpid(child.pid, os.WNOHANG)
+                continue
+            if sig is not None:
+                os.kill(child.pid, sig)
+            living.append(child.pid)
+        except (psutil.Error, ProcessLookupError, ChildProcessError):
+            continue
+    return living
+
+
+def die_of_signal(signum: int) -> None:
+    """End this process by signal `signum` with its default action, from any thread.
+
+    Python lets only the main thread change a signal's handler; a thread that must make the process
+    die of SIGTERM as if no handler were installed (so its parent sees "killed by SIGTERM") resets
+    the disposition in libc directly. Falls back to `os._exit(128 + signum)` where that fails."""
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        if libc.signal(int(signum), ctypes.c_void_p(0)) != ctypes.c_void_p(-1).value:  # SIG_DFL is 0
+            os.kill(os.getpid(), signum)
+            time.sleep(1.0)  # delivery is asynchronous when another thread takes it
+    os._exit(128 + signum)
 
 
 class AdoptedChild:
@@ -353,17 +399,18 @@ def _memory_counter_files(cgroups: str, mounts: str) -> list[Path]:
         elif "memory" in controllers.split(","):
             v1_path = path
     files = []
-    for mount_root, mount_point, fstype, options in _cgroup_mounts(mounts):
+    for mount_root, mount_point, fstype, options in cgroup_mounts(mounts):
         if fstype == "cgroup2" and v2_path is not None:
-            files.append(_join(mount_point, mount_root, v2_path) / "memory.events")
+            files.append(cgroup_dir(mount_point, mount_root, v2_path) / "memory.events")
         elif fstype == "cgroup" and "memory" in options and v1_path is not None:
-            files.append(_join(mount_point, mount_root, v1_path) / "memory.oom_control")
+            files.append(cgroup_dir(mount_point, mount_root, v1_path) / "memory.oom_control")
     files.sort(key=lambda f: f.name != "memory.events")
     return files
 
 
-def _cgroup_mounts(mounts: str) -> list[tuple[str, str, str, list[str]]]:
-    """(root, mount point, fstype, super options) for each cgroup mount in /proc/self/mountinfo."""
+def cgroup_mounts(mounts: str) -> list[tuple[str, str, str, list[str]]]:
+    """(root, mount point, fstype, super options) for each cgroup mount in the text of
+    /proc/self/mountinfo."""
     found = []
     for line in mounts.splitlines():
         head, sep, tail = line.partition(" - ")
@@ -373,7 +420,9 @@ def _cgroup_mounts(mounts: str) -> list[tuple[str, str, str, list[str]]]:
     return found
 
 
-def _join(mount_point: str, mount_root: str, cgroup_path: str) -> Path:
+def cgroup_dir(mount_point: str, mount_root: str, cgroup_path: str) -> Path:
+    """The directory of cgroup `cgroup_path` (as /proc/<pid>/cgroup names it) in the hierarchy
+    mounted at `mount_point`, whose mount shows the subtree `mount_root`."""
     # A container may mount only a subtree of the hierarchy: the mount's root is then a prefix of the
     # path in /proc/self/cgroup, and must be cut off.
     if mount_root != "/" and (cgroup_path + "/").startswith(mount_root.rstrip("/") + "/"):
