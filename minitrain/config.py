@@ -33,6 +33,9 @@ These are the only ``MINITRAIN_*`` variables minitrain reads; `ENV_VARS` holds t
 - ``MINITRAIN_HOSTFILE``: path of a file naming one host per line (reserved for multi-node).
 - ``MINITRAIN_LOG_LEVEL``: level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have
   no `LoggingConfig`; a run's `RunConfig(logging_config=...)` takes precedence for that run.
+- ``MINITRAIN_DASHBOARD``: where `fit()` serves the run's web dashboard and `/metrics`: unset for
+  127.0.0.1 on a free port, ``HOST:PORT``, ``HOST`` or ``PORT``, or ``0`` to turn it off
+  (`minitrain.dashboard.settings`).
 """
 
 from __future__ import annotations
@@ -56,6 +59,10 @@ ENV_VARS: dict[str, str] = {
     "MINITRAIN_LOG_LEVEL": (
         "Level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have no LoggingConfig; "
         "a run's RunConfig(logging_config=...) takes precedence for that run."
+    ),
+    "MINITRAIN_DASHBOARD": (
+        "Where fit() serves the run's web dashboard and /metrics: unset for 127.0.0.1 on a free port, "
+        "HOST:PORT, HOST or PORT, or 0 to turn it off."
     ),
 }
 

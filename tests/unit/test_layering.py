@@ -45,7 +45,8 @@ L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.storage",
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
-      "minitrain.tune"}  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
+      "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
+      "minitrain.dashboard"}  # dashboard: the web page and /metrics over the coordinator's run monitor
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
 # imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
 TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}

@@ -1,0 +1,204 @@
+"""The dashboard's HTML, rendered here on the server.
+
+The page is complete as served (overview, stragglers, ranks, attempts, checkpoints, with the run's
+data embedded for the plots), so it reads without a script. The script (static/dashboard.js) draws
+the plots with uPlot and, while the run is live, swaps in fresh sections from `/parts` every two
+seconds: the tables are rendered only here, in one place. Every value from the run is escaped.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+from minitrain.dashboard.api import RunView, snapshot
+
+TERMINAL_STATES = ("FINISHED", "ERRORED", "ABORTED")
+
+
+def _e(value: Any) -> str:
+    return html.escape("" if value is None else str(value), quote=True)
+
+
+def _seconds(value: Optional[float]) -> str:
+    if value is None:
+        return "–"
+    if value < 1:
+        return f"{value * 1000:.0f} ms"
+    if value < 120:
+        return f"{value:.2f} s"
+    minutes, seconds = divmod(int(value), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{seconds:02d}s"
+
+
+def _bytes(value: Optional[float]) -> str:
+    if value is None:
+        return "–"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return "–"
+
+
+def _percent(value: Optional[float]) -> str:
+    return "–" if value is None else f"{value:.0f}%"
+
+
+def _clock(value: Optional[float]) -> str:
+    return "–" if value is None else time.strftime("%H:%M:%S", time.localtime(value))
+
+
+def _value(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def _table(table_id: str, headers: Sequence[str], rows: Iterable[str], empty: str) -> str:
+    body = "".join(rows) or f'<tr class="empty"><td colspan="{len(headers)}">{_e(empty)}</td></tr>'
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    return f'<table id="{table_id}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def overview_html(run: dict) -> str:
+    """The run's state line: name, state, attempt, elapsed, steps/s, progress and ETA."""
+    ended = run.get("ended_at")
+    started = run.get("started_at")
+    elapsed = ((ended or time.time()) - started) if started else None
+    progress = run.get("progress")
+    items = [
+        ("State", f'<span class="state state-{_e(run.get("state"))}">{_e(run.get("state"))}</span>'),
+        ("Attempt", _e(run.get("attempt"))),
+        ("Workers", _e(run.get("num_workers"))),
+        ("Elapsed", _e(_seconds(elapsed))),
+        ("Steps/s", _e("–" if run.get("steps_per_s") is None else f"{run['steps_per_s']:.2f}")),
+        ("Progress", _e("–" if progress is None else f"{progress * 100:.1f}%")),
+        ("ETA", _e(_seconds(run.get("eta_s")))),
+        ("Run directory", f"<code>{_e(run.get('run_path'))}</code>"),
+    ]
+    cells = "".join(f'<div class="item"><span class="label">{label}</span> {value}</div>' for label, value in items)
+    return f'<div id="overview" data-state="{_e(run.get("state"))}">{cells}</div>'
+
+
+def stragglers_html(stragglers: list[dict]) -> str:
+    """A banner naming each straggler, or nothing."""
+    if not stragglers:
+        return '<div id="stragglers"></div>'
+    lines = "".join(
+        f'<li>rank {_e(s.get("rank"))} on {_e(s.get("host"))}: {_e(_value(s.get("slower_by")))}× the median step '
+        f'time ({_e(_seconds(s.get("step_time_s")))} vs {_e(_seconds(s.get("median_step_time_s")))}); '
+        f'cause: {_e(s.get("cause"))}</li>' for s in stragglers)
+    return f'<div id="stragglers" class="alert"><strong>Stragglers</strong><ul>{lines}</ul></div>'
+
+
+def ranks_html(ranks: list[dict], live: bool) -> str:
+    """The per-rank table; a straggler's row has class 'straggler'; live pages get a stacks button."""
+    headers = ["Rank", "Host", "PID", "Phase", "Step time", "Report wait", "Data wait", "Last report",
+               "CPU", "RSS", "GPU", "Reports"] + (["Stacks"] if live else [])
+    rows = []
+    for rank in ranks:
+        gpus = rank.get("gpus") or []
+        gpu = "; ".join(f'{g.get("index")}: {_percent(g.get("util_percent"))}, {_bytes(g.get("memory_used_bytes"))}'
+                        f' / {_bytes(g.get("memory_total_bytes"))}' for g in gpus) or "–"
+        age = rank.get("last_report_age_s")
+        cells = [rank.get("rank"), rank.get("host"), rank.get("pid"), rank.get("phase"),
+                 _seconds(rank.get("step_time_s")), _seconds(rank.get("report_wait_s")),
+                 _seconds(rank.get("data_wait_s")), "–" if age is None else f"{_seconds(age)} ago",
+                 _percent(rank.get("cpu_percent")), _bytes(rank.get("rss_bytes")), gpu, rank.get("reports")]
+        row = "".join(f"<td>{_e('–' if c is None else c)}</td>" for c in cells)
+        if live:
+            row += (f'<td><button class="stacks" data-rank="{_e(rank.get("rank"))}">Dump stacks</button></td>')
+        css = ' class="straggler"' if rank.get("straggler") else ""
+        rows.append(f'<tr data-rank="{_e(rank.get("rank"))}"{css}>{row}</tr>')
+    return _table("ranks", headers, rows, "no rank has reported yet")
+
+
+def attempts_html(attempts: list[dict]) -> str:
+    """One row per attempt, with its failures and root cause."""
+    rows = []
+    for attempt in attempts:
+        failures = "".join(
+            f'<li class="{"consequence" if f.get("consequence") else "cause"}">rank {_e(f.get("rank"))} on '
+            f'{_e(f.get("host"))}: {_e(f.get("kind"))} {_e(f.get("exc_type"))} {_e(f.get("message"))}'
+            f'{" (consequence)" if f.get("consequence") else ""}</li>' for f in attempt.get("failures") or [])
+        outcome = "restarting" if attempt.get("restarting") else ("running" if attempt.get("ended_at") is None
+                                                                   else "ended")
+        rows.append(
+            f'<tr><td>{_e(attempt.get("attempt"))}</td><td>{_e(_clock(attempt.get("started_at")))}</td>'
+            f'<td>{_e(_clock(attempt.get("ended_at")))}</td><td>{_e(", ".join(attempt.get("hosts") or []))}</td>'
+            f'<td>{_e(outcome)}</td><td><ul class="failures">{failures}</ul></td>'
+            f'<td><pre class="root-cause">{_e(attempt.get("root_cause"))}</pre></td></tr>')
+    return _table("attempts", ["Attempt", "Started", "Ended", "Hosts", "Outcome", "Failures", "Root cause"],
+                  rows, "no attempt yet")
+
+
+def checkpoints_html(checkpoints: list[dict]) -> str:
+    """One row per committed checkpoint, with its metrics and whether it is kept."""
+    rows = []
+    for checkpoint in checkpoints:
+        metrics = ", ".join(f"{k}={_value(v)}" for k, v in (checkpoint.get("metrics") or {}).items())
+        kept = bool(checkpoint.get("kept"))
+        rows.append(
+            f'<tr class="{"kept" if kept else "deleted"}"><td>{_e(checkpoint.get("index"))}</td>'
+            f'<td><code>{_e(checkpoint.get("dir"))}</code></td><td>{_e(checkpoint.get("attempt"))}</td>'
+            f'<td>{_e(_clock(checkpoint.get("committed_at")))}</td><td>{_e(metrics)}</td>'
+            f'<td>{"kept" if kept else "deleted"}</td></tr>')
+    return _table("checkpoints", ["Report", "Directory", "Attempt", "Committed", "Metrics", "Kept"], rows,
+                  "no checkpoint committed")
+
+
+def parts(view: RunView, live: bool) -> dict[str, str]:
+    """The page's sections by element id, as the script swaps them in."""
+    return {
+        "overview": overview_html(view.run()),
+        "stragglers": stragglers_html(view.stragglers()),
+        "ranks": ranks_html(view.ranks(), live),
+        "attempts": attempts_html(view.attempts()),
+        "checkpoints": checkpoints_html(view.checkpoints()),
+    }
+
+
+def _json_for_script(value: Any, to_json: Callable[[Any], str]) -> str:
+    # Inside <script type="application/json">, only "</" could end the element early.
+    return to_json(value).replace("</", "<\\/")
+
+
+def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.dumps) -> str:
+    """The whole page for the run `view` shows; `live` adds the stacks buttons and polling."""
+    run = view.run()
+    sections = parts(view, live)
+    title = f"minitrain · {run.get('name') or 'run'}"
+    data = _json_for_script({"live": live, **snapshot(view)}, to_json)
+    mode = "live" if live else "from storage"
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<link rel="stylesheet" href="static/uPlot.min.css">
+<link rel="stylesheet" href="static/dashboard.css">
+</head><body>
+<header><h1>{_e(run.get("name"))}</h1><span class="mode">{_e(mode)}</span>
+<span class="run-id">run {_e(run.get("run_id"))}</span></header>
+<main>
+{sections["overview"]}
+{sections["stragglers"]}
+<section><h2>Ranks</h2>{sections["ranks"]}<pre id="stack-output" hidden></pre></section>
+<section><h2>Step time per rank</h2><div id="timeline" class="plot"></div></section>
+<section><h2>Metrics (rank 0)</h2><div id="metric-plots" class="plots"></div></section>
+<section><h2>Attempts</h2>{sections["attempts"]}</section>
+<section><h2>Checkpoints</h2>{sections["checkpoints"]}</section>
+</main>
+<footer>JSON: <a href="api/run">/api/run</a> · <a href="api/ranks">/api/ranks</a> ·
+<a href="api/metrics">/api/metrics</a> · <a href="api/samples">/api/samples</a> ·
+<a href="api/stragglers">/api/stragglers</a> · <a href="api/attempts">/api/attempts</a> ·
+<a href="api/checkpoints">/api/checkpoints</a> · Prometheus: <a href="metrics">/metrics</a></footer>
+<script type="application/json" id="initial-data">{data}</script>
+<script src="static/uPlot.iife.min.js"></script>
+<script src="static/dashboard.js"></script>
+</body></html>
+"""

@@ -1,0 +1,248 @@
+"""The dashboard's HTTP server: the page, its static files, `/api/...`, `/parts` and `/metrics`.
+
+A stdlib `ThreadingHTTPServer` on a thread of its own (the driver has no event loop to share, and a
+page of a few kilobytes every two seconds needs nothing more). Each request is checked by
+`auth.Access` before anything else is read from it. Routes:
+
+    GET  /                         the page (pages.page_html)
+    GET  /static/<file>            uPlot and the page's script and style, from the package
+    GET  /api/<view>               JSON of one view (api.VIEWS)
+    GET  /parts                    the page's server-rendered sections, as JSON {element id: html}
+    GET  /metrics                  Prometheus text format (prometheus.RunCollector)
+    POST /api/ranks/<rank>/stacks  every thread's stack of that rank, as text (live runs only)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import socket
+import threading
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from importlib import resources
+from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, urlsplit
+
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from minitrain.dashboard import pages
+from minitrain.dashboard.api import BadQuery, RunView, api_view
+from minitrain.dashboard.auth import Access, new_viewer_token
+from minitrain.dashboard.prometheus import exposition, registry_for
+from minitrain.dashboard.settings import DashboardAddress
+
+logger = logging.getLogger("minitrain")
+
+StackDumper = Callable[[int], str]  # rank -> every thread's stack of that rank (raises LookupError if none)
+
+_STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+                 ".LICENSE": "text/plain; charset=utf-8"}
+_STACKS = re.compile(r"^/api/ranks/(\d+)/stacks$")
+# The page loads only its own files; nothing may frame it; no referrer carries the token elsewhere.
+_SECURITY_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                               "connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+def to_json(value: Any) -> str:
+    """JSON that browsers parse: NaN and infinities (allowed in reports) become null."""
+    return json.dumps(_finite(value), separators=(",", ":"))
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _static_files() -> dict[str, bytes]:
+    """The package's static files by name, read once (a fixed set: no path from a request touches disk)."""
+    root = resources.files("minitrain.dashboard") / "static"
+    return {entry.name: entry.read_bytes() for entry in root.iterdir()
+            if entry.is_file() and any(entry.name.endswith(ext) for ext in _STATIC_TYPES)}
+
+
+class DashboardServer:
+    """Serves one run's monitor at `address` until `stop()` (also a context manager).
+
+    `live` adds the stacks action (through `dump_stacks`) and the page's polling; a post-hoc server
+    (live=False) only reads. A non-loopback address gets a fresh viewer token (see auth)."""
+
+    def __init__(self, view: RunView, address: DashboardAddress, live: bool = True,
+                 dump_stacks: Optional[StackDumper] = None):
+        self.view = view
+        self.live = live
+        self.dump_stacks = dump_stacks
+        self.access = Access(None if address.is_loopback else new_viewer_token())
+        self.registry = registry_for(view)
+        self.static = _static_files()
+        self._address = address
+        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._thread: Optional[threading.Thread] = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> "DashboardServer":
+        """Bind and serve on a daemon thread; OSError when the address cannot be bound."""
+        server_class = _IPv6Server if ":" in self._address.host else ThreadingHTTPServer
+        httpd = server_class((self._address.host, self._address.port), _handler_for(self))
+        # Request threads are joined by server_close(): nothing outlives stop(). Each connection serves
+        # one request (HTTP/1.0) and a silent client is dropped after _Handler.timeout, so that join is
+        # bounded.
+        httpd.daemon_threads = False
+        httpd.block_on_close = True
+        self._httpd = httpd
+        self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
+                                        name="minitrain-dashboard", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving, close the socket and wait for the serving thread (idempotent)."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "DashboardServer":
+        return self.start() if self._httpd is None else self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The bound port (the one the system picked when the address said 0)."""
+        assert self._httpd is not None, "start() first"
+        return self._httpd.server_address[1]
+
+    @property
+    def url(self) -> str:
+        """The page's URL, with the viewer token when one is needed. A wildcard bind is named by this
+        machine's name, which other machines can reach it by."""
+        host = self._address.host
+        if host in ("0.0.0.0", "::", ""):
+            host = socket.getfqdn()
+        shown = f"[{host}]" if ":" in host else host
+        token = f"?token={self.access.token}" if self.access.token else ""
+        return f"http://{shown}:{self.port}/{token}"
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def _handler_for(server: DashboardServer) -> type:
+    class Handler(_Handler):
+        dashboard = server
+    return Handler
+
+
+class _Handler(BaseHTTPRequestHandler):
+    dashboard: DashboardServer
+    server_version = "minitrain-dashboard"
+    protocol_version = "HTTP/1.0"
+    timeout = 10.0  # seconds a client may stay silent mid-request
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+        logger.debug("dashboard %s: " + format, self.address_string(), *args)
+
+    # ------------------------------------------------------------------ dispatch
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def _dispatch(self, method: str) -> None:
+        url = urlsplit(self.path)
+        query = parse_qs(url.query)
+        verdict = self.dashboard.access.check(method, query, self.headers)
+        if verdict.status != 200:
+            self._send(verdict.status, verdict.reason.encode(), "text/plain; charset=utf-8")
+            return
+        if method == "POST":  # nothing is read from an action's body; drain what is small, refuse the rest
+            length_text = self.headers.get("Content-Length") or "0"
+            length = int(length_text) if length_text.isdigit() else -1
+            if not 0 <= length <= 65536:
+                self._send(413, b"an action takes no body", "text/plain; charset=utf-8")
+                return
+            self.rfile.read(length)
+        extra = {"Set-Cookie": self.dashboard.access.cookie_header()} if verdict.set_cookie else {}
+        try:
+            if method == "POST":
+                self._post(url.path)
+            else:
+                self._get(url.path, query, extra)
+        except BadQuery as exc:
+            self._send(400, str(exc).encode(), "text/plain; charset=utf-8")
+        except Exception:  # noqa: BLE001 - one bad request never stops the server
+            logger.exception("dashboard: %s %s failed", method, url.path)
+            self._send(500, b"internal error (see the driver's log)", "text/plain; charset=utf-8")
+
+    def _get(self, path: str, query: dict, extra: dict) -> None:
+        board = self.dashboard
+        if path in ("/", "/index.html"):
+            body = pages.page_html(board.view, board.live, to_json).encode()
+            self._send(200, body, "text/html; charset=utf-8", extra)
+        elif path.startswith("/static/") and path[len("/static/"):] in board.static:
+            name = path[len("/static/"):]
+            kind = next(t for ext, t in _STATIC_TYPES.items() if name.endswith(ext))
+            self._send(200, board.static[name], kind)
+        elif path == "/parts":
+            self._json(pages.parts(board.view, board.live))
+        elif path.startswith("/api/"):
+            try:
+                self._json(api_view(board.view, path[len("/api/"):], query))
+            except KeyError:
+                self._send(404, b"no such view", "text/plain; charset=utf-8")
+        elif path == "/metrics":
+            self._send(200, exposition(board.registry), CONTENT_TYPE_LATEST)
+        else:
+            self._send(404, b"not found", "text/plain; charset=utf-8")
+
+    def _post(self, path: str) -> None:
+        match = _STACKS.match(path)
+        if match is None:
+            self._send(404, b"not found", "text/plain; charset=utf-8")
+            return
+        if not self.dashboard.live or self.dashboard.dump_stacks is None:
+            self._send(409, b"stacks can only be taken while the run is live", "text/plain; charset=utf-8")
+            return
+        try:
+            text = self.dashboard.dump_stacks(int(match.group(1)))
+        except LookupError as exc:
+            self._send(404, str(exc).encode(), "text/plain; charset=utf-8")
+            return
+        self._send(200, text.encode(), "text/plain; charset=utf-8")
+
+    # ------------------------------------------------------------------ replies
+
+    def _json(self, value: Any) -> None:
+        self._send(200, to_json(value).encode(), "application/json")
+
+    def _send(self, status: int, body: bytes, content_type: str, extra: Optional[dict] = None) -> None:
+        self.send_response(status, HTTPStatus(status).phrase)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        for name, value in {**_SECURITY_HEADERS, **(extra or {})}.items():
+            self.send_header(name, value)
+        if status == 401:
+            self.send_header("WWW-Authenticate", 'Bearer realm="minitrain dashboard"')
+        self.end_headers()
+        self.wfile.write(body)

@@ -1,0 +1,167 @@
+// minitrain dashboard: draws the plots (uPlot) from the data embedded in the page and, while the run
+// is live, polls the server every 2 s: /parts (the server-rendered sections), /api/metrics and
+// /api/samples (only what is new). The tables are rendered by the server only.
+(function () {
+  "use strict";
+  var POLL_MS = 2000;
+  var TERMINAL = { FINISHED: true, ERRORED: true, ABORTED: true };
+  var initial = JSON.parse(document.getElementById("initial-data").textContent);
+  var live = initial.live;
+  var reports = initial.metrics.slice();
+  var samples = initial.samples.slice();
+  var metricPlots = {};  // metric name -> uPlot
+  var timeline = null;
+  var palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                 "#bcbd22", "#17becf"];
+
+  function width(el) { return Math.max(320, (el.clientWidth || 800) - 8); }
+
+  function isNumber(v) { return typeof v === "number" && isFinite(v); }
+
+  function metricNames() {
+    var seen = {}, names = [];
+    reports.forEach(function (r) {
+      Object.keys(r.metrics || {}).forEach(function (k) {
+        if (isNumber(r.metrics[k]) && !seen[k]) { seen[k] = true; names.push(k); }
+      });
+    });
+    return names;
+  }
+
+  function metricData(name) {
+    var xs = [], ys = [];
+    reports.forEach(function (r) {
+      var v = (r.metrics || {})[name];
+      if (isNumber(v)) { xs.push(r.index); ys.push(v); }
+    });
+    return [xs, ys];
+  }
+
+  function drawMetrics() {
+    var box = document.getElementById("metric-plots");
+    metricNames().forEach(function (name) {
+      var data = metricData(name);
+      if (metricPlots[name]) { metricPlots[name].setData(data); return; }
+      var holder = document.createElement("div");
+      holder.className = "metric-plot";
+      holder.setAttribute("data-metric", name);
+      box.appendChild(holder);
+      metricPlots[name] = new uPlot({
+        title: name, width: Math.min(width(box), 560), height: 220,
+        scales: { x: { time: false } },
+        axes: [{ label: "report" }, {}],
+        series: [{ label: "report" }, { label: name, stroke: palette[0], width: 2 }],
+      }, data, holder);
+    });
+    if (!metricNames().length && !box.querySelector(".empty")) {
+      box.innerHTML = '<p class="empty">no numeric metric reported yet</p>';
+    } else if (metricNames().length) {
+      var empty = box.querySelector(".empty");
+      if (empty) { empty.remove(); }
+    }
+  }
+
+  function timelineData() {
+    var ranks = {}, times = {}, rankList = [];
+    samples.forEach(function (s) {
+      if (!isNumber(s.step_time_s)) { return; }
+      if (!(s.rank in ranks)) { ranks[s.rank] = {}; rankList.push(s.rank); }
+      ranks[s.rank][s.time] = s.step_time_s;
+      times[s.time] = true;
+    });
+    rankList.sort(function (a, b) { return a - b; });
+    var xs = Object.keys(times).map(Number).sort(function (a, b) { return a - b; });
+    var data = [xs];
+    rankList.forEach(function (r) {
+      data.push(xs.map(function (t) { return t in ranks[r] ? ranks[r][t] : null; }));
+    });
+    return { ranks: rankList, data: data };
+  }
+
+  function stragglerRanks() {
+    var out = {};
+    document.querySelectorAll("#ranks tr.straggler").forEach(function (tr) { out[tr.dataset.rank] = true; });
+    return out;
+  }
+
+  function drawTimeline() {
+    var box = document.getElementById("timeline");
+    var t = timelineData();
+    var key = t.ranks.join(",") + "|" + Object.keys(stragglerRanks()).join(",");
+    if (timeline && timeline._key === key) { timeline.setData(t.data); return; }
+    if (timeline) { timeline.destroy(); timeline = null; }
+    if (!t.ranks.length) { box.innerHTML = '<p class="empty">no step time measured yet</p>'; return; }
+    box.innerHTML = "";
+    var slow = stragglerRanks();
+    var series = [{}].concat(t.ranks.map(function (r, i) {
+      return { label: "rank " + r + (slow[r] ? " (straggler)" : ""), stroke: palette[i % palette.length],
+               width: slow[r] ? 3 : 1.5, dash: slow[r] ? [6, 3] : undefined, spanGaps: true,
+               value: function (u, v) { return v == null ? "–" : (v * 1000).toFixed(0) + " ms"; } };
+    }));
+    timeline = new uPlot({
+      width: width(box), height: 260, series: series,
+      axes: [{}, { label: "step time (s)" }],
+    }, t.data, box);
+    timeline._key = key;
+  }
+
+  function replaceParts(parts) {
+    Object.keys(parts).forEach(function (id) {
+      var old = document.getElementById(id);
+      if (!old) { return; }
+      var holder = document.createElement("div");
+      holder.innerHTML = parts[id];
+      if (holder.firstElementChild) { old.replaceWith(holder.firstElementChild); }
+    });
+  }
+
+  function getJSON(url) {
+    return fetch(url, { credentials: "same-origin", cache: "no-store" }).then(function (r) {
+      if (!r.ok) { throw new Error(url + ": HTTP " + r.status); }
+      return r.json();
+    });
+  }
+
+  function state() { return (document.getElementById("overview") || {}).dataset.state; }
+
+  function poll() {
+    var lastIndex = reports.length ? reports[reports.length - 1].index : -1;
+    var lastTime = samples.length ? samples[samples.length - 1].time : 0;
+    Promise.all([
+      getJSON("parts"),
+      getJSON("api/metrics?since_index=" + lastIndex),
+      getJSON("api/samples?since=" + lastTime),
+    ]).then(function (got) {
+      replaceParts(got[0]);
+      reports = reports.concat(got[1]);
+      samples = samples.concat(got[2]);
+      drawMetrics();
+      drawTimeline();
+      document.body.classList.remove("stale");
+    }).catch(function () {
+      document.body.classList.add("stale");  // the run ended and its server with it, or a blip
+    }).then(function () {
+      if (!TERMINAL[state()]) { setTimeout(poll, POLL_MS); }
+    });
+  }
+
+  document.addEventListener("click", function (event) {
+    var button = event.target.closest("button.stacks");
+    if (!button) { return; }
+    var out = document.getElementById("stack-output");
+    var rank = button.dataset.rank;
+    button.disabled = true;
+    out.hidden = false;
+    out.textContent = "asking rank " + rank + " for its stacks...";
+    fetch("api/ranks/" + encodeURIComponent(rank) + "/stacks", {
+      method: "POST", credentials: "same-origin", headers: { "X-Minitrain-Dashboard": "1" },
+    }).then(function (r) {
+      return r.text().then(function (text) { out.textContent = "rank " + rank + ":\n" + text; });
+    }).catch(function (err) { out.textContent = String(err); })
+      .then(function () { button.disabled = false; });
+  });
+
+  drawMetrics();
+  drawTimeline();
+  if (live && !TERMINAL[state()]) { setTimeout(poll, POLL_MS); }
+})();
