@@ -1,9 +1,10 @@
 """`minitrain.data`: datasets for `TorchTrainer(datasets=...)` without Ray Data.
 
 Ray Data scripts port by changing imports (`ray.data` -> `minitrain.data`) for the constructors they
-use to feed a trainer: `from_items`, `from_numpy`, `from_pandas`, `from_torch`, `read_csv`, `read_json`,
-`read_parquet`, and `Dataset.random_shuffle`. This is not a distributed data engine: there is no
-`map_batches`, no streaming execution. Each worker reads the rows of its shard itself:
+use to feed a trainer: `range`, `from_items`, `from_numpy`, `from_pandas`, `from_torch`, `read_csv`,
+`read_json`, `read_parquet`, and `Dataset.random_shuffle` and `Dataset.map_batches`. This is not a
+distributed data engine: there is no streaming execution, and `map_batches` runs in each worker over
+the whole dataset (`minitrain.data.mapping`). Each worker reads the rows of its shard itself:
 
 - how rows reach workers: `minitrain.data.staging` (factories and files are read in each worker;
   small tables travel in the run's payload; large numeric tables are staged once as `.npy` files);
@@ -19,10 +20,10 @@ optional; numpy is required.
 from __future__ import annotations
 
 from minitrain.data.api import (
-    from_items, from_numpy, from_pandas, from_torch, read_csv, read_json, read_parquet,
+    from_items, from_numpy, from_pandas, from_torch, range, read_csv, read_json, read_parquet,
 )
 from minitrain.data.dataset import Dataset
 from minitrain.data.iterator import DataIterator
 
-__all__ = ["Dataset", "DataIterator", "from_items", "from_numpy", "from_pandas", "from_torch", "read_csv",
-           "read_json", "read_parquet"]
+__all__ = ["Dataset", "DataIterator", "from_items", "from_numpy", "from_pandas", "from_torch", "range",
+           "read_csv", "read_json", "read_parquet"]

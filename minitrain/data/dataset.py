@@ -21,9 +21,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from minitrain.data.execution import num_blocks as blocks_asked, refuse_unsupported
 from minitrain.data.iterator import DataIterator
+from minitrain.data.mapping import MapOptions, Mapped, check_map_format, pool_size
 from minitrain.data.sources import Factory, InMemory
-from minitrain.data.tables import ColumnTable, RowTable, as_column, pandas_table
+from minitrain.data.tables import ColumnTable, RowTable, as_column, pandas_table, stack_values
 from minitrain.errors import ConfigError
 
 ACCEPTED = ("a minitrain.data.Dataset (minitrain.data.from_items, from_numpy, from_pandas, from_torch, read_csv, "
@@ -40,18 +42,25 @@ class Dataset:
     this process, one epoch per pass, like a shard of a world of size 1.
     """
 
-    def __init__(self, source: Any, *, shuffle: bool = False, seed: Optional[int] = None):
+    def __init__(self, source: Any, *, shuffle: bool = False, seed: Optional[int] = None,
+                 blocks: Optional[int] = None):
         self._source = source
         self._shuffle = shuffle
         self._seed = seed
+        self._blocks = blocks
         self._cache: Optional[tuple[Any, bool, Optional[int]]] = None
         self._iterator: Optional[DataIterator] = None
 
     def __getstate__(self) -> dict:
-        return {"_source": self._source, "_shuffle": self._shuffle, "_seed": self._seed}
+        return {"_source": self._source, "_shuffle": self._shuffle, "_seed": self._seed, "_blocks": self._blocks}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["_source"], shuffle=state["_shuffle"], seed=state["_seed"])
+        self.__init__(state["_source"], shuffle=state["_shuffle"], seed=state["_seed"],
+                      blocks=state.get("_blocks"))
+
+    def with_source(self, source: Any) -> "Dataset":
+        """The same dataset (shuffle, seed, blocks) reading its rows from `source` (e.g. staged files)."""
+        return Dataset(source, shuffle=self._shuffle, seed=self._seed, blocks=self._blocks)
 
     def __repr__(self) -> str:
         shuffle = f", random_shuffle(seed={self._seed})" if self._shuffle else ""
@@ -62,16 +71,70 @@ class Dataset:
         """Where the rows come from (`minitrain.data.sources`)."""
         return self._source
 
-    def random_shuffle(self, *, seed: Optional[int] = None, **ignored: Any) -> "Dataset":
+    def num_blocks(self) -> int:
+        """The number of blocks the rows are cut into (`override_num_blocks`/`parallelism` of the
+        constructor or `random_shuffle(num_blocks=...)`; 1 by default). It matters for
+        `map_batches(batch_size=None)`, which hands each block to the function as one batch."""
+        return self._blocks or 1
+
+    def random_shuffle(self, *, seed: Optional[int] = None, num_blocks: Optional[int] = None,
+                       **ray_remote_args: Any) -> "Dataset":
         """A dataset with the same rows in a new random order every epoch, determined by `seed`.
 
         Without a seed, one is drawn when the run starts (shared by all ranks, so shards stay
         disjoint). Unlike Ray, where a fixed seed repeats one order, the seed fixes the sequence of
-        orders and every epoch has its own. Ray's execution arguments (`num_blocks`, ...) are ignored.
+        orders and every epoch has its own. `num_blocks` sets the number of blocks (as Ray); Ray's
+        task options (`num_cpus`, ...) raise `ConfigError` unless left at their defaults.
         """
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
             raise TypeError(f"random_shuffle(seed={seed!r}): the seed must be an int or None.")
-        return Dataset(self._source, shuffle=True, seed=seed)
+        refuse_unsupported("random_shuffle(...)", ray_remote_args)
+        blocks = blocks_asked("random_shuffle(...)", override_num_blocks=num_blocks)
+        return Dataset(self._source, shuffle=True, seed=seed, blocks=blocks or self._blocks)
+
+    def map_batches(self, fn: Any, *, batch_size: Optional[int] = None, batch_format: Optional[str] = "default",
+                    zero_copy_batch: bool = True, fn_args: Optional[Iterable[Any]] = None,
+                    fn_kwargs: Optional[dict] = None, fn_constructor_args: Optional[Iterable[Any]] = None,
+                    fn_constructor_kwargs: Optional[dict] = None, concurrency: Any = None,
+                    **ray_remote_args: Any) -> "Dataset":
+        """A dataset of `fn(batch, *fn_args, **fn_kwargs)` over batches of this one's rows, as Ray's.
+
+        `fn` is a function, or a callable class (built with `fn_constructor_args`/`kwargs` once per
+        thread, then called per batch). `batch` is a dict of column -> numpy array ("default"/"numpy")
+        or a pandas DataFrame ("pandas"); `fn` returns a dict of columns (arrays or lists), a DataFrame
+        or a pyarrow Table, with any number of rows. `batch_size=None` gives each block as one batch
+        (see `num_blocks`); batches never span blocks. `concurrency` (an int, or Ray's (min, max[,
+        initial]): its max) runs that many batches at once on threads. With `zero_copy_batch=True`
+        (the default, as Ray) numpy batches are read-only; pass False to mutate them in place. A
+        generator function may yield several outputs per batch. Ray's task options (`num_cpus`, `num_gpus`, `memory`,
+        `compute`, `ray_remote_args_fn`, ...) raise `ConfigError` unless left at their defaults.
+
+        Runs lazily where the rows are read: in each training worker, over the whole dataset, once
+        per worker (then kept), so `fn` must give the same output on every rank. A shuffle of this
+        dataset carries over to the result (the mapped rows are reshuffled every epoch).
+        """
+        where = "map_batches(...)"
+        if not callable(fn):
+            raise TypeError(f"map_batches(fn={fn!r}) needs a function or a callable class.")
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
+                                       or batch_size < 1):
+            raise ValueError(f"map_batches(batch_size={batch_size!r}) must be an int >= 1, or None for whole "
+                             "blocks.")
+        if not isinstance(zero_copy_batch, bool):
+            raise TypeError(f"map_batches(zero_copy_batch={zero_copy_batch!r}) must be a bool.")
+        is_class = isinstance(fn, type)
+        if not is_class and (fn_constructor_args or fn_constructor_kwargs):
+            raise ValueError("map_batches: fn_constructor_args and fn_constructor_kwargs can only be given when "
+                             "fn is a callable class.")
+        refuse_unsupported(where, ray_remote_args)
+        options = MapOptions(batch_size=batch_size, batch_format=check_map_format(batch_format),
+                             fn_args=tuple(fn_args or ()), fn_kwargs=dict(fn_kwargs or {}),
+                             fn_constructor_args=tuple(fn_constructor_args or ()),
+                             fn_constructor_kwargs=dict(fn_constructor_kwargs or {}),
+                             threads=pool_size(concurrency), zero_copy_batch=zero_copy_batch)
+        parent = Dataset(self._source, blocks=self._blocks)  # mapped in storage order; the shuffle follows
+        mapped = Mapped(parent, fn, options, self.num_blocks())
+        return Dataset(mapped, shuffle=self._shuffle, seed=self._seed, blocks=self._blocks)
 
     # ------------------------------------------------------------------ reading here
 
@@ -129,7 +192,7 @@ class Dataset:
     def materialize(self) -> "Dataset":
         """A dataset holding this one's rows in memory (files read, factory called now), same shuffle."""
         table, shuffled, seed = self._resolve()
-        return Dataset(InMemory(table), shuffle=shuffled, seed=seed)
+        return Dataset(InMemory(table), shuffle=shuffled, seed=seed, blocks=self._blocks)
 
     def to_pandas(self) -> Any:
         """All rows as a pandas DataFrame (needs pandas)."""
@@ -181,11 +244,10 @@ def _as_columns(rows: list, wrap_key: Optional[str]) -> Optional[dict]:
 
 def _stacked(values: list) -> Any:
     """`values` as one array when that loses nothing: scalars of one kind (numbers or strings), or
-    arrays of one shape and dtype. None otherwise (tuples, tensors, ragged or mixed values)."""
-    if all(isinstance(v, np.ndarray) for v in values):
-        if len({(v.shape, v.dtype) for v in values}) == 1 and values[0].dtype != object:
-            return np.stack(values)
-        return None
+    list/array cells of numbers (`stack_values`: `[rows, ...]`, or one array per row when ragged, as Ray
+    Data stores list columns). None otherwise (tensors, strings in lists, mixed values)."""
+    if all(isinstance(v, (list, tuple, np.ndarray)) for v in values):
+        return stack_values(values)
     if all(isinstance(v, str) for v in values):
         return np.asarray(values)
     if all(isinstance(v, (bool, int, float, np.bool_, np.number)) for v in values):

@@ -25,11 +25,12 @@ EXTENSIONS = {"csv": ("csv", "csv.gz"), "json": ("json", "jsonl", "json.gz", "js
 
 
 def expand_paths(paths: Union[str, Sequence[str]], filesystem: Any, fmt: str,
-                 file_extensions: Optional[Sequence[str]]) -> tuple[Any, list[str]]:
+                 file_extensions: Optional[Sequence[str]], ignore_missing: bool = False) -> tuple[Any, list[str]]:
     """(filesystem, sorted file paths) for files, directories (searched recursively) and glob patterns.
 
     Files in a directory are kept when their name ends with one of `file_extensions` (default: the
-    usual ones for `fmt`). FileNotFoundError naming the path when nothing matches.
+    usual ones for `fmt`). FileNotFoundError naming the path when nothing matches, unless
+    `ignore_missing` (Ray's `ignore_missing_paths`): then a path that does not exist is skipped.
     """
     if isinstance(paths, str):
         paths = [paths]
@@ -45,6 +46,8 @@ def expand_paths(paths: Union[str, Sequence[str]], filesystem: Any, fmt: str,
             fs, stripped = fsspec.core.url_to_fs(path)
         else:
             stripped = filesystem._strip_protocol(path)
+        if ignore_missing and not any(ch in stripped for ch in "*?[") and not fs.exists(stripped):
+            continue
         found.extend(_expand_one(fs, stripped, path, extensions, fmt))
     return fs, found
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 import posixpath
 from dataclasses import dataclass
 from typing import Any, Callable, Union
@@ -56,23 +57,30 @@ class Factory:
 
 @dataclass(frozen=True)
 class Files:
-    """Files of one format (`csv`, `json`, `parquet`) on the fsspec filesystem `fs`."""
+    """Files of one format (`csv`, `json`, `parquet`) on the fsspec filesystem `fs`, read `threads` at a
+    time (Ray's `concurrency`)."""
 
     fs: Any
     paths: tuple[str, ...]
     fmt: str
     options: tuple[tuple[str, Any], ...] = ()
     include_paths: bool = False
+    threads: int = 1
 
     def load(self) -> ColumnTable:
-        """Read every file (in path order) and concatenate their rows."""
-        parts = []
-        for path in self.paths:
+        """Read every file and concatenate their rows in path order."""
+        def read(path: str) -> dict:
             columns = read_file(self.fs, path, self.fmt, dict(self.options))
             if self.include_paths:
                 rows = len(next(iter(columns.values()))) if columns else 0
                 columns["path"] = np.full(rows, path)
-            parts.append(columns)
+            return columns
+
+        if self.threads > 1 and len(self.paths) > 1:
+            with ThreadPoolExecutor(max_workers=self.threads, thread_name_prefix="read_files") as pool:
+                parts = list(pool.map(read, self.paths))
+        else:
+            parts = [read(path) for path in self.paths]
         parts = [p for p in parts if p]
         return ColumnTable(concat_columns(parts, list(self.paths)), f"read_{self.fmt}({list(self.paths)!r})")
 

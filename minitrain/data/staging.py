@@ -23,6 +23,7 @@ the training function iterates it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import posixpath
 import random
@@ -38,6 +39,7 @@ from minitrain.config import DataConfig
 from minitrain.context import TrainContext
 from minitrain.data.dataset import Dataset, as_dataset
 from minitrain.data.iterator import DataIterator
+from minitrain.data.mapping import Mapped
 from minitrain.storage.layout import DATASETS_DIR
 from minitrain.data.sources import InMemory, Staged, column_file
 from minitrain.data.tables import ColumnTable
@@ -160,10 +162,21 @@ def plan_datasets(datasets: Mapping[str, Dataset], data_config: DataConfig, *, n
     specs = {}
     for name, dataset in datasets.items():
         source = dataset.source
-        if isinstance(source, InMemory):
-            dataset = _shipped(name, dataset, source, num_workers, staging, area)
+        dataset = _ship_tables(name, dataset, num_workers, staging, area)
         specs[name] = ShardSpec(name, dataset, data_config.should_split(name), random.SystemRandom().getrandbits(63))
     return specs
+
+
+def _ship_tables(name: str, dataset: Dataset, num_workers: int, staging: Any, area: list) -> Dataset:
+    """`dataset` with its in-memory table, or the one under its `map_batches`, shipped (`_shipped`)."""
+    source = dataset.source
+    if isinstance(source, InMemory):
+        return _shipped(name, dataset, source, num_workers, staging, area)
+    if isinstance(source, Mapped):
+        parent = _ship_tables(name, source.parent, num_workers, staging, area)
+        if parent is not source.parent:
+            return dataset.with_source(dataclasses.replace(source, parent=parent))
+    return dataset
 
 
 def _shipped(name: str, dataset: Dataset, source: InMemory, num_workers: int, staging: Any,
@@ -176,7 +189,7 @@ def _shipped(name: str, dataset: Dataset, source: InMemory, num_workers: int, st
         if not area:
             area.append(staging())
         staged = area[0].stage(name, table)
-        return Dataset(staged, shuffle=dataset._shuffle, seed=dataset._seed)
+        return dataset.with_source(staged)
     if staging is None:  # local mode: nothing travels
         return dataset
     try:

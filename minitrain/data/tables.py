@@ -37,6 +37,25 @@ def as_column(values: Any, where: str) -> np.ndarray:
     return array
 
 
+def stack_values(values: Sequence[Any]) -> Optional[np.ndarray]:
+    """Array-valued cells (lists, tuples, numpy arrays of numbers or bools) as one column, as Ray Data
+    stores them: a `[rows, ...]` array when every cell has the same shape, else (ragged cells, e.g.
+    variable-length token lists) a 1-D object array holding one array per row. None when a cell is not
+    numeric (strings, mixed or nested objects): such values are not columns."""
+    try:
+        cells = [np.asarray(value) for value in values]
+    except (ValueError, OverflowError):  # nested lists of unequal lengths
+        return None
+    if not cells or any(cell.ndim == 0 or cell.dtype.kind not in "biufc" for cell in cells):
+        return None
+    if len({cell.shape for cell in cells}) == 1:
+        return np.stack(cells)
+    ragged = np.empty(len(cells), dtype=object)
+    for position, cell in enumerate(cells):  # one by one: assigning the list could broadcast
+        ragged[position] = cell
+    return ragged
+
+
 class ColumnTable:
     """Named columns of equal length. `take(indices)` -> dict of column -> numpy array."""
 

@@ -36,11 +36,29 @@ def _dtype_for(dtypes: Any, key: Any) -> Any:
     return dtypes
 
 
+def _unragged(value: np.ndarray) -> np.ndarray:
+    """An object array whose cells are numeric arrays of one shape (a batch of a ragged column that
+    happens to be even) stacked to `[B, ...]`, as Ray does; otherwise `value` unchanged."""
+    cells = list(value)
+    if cells and all(isinstance(c, np.ndarray) and c.dtype.kind in "biufc" for c in cells) and \
+            len({c.shape for c in cells}) == 1:
+        return np.stack(cells)
+    return value
+
+
 def _tensor(value: Any, dtype: Any, device: Any, pin_memory: bool, where: str) -> Any:
     import torch
 
     if isinstance(value, np.ndarray):
-        if value.dtype.kind in "USO":
+        if value.dtype == object and value.ndim == 1:
+            value = _unragged(value)
+        if value.dtype == object:
+            raise RuntimeError(
+                f"{where} holds cells of different shapes (a ragged list column), which one tensor cannot hold. "
+                "Pad the values to one length when building the dataset, or pass collate_fn to build the batch "
+                "yourself (for example torch.nn.utils.rnn.pad_sequence). Numpy array of object dtype cannot be "
+                "converted to a Torch Tensor.")
+        if value.dtype.kind in "US":
             raise TypeError(f"{where} holds {value.dtype} values, which a torch tensor cannot hold. Leave "
                             "the column out of the dataset, or pass collate_fn to build the batch yourself.")
         value = torch.from_numpy(np.ascontiguousarray(value))

@@ -54,8 +54,11 @@ def test_from_items_follows_rays_row_layout():
     assert [int(r["x"]) for r in dicts.take_all()] == [0, 1, 2, 3]
     plain = mdata.from_items([1, 2, 3])
     assert plain.columns() == ["item"] and [int(r["item"]) for r in plain.take()] == [1, 2, 3]
-    ragged = mdata.from_items([{"tokens": [1, 2]}, {"tokens": [3]}])
-    assert isinstance(ragged.source.table, RowTable) and ragged.take(1) == [{"tokens": [1, 2]}]
+    ragged = mdata.from_items([{"tokens": [1, 2]}, {"tokens": [3]}])  # Ray: one array per row (object column)
+    assert isinstance(ragged.source.table, ColumnTable) and ragged.take(1)[0]["tokens"].tolist() == [1, 2]
+    assert ragged.source.table.columns["tokens"].dtype == object
+    words = mdata.from_items([{"w": ["a", "b"]}, {"w": ["c"]}])  # lists of strings stay rows
+    assert isinstance(words.source.table, RowTable)
     mixed = mdata.from_items([("a", 1), ("b", 2)])
     assert mixed.take(1) == [{"item": ("a", 1)}]  # tuples are kept, never coerced to strings
     with pytest.raises(TypeError, match="list of rows"):
