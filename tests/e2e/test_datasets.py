@@ -90,3 +90,29 @@ def test_split_and_unsplit_datasets_on_two_workers(tmp_path):
     assert info[0]["staged_root"] == info[1]["staged_root"]
     assert not os.path.exists(info[0]["staged_root"])  # the staged copy is deleted when fit() returns
     assert _staging_dirs() <= before
+
+
+# ---------------------------------------------------------------------------------- Ray's docstring example
+
+
+def train_docstring_example(config: dict):
+    import torch
+
+    shard = minitrain.get_dataset_shard("train")
+    seen = []
+    for batch in shard.iter_torch_batches(batch_size=32, dtypes=torch.float):
+        assert batch["input"].shape[1:] == (1,) and batch["input"].dtype == torch.float32
+        assert torch.equal(batch["label"], 2 * batch["input"] + 1)
+        assert torch.equal(batch["scaled"], batch["input"] * 10)
+        seen.extend(int(v) for v in batch["input"][:, 0])
+    minitrain.report({"rows": len(seen), "first": seen[:1]})
+
+
+def test_torchtrainer_docstring_example_with_map_batches(tmp_path):
+    # TorchTrainer's docstring: list-valued items become [B, 1] tensors; map_batches runs in the workers.
+    items = mdata.from_items([{"input": [x], "label": [2 * x + 1]} for x in range(200)])
+    train = items.map_batches(lambda b: {**b, "scaled": b["input"] * 10}, batch_size=64)
+    result = TorchTrainer(train_docstring_example, datasets={"train": train},
+                          scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="docstring", storage_path=str(tmp_path))).fit()
+    assert result.metrics == {"rows": 100, "first": [0]}  # rank 0 reads the first half
