@@ -1,0 +1,345 @@
+"""The sweep loop: start trials while resources allow, route their results, end them (L3).
+
+One loop on the caller's thread. Each trial is a process (minitrain.tune.trial_process); a reader
+thread per trial turns its report pipe into events on one queue, and the loop is the only code that
+changes a trial. Each result goes to the scheduler (CONTINUE/STOP, answered to the waiting trial) and
+the searcher; the state file is replaced after every change, so a killed tuner resumes from it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+import cloudpickle
+
+from minitrain.errors import ConfigError
+from minitrain.procs import decode_returncode
+from minitrain.tune import trials as tr
+from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
+from minitrain.tune.search import Searcher
+from minitrain.tune.session import TuneContext
+from minitrain.tune.trial_process import TrialPayload
+
+logger = logging.getLogger("minitrain")
+
+INTERRUPT_WAIT_S = 60.0  # how long Ctrl-C waits for the trials' fit()s to stop their workers
+EXIT_WAIT_S = 30.0  # a trial process that closed its pipe exits within this
+
+
+class _Running:
+    """A trial process and what the loop has heard from it."""
+
+    def __init__(self, trial: tr.Trial, proc: subprocess.Popen, resources: dict):
+        self.trial, self.proc, self.resources = trial, proc, resources
+        self.ended: Optional[dict] = None  # the last message: done, error or interrupted
+        self.last_report = time.monotonic()
+        self.stop_sent = False
+        self.since_restore = 0
+
+    def answer(self, decision: str) -> None:
+        try:
+            self.proc.stdin.write((decision + "\n").encode())
+            self.proc.stdin.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            pass  # the trial is gone; its end arrives as an event
+
+
+class Runner:
+    """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials)."""
+
+    def __init__(self, *, experiment_path: str, experiment_name: str, trainable: Any, trainable_name: str,
+                 resources: dict, capacity: dict, searcher: Searcher, scheduler: TrialScheduler,
+                 total_trials: int, max_concurrent: int, max_failures: int, time_budget_s: Optional[float],
+                 trials: list[tr.Trial], id_prefix: str, name_trial: Callable[[tr.Trial], None],
+                 header: dict, reporter: Any, pythonpath: tuple[str, ...]):
+        self.path, self.name = experiment_path, experiment_name
+        self.trainable, self.trainable_name = trainable, trainable_name
+        self.resources, self.capacity = resources, capacity
+        self.searcher, self.scheduler = searcher, scheduler
+        self.total, self.max_concurrent, self.max_failures = total_trials, max_concurrent, max_failures
+        self.time_budget_s = time_budget_s
+        self.trials = trials
+        self.id_prefix, self.name_trial, self.header = id_prefix, name_trial, header
+        self.reporter, self.pythonpath = reporter, pythonpath
+        self.events: "queue.Queue" = queue.Queue()
+        self.running: dict[str, _Running] = {}
+        self.used = {key: 0.0 for key in capacity}
+        self.exhausted = len(trials) >= total_trials
+        self.stopping = ""  # why no new trial starts (the time budget)
+        self.max_running_seen = 0
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> None:
+        started = time.monotonic()
+        try:
+            while True:
+                if self.time_budget_s is not None and not self.stopping and \
+                        time.monotonic() - started > self.time_budget_s:
+                    self._stop_all(f"time_budget_s={self.time_budget_s} reached")
+                self._start_trials()
+                if not self.running and (self.exhausted or self.stopping) and not self._pending():
+                    break
+                try:
+                    trial_id, message = self.events.get(timeout=0.5)
+                except queue.Empty:
+                    self.reporter.update(self.trials)
+                    continue
+                self._handle(trial_id, message)
+                self.reporter.update(self.trials)
+        except KeyboardInterrupt:
+            self._interrupt()
+            raise
+        finally:
+            self._save()
+            self.reporter.finish(self.trials)
+
+    def _pending(self) -> list[tr.Trial]:
+        if self.stopping:
+            return []
+        return [t for t in self.trials if t.status == tr.PENDING and t.trial_id not in self.running]
+
+    def _fits(self) -> bool:
+        if self.max_concurrent and len(self.running) >= self.max_concurrent:
+            return False
+        return all(self.used[k] + self.resources.get(k, 0.0) <= self.capacity[k] + 1e-9 for k in self.capacity)
+
+    def _start_trials(self) -> None:
+        while self._fits():
+            pending = self._pending()
+            if pending:
+                self._launch(pending[0])
+                continue
+            trial = None if (self.exhausted or self.stopping) else self._new_trial()
+            if trial is None:
+                return
+            self._launch(trial)
+
+    def _new_trial(self) -> Optional[tr.Trial]:
+        if len(self.trials) >= self.total:
+            self.exhausted = True
+            return None
+        index = len(self.trials)
+        trial_id = f"{self.id_prefix}_{index:05d}"
+        config = self.searcher.suggest(trial_id)
+        if config is None:  # a concurrency limit: ask again when a trial ends
+            return None
+        if config == Searcher.FINISHED:
+            self.exhausted = True
+            return None
+        trial = tr.new_trial(trial_id, "", "", config, index)
+        self.name_trial(trial)
+        self.trials.append(trial)
+        self.scheduler.on_trial_add(trial_id)
+        self._save()
+        return trial
+
+    def _launch(self, trial: tr.Trial) -> None:
+        if not trial.config_is_json and trial.config is None:
+            raise ConfigError(f"trial {trial.name} cannot be resumed: its config was not JSON and was not saved.")
+        if trial.iteration > trial.checkpoint_iteration:  # it reports again from its checkpoint on
+            trial.iteration = trial.checkpoint_iteration
+            trial.checkpoints = [c for c in trial.checkpoints if os.path.exists(c[0])]
+        os.makedirs(os.path.join(self.path, tr.TUNE_DIR), exist_ok=True)
+        tr.cut_history(self.path, trial, trial.iteration)
+        trial_dir = os.path.join(self.path, trial.dirname)
+        context = TuneContext(trial.trial_id, trial.name, trial_dir, self.name, self.path, dict(self.resources))
+        payload = cloudpickle.dumps(TrialPayload(self.trainable, trial.config, context, trial.checkpoint,
+                                                 trial.iteration))
+        read_fd, write_fd = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath),
+               "MINITRAIN_TUNE_PARENT": str(os.getpid())}
+        with open(tr.log_path(self.path, trial), "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
+                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(write_fd,), start_new_session=True, env=env)
+        os.close(write_fd)
+        try:
+            proc.stdin.write(struct.pack(">Q", len(payload)) + payload)
+            proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            pass  # it died at once; its end arrives through the pipe's EOF
+        running = _Running(trial, proc, dict(self.resources))
+        self.running[trial.trial_id] = running
+        for key, amount in self.resources.items():
+            self.used[key] = self.used.get(key, 0.0) + amount
+        self.max_running_seen = max(self.max_running_seen, len(self.running))
+        trial.status = tr.RUNNING
+        threading.Thread(target=self._read, args=(trial.trial_id, read_fd), daemon=True,
+                         name=f"minitrain-tune-{trial.trial_id}").start()
+        self.reporter.trial_changed(trial)
+        self._save()
+
+    def _read(self, trial_id: str, fd: int) -> None:
+        with os.fdopen(fd, "r") as stream:
+            for line in stream:
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue
+                self.events.put((trial_id, message))
+        self.events.put((trial_id, {"type": "eof"}))
+
+    # ------------------------------------------------------------------ events
+
+    def _handle(self, trial_id: str, message: dict) -> None:
+        running = self.running.get(trial_id)
+        if running is None:
+            return
+        kind = message.get("type")
+        if kind == "result":
+            self._on_result(running, message)
+        elif kind in ("done", "error", "interrupted"):
+            running.ended = message
+        elif kind == "eof":
+            self._on_exit(running)
+
+    def _on_result(self, running: _Running, message: dict) -> None:
+        trial, now = running.trial, time.monotonic()
+        trial.iteration += 1
+        running.since_restore += 1
+        this_iter = now - running.last_report
+        running.last_report = now
+        trial.time_total_s += this_iter
+        result = dict(message.get("metrics") or {})
+        result.update(training_iteration=trial.iteration, time_this_iter_s=this_iter,
+                      time_total_s=trial.time_total_s, timestamp=int(time.time()), trial_id=trial.trial_id,
+                      iterations_since_restore=running.since_restore, done=False)
+        if message.get("checkpoint"):
+            trial.checkpoint, trial.checkpoint_iteration = message["checkpoint"], trial.iteration
+            trial.checkpoints.append((message["checkpoint"], result))
+        trial.last_result = result
+        tr.append_history(self.path, trial, result)
+        decision = self.scheduler.on_trial_result(trial.trial_id, result)
+        self.searcher.on_trial_result(trial.trial_id, result)
+        if decision == STOP and not running.stop_sent:
+            trial.stop_reason = self._stop_reason(result)
+        if decision == STOP or self.stopping:
+            running.stop_sent = True
+            running.answer("stop")
+        else:
+            running.answer("continue")
+        self._save()
+
+    def _stop_reason(self, result: dict) -> str:
+        scheduler = self.scheduler
+        attr = getattr(scheduler, "time_attr", "training_iteration")
+        if isinstance(scheduler, AsyncHyperBandScheduler) and result.get(attr, 0) >= scheduler.max_t:
+            return f"reached max_t={scheduler.max_t} ({attr})"
+        return f"stopped early by {scheduler.describe()} at {attr}={result.get(attr)}"
+
+    def _on_exit(self, running: _Running) -> None:
+        trial = running.trial
+        try:
+            returncode = running.proc.wait(timeout=EXIT_WAIT_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(running.proc)
+            returncode = running.proc.wait()
+        running.proc.stdin.close()
+        del self.running[trial.trial_id]
+        for key, amount in running.resources.items():
+            self.used[key] -= amount
+        ended = running.ended or {}
+        if ended.get("type") == "done":
+            trial.status = tr.TERMINATED
+            if trial.last_result is not None:
+                trial.last_result = {**trial.last_result, "done": True}
+            if not ended.get("stopped"):
+                trial.stop_reason = trial.stop_reason if running.stop_sent else None
+            self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
+            self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
+        elif ended.get("type") == "interrupted" or (self.stopping and running.stop_sent and not ended):
+            trial.status = tr.PENDING  # Ctrl-C: resumable
+        else:
+            trial.error = ended if ended.get("type") == "error" else {
+                "exc_type": "TrialProcessDied", "traceback": "",
+                "message": f"the trial process {_describe_exit(returncode)} without reporting why; see "
+                           f"{tr.log_path(self.path, trial)}"}
+            self._failed(trial)
+        self.reporter.trial_changed(trial)
+        self._save()
+
+    def _failed(self, trial: tr.Trial) -> None:
+        if self.max_failures < 0 or trial.num_failures < self.max_failures:
+            trial.num_failures += 1
+            trial.status = tr.PENDING
+            logger.warning("trial %s failed (%s: %s); retrying it (%d of %s) from %s", trial.name,
+                           trial.error["exc_type"], trial.error["message"].splitlines()[0] if trial.error["message"]
+                           else "", trial.num_failures, "inf" if self.max_failures < 0 else self.max_failures,
+                           trial.checkpoint or "the start")
+            return
+        trial.status = tr.ERROR
+        self.scheduler.on_trial_remove(trial.trial_id)
+        self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
+
+    def _stop_all(self, why: str) -> None:
+        self.stopping = why
+        for running in self.running.values():
+            running.trial.stop_reason = running.trial.stop_reason or why
+            running.stop_sent = True
+
+    # ------------------------------------------------------------------ Ctrl-C
+
+    def _interrupt(self) -> None:
+        """Ctrl-C: every trial process gets SIGINT (a fit() in it stops its workers cleanly), then the
+        loop waits for them (a second Ctrl-C kills them); unfinished trials stay PENDING."""
+        logger.warning("interrupted: stopping %d running trial(s); resume with Tuner.restore(%r, trainable)",
+                       len(self.running), self.path)
+        self.stopping = "interrupted"
+        for running in list(self.running.values()):
+            _signal(running.proc, signal.SIGINT)
+        deadline = time.monotonic() + INTERRUPT_WAIT_S
+        try:
+            while self.running and time.monotonic() < deadline:
+                try:
+                    trial_id, message = self.events.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if message.get("type") == "result" and trial_id in self.running:
+                    self.running[trial_id].answer("stop")
+                    continue
+                self._handle(trial_id, message)
+        except KeyboardInterrupt:
+            pass
+        for running in list(self.running.values()):
+            _kill_group(running.proc)
+            running.proc.wait()
+            running.trial.status = tr.PENDING
+            del self.running[running.trial.trial_id]
+        for trial in self.trials:
+            if trial.status == tr.RUNNING:
+                trial.status = tr.PENDING
+
+    def _save(self) -> None:
+        tr.write_state(self.path, self.header, self.trials)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        os.kill(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # the trial's session; its fit()'s agents end with their lease
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _describe_exit(returncode: int) -> str:
+    code, sig = decode_returncode(returncode)
+    if sig:
+        return f"was killed by {signal.Signals(sig).name}"
+    return f"exited with code {code}"

@@ -1,0 +1,175 @@
+"""Inside a trial: `tune.report`, `tune.get_checkpoint`, `tune.get_context` (L3).
+
+Each trial runs in its own process (minitrain.tune.trial_process). Its `TrialSession` sends every
+result to the tuner over a pipe and waits for the scheduler's answer: CONTINUE, or STOP, which ends
+the trial early. A function trainable calling `tune.report` sees STOP as `TrialStopped` raised from
+`report` (a BaseException, so `except Exception` in user code does not swallow it). A `fit()` running
+in the trial is stopped the way Ctrl-C stops it: its workers get the grace period, its committed
+checkpoints stay.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import threading
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from minitrain.checkpoint import Checkpoint
+from minitrain.metrics import encode_metrics
+
+
+class TrialStopped(BaseException):
+    """Raised by `tune.report` in a trial the scheduler stopped; the trial ends as TERMINATED."""
+
+
+@dataclass(frozen=True)
+class TuneContext:
+    """What a trial knows about itself (Ray's `ray.tune.get_context()`)."""
+
+    trial_id: str
+    trial_name: str
+    trial_dir: str
+    experiment_name: str
+    experiment_path: str
+    trial_resources: dict
+
+    def get_trial_id(self) -> str:
+        """The trial's id, e.g. '3f2a1_00004' (stable across retries and restores)."""
+        return self.trial_id
+
+    def get_trial_name(self) -> str:
+        """The trial's name (TuneConfig.trial_name_creator, else '<trainable>_<trial_id>')."""
+        return self.trial_name
+
+    def get_trial_dir(self) -> str:
+        """The trial's directory `<storage_path>/<name>/<trial dirname>/`."""
+        return self.trial_dir
+
+    def get_experiment_name(self) -> str:
+        """The tuning run's name (RunConfig.name)."""
+        return self.experiment_name
+
+    def get_trial_resources(self) -> dict:
+        """What the trial reserved: {'CPU': n, 'GPU': m}."""
+        return dict(self.trial_resources)
+
+
+class TrialSession:
+    """The running trial's link to the tuner: `report` sends a result and returns the decision."""
+
+    def __init__(self, context: TuneContext, channel_out: Any, channel_in: Any,
+                 checkpoint: Optional[str], iteration: int):
+        self.context = context
+        self._out, self._in = channel_out, channel_in
+        self._lock = threading.Lock()
+        self._checkpoint = checkpoint
+        self._iteration = iteration  # reports so far, over the trial's life (restores included)
+        self.stop_requested = False
+
+    def send(self, message: dict) -> None:
+        """One message to the tuner (a JSON line)."""
+        with self._lock:
+            self._out.write(json.dumps(message) + "\n")
+            self._out.flush()
+
+    def report(self, metrics: dict, checkpoint_path: Optional[str]) -> str:
+        """Send one result; returns the tuner's decision, 'continue' or 'stop' (also when the tuner is
+        gone: a trial never outlives its sweep)."""
+        with self._lock:
+            self._iteration += 1
+            if checkpoint_path:
+                self._checkpoint = checkpoint_path
+            line = json.dumps({"type": "result", "metrics": metrics, "checkpoint": checkpoint_path})
+            try:
+                self._out.write(line + "\n")
+                self._out.flush()
+                answer = self._in.readline()
+                answer = (answer.decode() if isinstance(answer, bytes) else answer).strip()
+            except (BrokenPipeError, OSError, ValueError):
+                answer = ""
+        if answer != "continue":
+            self.stop_requested = True
+            return "stop"
+        return "continue"
+
+    @property
+    def iteration(self) -> int:
+        return self._iteration
+
+    def latest_checkpoint(self) -> Optional[Checkpoint]:
+        return Checkpoint(self._checkpoint) if self._checkpoint else None
+
+
+_current: Optional[TrialSession] = None
+
+
+def set_session(session: Optional[TrialSession]) -> None:
+    """Make `session` the trial of this process (the trial process does it once)."""
+    global _current
+    _current = session
+
+
+def _session(function: str) -> TrialSession:
+    if _current is None:
+        raise RuntimeError(f"tune.{function}() can only be called inside a trial of minitrain.tune.Tuner (the "
+                           "function you pass to Tuner). Inside TorchTrainer workers use minitrain.report().")
+    return _current
+
+
+def report(metrics: dict, *, checkpoint: Optional[Checkpoint] = None, checkpoint_dir_name: Optional[str] = None) -> None:
+    """Report one result of the trial (Ray's `ray.tune.report`). A `checkpoint` is copied into the
+    trial directory as `checkpoint_<iteration>` (or `checkpoint_dir_name`) before the tuner hears of
+    it. Raises `TrialStopped` when the scheduler stops the trial."""
+    session = _session("report")
+    if not isinstance(metrics, dict):
+        raise TypeError(f"tune.report(metrics=...) must be a dict, got {type(metrics).__name__}.")
+    encoded = json.loads(encode_metrics(metrics))  # ValueError naming a value that is not JSON-safe
+    saved = None
+    if checkpoint is not None:
+        if not isinstance(checkpoint, Checkpoint):
+            raise TypeError(f"tune.report(checkpoint=...) must be a minitrain.Checkpoint, got "
+                            f"{type(checkpoint).__name__}.")
+        name = checkpoint_dir_name or f"checkpoint_{session.iteration:06d}"
+        saved = os.path.join(session.context.trial_dir, name)
+        if os.path.exists(saved):
+            shutil.rmtree(saved)
+        checkpoint.to_directory(saved)
+    if session.report(encoded, saved) == "stop":
+        raise TrialStopped(f"trial {session.context.trial_id} was stopped by the scheduler")
+
+
+def get_checkpoint() -> Optional[Checkpoint]:
+    """The trial's latest checkpoint (after a retry or `Tuner.restore`), or None."""
+    return _session("get_checkpoint").latest_checkpoint()
+
+
+def get_context() -> TuneContext:
+    """The running trial's `TuneContext`."""
+    return _session("get_context").context
+
+
+class ForwardingObserver:
+    """Forwards each report round of a `fit()` run in this trial to the tuner, rank 0's metrics and the
+    committed checkpoint (Ray's TuneReportCallback); a STOP answer stops the fit() as Ctrl-C would."""
+
+    def __init__(self, session: TrialSession):
+        self._session = session
+        self._run_path = ""
+
+    def on_run_start(self, run: Any) -> None:
+        self._run_path = str(run.run_path).removeprefix("file://")
+
+    def on_round(self, round_: Any) -> None:
+        metrics = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
+        if metrics is None:
+            return
+        checkpoint = None
+        if round_.checkpoint is not None:
+            checkpoint = f"{self._run_path.rstrip('/')}/{round_.checkpoint.dir_name}"
+        if self._session.report(metrics, checkpoint) == "stop":
+            # Ctrl-C's path: the controller notes the signal and stops the workers with their grace period.
+            os.kill(os.getpid(), signal.SIGINT)

@@ -1,0 +1,95 @@
+"""One trial's process: `python -m minitrain.tune.trial_process <report fd>` (L3).
+
+The tuner writes the trial's payload on stdin (an 8-byte length, then cloudpickle bytes: the
+trainable, its config and the trial's facts), then one decision line ('continue' or 'stop') for each
+result this process sends on the report pipe (JSON lines). The process ends with one last message:
+{"type": "done", "stopped": bool} or {"type": "error", ...}. It gets SIGINT when the tuner dies, so a
+`fit()` it runs stops its workers as on Ctrl-C, and it runs in its own session (the tuner forwards
+Ctrl-C itself).
+
+Why a process per trial and not a thread: a trial that runs `fit()` must be stoppable at any moment
+(the scheduler's STOP, Ctrl-C, the tuner's death) with fit()'s own clean stop, which is Ctrl-C on the
+main thread of the process that runs it; its output, its cwd, its imports and its crashes stay its
+own. The cost is an interpreter start (about half a second) per trial.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import signal
+import struct
+import sys
+import traceback
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import cloudpickle
+
+from minitrain import _session, procs
+from minitrain.tune import session as tune_session
+
+
+@dataclass
+class TrialPayload:
+    """What a trial process is given: the trainable and the trial's facts."""
+
+    trainable: Any
+    config: dict
+    context: tune_session.TuneContext
+    checkpoint: Optional[str]  # the latest checkpoint to resume from
+    iteration: int  # results reported before this run of the trial
+
+
+def run_trainer(trainer: Any, config: dict, context: tune_session.TuneContext) -> Any:
+    """A TorchTrainer as a trial: its train_loop_config updated with the sampled "train_loop_config",
+    its run directory the trial directory (so a retried or restored trial resumes from its latest
+    checkpoint)."""
+    trainer = copy.copy(trainer)
+    trainer.train_loop_config = {**(trainer.train_loop_config or {}), **config.get("train_loop_config", {})}
+    parent, name = os.path.split(context.trial_dir.rstrip("/"))
+    trainer.run_config = dataclasses.replace(trainer.run_config, name=name, storage_path=parent)
+    return trainer.fit()
+
+
+def _read_payload(stream: Any) -> TrialPayload:
+    size = struct.unpack(">Q", stream.read(8))[0]
+    return cloudpickle.loads(stream.read(size))  # from the tuner that started us, over our own stdin
+
+
+def main(argv: list[str]) -> int:
+    procs.die_with_parent(signal.SIGINT, expected_parent=int(os.environ.get("MINITRAIN_TUNE_PARENT", "0")) or None)
+    out = os.fdopen(int(argv[0]), "w", buffering=1)
+    stdin = sys.stdin.buffer
+    payload = _read_payload(stdin)
+    session = tune_session.TrialSession(payload.context, out, stdin, payload.checkpoint, payload.iteration)
+    tune_session.set_session(session)
+    _session.add_run_observer_maker(lambda: tune_session.ForwardingObserver(session))
+    os.makedirs(payload.context.trial_dir, exist_ok=True)
+    from minitrain.trainer import TorchTrainer  # the trainer is imported only by trials that need it
+
+    try:
+        if isinstance(payload.trainable, TorchTrainer):
+            run_trainer(payload.trainable, payload.config, payload.context)
+        else:
+            payload.trainable(payload.config)
+    except tune_session.TrialStopped:
+        session.send({"type": "done", "stopped": True})
+        return 0
+    except KeyboardInterrupt:
+        if session.stop_requested:  # our own STOP reached a fit() as Ctrl-C
+            session.send({"type": "done", "stopped": True})
+            return 0
+        session.send({"type": "interrupted"})
+        return 130
+    except BaseException as exc:  # noqa: BLE001 - every failure is reported to the tuner as a record
+        session.send({"type": "error", "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
+                      "message": str(exc)[:16384], "traceback": traceback.format_exc()[-65536:]})
+        return 1
+    session.send({"type": "done", "stopped": session.stop_requested})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

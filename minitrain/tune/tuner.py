@@ -1,0 +1,294 @@
+"""`Tuner`: run a hyperparameter sweep of trials, each a process, and collect a `ResultGrid` (L3).
+
+Ray's `ray.tune.Tuner` surface. A trainable is a function `f(config)` (calling `tune.report`, or
+building a TorchTrainer and calling `fit()`: its reports are forwarded), or a `TorchTrainer` whose
+`train_loop_config` is updated with the sampled `param_space["train_loop_config"]`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import os
+import re
+import uuid
+from typing import Any, Callable, Optional
+
+from minitrain.config import CheckpointConfig, RunConfig
+from minitrain.errors import ConfigError
+from minitrain.hosts import hostinfo
+from minitrain.hosts.cluster import current_cluster
+from minitrain.logs import configure_driver_logging
+from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
+from minitrain.tune import trials as tr
+from minitrain.tune.progress import ProgressReporter
+from minitrain.tune.result_grid import ResultGrid, trial_result
+from minitrain.tune.runner import Runner
+from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
+from minitrain.tune.search import BasicVariantGenerator
+from minitrain.tune.search_space import _unresolved_paths
+from minitrain.tune.tune_config import TuneConfig, _WithResources
+
+
+def cluster_capacity() -> dict:
+    """CPUs and GPUs the trials may use at once, over every host minitrain knows (minitrain.init,
+    MINITRAIN_HOSTS, else this machine): a host's CPUs are its `slots` when given, else (this machine)
+    its CPU count; GPUs are this machine's GPUs, and a remote host's `slots` (a GPU host's slots are
+    its GPUs)."""
+    cpus = gpus = 0.0
+    for host in current_cluster().hosts:
+        if host.local:
+            cpus += host.slots or os.cpu_count() or 1
+            gpus += len(hostinfo.gpu_ids())
+        else:
+            cpus += host.slots or os.cpu_count() or 1
+            gpus += host.slots or 0
+    return {"CPU": float(cpus), "GPU": float(gpus)}
+
+
+def trial_resources(trainable: Any) -> dict:
+    """What one trial of `trainable` reserves: a TorchTrainer's workers x per-worker resources (1 CPU
+    for num_workers=0), `with_resources`' amounts, else 1 CPU (Ray's default for a function)."""
+    if isinstance(trainable, TorchTrainer):
+        total = trainable.scaling_config.total_resources
+        cpu, gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
+        return {"CPU": cpu if (cpu or gpu) else 1.0, "GPU": gpu}
+    if isinstance(trainable, _WithResources):
+        return dict(trainable.resources)
+    return {"CPU": 1.0, "GPU": 0.0}
+
+
+def _trainable_name(trainable: Any) -> str:
+    if isinstance(trainable, TorchTrainer):
+        return "TorchTrainer"
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", getattr(trainable, "__name__", type(trainable).__name__)) or "trainable"
+
+
+def _check_trainable(trainable: Any, param_space: dict) -> None:
+    if isinstance(trainable, TorchTrainer):
+        extra = sorted(set(param_space) - {"train_loop_config"})
+        if extra:
+            raise ConfigError(f"Tuner(TorchTrainer, param_space=...): only 'train_loop_config' is tuned for a "
+                              f"TorchTrainer, got {extra}. Put the values inside 'train_loop_config', or use a "
+                              "function trainable that builds the TorchTrainer from its config.")
+        if not isinstance(param_space.get("train_loop_config", {}), dict):
+            raise ConfigError("Tuner(param_space={'train_loop_config': ...}) must be a dict of values/domains.")
+        return
+    if not callable(trainable):
+        raise ConfigError(f"Tuner(trainable={trainable!r}) must be a function of the config or a TorchTrainer "
+                          "(a class trainable is not supported by minitrain.tune).")
+    if isinstance(trainable, type):
+        raise ConfigError(f"Tuner(trainable={trainable.__name__}): class trainables (tune.Trainable) are not "
+                          "supported; pass a function `def train(config): ... tune.report(...)`.")
+    inner = trainable.trainable if isinstance(trainable, _WithResources) else trainable
+    if count_required_parameters(inner) != 1:
+        raise ConfigError(f"Tuner(trainable={getattr(inner, '__name__', inner)!r}) must take exactly one "
+                          "argument, the trial's config dict.")
+
+
+def _check_run_config(run_config: RunConfig) -> None:
+    if run_config.storage_filesystem is not None or "://" in str(run_config.storage_path).replace("file://", ""):
+        raise ConfigError(f"Tuner(run_config=RunConfig(storage_path={run_config.storage_path!r})): minitrain.tune "
+                          "keeps a sweep on a local or shared (NFS) path; trials' TorchTrainers may still use "
+                          "remote storage in their own RunConfig.")
+    if run_config.checkpoint_config != CheckpointConfig():
+        raise ConfigError("Tuner(run_config=RunConfig(checkpoint_config=...)): set checkpoint retention on the "
+                          "TorchTrainer's RunConfig; a function trial keeps every checkpoint it reports.")
+    if run_config.worker_runtime_env:
+        raise ConfigError("Tuner(run_config=RunConfig(worker_runtime_env=...)) has no effect on trials; set it on "
+                          "the TorchTrainer's RunConfig.")
+
+
+def _format_vars(config: Any, param_space: dict) -> str:
+    parts = []
+    for path, _ in sorted(_unresolved_paths(param_space), key=lambda item: tuple(map(str, item[0]))):
+        value = config
+        try:
+            for key in path:
+                value = value[key]
+        except (KeyError, IndexError, TypeError):
+            continue
+        text = f"{value:.4f}" if isinstance(value, float) else re.sub(r"[^a-zA-Z0-9_-]+", "_", str(value)).strip("_")
+        parts.append(f"{path[-1]}={text}")
+    return ",".join(parts)
+
+
+class Tuner:
+    """Tune `trainable` over `param_space` (Ray's Tuner). `fit()` runs the sweep and returns a
+    `ResultGrid`; `Tuner.restore(path, trainable)` resumes an interrupted one."""
+
+    def __init__(self, trainable: Any = None, *, param_space: Optional[dict] = None,
+                 tune_config: Optional[TuneConfig] = None, run_config: Optional[RunConfig] = None,
+                 _restored: Optional[tuple] = None):
+        if trainable is None:
+            raise ConfigError("Tuner(trainable=...) is required: a function of the config or a TorchTrainer.")
+        self.param_space = copy.deepcopy(param_space) if param_space is not None else {}
+        if not isinstance(self.param_space, dict):
+            raise ConfigError(f"Tuner(param_space=...) must be a dict, got {type(param_space).__name__}.")
+        _check_trainable(trainable, self.param_space)
+        self.tune_config = tune_config if tune_config is not None else TuneConfig()
+        if not isinstance(self.tune_config, TuneConfig):
+            raise ConfigError("Tuner(tune_config=...) must be a minitrain.tune.TuneConfig.")
+        if run_config is None:
+            run_config = trainable.run_config if isinstance(trainable, TorchTrainer) else RunConfig()
+        if not isinstance(run_config, RunConfig):
+            raise ConfigError("Tuner(run_config=...) must be a minitrain.RunConfig (tune.RunConfig).")
+        _check_run_config(run_config)
+        self.trainable, self.run_config = trainable, run_config
+        self.experiment_path = os.path.join(os.path.abspath(os.path.expanduser(str(run_config.storage_path))),
+                                            run_config.name)
+        self._restored = _restored
+        self._results: Optional[ResultGrid] = None
+
+    # ------------------------------------------------------------------ fit
+
+    def fit(self) -> ResultGrid:
+        """Run every trial to its end and return their results. A failing trial is retried per
+        `run_config.failure_config.max_failures`, then recorded in the grid; it never ends the sweep.
+        Ctrl-C stops the trials (their fit()s stop their workers), saves the state and raises
+        KeyboardInterrupt: `Tuner.restore(path, trainable)` goes on from there."""
+        configure_driver_logging(self.run_config.logging_config.log_level)
+        config = self.tune_config
+        capacity, resources = cluster_capacity(), trial_resources(self.trainable)
+        short = [k for k, amount in resources.items() if amount > capacity.get(k, 0.0) + 1e-9]
+        if short:
+            raise ConfigError(f"one trial needs {resources} but the hosts minitrain knows have {capacity} in all; "
+                              "lower the trial's workers or resources, or add hosts (minitrain.init(hosts=...)).")
+        searcher = config.search_alg or BasicVariantGenerator()
+        scheduler = config.scheduler or FIFOScheduler()
+        if not searcher.set_search_properties(config.metric, config.mode, self.param_space):
+            raise ConfigError(f"TuneConfig(metric={config.metric!r}, mode={config.mode!r}) differs from the metric/mode "
+                              "set on the search_alg; set them in one place.")
+        if not scheduler.set_search_properties(config.metric, config.mode):
+            raise ConfigError(f"TuneConfig(metric={config.metric!r}, mode={config.mode!r}) differs from the metric/mode "
+                              "set on the scheduler; set them in one place.")
+        if isinstance(scheduler, (AsyncHyperBandScheduler, MedianStoppingRule)) and not (scheduler.metric and scheduler.mode):
+            raise ConfigError(f"{scheduler.describe()} needs a metric and a mode: pass them to it or to TuneConfig.")
+        num_samples = config.num_samples if config.num_samples > 0 else 10**9
+        if self._restored is None:
+            if os.path.exists(os.path.join(self.experiment_path, tr.STATE_FILE)):
+                raise ConfigError(f"{self.experiment_path} already holds a tuning run. Resume it with "
+                                  f"Tuner.restore({self.experiment_path!r}, trainable), or choose another "
+                                  "RunConfig(name=...).")
+            header = {"name": self.run_config.name, "trainable": _trainable_name(self.trainable),
+                      "metric": config.metric, "mode": config.mode, "id_prefix": uuid.uuid4().hex[:5],
+                      "total_trials": searcher.total_trials(num_samples),
+                      "searcher_seed": getattr(searcher, "seed", None),
+                      "constant_grid_search": getattr(searcher, "constant_grid_search", False)}
+            trials: list = []
+        else:
+            header, trials = self._restored
+            searcher.total_trials(num_samples)
+            _replay(searcher, scheduler, self.experiment_path, trials)
+        os.makedirs(os.path.join(self.experiment_path, tr.TUNE_DIR), exist_ok=True)
+        runner = Runner(
+            experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
+            trainable_name=header["trainable"], resources=resources, capacity=capacity, searcher=searcher,
+            scheduler=scheduler, total_trials=header["total_trials"],
+            max_concurrent=config.max_concurrent_trials or 0,
+            max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
+            trials=trials, id_prefix=header["id_prefix"], name_trial=self._namer(header["trainable"]),
+            header=header, reporter=ProgressReporter(config.metric or scheduler.metric or searcher.metric),
+            pythonpath=_driver_pythonpath())
+        self._runner = runner
+        runner.run()
+        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in runner.trials],
+                                   self.experiment_path, config.metric, config.mode)
+        return self._results
+
+    def _namer(self, trainable_name: str) -> Callable[[tr.Trial], None]:
+        config = self.tune_config
+
+        def name(trial: tr.Trial) -> None:
+            trial.trainable_name = trainable_name  # what Ray's trial_name_creator may read
+            trial.name = str(config.trial_name_creator(trial)) if config.trial_name_creator else \
+                f"{trainable_name}_{trial.trial_id}"
+            if config.trial_dirname_creator:
+                dirname = str(config.trial_dirname_creator(trial))
+            else:
+                tag = _format_vars(trial.config, self.param_space)
+                dirname = f"{trainable_name}_{trial.trial_id}" + (f"_{trial.index}_{tag}" if tag else "")
+            dirname = re.sub(r"[^A-Za-z0-9_.,=+-]+", "_", dirname)[:128]
+            if not dirname or dirname.startswith("."):
+                raise ConfigError(f"trial_dirname_creator gave {dirname!r}; a trial directory name must be a "
+                                  "plain, non-hidden file name.")
+            trial.dirname = dirname
+            del trial.trainable_name
+        return name
+
+    def get_results(self) -> ResultGrid:
+        """The ResultGrid of the last `fit()`; RuntimeError before one."""
+        if self._results is None:
+            raise RuntimeError("Tuner.get_results(): call fit() first.")
+        return self._results
+
+    # ------------------------------------------------------------------ restore
+
+    @classmethod
+    def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
+        """True when `path` (`<storage_path>/<name>`) holds a tuning run's state file."""
+        if storage_filesystem is not None:
+            raise ConfigError("Tuner.can_restore(storage_filesystem=...): minitrain.tune keeps sweeps on local paths.")
+        return os.path.isfile(os.path.join(os.path.expanduser(str(path)), tr.STATE_FILE))
+
+    @classmethod
+    def restore(cls, path: str, trainable: Any, *, resume_unfinished: bool = True, resume_errored: bool = False,
+                restart_errored: bool = False, param_space: Optional[dict] = None,
+                tune_config: Optional[TuneConfig] = None, run_config: Optional[RunConfig] = None,
+                storage_filesystem: Any = None) -> "Tuner":
+        """A Tuner that goes on with the sweep in `path` when `fit()` is called: finished trials are
+        kept, unfinished ones resume from their latest checkpoint, trials not created yet are created.
+
+        minitrain never unpickles a Tuner from storage, so pass the trainable again, and the same
+        `param_space` and `tune_config` (scheduler, search_alg) when the sweep had trials left to create
+        or a scheduler/searcher other than the default (a deliberate difference from Ray, which pickles
+        them). `resume_errored` retries failed trials from their checkpoint, `restart_errored` from
+        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED.
+        """
+        if not cls.can_restore(path, storage_filesystem):
+            raise ConfigError(f"Tuner.restore({path!r}): no {tr.STATE_FILE} there, so there is no tuning run to "
+                              "resume. The path is <storage_path>/<name> of the sweep.")
+        path = os.path.abspath(os.path.expanduser(str(path)))
+        header, trials = tr.read_state(path)
+        for trial in trials:
+            if trial.status == tr.ERROR and (resume_errored or restart_errored):
+                trial.status, trial.error, trial.num_failures = tr.PENDING, None, 0
+                if restart_errored:
+                    trial.checkpoint, trial.checkpoint_iteration = None, 0
+            elif not trial.finished:
+                if not resume_unfinished:
+                    trial.status, trial.stop_reason = tr.TERMINATED, "not resumed (resume_unfinished=False)"
+                    continue
+                if not trial.config_is_json:
+                    raise ConfigError(f"Tuner.restore: trial {trial.name} was unfinished but its config is not JSON "
+                                      "(it was saved as text), so it cannot be resumed. Keep configs to plain values.")
+                trial.status = tr.PENDING
+        if len(trials) < header["total_trials"] and not param_space:
+            raise ConfigError(f"Tuner.restore({path!r}): {header['total_trials'] - len(trials)} trial(s) were not "
+                              "created yet; pass the same param_space (and tune_config) again to create them.")
+        parent, name = os.path.split(path)
+        if tune_config is None:
+            tune_config = TuneConfig(metric=header["metric"], mode=header["mode"], search_alg=BasicVariantGenerator(
+                random_state=header.get("searcher_seed"), constant_grid_search=header.get("constant_grid_search", False)))
+        run_config = dataclasses.replace(run_config or RunConfig(), name=name, storage_path=parent)
+        return cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
+                   _restored=(header, trials))
+
+
+def _replay(searcher: Any, scheduler: Any, experiment_path: str, trials: list) -> None:
+    """Bring a fresh searcher and scheduler to where the interrupted sweep left them: the basic
+    generator skips the configs already drawn, other searchers learn the finished trials, and the
+    scheduler sees every kept result again (ASHA's rungs are rebuilt)."""
+    if hasattr(searcher, "skip"):
+        searcher.skip(len(trials))
+    for trial in trials:
+        history = tr.read_history(experiment_path, trial)
+        if not trial.finished:
+            history = history[:trial.checkpoint_iteration]
+        scheduler.on_trial_add(trial.trial_id)
+        for result in history:
+            scheduler.on_trial_result(trial.trial_id, result)
+        if trial.status == tr.TERMINATED:
+            scheduler.on_trial_complete(trial.trial_id, trial.last_result)
+        if trial.finished:
+            searcher.restore_finished(trial.trial_id, trial.config, trial.last_result, trial.status == tr.ERROR)
