@@ -31,7 +31,7 @@ KEEPALIVE_TIME_MS = 1000
 KEEPALIVE_TIMEOUT_MS = 3000
 # Well under the agent's 5 s lease: a peer turned away by a full server still gets in in time.
 HANDSHAKE_TIMEOUT_MS = 3000
-IDLE_CONNECTION_MS = 10_000
+IDLE_CONNECTION_MS = 5000
 MAX_RECONNECT_BACKOFF_MS = 1000
 
 SERVER_OPTIONS = (
