@@ -33,7 +33,7 @@ import weakref
 from datetime import timedelta
 from typing import Any, Optional, TypeVar
 
-from minitrain import _session
+from minitrain import _session, waits
 
 logger = logging.getLogger("minitrain")
 
@@ -97,6 +97,11 @@ class StoreGroup:
         return f"{self._namespace}/{seq}/{name}"
 
     def _collective(self, operation: str, data: Optional[bytes], timeout_s: Optional[float]) -> Optional[bytes]:
+        with waits.blocked(waits.COLLECTIVE):  # the rank's telemetry: collective wait
+            return self._collective_blocking(operation, data, timeout_s)
+
+    def _collective_blocking(self, operation: str, data: Optional[bytes],
+                             timeout_s: Optional[float]) -> Optional[bytes]:
         seq = self._seq
         self._seq += 1
         data_key = self._key(seq, "data")

@@ -7,9 +7,10 @@ is `get_preemption_info`, which needs no session and works anywhere.
 
 from __future__ import annotations
 
+import time
 from typing import Any, Optional
 
-from minitrain import _session
+from minitrain import _session, waits
 from minitrain.context import TrainContext
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 
@@ -33,11 +34,16 @@ def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[
     then return), ASYNC (return at once; uploads run in order in the background, and a failed upload
     fails the worker), NO_UPLOAD (the directory already lies in the run directory).
     `delete_local_checkpoint_after_upload` defaults to True for ASYNC, False otherwise.
+
+    Each call ends one step of the rank's telemetry (step time is the interval between calls; the
+    time inside the call is its report wait).
     """
+    started = time.perf_counter()
     _session.current("report").report(
         metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode=checkpoint_upload_mode,
         delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
         checkpoint_upload_fn=checkpoint_upload_fn, validation=validation)
+    waits.report_done(started)
 
 
 def get_checkpoint() -> Any:

@@ -30,7 +30,9 @@ from minitrain.coordinator.decide import (
 )
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver
+from minitrain.coordinator.observers import (
+    AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
+)
 from minitrain.coordinator.policy import HostBackoff
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
@@ -142,7 +144,8 @@ class Controller:
         """
         spec = self._spec
         self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.experiment_name, spec.run_path,
-                                                       spec.num_workers, self._clock()))
+                                                       spec.num_workers, self._clock(),
+                                                       request_stacks=self.request_stacks))
         try:
             with _sigint_noted(self._note_interrupt):
                 self._run_loop()
@@ -173,6 +176,11 @@ class Controller:
             except KeyboardInterrupt:  # SIGINT while someone else's handler raises it: same meaning
                 self._note_interrupt()
                 wait_s = 0.0
+
+    def request_stacks(self, rank: int) -> None:
+        """Any thread: ask `rank` of the current attempt for its stacks; they reach the observers'
+        `on_stacks` (and the rank's log). The loop acts on it within one turn."""
+        self._events.put(ev.StacksWanted(rank))
 
     def _note_interrupt(self) -> None:
         """Called from the SIGINT handler: only counts (the loop acts on it within one turn)."""
@@ -374,6 +382,9 @@ class Controller:
         elif isinstance(event, ev.AgentLost):
             if event.stream == self._streams.get(event.node_id, event.stream):
                 self._on_agent_lost(event)
+        elif isinstance(event, ev.StacksWanted):
+            if group is not None:
+                group.ask_stacks(event.rank)
         elif group is None or _attempt_of(event) != group.attempt:
             self._reject_stale(event)
         elif isinstance(event, ev.ReportReceived):
@@ -385,14 +396,28 @@ class Controller:
             if state is not None and state.phase < Phase.TRAINING <= event.phase:
                 self._pace.started(event.rank)  # the interval up to its first report spans a start
             group.handle(event)
+        elif isinstance(event, ev.TelemetryReceived):
+            self._observe_telemetry(group.tracker, event.sample)
         elif isinstance(event, ev.CheckpointsRequested):
             self._commits.request_checkpoint_list(event)
+        elif isinstance(event, ev.StackDumped):
+            group.handle(event)
+            self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
         elif isinstance(event, ev.WorkerDone):
             group.handle(event)
             self._commits.on_done(group.tracker, event)
             group.release_when_all_done()
         else:
             group.handle(event)
+
+    def _observe_telemetry(self, tracker: AttemptTracker, sample: TelemetrySample) -> None:
+        """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
+        hang clock: a rank that only samples is not progressing)."""
+        state = tracker.ranks.get(sample.rank)
+        if state is None or not self._observers:
+            return
+        self._observers.notify("on_telemetry", dataclasses.replace(
+            sample, host=state.node_name, pid=state.pid, phase=state.phase.name))
 
     def _watched(self, tracker: AttemptTracker) -> dict[int, Watch]:
         """The hang clock of every live rank in its training function that has a deadline."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minitrain.coordinator.observers import TelemetrySample
 from minitrain.records import NodeInfo, Phase, ReportRecord, RunEvent, WorkerFailure
 
 
@@ -100,6 +101,14 @@ class ReportReceived(RunEvent):
     """One report() of one rank."""
 
     report: ReportRecord
+
+
+@dataclass(frozen=True, slots=True)
+class TelemetryReceived(RunEvent):
+    """A rank's telemetry sample (host, pid and phase still empty)."""
+
+    attempt: int
+    sample: TelemetrySample
 
 
 @dataclass(frozen=True, slots=True)

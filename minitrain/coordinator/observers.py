@@ -8,10 +8,15 @@ the benchmarks' report tap. The controller calls `Observers` at these points, on
     on_attempt_start  each attempt, once its ranks are placed and started
     on_report         every report of every rank of the current attempt, as it arrives (before it is
                       recorded); a report of a stale attempt is never passed on
+    on_telemetry      every telemetry sample of a rank of the current attempt (about one per rank and
+                      second while it trains, unless MINITRAIN_TELEMETRY=0), with its host, pid and
+                      phase filled in by the controller
     on_round          a report round every rank has answered, after its checkpoint (if any) was
                       committed: Ray's `after_report` granularity
     on_attempt_end    each attempt that started, once it is over (failed, or the run's last)
     on_run_end        once, however the run ended (also on Ctrl-C and on an unsatisfiable request)
+    on_stacks         a rank's thread stacks, each time some were taken (asked for by the hang
+                      detection or through `RunInfo.request_stacks`, e.g. the dashboard's button)
 
 Observers run on the controller's thread, so each call must be quick (an observer that does I/O hands
 the work to a thread of its own). An exception an observer raises is logged and the run goes on: what
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Mapping, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 from minitrain.records import ReportRecord, RunOutcome, WorkerFailure
 from minitrain.storage.retention import CheckpointRecord
@@ -32,13 +37,26 @@ logger = logging.getLogger("minitrain")
 
 @dataclass(frozen=True)
 class RunInfo:
-    """The run as it starts: `run_path` is the run directory's URL (`<storage_path>/<name>`)."""
+    """The run as it starts: `run_path` is the run directory's URL (`<storage_path>/<name>`).
+    `request_stacks(rank)` may be called from any thread while the run goes on: it asks that rank of
+    the current attempt for every thread's stack and returns at once; the answer comes to `on_stacks`
+    (none when the rank is not running). None where no controller runs."""
 
     run_id: str
     experiment_name: str
     run_path: str
     num_workers: int
     started_at: float
+    request_stacks: Optional[Callable[[int], None]] = field(default=None, compare=False, repr=False)
+
+
+@dataclass(frozen=True)
+class StackDump:
+    """Every thread's stack of one rank, as its faulthandler wrote them ("" when it did not answer)."""
+
+    attempt: int
+    rank: int
+    text: str
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,44 @@ class AttemptEnd:
     exceptions: Mapping[int, bytes] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU of a rank, as NVML saw it."""
+
+    index: int
+    util_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One rank's telemetry sample (minitrain.worker.telemetry; at most one a second).
+
+    `time` is the worker's wall clock; `reports` its report() calls in this attempt so far. Step time
+    is the mean interval between report() calls; the waits are seconds per step blocked inside
+    report(), in minitrain.collective and in the data iterators of prepare_data_loader and
+    get_dataset_shard. None: not measured (data_wait_s: no such iterator was used). `gpus` is empty
+    without a GPU. `total` is the number of report() calls the training function declared
+    (minitrain.set_progress_total), or None."""
+
+    attempt: int
+    rank: int
+    time: float
+    reports: int
+    step_time_s: Optional[float] = None
+    report_wait_s: Optional[float] = None
+    collective_wait_s: Optional[float] = None
+    data_wait_s: Optional[float] = None
+    cpu_percent: Optional[float] = None
+    rss_bytes: Optional[int] = None
+    gpus: tuple[GpuSample, ...] = ()
+    total: Optional[int] = None
+    host: str = ""
+    pid: int = 0
+    phase: str = ""
+
+
 class RunObserver:
     """Base of the driver-side observers: every method does nothing; override the ones you need.
     Calls come from the controller's thread, in the order listed in the module docstring."""
@@ -97,6 +153,9 @@ class RunObserver:
     def on_report(self, report: ReportRecord) -> None:
         """One rank's report of the current attempt arrived."""
 
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        """A rank of the current attempt sent a telemetry sample."""
+
     def on_round(self, round_: RoundInfo) -> None:
         """Every rank answered a report round; its checkpoint, if any, is committed."""
 
@@ -105,6 +164,9 @@ class RunObserver:
 
     def on_run_end(self, outcome: RunOutcome) -> None:
         """The run is over (`outcome.state` says how)."""
+
+    def on_stacks(self, dump: StackDump) -> None:
+        """A rank's stacks were taken."""
 
 
 class Observers:

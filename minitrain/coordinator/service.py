@@ -17,6 +17,7 @@ import time
 from typing import Callable, Optional, Protocol
 
 from minitrain.coordinator import events as ev
+from minitrain.coordinator.observers import GpuSample, TelemetrySample
 from minitrain.records import Phase, ReportRecord
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -251,6 +252,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 kind = message.WhichOneof("body")
                 if kind == "report":
                     put(ev.ReportReceived(_report_record(attempt, rank, message.report)))
+                elif kind == "telemetry":
+                    put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
                 elif kind == "hello" and not key:
                     key.append((attempt, rank))
                     self._hub.register_worker(attempt, rank, outbox)
@@ -292,6 +295,21 @@ def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
         signal=exited.signal or None, stopped_by_agent=exited.stopped_by_agent,
         time=exited.exited_at, spawn_error=exited.spawn_error, oom_suspected=exited.oom_suspected,
     )
+
+
+def telemetry_sample(attempt: int, rank: int, message: pb.Telemetry) -> TelemetrySample:
+    """The sample a Telemetry message carries (an absent optional field is None)."""
+    def optional(name: str):
+        return getattr(message, name) if message.HasField(name) else None
+
+    gpus = tuple(GpuSample(g.index, g.util_percent, g.memory_used_bytes, g.memory_total_bytes)
+                 for g in message.gpus)
+    return TelemetrySample(
+        attempt=attempt, rank=rank, time=message.sampled_at, reports=message.reports,
+        step_time_s=optional("step_time_s"), report_wait_s=optional("report_wait_s"),
+        collective_wait_s=optional("collective_wait_s"), data_wait_s=optional("data_wait_s"),
+        cpu_percent=optional("cpu_percent"), rss_bytes=optional("rss_bytes"), gpus=gpus,
+        total=message.total or None)
 
 
 def _report_record(attempt: int, rank: int, report: pb.Report) -> ReportRecord:

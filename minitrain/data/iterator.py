@@ -19,6 +19,7 @@ from typing import Any, Optional, Protocol
 
 import numpy as np
 
+from minitrain import waits
 from minitrain.context import TrainContext
 from minitrain.data.batches import check_batch_format, format_batch, numpy_collate
 from minitrain.data.sharding import (
@@ -41,7 +42,11 @@ class _Passes(Iterable):
         self._start = start
 
     def __iter__(self) -> Iterator:
-        return self._start()
+        # Starting a pass (it may load the rows) and each next() are the rank's data wait (its
+        # telemetry; see minitrain.waits).
+        with waits.blocked(waits.DATA):
+            rows = self._start()
+        return waits.timed_iterator(rows)
 
 
 class DataIterator:

@@ -14,6 +14,8 @@ Deliberate differences from Ray Train 2.60 (listed in the README):
   world size to `DistributedSampler` explicitly (no process group needed), refuses to rebuild a loader
   that uses a custom `batch_sampler` (Ray silently turns it into an unbatched loader), and returns CPU
   loaders unwrapped (nothing to move).
+- The loader `prepare_data_loader` returns counts the time inside its iterators' `next()` as the
+  rank's data wait (telemetry, `minitrain.waits`); it stays the same object with the same type name.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from torch.utils.data import (
     SequentialSampler,
 )
 
-from minitrain import _session
+from minitrain import _session, waits
 from minitrain.context import TrainContext
 
 logger = logging.getLogger(__name__)
@@ -169,7 +171,31 @@ def prepare_data_loader(
         device = _devices_for(context)[0]
         if device.type != "cpu":
             data_loader = _DeviceDataLoader(data_loader, device, auto_transfer)
-    return data_loader
+    return _timed(data_loader)
+
+
+_TIMED_CLASSES: dict[type, type] = {}
+
+
+def _timed(loader: DataLoader) -> DataLoader:
+    """`loader` itself, its class swapped for a subclass whose iterators count `next()` as data wait
+    (so `prepare_data_loader(loader) is loader` still holds on CPU). Unchanged with telemetry off."""
+    if not waits.ENABLED or getattr(type(loader), "_minitrain_timed", False):
+        return loader
+    base = type(loader)
+    timed = _TIMED_CLASSES.get(base)
+    if timed is None:
+        def __iter__(self):
+            return waits.timed_iterator(base.__iter__(self))
+
+        timed = type(base.__name__, (base,), {"__iter__": __iter__, "_minitrain_timed": True,
+                                               "__module__": base.__module__, "__qualname__": base.__qualname__})
+        _TIMED_CLASSES[base] = timed
+    try:
+        loader.__class__ = timed
+    except TypeError:  # a class whose layout forbids it: no data wait for this loader
+        pass
+    return loader
 
 
 def _with_distributed_sampler(loader: DataLoader, context: TrainContext) -> DataLoader:

@@ -196,7 +196,7 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints")
+    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -208,6 +208,7 @@ class WorkerMessage(_message.Message):
     FAILURE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LIST_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
+    TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     attempt: int
     rank: int
@@ -219,7 +220,44 @@ class WorkerMessage(_message.Message):
     failure: WorkerFailure
     heartbeat: Heartbeat
     list_checkpoints: ListCheckpoints
-    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ...) -> None: ...
+    telemetry: Telemetry
+    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
+
+class Telemetry(_message.Message):
+    __slots__ = ("sampled_at", "reports", "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "cpu_percent", "rss_bytes", "gpus", "total")
+    SAMPLED_AT_FIELD_NUMBER: _ClassVar[int]
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    REPORT_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    COLLECTIVE_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    DATA_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    CPU_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_FIELD_NUMBER: _ClassVar[int]
+    sampled_at: float
+    reports: int
+    step_time_s: float
+    report_wait_s: float
+    collective_wait_s: float
+    data_wait_s: float
+    cpu_percent: float
+    rss_bytes: int
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuSample]
+    total: int
+    def __init__(self, sampled_at: _Optional[float] = ..., reports: _Optional[int] = ..., step_time_s: _Optional[float] = ..., report_wait_s: _Optional[float] = ..., collective_wait_s: _Optional[float] = ..., data_wait_s: _Optional[float] = ..., cpu_percent: _Optional[float] = ..., rss_bytes: _Optional[int] = ..., gpus: _Optional[_Iterable[_Union[GpuSample, _Mapping]]] = ..., total: _Optional[int] = ...) -> None: ...
+
+class GpuSample(_message.Message):
+    __slots__ = ("index", "util_percent", "memory_used_bytes", "memory_total_bytes")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    UTIL_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    util_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+    def __init__(self, index: _Optional[int] = ..., util_percent: _Optional[float] = ..., memory_used_bytes: _Optional[int] = ..., memory_total_bytes: _Optional[int] = ...) -> None: ...
 
 class WorkerHello(_message.Message):
     __slots__ = ("pid", "hostname")

@@ -1,0 +1,157 @@
+"""Per-rank telemetry in the worker: what minitrain.waits counts, how a sample is built from it, the
+GPU probe with and without NVML, and the Telemetry message's trip through the coordinator's
+conversion (issue 16 item 1)."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from minitrain import waits
+from minitrain.coordinator.service import telemetry_sample
+from minitrain.data.iterator import DataIterator
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.worker import telemetry
+
+
+@pytest.fixture(autouse=True)
+def _fresh_recorder(monkeypatch):
+    monkeypatch.setattr(waits, "ENABLED", True)
+    waits.reset()
+    yield
+    waits.reset()
+
+
+def test_the_switch_reads_the_environment():
+    assert waits.telemetry_enabled({}) and waits.telemetry_enabled({"MINITRAIN_TELEMETRY": "1"})
+    for off in ("0", "false", "No", " off "):
+        assert not waits.telemetry_enabled({"MINITRAIN_TELEMETRY": off})
+
+
+def test_steps_and_waits_are_counted_and_nothing_when_off(monkeypatch):
+    waits.report_done(time.perf_counter() - 0.25)
+    with waits.blocked(waits.COLLECTIVE):
+        time.sleep(0.01)
+    totals = waits.totals()
+    assert totals.reports == 1 and totals.report_s >= 0.25 and totals.collective_s >= 0.01
+    assert totals.data_s is None  # no data iterator used: not measured, not zero
+    monkeypatch.setattr(waits, "ENABLED", False)
+    waits.report_done(time.perf_counter() - 1)
+    waits.add(waits.DATA, 5.0)
+    assert waits.totals() == totals
+
+
+def test_a_dataset_shard_counts_the_time_inside_next_as_data_wait():
+    class SlowTable:
+        """A dataset whose rows take 20 ms each to resolve (the wait a loader would cause)."""
+
+        def _resolve(self):
+            time.sleep(0.02)
+            return SimpleNamespace(num_rows=3, row=lambda i: i), False, None
+
+    rows = list(DataIterator(SlowTable()).iter_rows())
+    assert rows == [0, 1, 2]
+    assert waits.totals().data_s >= 0.02
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_sample_has_step_time_and_waits_per_step():
+    clock = FakeClock()
+    state = {"totals": waits.Totals(0, None, 0.0, 0.0, None)}
+    sampler = telemetry.Sampler(telemetry.GpuProbe([]), clock=clock, totals=lambda: state["totals"])
+    first = sampler.sample()
+    assert not first.HasField("step_time_s") and not first.HasField("data_wait_s")
+    # Four steps ending at 100.5 .. 102.0 (0.5 s apart), 0.4 s in report(), 1.2 s of data wait.
+    clock.now = 102.0
+    state["totals"] = waits.Totals(4, 102.0, 0.4, 0.0, 1.2)
+    sample = sampler.sample()
+    assert sample.reports == 4
+    assert sample.step_time_s == pytest.approx(0.5)  # the first step measured from the window start
+    assert sample.report_wait_s == pytest.approx(0.1) and sample.data_wait_s == pytest.approx(0.3)
+    assert sample.collective_wait_s == 0.0
+    assert sample.HasField("cpu_percent") and sample.rss_bytes > 0  # psutil, this process
+    assert list(sample.gpus) == []
+    # No step ended for 3 s: the open step is already longer than the last one, so it shows.
+    clock.now = 105.0
+    assert sampler.sample().step_time_s == pytest.approx(3.0)
+
+
+def test_without_gpus_or_without_nvml_there_are_no_gpu_samples():
+    assert telemetry.GpuProbe([]).read() == []
+    # The real pynvml on a machine without an NVIDIA driver: nvmlInit fails, no error escapes.
+    assert telemetry.GpuProbe([0]).read() == []
+
+    class Broken:
+        def nvmlInit(self):
+            raise OSError("libnvidia-ml.so.1: cannot open shared object file")
+
+    assert telemetry.GpuProbe([0, 1], nvml=Broken()).read() == []
+
+
+class NvmlStandIn:
+    """pynvml's calls as the probe makes them, for two devices (no NVIDIA driver on this machine)."""
+
+    def __init__(self):
+        self.devices = {"0": "h0", "1": "h1", "GPU-abc": "h1"}
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return self.devices[str(index)]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        return self.devices[uuid]
+
+    def nvmlDeviceGetIndex(self, handle):
+        return int(handle[1])
+
+    def nvmlDeviceGetUtilizationRates(self, handle):
+        if handle == "h0":
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+        return SimpleNamespace(gpu=87, memory=40)
+
+    def nvmlDeviceGetMemoryInfo(self, handle):
+        return SimpleNamespace(used=3 << 30, total=80 << 30, free=77 << 30)
+
+
+def test_gpu_samples_map_cuda_indices_through_visible_devices():
+    probe = telemetry.GpuProbe([1], nvml=NvmlStandIn(), visible_devices="0,GPU-abc")
+    [gpu] = probe.read()
+    assert (gpu.index, gpu.util_percent, gpu.memory_used_bytes, gpu.memory_total_bytes) == (
+        1, 87.0, 3 << 30, 80 << 30)
+    # A GPU that stops answering is left out of the sample, the others stay.
+    assert [g.index for g in telemetry.GpuProbe([0, 1], nvml=NvmlStandIn(), visible_devices="").read()] == [1]
+
+
+def test_the_thread_sends_samples_until_stopped():
+    sent = []
+    thread = telemetry.TelemetryThread(telemetry.Sampler(telemetry.GpuProbe([])),
+                                       lambda **body: sent.append(body["telemetry"]), interval_s=0.0)
+    thread._interval_s = 0.01  # the floor of one a second is for real workers; the loop is what is tested
+    thread.start()
+    deadline = time.monotonic() + 30
+    while len(sent) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    thread.stop()
+    thread._thread.join(30)
+    assert len(sent) >= 3 and not thread._thread.is_alive()
+    assert telemetry.TelemetryThread(None, None, interval_s=0.1)._interval_s == telemetry.INTERVAL_S
+
+
+def test_the_coordinator_reads_absent_fields_as_not_measured():
+    message = pb.Telemetry(sampled_at=5.0, reports=7, step_time_s=0.25, cpu_percent=0.0, rss_bytes=10,
+                           gpus=[pb.GpuSample(index=2, util_percent=50, memory_used_bytes=1, memory_total_bytes=2)])
+    sample = telemetry_sample(3, 1, message)
+    assert (sample.attempt, sample.rank, sample.reports, sample.step_time_s) == (3, 1, 7, 0.25)
+    assert sample.cpu_percent == 0.0 and sample.data_wait_s is None and sample.total is None
+    assert sample.gpus[0].index == 2 and sample.gpus[0].util_percent == 50
