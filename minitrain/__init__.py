@@ -26,6 +26,7 @@ _EXPORTS = {
     "get_dataset_shard": "minitrain.train_api",
     "get_all_reported_checkpoints": "minitrain.train_api",
     "Checkpoint": "minitrain.checkpoint",
+    "UserCallback": "minitrain.callbacks.base",
     "CheckpointUploadMode": "minitrain.reporting",
     "CheckpointConsistencyMode": "minitrain.reporting",
     "ReportedCheckpoint": "minitrain.reporting",
@@ -50,7 +51,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 # Subpackages reachable as attributes, as in `from ray import train; train.torch.prepare_model(...)`.
-_SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface"}
+_SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface", "callbacks"}
 
 
 def __getattr__(name: str):

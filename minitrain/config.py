@@ -10,9 +10,10 @@ mistake surfaces where the config is written, before any process starts:
 - an argument Ray Train V2 removed raises `DeprecationWarning` *as an exception*, as Ray does, with the
   way to get the same effect in minitrain;
 - an argument minitrain has no use for (Ray placement labels, accelerator types, TPU topology, Ray
-  Data execution options, a controller failure budget, `RunConfig.callbacks`, resources other than
-  CPU and GPU) is accepted at its default only: any other value raises `ConfigError` saying what to
-  do instead, so a ported script never carries a setting that silently does nothing.
+  Data execution options, a controller failure budget, elastic resizing, preemption grace and relaxed
+  collectives, resources other than CPU and GPU) is accepted at its default only: any other value
+  raises `ConfigError` saying what to do instead, so a ported script never carries a setting that
+  silently does nothing.
 
 Where Ray's own tests match a fragment of Ray's error message, minitrain's message ends with Ray's
 wording too (`(Ray: "...")`), so such a test still passes.
@@ -168,6 +169,17 @@ def _default_only(value: Any, owner: str, name: str, default: Any, why: str, fix
     return default
 
 
+def _ray_only(value: Any, owner: str, name: str, default: Any, why: str, fix: str) -> Any:
+    """`default` when `value` equals it (and has its type), else a ConfigError: a Ray argument that minitrain
+    accepts at its default only, because the feature behind it does not exist in minitrain yet."""
+    same_type = type(value) is type(default) or (_is_number(value) and _is_number(default)
+                                                 and not isinstance(default, bool))
+    if not same_type or value != default:
+        raise ConfigError(f"{owner}.{name}={value!r} is not supported by minitrain yet ({why}); only the "
+                          f"default {default!r} is accepted. {fix}")
+    return default
+
+
 def _ray_words(text: str) -> str:
     """Ray's wording of the same error, appended so that a test matching Ray's message still passes."""
     return f' (Ray: "{text}")'
@@ -252,6 +264,7 @@ class ScalingConfig:
     label_selector: Any = None
     use_tpu: bool = False
     topology: Optional[str] = None
+    elastic_resize_monitor_interval_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.trainer_resources is not None:  # Ray's default is None, so None stays accepted
@@ -284,6 +297,9 @@ class ScalingConfig:
         _default_only(self.topology, owner, "topology", None,
                       "topology is a TPU setting and minitrain does not support TPUs",
                       "Remove topology and train on CPUs or GPUs.")
+        _ray_only(self.elastic_resize_monitor_interval_s, owner, "elastic_resize_monitor_interval_s", 60.0,
+                  "it paces elastic resizing, and minitrain has no elastic training",
+                  "Remove elastic_resize_monitor_interval_s; num_workers is a fixed int.")
 
     @property
     def local_mode(self) -> bool:
@@ -414,6 +430,8 @@ class FailureConfig:
     fail_fast: Any = _deprecated_field()
     controller_failure_limit: int = -1
     max_preemption_failures: int = -1
+    relax_collectives_on_preemption: bool = False
+    preemption_grace_s: float = 0.0
 
     def __post_init__(self) -> None:
         _reject_deprecated("FailureConfig", {"fail_fast": self.fail_fast}, {
@@ -440,6 +458,14 @@ class FailureConfig:
             self.max_preemption_failures, owner, "max_preemption_failures", -1,
             "Use -1 (the default) for unlimited, 0 to fail on the first preemption, or N to restart "
             "after up to N preemptions."))
+        _ray_only(self.relax_collectives_on_preemption, owner, "relax_collectives_on_preemption", False,
+                  "minitrain does not detect preemptions, so no rank is ever left out of a collective",
+                  "Remove it: every preemption is a failure that restarts the whole worker group from the "
+                  "latest checkpoint (budget: max_failures).")
+        _ray_only(self.preemption_grace_s, owner, "preemption_grace_s", 0.0,
+                  "minitrain does not detect preemptions, so there is no preemption deadline to extend",
+                  "Remove it; to give stopping workers more time between SIGTERM and SIGKILL, set "
+                  "worker_stop_grace_s.")
         if self.worker_hang_floor_s is not None:
             object.__setattr__(self, "worker_hang_floor_s", _number(
                 self.worker_hang_floor_s, owner, "worker_hang_floor_s", above=0,
@@ -592,6 +618,33 @@ def _runtime_env(value: Any) -> ReadOnlyDict:
     return ReadOnlyDict(env)
 
 
+# The hooks a RunConfig callback may have: Ray's UserCallback's two, then those of minitrain's trackers
+# (minitrain.callbacks.Callback). A callback needs at least one of them.
+CALLBACK_HOOKS = ("after_report", "after_exception", "on_run_start", "on_attempt_start", "on_report",
+                  "on_checkpoint", "on_attempt_failure", "on_run_end")
+
+
+def _callbacks(value: Any) -> tuple[Any, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, (list, tuple)):
+        raise _fail("RunConfig", "callbacks", "None or a list of callbacks", value,
+                    "Pass e.g. callbacks=[MyCallback()], where MyCallback subclasses minitrain.UserCallback.")
+    for index, callback in enumerate(value):
+        kind = type(callback)
+        if isinstance(callback, type):
+            raise ConfigError(f"RunConfig.callbacks[{index}] is the class {callback.__qualname__}, not an "
+                              f"instance. Pass {callback.__qualname__}(...).")
+        if not any(callable(getattr(callback, hook, None)) for hook in CALLBACK_HOOKS):
+            raise ConfigError(
+                f"RunConfig.callbacks[{index}] must be a minitrain.UserCallback, a tracker from "
+                f"minitrain.callbacks, or an object with one of the hooks {', '.join(CALLBACK_HOOKS)}; got "
+                f"{callback!r} (type {kind.__module__}.{kind.__qualname__}). Ray Tune callbacks are not called "
+                f"by a trainer: subclass minitrain.UserCallback, or use minitrain.callbacks.MLflowLoggerCallback, "
+                f"WandbLoggerCallback, TensorBoardCallback, CSVLoggerCallback or JsonLoggerCallback.")
+    return tuple(value)
+
+
 def _instance(value: Any, cls: type, name: str) -> Any:
     if value is None:
         return cls()
@@ -614,9 +667,9 @@ class RunConfig:
     given `storage_filesystem` (a `pyarrow.fs.FileSystem` or an fsspec filesystem; anything else raises
     `ConfigError`) are kept as given. None for a sub-config means its
     default; `worker_runtime_env` is stored as a read-only dict holding at most `env_vars` (str -> str)
-    and `working_dir` (str). `callbacks` must be None or empty (stored as `()`): minitrain does not
-    call Ray's `UserCallback`s, so any callback raises `ConfigError`; act on metrics inside the
-    training function, or read `Result.metrics_dataframe` after `fit()`.
+    and `working_dir` (str). `callbacks` is None or a list of driver-side callbacks (stored as a
+    tuple): `minitrain.UserCallback`s, the trackers of `minitrain.callbacks`, or any object with at
+    least one of their hooks (`CALLBACK_HOOKS`); anything else raises `ConfigError` naming its index.
     """
 
     name: Optional[str] = None
@@ -658,12 +711,7 @@ class RunConfig:
         for name, cls in (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig),
                           ("logging_config", LoggingConfig)):
             object.__setattr__(self, name, _instance(getattr(self, name), cls, name))
-        if self.callbacks is not None and (not isinstance(self.callbacks, (list, tuple)) or self.callbacks):
-            raise _fail("RunConfig", "callbacks", "None or an empty list (minitrain does not call RunConfig "
-                        "callbacks)", self.callbacks,
-                        "Remove callbacks: act on the metrics inside the training function (e.g. on rank 0 "
-                        "next to minitrain.report()), or read Result.metrics_dataframe after fit().")
-        object.__setattr__(self, "callbacks", ())
+        object.__setattr__(self, "callbacks", _callbacks(self.callbacks))
         object.__setattr__(self, "worker_runtime_env", _runtime_env(self.worker_runtime_env))
 
     def _checked_name(self) -> str:

@@ -231,7 +231,7 @@ BAD = [
     (RunConfig, {"checkpoint_config": {"num_to_keep": 1}}, ConfigError, "checkpoint_config", {"num_to_keep": 1}),
     (RunConfig, {"logging_config": "DEBUG"}, ConfigError, "logging_config", "DEBUG"),
     (RunConfig, {"callbacks": "cb"}, ConfigError, "callbacks", "cb"),
-    (RunConfig, {"callbacks": [1]}, ConfigError, "callbacks", [1]),
+    (RunConfig, {"callbacks": [1]}, ConfigError, "callbacks[0]", 1),
     (RunConfig, {"worker_runtime_env": ["env_vars"]}, ConfigError, "worker_runtime_env", ["env_vars"]),
     (RunConfig, {"worker_runtime_env": {"pip": ["torch"]}}, ConfigError, "worker_runtime_env", "pip"),
     (RunConfig, {"worker_runtime_env": {"env_vars": ["A=1"]}}, ConfigError, "env_vars", ["A=1"]),
@@ -366,9 +366,9 @@ def test_data_config_execution_options_raise_and_shard_locality_takes_either_boo
         assert DataConfig(enable_shard_locality=flag).enable_shard_locality is flag
 
 
-def test_callbacks_raise_with_a_fix():
-    with pytest.raises(ConfigError, match=r"RunConfig\.callbacks must be None or an empty list.*"
-                                          r"Result\.metrics_dataframe"):
+def test_a_callback_without_any_hook_raises_with_a_fix():
+    with pytest.raises(ConfigError, match=r"RunConfig\.callbacks\[0\] must be a minitrain\.UserCallback.*"
+                                          r"builtins\.object.*subclass minitrain\.UserCallback"):
         RunConfig(name="r", callbacks=[object()])
 
 

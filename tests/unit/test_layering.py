@@ -6,7 +6,7 @@ Imports go downward only:
   L1 primitives  rpc/, procs, logs, storage/, hosts/, checkpoint, data/ (L0 + L1 + third-party, never
                  torch; data/ is L1 because the worker runtime builds dataset shards)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
-  L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), the package __init__
+  L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), callbacks/, the package __init__
 Outside the package, bench/ (`python -m bench`, the benchmarks) uses only the public API and the
 exported seams listed in BENCH_SEAMS; minitrain never imports it.
 Only worker/ and minitrain/torch/ may import torch, at module level or inside a function; besides them,
@@ -46,6 +46,7 @@ L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
       "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
+      "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)
       "minitrain.dashboard"}  # dashboard: the web page and /metrics over the coordinator's run monitor
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
 # imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
