@@ -18,6 +18,30 @@ from minitrain.storage.layout import split_metrics_lines
 from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarrow
 
 
+@dataclass(frozen=True)
+class Straggler:
+    """A rank whose step time stayed at least MINITRAIN_STRAGGLER_FACTOR (1.5) times the other ranks'
+    median (README "Monitoring"). `slower_by` is that ratio and `step_time_s` / `median_step_time_s`
+    the two step times, as last measured while it lasted; `cause` is "data wait" when the rank's extra
+    time waiting on its data iterator explains at least half of its extra step time, else "compute".
+    `since` and `until` are wall-clock times (`until` is when it cleared or its attempt ended)."""
+
+    rank: int
+    host: str
+    slower_by: float
+    cause: str
+    step_time_s: float
+    median_step_time_s: float
+    attempt: int
+    since: float
+    until: Optional[float] = None
+
+    @classmethod
+    def from_dict(cls, episode: dict) -> "Straggler":
+        """From one of `RunMonitor.straggler_history()`'s dicts."""
+        return cls(**{name: episode.get(name) for name in cls.__dataclass_fields__})
+
+
 @dataclass
 class Result:
     """The outcome of a finished run, as `ray.train.Result`.
@@ -26,6 +50,8 @@ class Result:
     the last checkpoint); `path` is the run directory `<storage_path>/<name>` (None in local mode);
     `return_value` is what rank 0's training function returned, when it could be sent back.
     `best_checkpoints` is `[(Checkpoint, metrics), ...]` of the retained checkpoints.
+    `stragglers` lists every rank that was a straggler during the run (a `Straggler` per episode, in
+    the order they started; empty when none was, and in local mode).
 
     `metrics_dataframe` is a pandas DataFrame with one row per rank-0 report, in order (Ray v2 gives
     one row per retained checkpoint only; the full history is what users want to plot). Nested metric
@@ -43,6 +69,7 @@ class Result:
     _storage_filesystem: Any = None
     return_value: Any = None
     _metrics_history: Optional[list] = field(default=None, repr=False, compare=False)
+    stragglers: list = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.best_checkpoints is None:

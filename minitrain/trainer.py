@@ -18,25 +18,26 @@ import cloudpickle
 
 from minitrain import __version__, _session
 from minitrain.hosts import hostinfo
-from minitrain.callbacks.base import TrainRunContext
-from minitrain.callbacks.runner import CallbackRunner
-from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
+from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
-from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError
+from minitrain.errors import (
+    ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
+    WorkerHangError, WorkerProcessError,
+)
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
-from minitrain.records import RunOutcome, RunPayload
-from minitrain.result import Result
+from minitrain.records import FailureKind, RunOutcome, RunPayload, WorkerFailure
+from minitrain.result import Result, Straggler
 from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError
@@ -175,6 +176,8 @@ class TorchTrainer:
             node_slots={host.name: host.slots for host in cluster.hosts},
             local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
         )
+        # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
+        self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir)
         try:
@@ -189,23 +192,13 @@ class TorchTrainer:
         if published is not storage:  # name the files where they will be, not in the mirror
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
-        return _result_or_raise(outcome, storage, checkpoints, published)
+        return _result_or_raise(outcome, storage, checkpoints, published,
+                                stragglers=self._monitor.straggler_history())
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
-        order they are told of each event."""
-        return [*_session.new_run_observers(),  # a tuning trial's report forwarding (minitrain.tune)
-                *self._callback_runners(spec, storage)]
-
-    def _callback_runners(self, spec: RunSpec, storage: Storage) -> list:
-        """RunConfig.callbacks, called on a thread of their own (minitrain.callbacks.runner)."""
-        if not self.run_config.callbacks:
-            return []
-        context = TrainRunContext(run_id=spec.run_id, run_config=self.run_config,
-                                  train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
-                                  backend_config=self.torch_config, datasets=dict(self.datasets or {}),
-                                  dataset_config=self.dataset_config, storage=storage)
-        return [CallbackRunner(self.run_config.callbacks, context)]
+        order they are told of each event: the run monitor first (always on)."""
+        return [self._monitor, *_session.new_run_observers()]  # a tuning trial's report forwarding (minitrain.tune)
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 
@@ -290,10 +283,6 @@ class TorchTrainer:
 
     def _fit_local(self) -> Result:
         """`num_workers=0`: run the function in this process, as Ray's local mode does."""
-        if self.run_config.callbacks:
-            raise ConfigError("RunConfig.callbacks are not called in local mode (ScalingConfig(num_workers=0)): "
-                              "it has no run directory and no report rounds. Use num_workers >= 1, or remove "
-                              "the callbacks.")
         session = _LocalSession(TrainContext(experiment_name=self.run_config.name, local_mode=True))
         if self.datasets:
             from minitrain.data.staging import make_shards, plan_datasets
@@ -477,10 +466,29 @@ def _upload_logs(storage: Storage, logs_dir: str) -> None:
     shutil.rmtree(logs_dir, ignore_errors=True)
 
 
+def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
+    if exc_pickle:
+        try:
+            rebuilt = cloudpickle.loads(exc_pickle)
+            if isinstance(rebuilt, BaseException):
+                return rebuilt
+        except Exception:  # the type does not exist in the driver: fall back below
+            pass
+    if failure.kind is FailureKind.HANG:
+        return WorkerHangError(failure.message, failure.traceback)
+    if failure.kind is FailureKind.NODE_LOST:
+        return NodeLostError(failure.message)
+    if failure.kind in (FailureKind.EXCEPTION, FailureKind.COMMIT) and failure.exc_type:
+        return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
+    return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
+                              f"{failure.phase.description}: {failure.cause}",
+                              exit_code=failure.exit_code, signal=failure.signal)
+
+
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
-                     published: Storage) -> Result:
+                     published: Storage, stragglers: Optional[list] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
-    error it ended with."""
+    error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history)."""
     if outcome.state != "SUCCEEDED":
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
@@ -504,4 +512,5 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         _storage_filesystem=published.public_fs,
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
         _metrics_history=history,
+        stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
     )

@@ -1,0 +1,446 @@
+"""`RunMonitor`: the driver's one in-memory record of what a run shows (console, dashboard, Result).
+
+It is a `RunObserver`: the controller's thread feeds it (run and attempt starts and ends, rank-0
+report rounds, checkpoints, every rank's telemetry); the console and the dashboard's threads read
+it. Every public method returns plain JSON-able dicts and lists, copies made under one lock. See
+/work/helpers/monitor_contract.md's API in each method's docstring.
+
+History is bounded: the last SAMPLES_PER_RANK telemetry samples of each rank (about half an hour at
+one a second) and the last MAX_REPORTS rank-0 reports; the full history is in the run directory.
+
+Files (names in `minitrain.storage.layout`), appended through the run's `Storage` by a thread of
+the monitor's own, at most every FLUSH_S and when the run ends:
+- `telemetry.jsonl`: one sample dict a line (`samples()`' form);
+- `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields),
+  "attempt_started" / "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the
+  `checkpoints()` fields), "straggler" (the `stragglers()` fields and "cleared": bool), "run_ended"
+  ({"state", "ended_at"}).
+A write that fails is logged once and the monitor goes on in memory: watching never breaks the run.
+`RunMonitor.from_run_dir(storage)` rebuilds the same read API from those files, metrics.jsonl and
+the checkpoint index, for a finished (or running) run.
+
+Stragglers are judged on every telemetry sample by `minitrain.coordinator.stragglers`; one warning
+is logged when a rank starts straggling and one when it stops.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+import threading
+import time
+from collections import deque
+from typing import Any, Callable, Iterable, Optional
+
+from minitrain.coordinator.observers import (
+    AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver, TelemetrySample,
+)
+from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule
+from minitrain.records import ReportRecord, RunOutcome
+from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, split_metrics_lines
+
+logger = logging.getLogger("minitrain")
+
+SAMPLES_PER_RANK = 2000
+MAX_REPORTS = 10000
+RATE_WINDOW = 20  # steps/s: over the last this many rank-0 rounds
+FLUSH_S = 1.0
+_OUTCOME_STATES = {"SUCCEEDED": "FINISHED", "FAILED": "ERRORED", "ABORTED": "ABORTED"}
+_RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
+              "data_wait_s", "cpu_percent", "rss_bytes", "gpus")
+
+
+def sample_dict(sample: TelemetrySample) -> dict:
+    """A telemetry sample as `samples()` returns it and telemetry.jsonl stores it."""
+    return {
+        "time": sample.time, "attempt": sample.attempt, "rank": sample.rank, "host": sample.host,
+        "pid": sample.pid, "phase": sample.phase, "reports": sample.reports, "step_time_s": sample.step_time_s,
+        "report_wait_s": sample.report_wait_s, "collective_wait_s": sample.collective_wait_s,
+        "data_wait_s": sample.data_wait_s, "cpu_percent": sample.cpu_percent, "rss_bytes": sample.rss_bytes,
+        "gpus": [{"index": g.index, "util_percent": g.util_percent, "memory_used_bytes": g.memory_used_bytes,
+                  "memory_total_bytes": g.memory_total_bytes} for g in sample.gpus],
+        "total": sample.total,
+    }
+
+
+class _Appender:
+    """Appends lines to files of the run directory on a thread of its own; gives up (logging once)
+    at the first failure."""
+
+    def __init__(self, storage: Any):
+        self._storage = storage
+        self._pending: dict[str, list[str]] = {}
+        self._cond = threading.Condition()
+        self._closing = False
+        self._failed = False
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, name: str, entry: dict) -> None:
+        """Queue one line for file `name`."""
+        if self._storage is None or self._failed:
+            return
+        line = json.dumps(entry, default=str) + "\n"
+        with self._cond:
+            self._pending.setdefault(name, []).append(line)
+            if self._thread is None and not self._closing:
+                self._thread = threading.Thread(target=self._run, name="minitrain-monitor-writer", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait(FLUSH_S)
+                closing = self._closing
+            self._flush()
+            if closing:
+                return
+
+    def _flush(self) -> None:
+        with self._cond:
+            pending, self._pending = self._pending, {}
+        for name, lines in pending.items():
+            if self._failed:
+                return
+            try:
+                self._storage.append_text(name, "".join(lines))
+            except Exception as exc:  # noqa: BLE001 - the record is optional; the run is not
+                self._failed = True
+                logger.warning("could not write %s (%s); the run goes on, its monitoring history is kept in "
+                               "memory only", self._storage.url(name), exc)
+
+    def close(self, timeout_s: float = 30.0) -> None:
+        """Write what is queued and stop the thread."""
+        with self._cond:
+            self._closing = True
+            thread = self._thread
+            self._cond.notify_all()
+        if thread is not None:
+            thread.join(timeout_s)
+        else:
+            self._flush()
+
+
+class RunMonitor(RunObserver):
+    """See the module doc. `storage`: the run directory's Storage (None: in memory only);
+    `kept_dir_names`: returns the kept checkpoints' directory names (asked on the controller's thread
+    after each commit); `rule`: the straggler rule (default: from the environment)."""
+
+    def __init__(self, storage: Any = None, kept_dir_names: Optional[Callable[[], Iterable[str]]] = None,
+                 rule: Optional[StragglerRule] = None, clock: Callable[[], float] = time.time):
+        self._lock = threading.RLock()
+        self._clock = clock
+        self._writer = _Appender(storage)
+        self._kept_dir_names = kept_dir_names
+        self._detector = StragglerDetector(rule or StragglerRule.from_env())
+        self._run: dict = {"run_id": "", "name": "", "run_path": "", "state": "STARTING", "started_at": None,
+                           "ended_at": None, "attempt": 0, "num_workers": 0}
+        self._attempts: list[dict] = []
+        self._checkpoints: list[dict] = []
+        self._reports: deque = deque(maxlen=MAX_REPORTS)
+        self._round_times: deque = deque(maxlen=RATE_WINDOW)
+        self._rounds_done = 0  # run-wide index of the last round + 1
+        self._total: Optional[int] = None
+        self._samples: dict[int, deque] = {}
+        self._latest: dict[int, dict] = {}  # rank -> its latest sample of the current attempt
+        self._report_counts: dict[int, int] = {}
+        self._last_report_at: dict[int, float] = {}
+        self._straggler_log: list[dict] = []  # every straggler episode of the run, for Result
+
+    # ------------------------------------------------------------------ observer side
+
+    def on_run_start(self, run: RunInfo) -> None:
+        with self._lock:
+            self._run.update(run_id=run.run_id, name=run.experiment_name, run_path=run.run_path,
+                             started_at=run.started_at, num_workers=run.num_workers, state="STARTING")
+            entry = dict(self._run)
+        self._event("run_started", run.started_at, entry)
+
+    def on_attempt_start(self, attempt: AttemptInfo) -> None:
+        with self._lock:
+            if self._attempts:
+                self._run["state"] = "RESTARTING"
+            self._run.update(attempt=attempt.attempt, state="RUNNING")
+            record = {"attempt": attempt.attempt, "started_at": attempt.started_at, "ended_at": None,
+                      "hosts": list(attempt.hosts), "failures": [], "root_cause": "", "restarting": False}
+            self._attempts.append(record)
+            self._latest.clear()
+            self._report_counts.clear()
+            self._last_report_at.clear()
+            self._detector.reset()
+        self._event("attempt_started", attempt.started_at, dict(record))
+
+    def on_report(self, report: ReportRecord) -> None:
+        with self._lock:
+            self._report_counts[report.rank] = self._report_counts.get(report.rank, 0) + 1
+            self._last_report_at[report.rank] = self._clock()
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        entry = sample_dict(sample)
+        with self._lock:
+            self._samples.setdefault(sample.rank, deque(maxlen=SAMPLES_PER_RANK)).append(entry)
+            self._latest[sample.rank] = entry
+            if sample.total is not None and (sample.rank == 0 or self._total is None):
+                self._total = sample.total
+            self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s)
+            started, cleared = self._detector.evaluate(sample.time)
+            for straggler in started:
+                self._straggler_log.append(dict(straggler.as_dict(), attempt=sample.attempt, until=None))
+            for straggler in self._detector.flagged.values():  # keep each open episode's latest figures
+                self._update_episode(straggler.as_dict())
+            for straggler in cleared:
+                self._update_episode({"until": sample.time}, rank=straggler.rank)
+        self._writer.add(TELEMETRY_NAME, entry)
+        for straggler in started:
+            logger.warning("rank %d on %s is a straggler: its step time %.3g s is %.2fx the other ranks' median "
+                           "(%.3g s); cause: %s", straggler.rank, straggler.host, straggler.step_time_s,
+                           straggler.slower_by, straggler.median_step_time_s, straggler.cause)
+            self._event("straggler", sample.time, dict(straggler.as_dict(), cleared=False))
+        for straggler in cleared:
+            logger.warning("rank %d on %s is no longer a straggler", straggler.rank, straggler.host)
+            self._event("straggler", sample.time, dict(straggler.as_dict(), cleared=True))
+
+    def _update_episode(self, fields: dict, rank: Optional[int] = None) -> None:
+        rank = fields["rank"] if rank is None else rank
+        for episode in reversed(self._straggler_log):
+            if episode["rank"] == rank and episode["until"] is None:
+                episode.update(fields, since=episode["since"])
+                return
+
+    def on_round(self, round_: RoundInfo) -> None:
+        kept = None
+        if round_.checkpoint is not None and self._kept_dir_names is not None:
+            try:
+                kept = set(self._kept_dir_names())
+            except Exception:  # noqa: BLE001 - the kept flags are a view; they must not break the run
+                kept = None
+        with self._lock:
+            self._rounds_done = max(self._rounds_done, round_.index + 1)
+            self._round_times.append(round_.completed_at)
+            metrics = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
+            if metrics is not None:
+                self._reports.append({"index": round_.index, "attempt": round_.attempt,
+                                      "time": round_.completed_at, "metrics": metrics})
+            record = None
+            if round_.checkpoint is not None:
+                c = round_.checkpoint
+                record = {"dir": c.dir_name, "index": c.report_index, "attempt": c.attempt, "metrics": c.metrics,
+                          "committed_at": c.committed_at or round_.completed_at, "kept": True}
+                self._checkpoints.append(record)
+                if kept is not None:
+                    for entry in self._checkpoints:
+                        entry["kept"] = entry["dir"] in kept
+        if record is not None:
+            self._event("checkpoint_committed", record["committed_at"], dict(record))
+
+    def on_attempt_end(self, end: AttemptEnd) -> None:
+        failures = [{"rank": f.rank, "host": f.node, "kind": f.kind.value,
+                     "exc_type": f.exc_type, "message": f.message, "consequence": bool(f.consequence)}
+                    for f in end.failures]
+        with self._lock:
+            record = self._attempt(end.attempt)
+            if record is None:
+                return
+            record.update(ended_at=end.ended_at, failures=failures, root_cause=end.root_cause,
+                          restarting=end.restarting)
+            if end.restarting:
+                self._run["state"] = "RESTARTING"
+            for episode in self._straggler_log:
+                if episode["attempt"] == end.attempt and episode["until"] is None:
+                    episode["until"] = end.ended_at
+            self._detector.reset()
+            entry = dict(record)
+        self._event("attempt_ended", end.ended_at, entry)
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        now = self._clock()
+        with self._lock:
+            self._run.update(state=_OUTCOME_STATES.get(outcome.state, outcome.state), ended_at=now)
+            state = self._run["state"]
+        self._event("run_ended", now, {"state": state, "ended_at": now})
+        self._writer.close()
+
+    def _event(self, kind: str, when: float, fields: dict) -> None:
+        self._writer.add(EVENTS_NAME, {"time": when, "kind": kind, **fields})
+
+    def _attempt(self, attempt: int) -> Optional[dict]:
+        for record in reversed(self._attempts):
+            if record["attempt"] == attempt:
+                return record
+        return None
+
+    # ------------------------------------------------------------------ read side
+
+    def run(self) -> dict:
+        """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers",
+        "total", "progress", "eta_s", "steps_per_s"}; state is STARTING, RUNNING, RESTARTING,
+        FINISHED, ERRORED or ABORTED."""
+        with self._lock:
+            info = dict(self._run)
+            rate = self._steps_per_s()
+            total = self._total
+            progress = eta = None
+            if total:
+                progress = min(self._rounds_done / total, 1.0)
+                if rate:
+                    eta = max(total - self._rounds_done, 0) / rate
+            info.update(total=total, progress=progress, eta_s=eta, steps_per_s=rate,
+                        rounds=self._rounds_done)
+            return info
+
+    def _steps_per_s(self) -> Optional[float]:
+        times = self._round_times
+        if len(times) < 2 or times[-1] <= times[0]:
+            return None
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def attempts(self) -> list[dict]:
+        """One dict per attempt: {"attempt", "started_at", "ended_at", "hosts", "failures": [{"rank",
+        "host", "kind", "exc_type", "message", "consequence"}], "root_cause", "restarting"}."""
+        with self._lock:
+            return json.loads(json.dumps(self._attempts, default=str))
+
+    def checkpoints(self) -> list[dict]:
+        """Committed checkpoints in commit order: {"dir", "index", "attempt", "metrics",
+        "committed_at", "kept"}."""
+        with self._lock:
+            return json.loads(json.dumps(self._checkpoints, default=str))
+
+    def reports(self) -> list[dict]:
+        """Rank-0 metric reports in order (the last MAX_REPORTS): {"index", "attempt", "time", "metrics"}."""
+        with self._lock:
+            return json.loads(json.dumps(list(self._reports), default=str))
+
+    def ranks(self) -> list[dict]:
+        """The latest of each rank of the current attempt: {"rank", "host", "pid", "phase",
+        "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "cpu_percent",
+        "rss_bytes", "gpus", "reports", "last_report_age_s", "straggler"}; null where not measured."""
+        now = self._clock()
+        with self._lock:
+            hosts = self._attempts[-1]["hosts"] if self._attempts else []
+            flagged = self._detector.flagged
+            rows = []
+            for rank in range(max(len(hosts), max(self._latest, default=-1) + 1)):
+                latest = self._latest.get(rank, {})
+                row = {key: latest.get(key) for key in _RANK_KEYS}
+                row["rank"] = rank
+                row["host"] = row["host"] or (hosts[rank] if rank < len(hosts) else "")
+                row["gpus"] = json.loads(json.dumps(latest.get("gpus") or []))
+                row["reports"] = self._report_counts.get(rank, latest.get("reports") or 0)
+                last = self._last_report_at.get(rank)
+                row["last_report_age_s"] = None if last is None else max(now - last, 0.0)
+                row["straggler"] = rank in flagged
+                rows.append(row)
+            return rows
+
+    def samples(self, rank: Optional[int] = None, since: Optional[float] = None) -> list[dict]:
+        """Telemetry history (bounded), oldest first, of one rank or all; only samples after `since`."""
+        with self._lock:
+            pools = [self._samples.get(rank, ())] if rank is not None else list(self._samples.values())
+            chosen = [s for pool in pools for s in pool if since is None or s["time"] > since]
+            chosen.sort(key=lambda s: (s["time"], s["rank"]))
+            return json.loads(json.dumps(chosen))
+
+    def stragglers(self) -> list[dict]:
+        """The current stragglers: {"rank", "host", "slower_by", "step_time_s",
+        "median_step_time_s", "cause", "since"}."""
+        with self._lock:
+            return [s.as_dict() for _, s in sorted(self._detector.flagged.items())]
+
+    def straggler_history(self) -> list[dict]:
+        """Every straggler episode of the run, in order: the `stragglers()` fields (latest figures)
+        plus "attempt" and "until" (None while it lasts)."""
+        with self._lock:
+            return [dict(episode) for episode in self._straggler_log]
+
+    # ------------------------------------------------------------------ post hoc
+
+    @classmethod
+    def from_run_dir(cls, storage: Any) -> "RunMonitor":
+        """A monitor rebuilt from a run directory's events.jsonl, telemetry.jsonl, metrics.jsonl and
+        checkpoint index (a torn last line is ignored). Writes nothing."""
+        monitor = cls(storage=None, rule=StragglerRule())
+        events = _read_jsonl(storage, EVENTS_NAME)
+        samples = _read_jsonl(storage, TELEMETRY_NAME)
+        with monitor._lock:
+            for event in events:
+                monitor._replay(event)
+            current = monitor._run["attempt"]
+            for entry in samples:
+                monitor._samples.setdefault(entry.get("rank", 0), deque(maxlen=SAMPLES_PER_RANK)).append(entry)
+                if entry.get("attempt") == current:
+                    monitor._latest[entry.get("rank", 0)] = entry
+                if entry.get("total"):
+                    monitor._total = entry["total"]
+            if storage.exists(METRICS_NAME):
+                for entry in split_metrics_lines(storage.read_text(METRICS_NAME))[0]:
+                    monitor._reports.append({"index": entry.get("report_index"), "attempt": entry.get("attempt"),
+                                             "time": entry.get("time"), "metrics": entry["metrics"]})
+                    monitor._rounds_done = max(monitor._rounds_done, (entry.get("report_index") or 0) + 1)
+                    if entry.get("time") is not None:
+                        monitor._round_times.append(entry["time"])
+            kept = _kept_in_index(storage)
+            if kept is not None:
+                for record in monitor._checkpoints:
+                    record["kept"] = record["dir"] in kept
+        return monitor
+
+    def _replay(self, event: dict) -> None:
+        kind = event.get("kind")
+        fields = {k: v for k, v in event.items() if k not in ("time", "kind")}
+        if kind == "run_started":
+            self._run.update({k: v for k, v in fields.items() if k in self._run})
+        elif kind == "attempt_started":
+            self._attempts.append(fields)
+            self._run.update(attempt=fields.get("attempt", 0), state="RUNNING")
+            self._latest.clear()
+        elif kind == "attempt_ended":
+            record = self._attempt(fields.get("attempt"))
+            if record is not None:
+                record.update(fields)
+        elif kind == "checkpoint_committed":
+            self._checkpoints.append(fields)
+        elif kind == "straggler":
+            cleared = fields.pop("cleared", False)
+            if cleared:
+                self._update_episode({"until": event.get("time")}, rank=fields.get("rank"))
+            else:
+                self._straggler_log.append(dict(fields, attempt=self._run["attempt"], until=None))
+        elif kind == "run_ended":
+            self._run.update(state=fields.get("state"), ended_at=fields.get("ended_at"))
+
+
+def _read_jsonl(storage: Any, name: str) -> list[dict]:
+    """The intact lines of a JSON-lines file of the run directory (a torn last line is ignored)."""
+    if not storage.exists(name):
+        return []
+    text = storage.read_text(name)
+    entries = []
+    for line in text[:text.rfind("\n") + 1].splitlines():
+        if line.strip():
+            try:
+                entry = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(entry, dict):
+                entries.append(entry)
+    return entries
+
+
+def _kept_in_index(storage: Any) -> Optional[set]:
+    """The checkpoint directories the run's index keeps, or None when it cannot be read."""
+    try:
+        data = json.loads(storage.read_text(INDEX_NAME))
+        return {record["checkpoint_dir_name"] for record in data["checkpoint_results"]}
+    except Exception:  # noqa: BLE001 - a view of an unreadable index shows every checkpoint as kept
+        return None
+
+
+def step_time_summary(ranks: list[dict]) -> Optional[dict]:
+    """{"min", "median", "max", "slowest_rank"} of the ranks' step times, or None when none is known."""
+    known = [(r["step_time_s"], r["rank"]) for r in ranks if r.get("step_time_s") is not None]
+    if not known:
+        return None
+    times = [t for t, _ in known]
+    return {"min": min(times), "median": statistics.median(times), "max": max(times),
+            "slowest_rank": max(known)[1]}
