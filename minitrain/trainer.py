@@ -26,6 +26,8 @@ from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
+from minitrain.dashboard import live_dashboard
+from minitrain.dashboard.stacks import StackDesk
 from minitrain.errors import (
     ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
     WorkerHangError, WorkerProcessError,
@@ -180,9 +182,13 @@ class TorchTrainer:
         self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir)
+        stack_desk = StackDesk()  # the dashboard's "dump stacks" button
         try:
-            outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
-                                      checkpoints, metrics_log, observers=self._run_observers(spec, storage))
+            # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.
+            with live_dashboard(self._monitor, dump_stacks=stack_desk.dump):
+                outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
+                                          checkpoints, metrics_log,
+                                          observers=[*self._run_observers(spec, storage), stack_desk])
         except LaunchError as exc:
             raise ControllerError(exc) from None
         finally:

@@ -35,6 +35,13 @@ class StackDumped(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class StacksWanted(RunEvent):
+    """An observer asked for the stacks of `rank` of the current attempt (RunInfo.request_stacks)."""
+
+    rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerSpawned(RunEvent):
     """An agent started a worker process."""
 

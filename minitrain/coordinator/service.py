@@ -202,7 +202,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._events.put(_exited_event(node_id, message.exited))
                 elif kind == "stack_dump":
                     dump = message.stack_dump
-                    header = f"minitrain: every thread's stack of rank {dump.rank} (hang detection):"
+                    header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
+                              "detection or the dashboard):")
                     text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
                     self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
                                          True, [header, *text.rstrip().splitlines()])

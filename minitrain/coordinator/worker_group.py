@@ -166,6 +166,15 @@ class WorkerGroup:
         for node_id in self.tracker.nodes():
             self._hub.send_to_agent(node_id, pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=self.attempt)))
 
+    def ask_stacks(self, rank: int) -> bool:
+        """Ask the node of `rank` for its workers' stacks (its agent dumps every worker of the attempt
+        it runs); False when the rank is not running."""
+        state = self.tracker.ranks.get(rank)
+        if state is None or state.exited:
+            return False
+        return self._hub.send_to_agent(state.assignment.node_id,
+                                       pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=self.attempt)))
+
     def stacks_answered(self) -> bool:
         """Every rank asked for that is still alive sent its stacks."""
         alive = {r for r in self._stacks_asked if not self.tracker.ranks[r].exited}
