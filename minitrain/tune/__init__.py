@@ -12,26 +12,44 @@ the hosts' CPUs/GPUs allow. Schedulers live in `minitrain.tune.schedulers`, sear
 
 from __future__ import annotations
 
-from minitrain.checkpoint import Checkpoint
-from minitrain.config import CheckpointConfig, FailureConfig, RunConfig
-from minitrain.tune import schedulers, search
-from minitrain.tune.result_grid import ResultGrid, TrialResult
-from minitrain.tune.schedulers import ASHAScheduler, AsyncHyperBandScheduler, FIFOScheduler, MedianStoppingRule
-from minitrain.tune.search import BasicVariantGenerator, ConcurrencyLimiter, Searcher
-from minitrain.tune.search_space import (
-    choice, grid_search, lograndint, loguniform, qlograndint, qloguniform, qrandint, qrandn, quniform, randint,
-    randn, sample_from, uniform,
-)
-from minitrain.tune.session import TrialStopped, TuneContext, get_checkpoint, get_context, report
-from minitrain.tune.tune_config import TuneConfig, with_resources
-from minitrain.tune.tuner import Tuner
+import importlib
 
-Result = TrialResult
+# Loaded on first use, so a trial process (which needs only tune.report) starts without numpy, the
+# schedulers or the trainer.
+_EXPORTS = {
+    "Checkpoint": "minitrain.checkpoint", "CheckpointConfig": "minitrain.config",
+    "FailureConfig": "minitrain.config", "RunConfig": "minitrain.config",
+    "ResultGrid": "minitrain.tune.result_grid", "Result": "minitrain.tune.result_grid",
+    "TrialResult": "minitrain.tune.result_grid",
+    "ASHAScheduler": "minitrain.tune.schedulers", "AsyncHyperBandScheduler": "minitrain.tune.schedulers",
+    "FIFOScheduler": "minitrain.tune.schedulers", "MedianStoppingRule": "minitrain.tune.schedulers",
+    "BasicVariantGenerator": "minitrain.tune.search", "ConcurrencyLimiter": "minitrain.tune.search",
+    "Searcher": "minitrain.tune.search",
+    "TrialStopped": "minitrain.tune.session", "TuneContext": "minitrain.tune.session",
+    "get_checkpoint": "minitrain.tune.session", "get_context": "minitrain.tune.session",
+    "report": "minitrain.tune.session",
+    "TuneConfig": "minitrain.tune.tune_config", "with_resources": "minitrain.tune.tune_config",
+    "Tuner": "minitrain.tune.tuner",
+    **{name: "minitrain.tune.search_space" for name in (
+        "choice", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",
+        "quniform", "randint", "randn", "sample_from", "uniform")},
+}
+_SUBMODULES = {"schedulers", "search"}
 
-__all__ = [
-    "ASHAScheduler", "AsyncHyperBandScheduler", "BasicVariantGenerator", "Checkpoint", "CheckpointConfig",
-    "ConcurrencyLimiter", "FIFOScheduler", "FailureConfig", "MedianStoppingRule", "Result", "ResultGrid",
-    "RunConfig", "Searcher", "TrialStopped", "TuneConfig", "TuneContext", "Tuner", "choice", "get_checkpoint",
-    "get_context", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",
-    "quniform", "randint", "randn", "report", "sample_from", "schedulers", "search", "uniform", "with_resources",
-]
+__all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f"minitrain.tune.{name}")
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'minitrain.tune' has no attribute {name!r}")
+    attribute = "TrialResult" if name == "Result" else name
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return __all__

@@ -214,6 +214,12 @@ class MedianStoppingRule(TrialScheduler):
             return STOP
         return CONTINUE
 
+    def on_trial_complete(self, trial_id: str, result: Optional[dict]) -> None:
+        if result and self.time_attr in result and isinstance(result.get(self.metric), (int, float)):
+            results = self._results.setdefault(trial_id, [])
+            if not results or results[-1] is not result:
+                results.append(result)
+
     def _running_mean(self, trial_id: str, now: float) -> float:
         scoped = [r[self.metric] for r in self._results[trial_id] if self.grace_period <= r[self.time_attr] <= now]
         return float(np.mean(scoped)) if scoped else float("nan")

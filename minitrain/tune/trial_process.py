@@ -67,10 +67,9 @@ def main(argv: list[str]) -> int:
     tune_session.set_session(session)
     _session.add_run_observer_maker(lambda: tune_session.ForwardingObserver(session))
     os.makedirs(payload.context.trial_dir, exist_ok=True)
-    from minitrain.trainer import TorchTrainer  # the trainer is imported only by trials that need it
-
+    trainer_module = sys.modules.get("minitrain.trainer")  # loaded by the payload when it holds a trainer
     try:
-        if isinstance(payload.trainable, TorchTrainer):
+        if trainer_module is not None and isinstance(payload.trainable, trainer_module.TorchTrainer):
             run_trainer(payload.trainable, payload.config, payload.context)
         else:
             payload.trainable(payload.config)
