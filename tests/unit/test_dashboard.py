@@ -352,3 +352,60 @@ def test_a_port_in_use_is_a_config_error(monkeypatch, run_view):
         with pytest.raises(ConfigError, match="cannot listen on 127.0.0.1"):
             with live_dashboard(run_view):
                 pass
+
+
+# ---------------------------------------------------------------------------------- stacks on demand
+
+
+def _run_info(request) -> "RunInfo":
+    from minitrain.coordinator.observers import RunInfo
+    return RunInfo("id", "name", "/tmp/run", 2, 0.0, request_stacks=request)
+
+
+def test_the_stack_desk_answers_with_the_ranks_own_dump():
+    from minitrain.coordinator.observers import StackDump
+    from minitrain.dashboard.stacks import StackDesk
+
+    desk = StackDesk(wait_s=30)
+    asked = []
+
+    def request(rank):  # the controller answers from its own thread, other ranks of the node first
+        asked.append(rank)
+        threading.Thread(target=lambda: [desk.on_stacks(StackDump(0, other, f"stack of {other}"))
+                                         for other in (1 - rank, rank)]).start()
+
+    desk.on_run_start(_run_info(request))
+    assert desk.dump(1) == "stack of 1" and desk.dump(0) == "stack of 0" and asked == [1, 0]
+
+
+def test_the_stack_desk_says_why_there_is_no_answer():
+    from minitrain.dashboard.stacks import StackDesk
+
+    desk = StackDesk(wait_s=0.2)
+    with pytest.raises(LookupError, match="not started"):
+        desk.dump(0)
+    desk.on_run_start(_run_info(lambda rank: None))  # a rank that is not running never answers
+    with pytest.raises(LookupError, match="rank 3 sent no stacks"):
+        desk.dump(3)
+    desk.on_run_end(None)
+    with pytest.raises(LookupError, match="the run ended"):
+        desk.dump(0)
+
+
+# ---------------------------------------------------------------------------------- the post-hoc CLI
+
+
+def test_the_cli_refuses_a_directory_without_a_run(tmp_path, capsys):
+    from minitrain.dashboard.__main__ import main
+
+    assert main([str(tmp_path)]) == 2
+    assert "holds no minitrain run" in capsys.readouterr().err
+
+
+def test_the_cli_refuses_a_bad_address(tmp_path, capsys):
+    from minitrain.dashboard.__main__ import main
+
+    assert main([str(tmp_path), "--host", "bad host"]) == 2
+    assert "--host='bad host'" in capsys.readouterr().err
+    assert main([str(tmp_path), "--port", "70000"]) == 2
+    assert "port from 0 to 65535" in capsys.readouterr().err
