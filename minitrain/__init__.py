@@ -21,6 +21,7 @@ _EXPORTS = {
     "TrainContext": "minitrain.context",
     "report": "minitrain.train_api",
     "get_checkpoint": "minitrain.train_api",
+    "set_progress_total": "minitrain.train_api",
     "get_context": "minitrain.train_api",
     "get_preemption_info": "minitrain.train_api",
     "get_dataset_shard": "minitrain.train_api",

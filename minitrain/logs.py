@@ -12,6 +12,7 @@ import sys
 import threading
 from typing import Optional, TextIO
 
+from minitrain.console import LiveConsole
 from minitrain.storage.filesystem import StorageError
 from minitrain.storage.layout import rank_log
 
@@ -31,14 +32,18 @@ class LogSink:
     node). A console that cannot be written (a closed pipe: `train.py | head -1`, EPIPE) is detached
     with one warning and the files go on. A log file that cannot be written (a full disk, no file
     descriptors left) is given up with one error naming it; `failures` keeps each as a `StorageError`.
+    `live`: the driver's LiveConsole; console lines are written through it, so its status block
+    never tears them.
     """
 
     def __init__(self, logs_dir: str, console: bool = True,
-                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None):
+                 stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 live: Optional[LiveConsole] = None):
         self._logs_dir = logs_dir
         self._console = console
         self._stdout = stdout
         self._stderr = stderr
+        self._live = live
         self._files: dict[tuple[int, int], Optional[TextIO]] = {}  # None: given up after a failure
         self._lock = threading.Lock()
         self.failures: list[StorageError] = []
@@ -90,9 +95,13 @@ class LogSink:
                     self._give_up((attempt, rank), exc)
             if self._console:
                 out = (self._stderr or sys.stderr) if stderr else (self._stdout or sys.stdout)
+                text = "".join(prefix + line + "\n" for line in lines)
                 try:
-                    out.write("".join(prefix + line + "\n" for line in lines))
-                    out.flush()
+                    if self._live is not None:
+                        self._live.write(out, text)
+                    else:
+                        out.write(text)
+                        out.flush()
                 except (OSError, ValueError) as exc:  # ValueError: the stream was closed
                     self._detach_console(exc)
 

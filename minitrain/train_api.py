@@ -46,6 +46,23 @@ def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[
     waits.report_done(started)
 
 
+def set_progress_total(total: int) -> None:
+    """Declare how many `report()` calls the run makes in all, like tqdm's `total=`: the driver's
+    console then shows progress (rounds reported / total) and an ETA. Count every report of the run,
+    also those made before a restart or a resume (the console counts the run's report rounds). Call
+    it on rank 0 (other ranks' values are used only until rank 0's arrives), before the loop or
+    whenever the total changes. A minitrain extension (Ray has none). It travels with the rank's
+    telemetry, so it has no effect with MINITRAIN_TELEMETRY=0.
+
+    Raises ValueError for a total that is not a positive int, RuntimeError outside a training function.
+    """
+    _session.current("set_progress_total")
+    if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+        raise ValueError(f"set_progress_total(total={total!r}): the total must be a positive int, the number "
+                         "of report() calls the run makes (e.g. epochs * steps_per_epoch).")
+    waits.set_total(total)
+
+
 def get_checkpoint() -> Any:
     """The checkpoint to resume from: the latest committed one at the start of an attempt, else None."""
     return _session.current("get_checkpoint").get_checkpoint()

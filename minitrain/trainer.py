@@ -24,6 +24,8 @@ from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
+from minitrain.console import LiveConsole
+from minitrain.coordinator.console_status import ConsoleStatus
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
 from minitrain.dashboard import live_dashboard
@@ -180,12 +182,15 @@ class TorchTrainer:
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)
+        # The live status on the console; worker output and log lines are written through it.
+        live = LiveConsole.for_driver()
+        self._console_status = ConsoleStatus(self._monitor, live)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
-        log_sink = LogSink(logs_dir)
+        log_sink = LogSink(logs_dir, live=live)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button
         try:
             # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.
-            with live_dashboard(self._monitor, dump_stacks=stack_desk.dump):
+            with live_dashboard(self._monitor, dump_stacks=stack_desk.dump), live.owning_log_handlers(logger):
                 outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
                                           checkpoints, metrics_log,
                                           observers=[*self._run_observers(spec, storage), stack_desk])
@@ -203,8 +208,8 @@ class TorchTrainer:
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
-        order they are told of each event: the run monitor first (always on)."""
-        return [self._monitor, *_session.new_run_observers()]  # a tuning trial's report forwarding (minitrain.tune)
+        order they are told of each event: the run monitor first (always on), then the console status."""
+        return [self._monitor, self._console_status, *_session.new_run_observers()]  # a tuning trial's report forwarding (minitrain.tune)
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.e2e
 def _train(config: dict) -> None:
     rank = minitrain.get_context().get_world_rank()
     step_s = config["slow_step_s"] if rank == config["slow_rank"] else config["step_s"]
+    minitrain.set_progress_total(1000)  # more than it makes: the run ends by time
     deadline = time.monotonic() + config["train_s"]
     step = 0
     while time.monotonic() < deadline:
@@ -29,7 +30,7 @@ def _train(config: dict) -> None:
         step += 1
 
 
-def test_a_rank_slowed_in_its_step_is_named_the_straggler(tmp_path, monkeypatch, caplog):
+def test_a_rank_slowed_in_its_step_is_named_the_straggler(tmp_path, monkeypatch, caplog, capsys):
     # A short window so the test stays short: 3 samples (about 3 s of training) decide.
     monkeypatch.setenv("MINITRAIN_STRAGGLER_WINDOW", "5")
     monkeypatch.setenv("MINITRAIN_STRAGGLER_MIN_SAMPLES", "3")
@@ -56,3 +57,8 @@ def test_a_rank_slowed_in_its_step_is_named_the_straggler(tmp_path, monkeypatch,
         assert row["gpus"] == [] and row["phase"] == "TRAINING"
     assert ranks[0]["step_time_s"] < 0.2 <= ranks[1]["step_time_s"]
     assert monitor.samples(rank=1) and [e["rank"] for e in monitor.straggler_history()] == [1]
+    assert monitor.run()["total"] == 1000 and 0 < monitor.run()["progress"] < 1
+
+    # Off a terminal (pytest captures stderr) the console's last status is one summary line.
+    [summary] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minitrain: straggle")]
+    assert "attempt 0 FINISHED" in summary and "/1000 steps" in summary and "(slowest: rank 1)" in summary

@@ -40,7 +40,7 @@ SKIP = {PACKAGE / "rpc" / "_gen"}  # generated code
 L0 = {"minitrain.config", "minitrain.errors", "minitrain.records", "minitrain.context", "minitrain.metrics",
       "minitrain.reporting", "minitrain.waits",
       "minitrain._session", "minitrain.clock", "minitrain.storage.retention", "minitrain.storage.layout"}
-L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.storage", "minitrain.hosts",
+L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.console", "minitrain.storage", "minitrain.hosts",
       "minitrain.checkpoint", "minitrain.net", "minitrain.data"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
 L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",

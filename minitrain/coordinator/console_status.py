@@ -1,0 +1,120 @@
+"""The live status of a run on the driver's console, drawn from its `RunMonitor`.
+
+`ConsoleStatus` is a run observer with a thread of its own: from the run's start to its end it
+renders the monitor every REFRESH_S into the `LiveConsole`'s status block (on a terminal), or every
+`MINITRAIN_STATUS_INTERVAL_S` seconds (default 30) as one summary line (off a terminal). At the end
+the final status is left on screen (block) or written as a last line.
+
+What it shows: the attempt and state, the time since the run started, steps/s (rank-0 report rounds
+per second), progress and ETA when the training function declared its total with
+`minitrain.set_progress_total(n)`, the ranks' step times (min / median / max, the slowest rank
+named), the stragglers, and the last committed checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Callable, Mapping, Optional
+
+from minitrain.console import LiveConsole
+from minitrain.coordinator.monitor import RunMonitor, step_time_summary
+from minitrain.coordinator.observers import RunInfo, RunObserver
+from minitrain.errors import ConfigError
+from minitrain.records import RunOutcome
+
+REFRESH_S = 0.5
+INTERVAL_ENV = "MINITRAIN_STATUS_INTERVAL_S"
+DEFAULT_LINE_INTERVAL_S = 30.0
+
+
+def line_interval_s(environ: Mapping[str, str] = os.environ) -> float:
+    """Seconds between summary lines off a terminal (MINITRAIN_STATUS_INTERVAL_S, default 30)."""
+    text = environ.get(INTERVAL_ENV, "").strip()
+    if not text:
+        return DEFAULT_LINE_INTERVAL_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{INTERVAL_ENV}={text!r} must be a positive number of seconds (default "
+                          f"{DEFAULT_LINE_INTERVAL_S:g}).")
+    return value
+
+
+def _duration(seconds: Optional[float]) -> str:
+    if seconds is None:
+        return "?"
+    seconds = int(max(seconds, 0))
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours}:{rest // 60:02d}:{rest % 60:02d}"
+
+
+def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoints: list[dict],
+                 now: float) -> list[str]:
+    """The status as short parts: the block shows one a line, the summary line joins them."""
+    started = run.get("started_at")
+    ended = run.get("ended_at")
+    elapsed = None if started is None else (ended or now) - started
+    parts = [f"minitrain: {run.get('name') or 'run'} | attempt {run.get('attempt', 0)} {run.get('state', '')} | "
+             f"{_duration(elapsed)} elapsed"]
+    rate = run.get("steps_per_s")
+    steps = f"{run.get('rounds', 0)} steps"
+    if run.get("total"):
+        steps = f"{run.get('rounds', 0)}/{run['total']} steps ({100 * (run.get('progress') or 0):.1f}%)"
+    progress = f"{steps} | {rate:.2f} steps/s" if rate else f"{steps} | - steps/s"
+    if run.get("eta_s") is not None and run.get("state") == "RUNNING":
+        progress += f" | ETA {_duration(run['eta_s'])}"
+    parts.append(progress)
+    summary = step_time_summary(ranks)
+    if summary is not None:
+        parts.append(f"step time min {summary['min']:.3f} s | median {summary['median']:.3f} s | max "
+                     f"{summary['max']:.3f} s (slowest: rank {summary['slowest_rank']})")
+    for s in stragglers:
+        parts.append(f"straggler: rank {s['rank']} on {s['host']} {s['slower_by']:.1f}x slower ({s['cause']})")
+    if checkpoints:
+        last = checkpoints[-1]
+        parts.append(f"last checkpoint {last['dir']} ({_duration(now - last['committed_at'])} ago)")
+    return parts
+
+
+class ConsoleStatus(RunObserver):
+    """Draws `monitor` into `console` while the run lasts (see the module doc)."""
+
+    def __init__(self, monitor: RunMonitor, console: LiveConsole, line_every_s: Optional[float] = None,
+                 clock: Callable[[], float] = time.time):
+        self._monitor = monitor
+        self._console = console
+        self._clock = clock
+        self._every_s = REFRESH_S if console.mode == "block" else (line_every_s or line_interval_s())
+        self._stopped = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    def parts(self) -> list[str]:
+        """The current status."""
+        monitor = self._monitor
+        return status_parts(monitor.run(), monitor.ranks(), monitor.stragglers(), monitor.checkpoints(),
+                            self._clock())
+
+    def on_run_start(self, run: RunInfo) -> None:
+        if self._console.mode is None:
+            return
+        self._thread = threading.Thread(target=self._run, name="minitrain-console-status", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._every_s):
+            parts = self.parts()
+            if self._console.mode == "block":
+                self._console.show(parts)
+            else:
+                self._console.line(" | ".join(parts))
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        self._stopped.set()
+        if self._thread is not None:
+            self._thread.join(10.0)
+        if self._console.mode is not None:
+            self._console.finish(self.parts())
