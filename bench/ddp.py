@@ -9,6 +9,10 @@ case); torchrun's side builds `DistributedDataParallel` itself and reports nothi
 `steps` steps after `warmup` untimed ones, so start-up is excluded; steps/s = steps / that time. The
 two alternate (the order flips every repetition); the figure is the ratio of the medians.
 Target: >= 0.98.
+
+A third side measures what per-rank telemetry costs (issue 16): the minitrain side again with
+`MINITRAIN_TELEMETRY=0` (no sampling thread, nothing recorded). Its row is telemetry on / off, the
+ratio of the medians. Target: >= 0.99 (within 1%).
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ from bench.table import Row, WorkloadResult, ratio
 
 MLP_IN, MLP_HIDDEN, MLP_OUT, BATCH = 256, 512, 10, 128
 TARGET_RATIO = 0.98
+TELEMETRY_TARGET_RATIO = 0.99
+SIDES = ("minitrain", "torchrun", "minitrain_telemetry_off")
 JOB_TIMEOUT_S = 300.0
 
 
@@ -97,19 +103,21 @@ def role_torchrun_worker(spec: dict) -> None:
 
 
 def bench_ddp(tmp: str, repeats: int, steps: int, warmup: int) -> WorkloadResult:
-    """Alternate the two sides `repeats` times; medians of rank 0's steps/s and their ratio."""
-    runs: dict[str, list[dict]] = {"minitrain": [], "torchrun": []}
+    """Alternate the sides `repeats` times (the order rotates); medians of rank 0's steps/s and their
+    ratios."""
+    runs: dict[str, list[dict]] = {side: [] for side in SIDES}
     for index in range(repeats):
-        order = ("minitrain", "torchrun") if index % 2 == 0 else ("torchrun", "minitrain")
+        order = SIDES[index % len(SIDES):] + SIDES[:index % len(SIDES)]
         for side in order:
             spec = {"steps": steps, "warmup": warmup, "out": os.path.join(tmp, f"ddp_{side}_{index}.json"),
                     "storage": os.path.join(tmp, "storage", f"ddp_{index}")}
             path = os.path.join(tmp, f"spec_ddp_{side}_{index}.json")
             write_json(path, spec)
-            argv = (role_argv("ddp", "minitrain", path) if side == "minitrain"
-                    else torchrun_argv("ddp", ["--role", "torchrun-worker", "--spec", path]))
+            argv = (torchrun_argv("ddp", ["--role", "torchrun-worker", "--spec", path]) if side == "torchrun"
+                    else role_argv("ddp", "minitrain", path))
+            env = dict(os.environ, MINITRAIN_TELEMETRY="0") if side == "minitrain_telemetry_off" else None
             try:
-                wall, failure = run_timed(argv, cwd=tmp, timeout_s=JOB_TIMEOUT_S), ""
+                wall, failure = run_timed(argv, cwd=tmp, timeout_s=JOB_TIMEOUT_S, env=env), ""
             except BenchError as exc:
                 if not os.path.exists(spec["out"]):
                     raise
@@ -117,23 +125,32 @@ def bench_ddp(tmp: str, repeats: int, steps: int, warmup: int) -> WorkloadResult
                 wall, failure = None, str(exc).splitlines()[0]
                 say(f"  note: {side} failed after its timed steps: {failure[:200]}")
             runs[side].append({**read_json(spec["out"]), "job_wall_s": wall, "failed_after_timing": failure})
-        m, t = runs["minitrain"][-1], runs["torchrun"][-1]
+        m, t, o = runs["minitrain"][-1], runs["torchrun"][-1], runs["minitrain_telemetry_off"][-1]
         say(f"  run {index + 1}/{repeats}: minitrain {m['steps_per_s']:7.1f} steps/s ({m['threads']} thread(s))   "
             f"torchrun {t['steps_per_s']:7.1f} steps/s ({t['threads']} thread(s))   ratio "
-            f"{m['steps_per_s'] / t['steps_per_s']:.3f}")
+            f"{m['steps_per_s'] / t['steps_per_s']:.3f}   telemetry off {o['steps_per_s']:7.1f} steps/s")
     m_med = statistics.median(r["steps_per_s"] for r in runs["minitrain"])
     t_med = statistics.median(r["steps_per_s"] for r in runs["torchrun"])
+    o_med = statistics.median(r["steps_per_s"] for r in runs["minitrain_telemetry_off"])
     say(f"  median: minitrain {m_med:.1f} steps/s, torchrun {t_med:.1f} steps/s, ratio {m_med / t_med:.3f} "
         f"(target >= {TARGET_RATIO})")
     result = WorkloadResult("ddp", figures={
         "repeats": repeats, "steps": steps, "warmup": warmup, "runs": runs, "minitrain_steps_per_s": m_med,
         "torchrun_steps_per_s": t_med, "ratio": m_med / t_med,
+        "telemetry_off_steps_per_s": o_med, "telemetry_ratio": m_med / o_med,
         "model": f"MLP {MLP_IN}-{MLP_HIDDEN}-{MLP_HIDDEN}-{MLP_OUT}, batch {BATCH}"})
     result.rows.append(Row(
         "ddp", f"steady-state DDP steps/s, {NUM_WORKERS} CPU workers, MLP {MLP_IN}-{MLP_HIDDEN}-{MLP_HIDDEN}-"
         f"{MLP_OUT}, a report() every step (median of {repeats} x {steps} steps)", f"{m_med:.1f} steps/s",
         f"same loop under torchrun {t_med:.1f} steps/s", ratio(m_med, t_med, 3), f">= {TARGET_RATIO}x",
         m_med / t_med >= TARGET_RATIO))
+    say(f"  telemetry: on {m_med:.1f} steps/s, off {o_med:.1f} steps/s, ratio {m_med / o_med:.3f} "
+        f"(target >= {TELEMETRY_TARGET_RATIO})")
+    result.rows.append(Row(
+        "ddp", f"telemetry overhead: the same DDP steps/s with per-rank telemetry on (default) vs "
+        f"MINITRAIN_TELEMETRY=0 (median of {repeats} x {steps} steps)", f"{m_med:.1f} steps/s",
+        f"telemetry off {o_med:.1f} steps/s", ratio(m_med, o_med, 3), f">= {TELEMETRY_TARGET_RATIO}x",
+        m_med / o_med >= TELEMETRY_TARGET_RATIO))
     return result
 
 
