@@ -145,7 +145,7 @@ class Callback(UserCallback):
         """The run (this `fit()`) starts; a resumed run starts again here."""
 
     def on_attempt_start(self, run_context: TrainRunContext, attempt: int, world_size: int) -> None:
-        """Attempt `attempt` of this `fit()` (numbered as the `logs/attempt_<n>` directories) started
+        """Attempt `attempt` of this `fit()` (0 first, as the `logs/attempt_<n>` directories) started
         `world_size` ranks."""
 
     def on_report(self, run_context: TrainRunContext, step: int, metrics: Dict[str, Any]) -> None:

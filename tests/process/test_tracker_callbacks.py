@@ -1,6 +1,6 @@
 """The MLflow tracker callback against a real MLflow file store under tmp_path, read back with MlflowClient
 (tests/process: MLflow runs `uname -p` on its first use). The whole-run version is in
-tests/e2e/test_callbacks.py."""
+tests/e2e/test_tracker_runs.py."""
 
 from __future__ import annotations
 
