@@ -18,6 +18,9 @@ import cloudpickle
 
 from minitrain import __version__, _session
 from minitrain.hosts import hostinfo
+from minitrain.callbacks.base import TrainRunContext
+from minitrain.callbacks.runner import CallbackRunner
+from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
@@ -30,17 +33,14 @@ from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import (
-    ConfigError, ControllerError, LaunchError, NodeLostError, RemoteWorkerError, WorkerGroupError,
-    WorkerHangError, WorkerProcessError,
-)
+from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
 from minitrain.logs import LogSink, configure_driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
-from minitrain.records import FailureKind, RunOutcome, RunPayload, WorkerFailure
+from minitrain.records import RunOutcome, RunPayload
 from minitrain.result import Result, Straggler
 from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
@@ -209,7 +209,18 @@ class TorchTrainer:
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
         order they are told of each event: the run monitor first (always on), then the console status."""
-        return [self._monitor, self._console_status, *_session.new_run_observers()]  # a tuning trial's report forwarding (minitrain.tune)
+        return [self._monitor, self._console_status, *_session.new_run_observers(),  # a tuning trial's report forwarding (minitrain.tune)
+                *self._callback_runners(spec, storage)]
+
+    def _callback_runners(self, spec: RunSpec, storage: Storage) -> list:
+        """RunConfig.callbacks, called on a thread of their own (minitrain.callbacks.runner)."""
+        if not self.run_config.callbacks:
+            return []
+        context = TrainRunContext(run_id=spec.run_id, run_config=self.run_config,
+                                  train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
+                                  backend_config=self.torch_config, datasets=dict(self.datasets or {}),
+                                  dataset_config=self.dataset_config, storage=storage)
+        return [CallbackRunner(self.run_config.callbacks, context)]
 
     # ------------------------------------------------------------------ restore (the seeds' API)
 
@@ -294,6 +305,10 @@ class TorchTrainer:
 
     def _fit_local(self) -> Result:
         """`num_workers=0`: run the function in this process, as Ray's local mode does."""
+        if self.run_config.callbacks:
+            raise ConfigError("RunConfig.callbacks are not called in local mode (ScalingConfig(num_workers=0)): "
+                              "it has no run directory and no report rounds. Use num_workers >= 1, or remove "
+                              "the callbacks.")
         session = _LocalSession(TrainContext(experiment_name=self.run_config.name, local_mode=True))
         if self.datasets:
             from minitrain.data.staging import make_shards, plan_datasets
@@ -475,25 +490,6 @@ def _upload_logs(storage: Storage, logs_dir: str) -> None:
         logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url(LOGS_DIR), exc)
         return
     shutil.rmtree(logs_dir, ignore_errors=True)
-
-
-def _rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
-    if exc_pickle:
-        try:
-            rebuilt = cloudpickle.loads(exc_pickle)
-            if isinstance(rebuilt, BaseException):
-                return rebuilt
-        except Exception:  # the type does not exist in the driver: fall back below
-            pass
-    if failure.kind is FailureKind.HANG:
-        return WorkerHangError(failure.message, failure.traceback)
-    if failure.kind is FailureKind.NODE_LOST:
-        return NodeLostError(failure.message)
-    if failure.kind in (FailureKind.EXCEPTION, FailureKind.COMMIT) and failure.exc_type:
-        return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
-    return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
-                              f"{failure.phase.description}: {failure.cause}",
-                              exit_code=failure.exit_code, signal=failure.signal)
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,

@@ -13,6 +13,9 @@
   Only the coordinator's commit moves them into `<checkpoint dir>/`; nobody reads them in place.
 - `.minitrain_lock` (LOCK_NAME): who runs this directory now (one `fit()` at a time).
 - `.validate_storage_marker` (VALIDATE_MARKER): proves every host sees the same storage.
+- `trackers/` (TRACKERS_DIR): what the driver-side tracker callbacks keep (`minitrain.callbacks`): the
+  tracker run ids that make a restart or resume log into the same tracker run (`state.json`), and the
+  default files of the TensorBoard, CSV and JSON loggers.
 
 Temporary files of interrupted atomic writes are named `.<name>.<random>.minitrain-tmp`.
 """
@@ -31,13 +34,14 @@ STAGING_DIR = ".staging"
 LOCK_NAME = ".minitrain_lock"
 VALIDATE_MARKER = ".validate_storage_marker"
 TEMP_SUFFIX = ".minitrain-tmp"
+TRACKERS_DIR = "trackers"
 
 # Names in the run directory that are minitrain's own, never checkpoints and never the user's.
 # Beside the run directories, in `storage_path` itself: datasets staged for the workers, one folder per
 # fit() (`<name>-<id>/`), deleted by the fit() that made it.
 DATASETS_DIR = ".minitrain_datasets"
 RESERVED_NAMES = frozenset({INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, EVENTS_NAME, LOGS_DIR, STAGING_DIR,
-                            LOCK_NAME, VALIDATE_MARKER})
+                            LOCK_NAME, VALIDATE_MARKER, TRACKERS_DIR})
 
 
 def is_temp_name(name: str) -> bool:
