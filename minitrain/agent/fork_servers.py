@@ -4,10 +4,14 @@ A restart spends most of its time starting Python and importing torch in each ne
 run may restart, the agent keeps one fork server (`minitrain.worker.fork_server`) for the environment and
 working directory of the last start; the next attempt's workers are forked from it in milliseconds,
 so a restart costs a rendezvous instead of an interpreter start, however many restarts come and
-however soon after each other. It is started when the coordinator says the attempt's start-up is
-over (so it never competes with it), from the agent's main thread (the parent-death signal follows
+however soon after each other. The coordinator asks for it with each start that a restart may follow,
+so it imports torch while the attempt's own workers do: a crash at start-up (the commonest kind)
+finds it ready or nearly so. It says ready once torch.distributed is imported and forks from a quick
+server while it imports the rest (see minitrain.worker.fork_server), so a restart never waits for
+those slower imports. It is started from the agent's main thread (the parent-death signal follows
 the spawning thread); a start with another environment or working directory discards it, and
-without a ready fork server workers are spawned as usual.
+without a fork server workers are spawned as usual. A fork server still importing is waited for:
+it is ahead of a worker that would start importing now.
 """
 
 from __future__ import annotations

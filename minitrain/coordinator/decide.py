@@ -239,10 +239,14 @@ def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
                     actions + (MoveTo(loop.target, loop.reason),))
 
 
-def _start(loop: Loop, now: float, attempt: int, reason: str) -> Decision:
+def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> Decision:
+    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt))
+    if rules.allows_retry(loop.failures + 1):
+        # The fork server imports torch while the attempt starts: a crash at start-up (the commonest
+        # kind) then restarts from it instead of waiting for its imports.
+        actions += (PrepareForkServers(),)
     return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
-                            reason=reason),
-                    (MoveTo(RunState.STARTING, reason), StartAttempt(attempt)))
+                            reason=reason), actions)
 
 
 def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -250,7 +254,7 @@ def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     restarting = loop.state is RunState.RESTARTING
     if not seen.agents_missing:
         attempt = loop.attempt + 1 if restarting else loop.attempt
-        return _start(loop, now, attempt, f"starting attempt {attempt}")
+        return _start(loop, now, attempt, f"starting attempt {attempt}", rules)
     why = seen.agents_failed
     if not why and now > loop.deadline:
         why = (f"node agent(s) {', '.join(seen.agents_missing)} did not connect within "
@@ -259,7 +263,7 @@ def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return Decision(loop)
     if restarting:  # the hosts that came back are used; the start fails if they are too few
         attempt = loop.attempt + 1
-        decision = _start(loop, now, attempt, f"starting attempt {attempt}")
+        decision = _start(loop, now, attempt, f"starting attempt {attempt}", rules)
         return replace(decision, actions=(ForgetAgents(why),) + decision.actions)
     return _stop(loop, seen, now, rules, RunState.FAILED, why)
 
@@ -332,5 +336,5 @@ def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return Decision(replace(loop, stage=Stage.AGENTS, deadline=now + rules.agent_start_timeout_s),
                         actions + (RelaunchAgents(),))
     attempt = loop.attempt + 1
-    decision = _start(loop, now, attempt, f"starting attempt {attempt}")
+    decision = _start(loop, now, attempt, f"starting attempt {attempt}", rules)
     return replace(decision, actions=actions + decision.actions)

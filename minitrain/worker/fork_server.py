@@ -12,6 +12,14 @@ done. The agent sends b"fork" with four file descriptors (SCM_RIGHTS): the read 
 stdin pipe, the write ends of its stdout and stderr pipes, and its stack-dump file. The fork server
 answers {"pid": N} (or {"error": "..."}) as JSON.
 
+Two stages, so that a restart never waits for the slow imports: as soon as torch.distributed is imported
+the fork server sends b"ready" and forks a *quick server* that answers fork requests from that state
+while the fork server itself goes on with the slower preloads (`then`: torch._dynamo, over a second).
+When those are done it tells the quick server to stop (a pipe), waits for it to finish the request it
+may be serving, and answers the requests from then on, its workers paying for none of those imports.
+Both read the same socket, one after the other: a request is never lost in the hand-over. The
+quick server dies with the fork server (parent-death signal) and is in its process group.
+
 The worker is double-forked: an intermediate child forks it and exits at once, so the worker is
 re-parented to the agent, a subreaper (`procs.become_subreaper`). It is then the agent's own child:
 the agent waits for it, stops its process group and reads its exit status exactly as for a worker
@@ -22,8 +30,12 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import sys
+from typing import Callable, Optional
+
+from minitrain import procs
 
 READY = b"ready"
 FORK = b"fork"
@@ -31,8 +43,9 @@ FDS_PER_FORK = 4  # stdin, stdout, stderr, stack-dump file
 _MAX_MESSAGE = 4096
 
 
-def serve(sock_fd: int) -> int:
-    """Serve fork requests on the socket `sock_fd` until the agent closes it (then exit).
+def serve(sock_fd: int, then: Optional[Callable[[], None]] = None) -> int:
+    """Serve fork requests on the socket `sock_fd` until the agent closes it (then exit). With `then`
+    (the slow preloads), a quick server answers while `then()` runs (see the module docstring).
 
     Returns only in a forked worker, with its stdin, stdout and stderr in place and the number of
     its stack-dump file descriptor; the caller then runs the worker as usual.
@@ -41,21 +54,67 @@ def serve(sock_fd: int) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     sock.send(READY)
+    if then is not None:
+        stack_fd = _serve_while(sock, then)
+        if stack_fd is not None:
+            return stack_fd  # in a worker the quick server forked
     while True:
-        try:
-            message, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, FDS_PER_FORK)
-        except OSError:
-            os._exit(0)
-        if not message:  # the agent closed its end: it is done with us, or gone
-            os._exit(0)
-        if message != FORK or len(fds) != FDS_PER_FORK:
-            for fd in fds:
-                os.close(fd)
-            sock.send(json.dumps({"error": f"bad request {message[:40]!r} with {len(fds)} fds"}).encode())
-            continue
-        stack_fd = _fork_worker(sock, fds)
+        stack_fd = _serve_one(sock)
         if stack_fd is not None:
             return stack_fd  # in the worker
+
+
+def _serve_while(sock: socket.socket, work: Callable[[], None]) -> Optional[int]:
+    """Run `work()` here while a forked quick server answers fork requests; once `work()` returned,
+    stop the quick server after the request it is serving. Returns only in a worker the quick server
+    forked (its stack-dump fd); None in the fork server once the quick server is gone."""
+    stop_r, stop_w = os.pipe()
+    parent = os.getpid()
+    try:
+        quick = os.fork()
+    except OSError:  # no quick server: the requests wait for `work()`
+        os.close(stop_r)
+        os.close(stop_w)
+        work()
+        return None
+    if quick == 0:
+        os.close(stop_w)
+        try:
+            procs.die_with_parent(expected_parent=parent)
+            while True:
+                readable, _, _ = select.select([stop_r, sock], [], [])
+                if stop_r in readable:  # the fork server is ready: leave the next request to it
+                    os._exit(0)
+                stack_fd = _serve_one(sock)
+                if stack_fd is not None:
+                    os.close(stop_r)
+                    return stack_fd  # in the worker
+        except BaseException:  # noqa: BLE001 - the quick server never runs the fork server's code
+            os._exit(1)
+    os.close(stop_r)
+    try:
+        work()
+    finally:
+        os.close(stop_w)  # end of file on the pipe: the quick server stops between two requests
+        os.waitpid(quick, 0)
+    return None
+
+
+def _serve_one(sock: socket.socket) -> Optional[int]:
+    """Answer one request (exit when the agent closed its end); the worker's stack-dump fd in a forked
+    worker, None in the server."""
+    try:
+        message, fds, _flags, _addr = socket.recv_fds(sock, _MAX_MESSAGE, FDS_PER_FORK)
+    except OSError:
+        os._exit(0)
+    if not message:  # the agent closed its end: it is done with us, or gone
+        os._exit(0)
+    if message != FORK or len(fds) != FDS_PER_FORK:
+        for fd in fds:
+            os.close(fd)
+        sock.send(json.dumps({"error": f"bad request {message[:40]!r} with {len(fds)} fds"}).encode())
+        return None
+    return _fork_worker(sock, fds)
 
 
 def _fork_worker(sock: socket.socket, fds: list[int]) -> int | None:

@@ -1,0 +1,128 @@
+"""The fork server's two stages, with real processes: while its slow preloads run, a quick server forks
+workers from the state before them; once they are done the fork server itself answers, and no request
+is lost in the hand-over (minitrain.worker.fork_server)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import psutil
+import pytest
+
+from minitrain.worker import fork_server
+
+DEADLINE_S = 60.0
+
+# The fork server under test: its `then` (the slow preloads) runs until the test creates a file. A
+# forked worker prints whether `then` had finished in the state it was forked from, then exits.
+SERVER = r"""
+import json, os, sys, time
+from minitrain.worker import fork_server
+
+state = {"preloaded": False}
+
+def preload():
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
+    state["preloaded"] = True
+
+stack_fd = fork_server.serve(int(sys.argv[1]), then=preload)
+print(json.dumps({"preloaded": state["preloaded"], "stack_fd_open": os.fstat(stack_fd) is not None}), flush=True)
+os._exit(0)
+"""
+
+
+def _fork(sock: socket.socket) -> dict:
+    """Ask for a worker; its reply and the line it printed."""
+    stdin_r, stdin_w = os.pipe()
+    stdout_r, stdout_w = os.pipe()
+    stderr_r, stderr_w = os.pipe()
+    stack_fd, _ = tempfile.mkstemp()
+    try:
+        socket.send_fds(sock, [fork_server.FORK], [stdin_r, stdout_w, stderr_w, stack_fd])
+        sock.settimeout(DEADLINE_S)
+        reply = json.loads(sock.recv(4096))
+    finally:
+        for fd in (stdin_r, stdout_w, stderr_w, stack_fd, stdin_w):
+            os.close(fd)
+    with os.fdopen(stdout_r) as out, os.fdopen(stderr_r) as err:
+        line = out.readline()  # end of file only when the worker exits: no sleep needed
+        assert line, err.read()
+    return {**reply, **json.loads(line)}
+
+
+@pytest.fixture
+def server(tmp_path):
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    release = tmp_path / "preloads-may-finish"
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, str(theirs.fileno()), str(release)],
+                            pass_fds=(theirs.fileno(),), start_new_session=True)
+    theirs.close()
+    try:
+        ours.settimeout(DEADLINE_S)
+        assert ours.recv(4096) == fork_server.READY
+        yield ours, release, proc
+    finally:
+        ours.close()  # the fork server exits when the agent's end closes
+        try:
+            proc.wait(timeout=DEADLINE_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, 9)
+                proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    """The living children of `pid` (a child that exited but was not reaped yet does not count)."""
+    living = []
+    for child in psutil.Process(pid).children():
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                living.append(child.pid)
+        except psutil.NoSuchProcess:
+            continue
+    return living
+
+
+def _wait_until(condition, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.01)
+
+
+def test_workers_are_forked_during_the_slow_preloads_and_from_the_server_after_them(server):
+    sock, release, proc = server
+    early = [_fork(sock), _fork(sock)]  # the preloads are still running: the quick server answers
+    assert [w["preloaded"] for w in early] == [False, False] and early[0]["pid"] != early[1]["pid"]
+    assert len(_children(proc.pid)) == 1  # the quick server, the fork server's only child
+    release.touch()
+    _wait_until(lambda: not _children(proc.pid), "the quick server did not stop once the preloads were done")
+    late = _fork(sock)
+    assert late["preloaded"] is True and late["stack_fd_open"]
+    assert proc.poll() is None
+
+
+def test_a_request_sent_during_the_hand_over_is_answered(server):
+    sock, release, proc = server
+    release.touch()  # the hand-over happens while requests come: each gets exactly one answer
+    answers = [_fork(sock) for _ in range(5)]
+    assert len({a["pid"] for a in answers}) == 5
+    _wait_until(lambda: not _children(proc.pid), "the quick server did not stop")
+    assert _fork(sock)["preloaded"] is True
+
+
+def test_the_quick_server_exits_when_the_agent_closes_its_end(server):
+    sock, release, proc = server
+    assert _fork(sock)["preloaded"] is False
+    quick = _children(proc.pid)
+    sock.close()
+    _wait_until(lambda: not _children(proc.pid), "the quick server outlived the agent's end of the socket")
+    release.touch()  # the fork server then finds the socket closed after its preloads, and exits
+    assert proc.wait(timeout=DEADLINE_S) == 0 and quick
