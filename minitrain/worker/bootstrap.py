@@ -284,10 +284,11 @@ def main() -> None:
         procs.die_with_parent(expected_parent=os.getppid())
         _preimport_torch()
         # DistributedDataParallel's constructor imports torch._dynamo (~800 modules, over a second);
-        # the fork server pays for it once, not each restarted worker.
-        _preimport("torch._dynamo")
+        # the fork server pays for it once, not each restarted worker. Workers are forked from the
+        # state before it meanwhile (a start-up crash must not wait for it).
         # Returns only in a forked worker (see fork_server.py), which then goes on as a spawned one.
-        stack_fd = fork_server.serve(int(args[args.index("--fork-server") + 1]))
+        stack_fd = fork_server.serve(int(args[args.index("--fork-server") + 1]),
+                                     then=lambda: _preimport("torch._dynamo"))
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
     _arm_stack_dumps(stack_fd if stack_fd is not None else bootstrap.get("stack_fd"))
