@@ -66,6 +66,10 @@ def _trainable_name(trainable: Any) -> str:
 
 def _check_trainable(trainable: Any, param_space: dict) -> None:
     if isinstance(trainable, TorchTrainer):
+        if trainable.scaling_config.num_workers == 0:
+            raise ConfigError("Tuner(TorchTrainer with ScalingConfig(num_workers=0)): local mode has no report "
+                              "rounds to forward to the tuner. Use num_workers >= 1, or a function trainable that "
+                              "calls tune.report().")
         extra = sorted(set(param_space) - {"train_loop_config"})
         if extra:
             raise ConfigError(f"Tuner(TorchTrainer, param_space=...): only 'train_loop_config' is tuned for a "
@@ -172,13 +176,13 @@ class Tuner:
                                   "RunConfig(name=...).")
             header = {"name": self.run_config.name, "trainable": _trainable_name(self.trainable),
                       "metric": config.metric, "mode": config.mode, "id_prefix": uuid.uuid4().hex[:5],
-                      "total_trials": searcher.total_trials(num_samples),
+                      "num_samples": num_samples, "total_trials": searcher.total_trials(num_samples),
                       "searcher_seed": getattr(searcher, "seed", None),
                       "constant_grid_search": getattr(searcher, "constant_grid_search", False)}
             trials: list = []
         else:
             header, trials = self._restored
-            searcher.total_trials(num_samples)
+            searcher.total_trials(header["num_samples"])  # the sweep's own count, whatever tune_config says
             _replay(searcher, scheduler, self.experiment_path, trials)
         os.makedirs(os.path.join(self.experiment_path, tr.TUNE_DIR), exist_ok=True)
         runner = Runner(
