@@ -10,7 +10,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   job         trivial 2-worker job, whole-process wall time, vs torchrun --standalone; with `memory`:
               peak RSS of the driver (coordinator) and the agent, and whether either imported torch
   report      report() without a checkpoint, per call, inside real workers
-  restart     worker SIGKILL -> first step of the new attempt, vs torchrun --max-restarts
+  restart     worker SIGKILL -> first line and first step of the new attempt, vs torchrun --max-restarts; and
+              a crash at the first line of the first attempt (the fork server still cold)
   checkpoint  checkpoint persist (1 GiB, local disk) vs two concurrent `cp`
   ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
@@ -53,6 +54,7 @@ class Sizes:
     calls: int
     ddp_steps: int
     restarts: int
+    early_crashes: int
     agent_kills: int
     agent_stops: int
     train_s: float
@@ -64,12 +66,12 @@ class Sizes:
     seconds: float
 
 
-FULL = Sizes(repeats=5, warmup=True, calls=20000, ddp_steps=1000, restarts=20, agent_kills=5, agent_stops=5,
-             train_s=5.0, stall_s=60.0, torchrun_runs=3, size_mib=1024, async_steps=40,
+FULL = Sizes(repeats=5, warmup=True, calls=20000, ddp_steps=1000, restarts=20, early_crashes=5, agent_kills=5,
+             agent_stops=5, train_s=5.0, stall_s=60.0, torchrun_runs=3, size_mib=1024, async_steps=40,
              workers=(64, 256, 1024, 4096), seconds=20.0)
-QUICK = Sizes(repeats=1, warmup=False, calls=2000, ddp_steps=50, restarts=1, agent_kills=1, agent_stops=1,
-              train_s=1.0, stall_s=30.0, torchrun_runs=1, size_mib=16, async_steps=4, workers=(64,),
-              seconds=3.0)
+QUICK = Sizes(repeats=1, warmup=False, calls=2000, ddp_steps=50, restarts=1, early_crashes=1, agent_kills=1,
+              agent_stops=1, train_s=1.0, stall_s=30.0, torchrun_runs=1, size_mib=16, async_steps=4,
+              workers=(64,), seconds=3.0)
 
 
 def _sizes(args: argparse.Namespace) -> dict:
@@ -98,7 +100,8 @@ def _run_report(tmp, s, args):
 def _run_restart(tmp, s, args):
     from bench.restart import bench_restart
 
-    return bench_restart(tmp, s["restarts"], s["train_s"], s["stall_s"], 0 if args.no_torchrun else s["torchrun_runs"])
+    return bench_restart(tmp, s["restarts"], s["train_s"], s["stall_s"], 0 if args.no_torchrun else s["torchrun_runs"],
+                         s["early_crashes"])
 
 
 def _run_checkpoint(tmp, s, args):
@@ -181,6 +184,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--calls", type=int, help="report: calls per worker (default 20000)")
     p.add_argument("--ddp-steps", type=int, help="ddp: timed steps per job (default 1000)")
     p.add_argument("--restarts", type=int, help="restart: worker kills, for minitrain and torchrun (default 20)")
+    p.add_argument("--early-crashes", type=int, help="restart: jobs whose rank 1 dies at the first line of "
+                                                     "the first attempt, cold fork server (default 5)")
     p.add_argument("--torchrun-runs", type=int, help="restart: torchrun jobs, pooled (default 3)")
     p.add_argument("--no-torchrun", action="store_true", help="restart: skip torchrun")
     p.add_argument("--agent-kills", type=int, help="detect: agent SIGKILLs (default 5)")

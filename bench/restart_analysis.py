@@ -13,7 +13,9 @@ from bench.common import summary
 
 
 def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None, hung: bool = False) -> dict:
-    """Pair each attempt's kill with the next attempt's first step (records carry "attempt").
+    """Pair each attempt's kill with the next attempt's first step (records carry "attempt"); and, where
+the start record says when the training function was entered ("entered"), with its first line
+(`first_line`: kill -> rank 0's first line of user code).
 
     A restart follows every attempt but the last; and the last too when it was killed or never reached its
     first step, unless it was attempt `max_attempt` (no restart left: `restarts_exhausted`) or the job hung
@@ -32,10 +34,13 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None,
         entry = {"attempt": current, "cause": "kill" if "kill" in before else "failure", "ok": "start" in after}
         if "fork_servers" in before.get("kill", {}):
             fork_servers = before["kill"]["fork_servers"]
-            entry["fork_servers_at_kill"] = f"{sum(x['ready'] for x in fork_servers)}/{len(fork_servers)} ready"
+            entry["fork_servers_at_kill"] = (f"{sum(x['ready'] for x in fork_servers)}/{len(fork_servers)} ready, "
+                                             f"{sum(x.get('quick_server', False) for x in fork_servers)} quick")
             entry["all_fork_servers_ready"] = bool(fork_servers) and all(x["ready"] for x in fork_servers)
         if entry["ok"] and "kill" in before:
             entry["latency_s"] = after["start"]["time"] - before["kill"]["time"]
+            if "entered" in after["start"]:
+                entry["first_line_s"] = after["start"]["entered"] - before["kill"]["time"]
             entry["kill_time"] = before["kill"]["time"]
             entry["start"] = after["start"]
         restarts.append(entry)
@@ -54,6 +59,7 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None,
                                  "ok": False, "never_started": True})
     after_kill = [r for r in restarts if r["cause"] == "kill"]
     latencies = [r["latency_s"] for r in after_kill if r["ok"]]
+    first_lines = [r["first_line_s"] for r in after_kill if "first_line_s" in r]
     fork_servers = {}
     if any("fork_servers_at_kill" in r for r in after_kill):
         ready = [r["latency_s"] for r in after_kill if r.get("all_fork_servers_ready") and "latency_s" in r]
@@ -65,7 +71,7 @@ def analyse_restarts(records: list[dict], attempts: list[int], max_attempt=None,
             "failed": sum(not r["ok"] for r in restarts), "restarts_exhausted": exhausted,
             "hung_in_attempt": hung_in,
             "last_attempt_reached_first_step": bool(ordered) and "start" in by_attempt[ordered[-1]],
-            "per_restart": restarts,
+            "per_restart": restarts, "first_line": summary(first_lines),
             "latencies_s": latencies, **summary(latencies)}
 
 
@@ -121,7 +127,8 @@ def phases_of_minitrain(figures: dict, marks: dict, kill_kind: str) -> dict:
     """Where each minitrain restart's time went, from the driver's log marks and the start records."""
     phases: dict[str, list[float]] = {"kill_to_detected_log": [], "detected_to_failed_log": [],
                                       "kill_to_failed_log": [], "failed_log_to_starting_log": [],
-                                      "starting_log_to_train_fn": [], "train_fn_to_prepared": [],
+                                      "starting_log_to_train_fn": [], "starting_log_to_process": [],
+                                      "process_to_train_fn": [], "train_fn_to_prepared": [],
                                       "prepared_to_loaded": [], "kill_to_lost_log": [], "lost_to_new_agent_log": []}
     for restart in figures["per_restart"]:
         if "latency_s" not in restart:
@@ -137,6 +144,10 @@ def phases_of_minitrain(figures: dict, marks: dict, kill_kind: str) -> dict:
             phases["kill_to_failed_log"].append(failed[0] - kill)
             phases["failed_log_to_starting_log"].append(starting[0] - failed[0])
             phases["starting_log_to_train_fn"].append(start["entered"] - starting[0])
+            if "created" in start:
+                phases["starting_log_to_process"].append(start["created"] - starting[0])
+        if "created" in start:
+            phases["process_to_train_fn"].append(start["entered"] - start["created"])
         phases["train_fn_to_prepared"].append(start["prepared"] - start["entered"])
         phases["prepared_to_loaded"].append(start["time"] - start["prepared"])
         lost = first_after(marks["lost"], kill)

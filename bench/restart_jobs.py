@@ -9,6 +9,10 @@ each kill, and rank 1 ends each attempt but the last after `train_s` seconds:
   "agent":      SIGKILL its node agent (the parent of every worker; the workers die with it);
   "agent-stop": SIGSTOP its node agent (a silent host: its connections stay open, nothing answers),
                 then SIGKILL it STOP_HOLD_S later, long after the coordinator gave up on it.
+With "crash_at": "first_line" in the spec, rank 1 instead does so at the first line of the training
+function, before it imports anything (a start-up crash: a bad config, a failing first batch), while the
+agent's fork server may still be importing torch. Each attempt's "start" record (rank 0's first step)
+carries the function's entry time, the process's creation time and whether it was forked.
 Only the standard library is imported at module level.
 """
 
@@ -59,8 +63,9 @@ def _train(torch, ddp, opt, x, y, step: int, rank: int, loaded: float, kill, rep
 
 
 def _fork_servers_at_kill(exclude: set) -> list[dict]:
-    """The agent's fork server (its `--fork-server` child; a list, empty when there is none) and whether it
-    is ready: blocked reading fork requests from its socket (it imported everything it preloads)."""
+    """The agent's fork server (its `--fork-server` child; a list, empty when there is none), whether it
+    is ready (blocked reading fork requests from its socket: it imported everything it preloads) and
+    whether its quick server (a `--fork-server` child of its own) answers meanwhile."""
     import psutil
 
     fork_servers = []
@@ -78,12 +83,44 @@ def _fork_servers_at_kill(exclude: set) -> list[dict]:
                 waiting_on = f.read()
             with open(f"/proc/{child.pid}/stat") as f:
                 started = int(f.read().rsplit(")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK")
+            quick = any("--fork-server" in c.cmdline() for c in child.children())
             fork_servers.append({"pid": child.pid, "age_s": round(now - started, 3),
-                           "cpu_s": round(sum(child.cpu_times()[:2]), 3),
-                           "ready": "wait_for_more_packets" in waiting_on})
+                                 "cpu_s": round(sum(child.cpu_times()[:2]), 3),
+                                 "ready": "wait_for_more_packets" in waiting_on, "quick_server": quick})
         except (psutil.Error, OSError):
             continue
     return fork_servers
+
+
+def _process_origin() -> dict:
+    """When this worker process came to be (its creation time: the fork or the spawn) and whether it was
+    forked from the agent's fork server (a forked worker keeps the fork server's command line)."""
+    # /proc/self/stat's start time counts clock ticks since boot; psutil adds a boot time rounded to
+    # the second, so it is computed against CLOCK_BOOTTIME here (10 ms resolution).
+    with open("/proc/self/stat") as f:
+        started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    age = time.clock_gettime(time.CLOCK_BOOTTIME) - started_ticks / os.sysconf("SC_CLK_TCK")
+    with open("/proc/self/cmdline", "rb") as f:
+        forked = b"--fork-server" in f.read().split(b"\0")
+    return {"created": time.time() - age, "forked": forked}
+
+
+def _kill_self(events: str, kind: str, rank: int) -> None:
+    """Record the kill (with the state of the agent's fork server), then end this attempt as `kind` says."""
+    workers = {r["pid"] for r in read_jsonl(events) if r["kind"] == "start"}  # every attempt's ranks
+    fork_servers = _fork_servers_at_kill(workers | {os.getpid()})
+    append_jsonl(events, {"kind": "kill", "what": kind, "rank": rank, "time": time.time(), "pid": os.getpid(),
+                          "agent_pid": os.getppid(), "fork_servers": fork_servers})
+    if kind == "worker":
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif kind == "agent":
+        os.kill(os.getppid(), signal.SIGKILL)
+    else:  # "agent-stop": silent until long after the lease ran out, then gone
+        agent = os.getppid()
+        os.kill(agent, signal.SIGSTOP)
+        time.sleep(STOP_HOLD_S)
+        os.kill(agent, signal.SIGKILL)
+    time.sleep(60)  # the parent-death signal ends this process
 
 
 def minitrain_train_func(config: dict) -> None:
@@ -94,14 +131,17 @@ def minitrain_train_func(config: dict) -> None:
     import time
 
     entered = time.time()
-    import torch
-
     import minitrain
-    from minitrain.torch import prepare_model
 
     rank = minitrain.get_context().get_world_rank()
     events, kind = config["events"], config["kill_kind"]
     kills_so_far = sum(1 for r in read_jsonl(events) if r["kind"] == "kill")  # same on both ranks
+    if config.get("crash_at") == "first_line" and kills_so_far < config["kills"] and rank == 1:
+        _kill_self(events, kind, rank)  # a start-up crash: before the training function did anything
+    import torch
+
+    from minitrain.torch import prepare_model
+
     model, x, y = _build(torch)
     ddp = prepare_model(model)
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
@@ -116,7 +156,8 @@ def minitrain_train_func(config: dict) -> None:
         step = state["step"] + 1
     loaded = time.time()
     append_jsonl(events, {"kind": "start", "rank": rank, "time": loaded, "entered": entered, "prepared": prepared,
-                          "step": step, "resumed": checkpoint is not None, "pid": os.getpid()})
+                          "step": step, "resumed": checkpoint is not None, "pid": os.getpid(),
+                          **_process_origin()})
 
     def report(step: int, loss: float) -> None:
         metrics = {"step": step, "loss": loss}
@@ -132,23 +173,11 @@ def minitrain_train_func(config: dict) -> None:
             minitrain.report(metrics, checkpoint=saved)
 
     def kill() -> None:
-        workers = {r["pid"] for r in read_jsonl(events) if r["kind"] == "start"}  # every attempt's ranks
-        fork_servers = _fork_servers_at_kill(workers | {os.getpid()})
-        append_jsonl(events, {"kind": "kill", "what": kind, "rank": rank, "time": time.time(), "pid": os.getpid(),
-                              "agent_pid": os.getppid(), "fork_servers": fork_servers})
-        if kind == "worker":
-            os.kill(os.getpid(), signal.SIGKILL)
-        elif kind == "agent":
-            os.kill(os.getppid(), signal.SIGKILL)
-        else:  # "agent-stop": silent until long after the lease ran out, then gone
-            agent = os.getppid()
-            os.kill(agent, signal.SIGSTOP)
-            time.sleep(STOP_HOLD_S)
-            os.kill(agent, signal.SIGKILL)
-        time.sleep(60)  # the parent-death signal ends this process
+        _kill_self(events, kind, rank)
 
-    last = _train(torch, ddp, opt, x, y, step, rank, loaded, kill if kills_so_far < config["kills"] else None,
-                  report, config["train_s"])
+    crash_later = kills_so_far < config["kills"] and config.get("crash_at") != "first_line"
+    last = _train(torch, ddp, opt, x, y, step, rank, loaded, kill if crash_later else None, report,
+                  config["train_s"])
     minitrain.report({"step": last, "final": True})
 
 
@@ -159,7 +188,7 @@ def role_minitrain_job(spec: dict) -> None:
 
     TimedLog.install(spec["log_events"])
     config = {"events": spec["events"], "kill_kind": spec["kill_kind"], "kills": spec["kills"],
-              "train_s": spec["train_s"]}
+              "train_s": spec["train_s"], "crash_at": spec.get("crash_at", "train_s")}
     result = TorchTrainer(minitrain_train_func, train_loop_config=config,
                           scaling_config=ScalingConfig(num_workers=NUM_WORKERS),
                           run_config=RunConfig(name="bench", storage_path=spec["storage"],

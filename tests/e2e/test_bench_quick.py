@@ -68,7 +68,13 @@ def test_restart_quick(tmp_path):
     # minitrain: every kill was followed by an attempt that reached its first step, and the job finished.
     assert restart["kills"] == cli.QUICK.restarts == restart["succeeded_after_kill"], restart["per_restart"]
     assert restart["resumed_every_attempt"] and restart["run"]["leftover_processes"] == 0
-    assert "kill_to_detected_log" in restart["phases"]
+    assert "kill_to_detected_log" in restart["phases"] and restart["first_line"]["n"] == restart["kills"]
+    # A crash at the first line of the first attempt (the fork server still cold): restarted too.
+    early = figures["early_crash"]
+    assert early["runs"] == cli.QUICK.early_crashes == early["kills"] == early["succeeded_after_kill"], early
+    assert early["first_line"]["n"] == early["kills"] and early["leftover_processes"] == 0
+    assert {"kill_to_detected_log", "starting_log_to_process", "process_to_train_fn"} <= set(early["phases"])
+    assert "crash at the first line of the first attempt" in "".join(r["measure"] for r in workloads["restart"]["rows"])
     # torchrun: whatever it did is recorded (its restarts may fail or hang: a finding, not an error).
     torchrun = figures["torchrun"]
     assert torchrun["runs"] == 1 and torchrun["leftover_processes"] == 0

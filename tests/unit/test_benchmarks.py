@@ -8,7 +8,7 @@ import pytest
 
 from bench import cli
 from bench.common import percentile, summary
-from bench.restart_analysis import analyse_restarts, parse_log
+from bench.restart_analysis import analyse_restarts, parse_log, phases_of_minitrain
 from bench.table import Row, markdown, plain, ratio
 
 
@@ -44,6 +44,26 @@ def test_restart_analysis_pairs_kills_with_the_next_first_step():
     assert figures["kills"] == 2 and figures["succeeded_after_kill"] == 1 and figures["failed"] == 1
     assert figures["latencies_s"] == pytest.approx([0.8])
     assert figures["per_restart"][-1] == {"attempt": 2, "cause": "kill", "ok": False, "never_started": True}
+    assert figures["first_line"]["n"] == 0  # these start records do not say when the function was entered
+
+
+def test_restart_analysis_measures_to_the_first_line_and_splits_the_start_up():
+    records = [{"kind": "kill", "rank": 1, "attempt": 0, "time": 10.0, "fork_servers": [{"ready": False,
+                                                                                        "quick_server": True}]},
+               {"kind": "start", "rank": 0, "attempt": 1, "time": 12.5, "entered": 10.4, "prepared": 12.4,
+                "created": 10.2}]
+    figures = analyse_restarts(records, [0, 1])
+    assert figures["first_line"]["values_s"] == pytest.approx([0.4]) and figures["latencies_s"] == pytest.approx([2.5])
+    assert figures["per_restart"][0]["fork_servers_at_kill"] == "0/1 ready, 1 quick"
+    marks = parse_log([{"time": 10.05, "msg": "attempt 0: rank 1 on vm (pid 7) during training: killed by signal "
+                                              "SIGKILL (9); stopping every rank of the attempt"},
+                       {"time": 10.1, "msg": "attempt 0 failed (x); restarting as attempt 1"},
+                       {"time": 10.12, "msg": "attempt 1: starting 2 worker(s) on 1 node(s)"}])
+    phases = phases_of_minitrain(figures, marks, "worker")
+    assert phases["kill_to_detected_log"]["values_s"] == pytest.approx([0.05])
+    assert phases["starting_log_to_process"]["values_s"] == pytest.approx([0.08])
+    assert phases["process_to_train_fn"]["values_s"] == pytest.approx([0.2])
+    assert phases["train_fn_to_prepared"]["values_s"] == pytest.approx([2.0])
 
 
 def test_restart_analysis_reads_the_drivers_log_marks():
@@ -58,6 +78,8 @@ def test_command_line_sizes_and_selection():
     args = cli.parser().parse_args(["--quick", "--only", "restart,report", "--restarts", "7"])
     sizes = cli._sizes(args)
     assert args.only == ("restart", "report") and sizes["restarts"] == 7 and sizes["calls"] == cli.QUICK.calls
+    assert sizes["early_crashes"] == cli.QUICK.early_crashes == 1
+    assert cli._sizes(cli.parser().parse_args(["--early-crashes", "3"]))["early_crashes"] == 3
     assert cli._sizes(cli.parser().parse_args([]))["workers"] == (64, 256, 1024, 4096)
     assert cli.parser().parse_args(["scale", "--workers", "64,256"]).workers == (64, 256)
     assert "multihost" not in cli.DEFAULT and set(cli.DEFAULT) | {"multihost"} == set(cli.RUNNERS)
