@@ -52,7 +52,7 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 # Subpackages reachable as attributes, as in `from ray import train; train.torch.prepare_model(...)`.
-_SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface", "callbacks"}
+_SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface", "callbacks", "tune"}
 
 
 def __getattr__(name: str):

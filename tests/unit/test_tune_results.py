@@ -134,3 +134,10 @@ def test_scheduler_without_a_metric_is_refused_before_any_trial(tmp_path):
                   run_config=minitrain.RunConfig(name="x", storage_path=str(tmp_path)))
     with pytest.raises(ConfigError, match="needs a metric and a mode"):
         tuner.fit()
+
+
+def test_tune_is_exported_from_the_package_as_in_ray():
+    import minitrain.tune as tune_module
+
+    assert minitrain.tune is tune_module and minitrain.tune.Tuner is Tuner
+    assert tune_module.Result is tune_module.TrialResult and "Tuner" in dir(tune_module)
