@@ -7,7 +7,12 @@ epoch 0; `set_epoch(n)` makes the next pass epoch n (for example after resuming 
 Every rank must start the same passes in the same order, with the same `batch_size` and `drop_last`,
 for the shards to stay disjoint. Which rows a pass reads is `minitrain.data.sharding`'s plan.
 
-Batches are built on the calling thread; `prefetch_batches` is accepted for compatibility and ignored.
+`prefetch_batches=N` (default 1, as in Ray) builds up to N batches ahead of the consumer on a
+background thread (`minitrain.data.prefetch`): the same batches in the same order as `N=0` (built on
+the calling thread), the producer's exceptions raised where the consumer meets them, and the thread
+stopped and joined when the pass ends, is closed or is garbage collected. The rank's data wait
+(`minitrain.waits`) is the time the consumer is blocked in `next()`: with prefetch, on the buffer.
+The pass plan (epoch, shard, local shuffle order) is fixed on the calling thread at `iter()`.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import numpy as np
 from minitrain import waits
 from minitrain.context import TrainContext
 from minitrain.data.batches import check_batch_format, format_batch, numpy_collate
+from minitrain.data.prefetch import check_prefetch_batches, prefetched
 from minitrain.data.sharding import (
     batch_bounds, check_batch_size, derive_seed, local_shuffle, shard_indices,
 )
@@ -46,7 +52,33 @@ class _Passes(Iterable):
         # telemetry; see minitrain.waits).
         with waits.blocked(waits.DATA):
             rows = self._start()
-        return waits.timed_iterator(rows)
+        return _timed_pass(rows)
+
+
+def _timed_pass(source: Iterator) -> Iterator:
+    """`source` with every `next()` timed as data wait; closing this generator (a `break`, an exception
+    in the loop, garbage collection) closes `source`, which stops a prefetch thread at once."""
+    try:
+        yield from waits.timed_iterator(source)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
+
+
+def _flatten(chunks: Iterator[list]) -> Iterator:
+    """The items of consecutive lists, closing `chunks` when closed early."""
+    try:
+        for chunk in chunks:
+            yield from chunk
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+
+
+# iter_rows builds rows in chunks of this many when it prefetches (Ray's iter_rows reads whole blocks).
+_ROWS_PER_PREFETCH = 256
 
 
 class DataIterator:
@@ -123,15 +155,22 @@ class DataIterator:
                  shuffle_seed: Optional[int], prefetch_batches: int,
                  make: Callable[[Any, np.ndarray], Any]) -> Iterable:
         check_batch_size(batch_size)
+        if drop_last and batch_size is None:
+            raise ValueError("drop_last=True needs a batch_size: with batch_size=None the whole shard is one "
+                             "batch and there is no partial batch to drop. Pass a batch_size or drop_last=False.")
         if buffer_size is not None:
             local_shuffle(np.zeros(0, dtype=np.int64), buffer_size, 0)  # validates the size now
-        if isinstance(prefetch_batches, bool) or not isinstance(prefetch_batches, int) or prefetch_batches < 0:
-            raise ValueError(f"prefetch_batches={prefetch_batches!r} must be a non-negative int.")
+        # A seed without a buffer seeds nothing random (the order is already deterministic); Ray allows
+        # it, and loops pass one seed to every call, so it is accepted, but it must be a seed.
+        if shuffle_seed is not None and (isinstance(shuffle_seed, bool) or not isinstance(shuffle_seed, int)):
+            raise ValueError(f"local_shuffle_seed={shuffle_seed!r} must be an int (or None).")
+        check_prefetch_batches(prefetch_batches)
 
         def start() -> Iterator:
             epoch = self._claim_epoch()
             table, indices = self._plan(epoch, batch_size, drop_last, buffer_size, shuffle_seed)
-            return (make(table, indices[a:b]) for a, b in batch_bounds(len(indices), batch_size, drop_last))
+            batches = (make(table, indices[a:b]) for a, b in batch_bounds(len(indices), batch_size, drop_last))
+            return prefetched(batches, prefetch_batches, name=str(self._name or "dataset"))
 
         return _Passes(start)
 
@@ -139,10 +178,27 @@ class DataIterator:
 
     def iter_rows(self, *, prefetch_batches: int = 1, prefetch_blocks: int = 0) -> Iterable[Any]:
         """An iterable over this rank's rows, one pass (epoch) per `iter()`. Columnar datasets give
-        `{column: value}` dicts; row datasets give their rows. The prefetch arguments are ignored."""
+        `{column: value}` dicts; row datasets give their rows.
+
+        `prefetch_batches=N` builds rows in chunks of 256, N chunks ahead on a background thread (0: on
+        the calling thread). Ray 2.10-2.39 took it here too (Ray 2.40 dropped both prefetch arguments
+        of iter_rows). `prefetch_blocks` is Ray's older name, which Ray's batch iterators refuse since
+        2.4: anything but 0 raises ValueError pointing to `prefetch_batches`.
+        """
+        if prefetch_blocks != 0:
+            raise ValueError(f"prefetch_blocks={prefetch_blocks!r} is deprecated in Ray and not supported: "
+                             "use prefetch_batches to set the amount of prefetching in batches instead of "
+                             "blocks.")
+        check_prefetch_batches(prefetch_batches)
+
         def start() -> Iterator:
             table, indices = self._plan(self._claim_epoch(), None, False, None, None)
-            return (table.row(index) for index in indices.tolist())
+            if prefetch_batches == 0:
+                return (table.row(index) for index in indices.tolist())
+            order = indices.tolist()
+            chunks = ([table.row(index) for index in order[at:at + _ROWS_PER_PREFETCH]]
+                      for at in range(0, len(order), _ROWS_PER_PREFETCH))
+            return _flatten(prefetched(chunks, prefetch_batches, name=str(self._name or "dataset")))
 
         return _Passes(start)
 
@@ -155,9 +211,11 @@ class DataIterator:
         "default"/"numpy": a dict of column -> numpy array (row datasets: rows collated key by key or
         position by position); "pandas": a DataFrame. `batch_size=None`: the whole shard as one batch.
         `drop_last`: only full batches, and every rank gets the same number (module doc of
-        `minitrain.data.sharding`). `local_shuffle_buffer_size`: reorder this rank's rows through a
-        buffer of that many rows, from `local_shuffle_seed` (with the epoch and rank mixed in, so each
-        epoch differs) or at random when it is None.
+        `minitrain.data.sharding`); it needs a batch_size. `local_shuffle_buffer_size`: reorder this
+        rank's rows through a buffer of that many rows, from `local_shuffle_seed` (with the epoch and
+        rank mixed in, so each epoch differs) or at random when it is None (without a buffer size the
+        order is deterministic and the seed has nothing to do). `prefetch_batches`: batches built
+        ahead on a background thread (module doc); 0 builds them on the calling thread.
         """
         check_batch_format(batch_format)
 
@@ -178,24 +236,35 @@ class DataIterator:
         `dtypes`: one torch dtype or a dict of column -> dtype. `device="auto"`: this worker's device
         (`minitrain.torch.get_device()`); None leaves tensors on the CPU. `collate_fn(batch)` replaces
         the conversion: it gets the numpy dict (columnar) or the list of rows, and then it moves its
-        output to a device itself, so it cannot be combined with `dtypes` or `device` (as in Ray).
+        output to a device itself, so it cannot be combined with `dtypes`, `device` or `pin_memory` (as
+        in Ray). `pin_memory`: pin the host tensors before the copy to a GPU (a warning, not an error,
+        where there is no CUDA). With `prefetch_batches`, the conversion and the host-to-device copy
+        run on the prefetch thread, overlapping the training step. A dict of `dtypes` must name
+        columns the batches have.
         """
         if collate_fn is not None and (dtypes is not None or device != "auto"):
             raise ValueError("collate_fn cannot be used with dtypes and device. You should manually move the "
                              "output Torch tensors to the desired dtype and device outside of collate_fn.")
-        resolved: list = []
+        if collate_fn is not None and pin_memory:
+            raise ValueError("pin_memory is only supported when using `DefaultCollateFn`: with collate_fn, "
+                             "pin (and move) the tensors inside your collate_fn.")
+        if collate_fn is not None and not callable(collate_fn):
+            raise ValueError(f"collate_fn={collate_fn!r} is not callable; pass a function of the batch.")
+        from minitrain.data import torch_batches
+
+        torch_batches.check_dtypes(dtypes)
+        torch_batches.warn_if_pin_memory_unused(pin_memory)
+        # Resolved here, on the calling thread: torch's current CUDA device is per thread, and the
+        # batches may be built on the prefetch thread.
+        target = None if collate_fn is not None else torch_batches.resolve_device(device, self._context)
 
         def make(table: Any, indices: np.ndarray) -> Any:
             raw = table.take(indices)
             if collate_fn is not None:
                 return collate_fn(raw)
-            from minitrain.data import torch_batches
-
-            if not resolved:
-                resolved.append(torch_batches.resolve_device(device, self._context))
             if isinstance(table, ColumnTable):
-                return torch_batches.columns_to_torch(raw, dtypes, resolved[0], pin_memory)
-            return torch_batches.rows_to_torch(raw, dtypes, resolved[0], pin_memory)
+                return torch_batches.columns_to_torch(raw, dtypes, target, pin_memory)
+            return torch_batches.rows_to_torch(raw, dtypes, target, pin_memory)
 
         return self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed,
                              prefetch_batches, make)

@@ -6,6 +6,7 @@ the trainer stay free of torch.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any, Optional
 
@@ -28,6 +29,45 @@ def resolve_device(device: Any, context: Optional[TrainContext]) -> Any:
     if context is not None and context.local_mode and torch.cuda.is_available():
         return torch.device(f"cuda:{torch.cuda.current_device()}")
     return torch.device("cpu")
+
+
+def check_dtypes(dtypes: Any) -> None:
+    """ValueError naming `dtypes` unless it is None, a torch.dtype or a dict of column -> torch.dtype."""
+    import torch
+
+    if dtypes is None or isinstance(dtypes, torch.dtype):
+        return
+    if isinstance(dtypes, Mapping):
+        wrong = {key: value for key, value in dtypes.items() if not isinstance(value, torch.dtype)}
+        if not wrong:
+            return
+        raise ValueError(f"dtypes={dtypes!r}: the values for {sorted(map(str, wrong))} are not torch dtypes; "
+                         "give torch.dtype values such as torch.float32.")
+    raise ValueError(f"dtypes={dtypes!r} must be a torch.dtype (e.g. torch.float32), a dict of column -> "
+                     "torch.dtype, or None to keep each column's own type.")
+
+
+def warn_if_pin_memory_unused(pin_memory: bool) -> None:
+    """pin_memory=True on a machine without CUDA pins nothing (pinned memory only speeds up copies to a
+    GPU): say so once per call, as torch's DataLoader does, instead of ignoring it silently."""
+    import torch
+
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn("iter_torch_batches(pin_memory=True): no CUDA device is available, so tensors are not "
+                      "pinned (pinned memory only speeds up host-to-GPU copies).", UserWarning, stacklevel=3)
+
+
+def _check_dtype_keys(dtypes: Any, batch: Any) -> None:
+    """A dict of dtypes must name columns (or top-level row keys) the batch has."""
+    if not isinstance(dtypes, Mapping):
+        return
+    if not isinstance(batch, Mapping):
+        raise ValueError(f"dtypes={dtypes!r} is a dict of column -> dtype, but the batches are not dicts "
+                         f"(they are {type(batch).__name__}); pass one torch.dtype instead.")
+    unknown = [key for key in dtypes if key not in batch]
+    if unknown:
+        raise ValueError(f"dtypes names {unknown}, which the batches do not have (their columns: "
+                         f"{list(batch)}); fix the names or leave them out.")
 
 
 def _dtype_for(dtypes: Any, key: Any) -> Any:
@@ -75,6 +115,7 @@ def _tensor(value: Any, dtype: Any, device: Any, pin_memory: bool, where: str) -
 
 def columns_to_torch(batch: dict[str, np.ndarray], dtypes: Any, device: Any, pin_memory: bool) -> dict:
     """A dict of numpy columns as a dict of tensors on `device` (per-column `dtypes` when a dict)."""
+    _check_dtype_keys(dtypes, batch)
     return {key: _tensor(value, _dtype_for(dtypes, key), device, pin_memory, f"column {key!r}")
             for key, value in batch.items()}
 
@@ -87,6 +128,7 @@ def rows_to_torch(rows: list, dtypes: Any, device: Any, pin_memory: bool) -> Any
     from torch.utils.data import default_collate
 
     batch = default_collate(rows)
+    _check_dtype_keys(dtypes, batch)
     return _move(batch, dtypes, device, pin_memory, None)
 
 
