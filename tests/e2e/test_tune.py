@@ -192,6 +192,34 @@ def test_restore_after_the_tuner_is_killed_finishes_every_trial_once(tmp_path):
     assert wait_until_gone(_trial_pids(experiment), 10) == []
 
 
+def test_ctrl_c_stops_the_trials_and_restore_resumes_them(tmp_path):
+    out = str(tmp_path)
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER.format(tests=os.path.dirname(__file__), out=out)
+                      + "\nimport sys; print('no interrupt'); sys.exit(3)\n")
+    experiment = os.path.join(out, "sweep")
+    driver = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              env={**os.environ, "MINITRAIN_TUNE_TEST_EXPERIMENT": experiment},
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+
+    def half_way():
+        try:
+            return any(t.checkpoint_iteration >= 2 for t in tr.read_state(experiment)[1] if t.status == tr.RUNNING)
+        except (OSError, ValueError):
+            return False
+
+    _wait_for(half_way, 120, "a trial half-way")
+    driver.send_signal(signal.SIGINT)
+    output = driver.communicate(timeout=120)[0].decode()
+    assert driver.returncode != 0 and "KeyboardInterrupt" in output and "Tuner.restore" in output, output[-3000:]
+    assert _trial_pids(experiment) == []  # the tuner waited for its trials
+    _, trials = tr.read_state(experiment)
+    assert any(t.status == tr.PENDING and t.checkpoint_iteration >= 2 for t in trials)
+    results = tune.Tuner.restore(experiment, resumable, param_space=restore_space(out)).fit()
+    assert len(results) == 4 and results.num_terminated == 4
+    assert all([m["i"] for m in r._metrics_history] == list(range(6)) for r in results)
+
+
 # ------------------------------------------------------------------ concurrency and failures
 
 
