@@ -80,8 +80,14 @@ class TorchTrainer:
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
                  torch_config: Optional[TorchConfig] = None, scaling_config: Optional[ScalingConfig] = None,
                  run_config: Optional[RunConfig] = None, datasets: Optional[dict] = None,
-                 dataset_config: Optional[DataConfig] = None, metadata: Any = None,
-                 resume_from_checkpoint: Any = None):
+                 dataset_config: Optional[DataConfig] = None, validation_config: Any = None,
+                 metadata: Any = None, resume_from_checkpoint: Any = None):
+        if validation_config is not None:
+            raise ConfigError(
+                f"TorchTrainer(validation_config={validation_config!r}): Ray's (alpha) checkpoint validation is "
+                "not supported by minitrain. Leave validation_config=None, evaluate in the training function "
+                "and report the validation metrics with the checkpoint (CheckpointConfig's "
+                "checkpoint_score_attribute can rank by them).")
         if metadata is not None:
             raise DeprecationWarning("TorchTrainer(metadata=...) was removed in Ray Train v2, which minitrain "
                                      "mirrors. Pass the values through train_loop_config instead.")

@@ -79,6 +79,12 @@ def test_removed_ray_arguments_raise_deprecation(run_config):
         TorchTrainer(_no_args, run_config=run_config, metadata={"a": 1})
 
 
+def test_rays_alpha_validation_config_is_refused_with_what_to_do_instead(run_config):
+    TorchTrainer(_no_args, run_config=run_config, validation_config=None)  # Ray's default is accepted
+    with pytest.raises(ConfigError, match=r"validation_config=.*not supported.*report the validation metrics"):
+        TorchTrainer(_no_args, run_config=run_config, validation_config=object())
+
+
 def test_per_worker_functions_refuse_to_run_outside_training():
     for call in (lambda: minitrain.report({"a": 1}), minitrain.get_context, minitrain.get_checkpoint):
         with pytest.raises(RuntimeError, match="outside of a minitrain training function"):
