@@ -4,12 +4,23 @@ Exactly one session is current inside a training function: a `minitrain.worker.s
 in a worker process, or the trainer's local session when `ScalingConfig(num_workers=0)` runs the
 function in the driver. The public functions in `minitrain.train_api` find it here, so they never
 import the runtime that created it.
+
+Two scopes, because a worker owns its process but a driver may run several fit()s at once:
+- `set_current` (a worker process): the session of the whole process, so threads the training
+  function starts (a data loader's, the user's) see it too.
+- `bound(session)` (local mode in the driver): the session of the calling thread's context only
+  (a contextvars.ContextVar), so two local fit()s on two threads never see each other's session.
+  Threads started inside such a function do not inherit it (threading.Thread starts a new context);
+  they can be run with `contextvars.copy_context().run(...)` to see it.
+A bound session is found before the process-wide one.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from typing import Any, Callable, Optional, Protocol
+from typing import Any, Callable, Iterator, Optional, Protocol
 
 from minitrain.context import TrainContext
 
@@ -28,19 +39,34 @@ class Session(Protocol):
 
 
 _lock = threading.Lock()
-_current: Optional[Session] = None
+_current: Optional[Session] = None  # the process's session (a worker process)
+_bound: contextvars.ContextVar[Optional[Session]] = contextvars.ContextVar("minitrain_session", default=None)
 
 
 def set_current(session: Optional[Session]) -> None:
-    """Make `session` the current one (None clears it)."""
+    """Make `session` the current one of the whole process (None clears it). For a process that runs
+    one training function only (a worker); a driver's local mode uses `bound`."""
     global _current
     with _lock:
         _current = session
 
 
+@contextlib.contextmanager
+def bound(session: Session) -> Iterator[Session]:
+    """While inside: `session` is current for the calling thread's context only, before any
+    process-wide session (see the module doc). Restores what was bound before, however it ends."""
+    token = _bound.set(session)
+    try:
+        yield session
+    finally:
+        _bound.reset(token)
+
+
 def current(function_name: str) -> Session:
     """The current session; RuntimeError naming `function_name` when called outside training."""
-    session = _current
+    session = _bound.get()
+    if session is None:
+        session = _current
     if session is None:
         raise RuntimeError(
             f"minitrain.{function_name}() cannot be used outside of a minitrain training function. "

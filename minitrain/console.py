@@ -9,6 +9,12 @@ summary line written now and then (`line()`; the caller chooses how often).
 Environment: `MINITRAIN_STATUS=0` (or off/false/no) turns the status off; `MINITRAIN_STATUS=lines`
 forces the summary lines even on a terminal.
 
+Several runs at once in one process (fit()s on several threads) share one terminal: only one console
+at a time draws a status block (the first to ask, `for_driver`); a console made while it does is in
+lines mode and writes everything through it, so the block is erased and drawn again around its output
+too and neither run's output tears the other's status. When the block's run ends (`finish` or
+`release`), the next run to start may draw one again.
+
 A console that cannot be written never breaks the run: `write()` raises the OSError/ValueError of a
 closed stream to its caller (LogSink detaches the console then), `show()` and `line()` turn the
 status off for good at their first failure.
@@ -46,8 +52,10 @@ class LiveConsole:
     """See the module doc. `stdout`/`stderr` default to sys.stdout/sys.stderr at each write (so a
     test's capture works); the status goes to stderr. `mode` is "block", "lines" or None."""
 
-    def __init__(self, mode: Optional[str], stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None):
+    def __init__(self, mode: Optional[str], stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
+                 through: Optional["LiveConsole"] = None):
         self.mode = mode
+        self._through = through  # the console drawing the status block, which this one writes through
         self._stdout = stdout
         self._stderr = stderr
         self._lock = threading.RLock()
@@ -56,8 +64,27 @@ class LiveConsole:
 
     @classmethod
     def for_driver(cls) -> "LiveConsole":
-        """The console of this driver process, its mode from the environment and sys.stderr."""
-        return cls(status_mode(os.environ, sys.stderr))
+        """A console for one run of this driver process, its mode from the environment and sys.stderr.
+        While another run's console draws a status block, the new one is in lines mode (or off) and
+        writes through that one (see the module doc). Call `finish` or `release` when the run ends."""
+        global _block_owner
+        mode = status_mode(os.environ, sys.stderr)
+        with _owner_lock:
+            owner = _block_owner
+            if owner is not None and owner.mode == "block":
+                return cls("lines" if mode else None, through=owner)
+            console = cls(mode)
+            if mode == "block":
+                _block_owner = console
+            return console
+
+    def release(self) -> None:
+        """This console's run is over: it no longer holds the terminal's status block, so a later
+        run's console may draw one. Idempotent; `finish` does it too."""
+        global _block_owner
+        with _owner_lock:
+            if _block_owner is self:
+                _block_owner = None
 
     @property
     def stdout(self) -> TextIO:
@@ -72,6 +99,9 @@ class LiveConsole:
     def write(self, stream: TextIO, text: str) -> None:
         """Write `text` (whole lines) to `stream`, below an erased status block that is then drawn
         again. Raises what the stream raises (OSError, ValueError for a closed stream)."""
+        if self._through is not None:
+            self._through.write(stream, text)
+            return
         with self._lock:
             if self._drawn and self._shares_screen(stream):
                 self._erase()
@@ -114,8 +144,11 @@ class LiveConsole:
             return
         with self._lock:
             try:
-                self.stderr.write(text.rstrip("\n") + "\n")
-                self.stderr.flush()
+                if self._through is not None:  # around the other run's status block
+                    self._through.write(self.stderr, text.rstrip("\n") + "\n")
+                else:
+                    self.stderr.write(text.rstrip("\n") + "\n")
+                    self.stderr.flush()
             except (OSError, ValueError):
                 self._off()
 
@@ -129,6 +162,7 @@ class LiveConsole:
             elif self.mode == "lines" and lines:
                 self.line(" | ".join(lines))
             self.mode = None
+        self.release()
 
     def _erase(self) -> None:
         if self._drawn:
@@ -169,6 +203,11 @@ class LiveConsole:
         finally:
             for handler, stream in swapped:
                 handler.setStream(stream)
+
+
+# The console drawing the status block now, if any (one terminal per process; see the module doc).
+_owner_lock = threading.Lock()
+_block_owner: Optional[LiveConsole] = None
 
 
 class _Through:

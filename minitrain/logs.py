@@ -6,11 +6,12 @@ worker's stream) and appended to `<run>/logs/attempt_<n>/rank_<r>.log`, which is
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
 import threading
-from typing import Optional, TextIO
+from typing import Iterator, Optional, TextIO
 
 from minitrain.console import LiveConsole
 from minitrain.storage.filesystem import StorageError
@@ -126,11 +127,57 @@ class LogSink:
 
 
 def configure_driver_logging(level: str = "INFO") -> None:
-    """Give the `minitrain` logger a stderr handler unless the application configured logging."""
+    """Give the `minitrain` logger a stderr handler unless the application configured logging, and
+    set its level. For one call outside any run; a run uses `driver_logging` (several at once)."""
+    with _levels_lock:
+        _ensure_driver_handler()
+        logger.setLevel(level)
+
+
+def _ensure_driver_handler() -> None:
     root_configured = bool(logging.getLogger().handlers)
     if not logger.handlers and not root_configured:
         handler = logging.StreamHandler()
         handler.setFormatter(logging.Formatter("minitrain %(levelname)s: %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(level)
+
+
+# The levels of the runs (fit()s, sweeps) now going on in this process. The one `minitrain` logger is
+# shared by them all, so it logs at the most verbose of their levels: a second fit() with
+# log_level="WARNING" does not silence the INFO lines of a first one that asked for them, and the
+# level from before comes back when the last run ends.
+_levels_lock = threading.Lock()
+_active_levels: list[int] = []
+_level_before_runs = logging.NOTSET
+
+
+def level_number(level: "str | int") -> int:
+    """The numeric logging level of `level` ("DEBUG", "info", 20...); ValueError for an unknown name."""
+    if isinstance(level, int):
+        return level
+    number = logging.getLevelName(str(level).strip().upper())
+    if not isinstance(number, int):
+        raise ValueError(f"unknown log level {level!r}: use DEBUG, INFO, WARNING, ERROR or CRITICAL")
+    return number
+
+
+@contextlib.contextmanager
+def driver_logging(level: "str | int" = "INFO") -> Iterator[None]:
+    """While inside (one run of the driver): the `minitrain` logger has a stderr handler unless the
+    application configured logging, and logs at `level` or at a more verbose level another run going
+    on at the same time asked for. When the last run ends, the level from before comes back."""
+    global _level_before_runs
+    number = level_number(level)
+    with _levels_lock:
+        _ensure_driver_handler()
+        if not _active_levels:
+            _level_before_runs = logger.level
+        _active_levels.append(number)
+        logger.setLevel(min(_active_levels))
+    try:
+        yield
+    finally:
+        with _levels_lock:
+            _active_levels.remove(number)
+            logger.setLevel(min(_active_levels) if _active_levels else _level_before_runs)

@@ -37,7 +37,7 @@ from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGr
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
-from minitrain.logs import LogSink, configure_driver_logging
+from minitrain.logs import LogSink, driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
@@ -128,7 +128,10 @@ class TorchTrainer:
         """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
         past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
         and KeyboardInterrupt after stopping the workers when interrupted."""
-        configure_driver_logging(self.run_config.logging_config.log_level)
+        with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
+            return self._fit()
+
+    def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
         cluster = current_cluster()
@@ -203,6 +206,7 @@ class TorchTrainer:
         except LaunchError as exc:
             raise ControllerError(exc) from None
         finally:
+            live.release()  # however the run ended, a later run's console may draw the status block
             log_sink.close()
             if not storage.is_local:
                 _upload_logs(storage, logs_dir)
@@ -320,14 +324,11 @@ class TorchTrainer:
             from minitrain.data.staging import make_shards, plan_datasets
 
             session.dataset_shards = make_shards(plan_datasets(self.datasets, self.dataset_config), session.context)
-        _session.set_current(session)
-        try:
+        with _session.bound(session):  # this thread's only: local fit()s on two threads stay apart
             if self._takes_config:
                 value = self.train_loop_per_worker(self.train_loop_config or {})
             else:
                 value = self.train_loop_per_worker()
-        finally:
-            _session.set_current(None)
         return Result(metrics=session.last_metrics, checkpoint=session.last_checkpoint, error=None,
                       path=None, return_value=value)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from typing import Iterator, Optional
 
 from minitrain.config import env_var
@@ -41,17 +42,42 @@ def serve(view: RunView, address: DashboardAddress, live: bool, dump_stacks: Opt
                           f"{ENV_VAR}=0.") from None
 
 
+# The fixed addresses (MINITRAIN_DASHBOARD=HOST:PORT) that a live dashboard of this process holds now.
+_fixed_in_use: set = set()
+_fixed_lock = threading.Lock()
+
+
 @contextlib.contextmanager
 def live_dashboard(view: RunView, dump_stacks: Optional[StackDumper] = None) -> Iterator[Optional[DashboardServer]]:
     """Serve `view` while the block runs (as `MINITRAIN_DASHBOARD` says) and stop it, its threads and
-    its port, when the block ends however it ends. Yields the server, or None when turned off."""
+    its port, when the block ends however it ends. Yields the server, or None when turned off.
+
+    Several runs at once in this process (fit()s on several threads) each get their own server: the
+    first takes a fixed port that MINITRAIN_DASHBOARD names, a run that starts while it holds it
+    listens on a free port of the same host instead and logs that URL with a warning. A fixed port
+    held by another process is a ConfigError, as before."""
     address = dashboard_address()
     if address is None:
         yield None
         return
-    server = serve(view, address, live=True, dump_stacks=dump_stacks)
+    fixed = address.port != 0
+    with _fixed_lock:
+        taken_here = fixed and address in _fixed_in_use
+        if fixed and not taken_here:
+            _fixed_in_use.add(address)
     try:
-        logger.info("dashboard: %s (%s=0 turns it off)", server.url, ENV_VAR)
-        yield server
+        if taken_here:
+            server = serve(view, DashboardAddress(address.host, 0), live=True, dump_stacks=dump_stacks)
+            logger.warning("dashboard: %s (%s names port %d, which another run of this process serves "
+                           "now; this run's dashboard took a free port)", server.url, ENV_VAR, address.port)
+        else:
+            server = serve(view, address, live=True, dump_stacks=dump_stacks)
+            logger.info("dashboard: %s (%s=0 turns it off)", server.url, ENV_VAR)
+        try:
+            yield server
+        finally:
+            server.stop()
     finally:
-        server.stop()
+        if fixed and not taken_here:
+            with _fixed_lock:
+                _fixed_in_use.discard(address)

@@ -18,7 +18,7 @@ from minitrain.config import CheckpointConfig, RunConfig
 from minitrain.errors import ConfigError
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import current_cluster
-from minitrain.logs import configure_driver_logging
+from minitrain.logs import driver_logging
 from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
 from minitrain.tune import trials as tr
 from minitrain.tune.progress import ProgressReporter
@@ -151,7 +151,10 @@ class Tuner:
         `run_config.failure_config.max_failures`, then recorded in the grid; it never ends the sweep.
         Ctrl-C stops the trials (their fit()s stop their workers), saves the state and raises
         KeyboardInterrupt: `Tuner.restore(path, trainable)` goes on from there."""
-        configure_driver_logging(self.run_config.logging_config.log_level)
+        with driver_logging(self.run_config.logging_config.log_level):
+            return self._fit()
+
+    def _fit(self) -> ResultGrid:
         config = self.tune_config
         capacity, resources = cluster_capacity(), trial_resources(self.trainable)
         short = [k for k, amount in resources.items() if amount > capacity.get(k, 0.0) + 1e-9]
