@@ -7,7 +7,6 @@ is `get_preemption_info`, which needs no session and works anywhere.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Optional
 
 from minitrain import _session, waits
@@ -36,14 +35,13 @@ def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[
     `delete_local_checkpoint_after_upload` defaults to True for ASYNC, False otherwise.
 
     Each call ends one step of the rank's telemetry (step time is the interval between calls; the
-    time inside the call is its report wait).
+    time inside the call, waiting for a checkpoint round's commit included, is its report wait).
     """
-    started = time.perf_counter()
-    _session.current("report").report(
-        metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode=checkpoint_upload_mode,
-        delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
-        checkpoint_upload_fn=checkpoint_upload_fn, validation=validation)
-    waits.report_done(started)
+    with waits.reporting():
+        _session.current("report").report(
+            metrics, checkpoint, checkpoint_dir_name, checkpoint_upload_mode=checkpoint_upload_mode,
+            delete_local_checkpoint_after_upload=delete_local_checkpoint_after_upload,
+            checkpoint_upload_fn=checkpoint_upload_fn, validation=validation)
 
 
 def set_progress_total(total: int) -> None:

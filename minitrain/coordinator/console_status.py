@@ -7,12 +7,16 @@ the final status is left on screen (block) or written as a last line.
 
 What it shows: the attempt and state, the time since the run started, steps/s (rank-0 report rounds
 per second), progress and ETA when the training function declared its total with
-`minitrain.set_progress_total(n)`, the ranks' step times (min / median / max, the slowest rank
-named), the stragglers, and the last committed checkpoint.
+`minitrain.set_progress_total(n)`, the ranks' step times excluding their waits for the other ranks
+(min / median / max, the slowest rank named: as the straggler rule judges, so a rank blocked at a
+checkpoint round by a slow peer is not the one named), the stragglers, and the last committed
+checkpoint. Steps/s is the monitor's: over about the last 30 s while the run lasts, over the whole
+run in the last status.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -23,6 +27,8 @@ from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import RunInfo, RunObserver
 from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
+
+logger = logging.getLogger("minitrain")
 
 REFRESH_S = 0.5
 INTERVAL_ENV = "MINITRAIN_STATUS_INTERVAL_S"
@@ -70,13 +76,15 @@ def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoin
     parts.append(progress)
     summary = step_time_summary(ranks)
     if summary is not None:
-        parts.append(f"step time min {summary['min']:.3f} s | median {summary['median']:.3f} s | max "
+        parts.append(f"step time excl. waits min {summary['min']:.3f} s | median {summary['median']:.3f} s | max "
                      f"{summary['max']:.3f} s (slowest: rank {summary['slowest_rank']})")
     for s in stragglers:
         parts.append(f"straggler: rank {s['rank']} on {s['host']} {s['slower_by']:.1f}x slower ({s['cause']})")
     if checkpoints:
         last = checkpoints[-1]
-        parts.append(f"last checkpoint {last['dir']} ({_duration(now - last['committed_at'])} ago)")
+        committed = last.get("committed_at")
+        parts.append(f"last checkpoint {last['dir']}" + ("" if committed is None else
+                                                          f" ({_duration(now - committed)} ago)"))
     return parts
 
 
@@ -106,7 +114,11 @@ class ConsoleStatus(RunObserver):
 
     def _run(self) -> None:
         while not self._stopped.wait(self._every_s):
-            parts = self.parts()
+            try:
+                parts = self.parts()
+            except Exception as exc:  # noqa: BLE001 - the status is a view: it never ends the run's output
+                logger.debug("console status not drawn: %s", exc)
+                continue
             if self._console.mode == "block":
                 self._console.show(parts)
             else:

@@ -19,12 +19,20 @@ A write that fails is logged once and the monitor goes on in memory: watching ne
 `RunMonitor.from_run_dir(storage)` rebuilds the same read API from those files, metrics.jsonl and
 the checkpoint index, for a finished (or running) run.
 
-Stragglers are judged on every telemetry sample by `minitrain.coordinator.stragglers`; one warning
-is logged when a rank starts straggling and one when it stops.
+Stragglers are judged on every telemetry sample by `minitrain.coordinator.stragglers` (on each
+rank's own work: step time minus its report and collective waits, "work_time_s" in the samples);
+one warning is logged when a rank starts straggling and one when it stops.
+
+Steps/s counts rank-0 report rounds: while the run lasts, the rounds of the current attempt that
+completed in the last RATE_WINDOW_S seconds (stretched back to the last round before them, so slow
+steps still show) over the time from there to now, None while that span is under MIN_RATE_SPAN_S
+(rounds may complete in bursts: the driver commits several at once when a late rank catches up);
+once the run has ended, the rounds of this run over its whole duration.
 """
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import statistics
@@ -36,7 +44,7 @@ from typing import Any, Callable, Iterable, Optional
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver, TelemetrySample,
 )
-from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule
+from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.records import ReportRecord, RunOutcome
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, split_metrics_lines
 
@@ -44,20 +52,26 @@ logger = logging.getLogger("minitrain")
 
 SAMPLES_PER_RANK = 2000
 MAX_REPORTS = 10000
-RATE_WINDOW = 20  # steps/s: over the last this many rank-0 rounds
+RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this many seconds
+MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
+MAX_RATE_ROUNDS = 100_000  # round times kept for it (a bound on memory for very fast steps)
 FLUSH_S = 1.0
 _OUTCOME_STATES = {"SUCCEEDED": "FINISHED", "FAILED": "ERRORED", "ABORTED": "ABORTED"}
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
-              "data_wait_s", "cpu_percent", "rss_bytes", "gpus")
+              "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
 
 
 def sample_dict(sample: TelemetrySample) -> dict:
-    """A telemetry sample as `samples()` returns it and telemetry.jsonl stores it."""
+    """A telemetry sample as `samples()` returns it and telemetry.jsonl stores it; "work_time_s" is
+    the rank's own work per step (`stragglers.work_time`: step time minus report and collective
+    waits)."""
     return {
         "time": sample.time, "attempt": sample.attempt, "rank": sample.rank, "host": sample.host,
         "pid": sample.pid, "phase": sample.phase, "reports": sample.reports, "step_time_s": sample.step_time_s,
         "report_wait_s": sample.report_wait_s, "collective_wait_s": sample.collective_wait_s,
-        "data_wait_s": sample.data_wait_s, "cpu_percent": sample.cpu_percent, "rss_bytes": sample.rss_bytes,
+        "data_wait_s": sample.data_wait_s,
+        "work_time_s": work_time(sample.step_time_s, sample.report_wait_s, sample.collective_wait_s),
+        "cpu_percent": sample.cpu_percent, "rss_bytes": sample.rss_bytes,
         "gpus": [{"index": g.index, "util_percent": g.util_percent, "memory_used_bytes": g.memory_used_bytes,
                   "memory_total_bytes": g.memory_total_bytes} for g in sample.gpus],
         "total": sample.total,
@@ -138,8 +152,9 @@ class RunMonitor(RunObserver):
         self._attempts: list[dict] = []
         self._checkpoints: list[dict] = []
         self._reports: deque = deque(maxlen=MAX_REPORTS)
-        self._round_times: deque = deque(maxlen=RATE_WINDOW)
-        self._rounds_done = 0  # run-wide index of the last round + 1
+        self._round_times: deque = deque(maxlen=MAX_RATE_ROUNDS)  # completions, current attempt
+        self._rounds_done = 0  # run-wide index of the last round + 1 (a resumed run's included)
+        self._rounds_seen = 0  # rounds completed in this run (this fit())
         self._total: Optional[int] = None
         self._samples: dict[int, deque] = {}
         self._latest: dict[int, dict] = {}  # rank -> its latest sample of the current attempt
@@ -167,6 +182,7 @@ class RunMonitor(RunObserver):
             self._latest.clear()
             self._report_counts.clear()
             self._last_report_at.clear()
+            self._round_times.clear()  # the rate restarts with the attempt: the gap is no step
             self._detector.reset()
         self._event("attempt_started", attempt.started_at, dict(record))
 
@@ -179,10 +195,19 @@ class RunMonitor(RunObserver):
         entry = sample_dict(sample)
         with self._lock:
             self._samples.setdefault(sample.rank, deque(maxlen=SAMPLES_PER_RANK)).append(entry)
+            current = self._attempts[-1] if self._attempts else None
+            late = current is not None and (current["attempt"] != sample.attempt or current["ended_at"] is not None)
+        if late:
+            # A late sample of an attempt that is over: history only (a straggler episode opened now
+            # would never be closed, and the ranks' rows belong to the next attempt).
+            self._writer.add(TELEMETRY_NAME, entry)
+            return
+        with self._lock:
             self._latest[sample.rank] = entry
             if sample.total is not None and (sample.rank == 0 or self._total is None):
                 self._total = sample.total
-            self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s)
+            self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s,
+                               sample.report_wait_s, sample.collective_wait_s)
             started, cleared = self._detector.evaluate(sample.time)
             for straggler in started:
                 self._straggler_log.append(dict(straggler.as_dict(), attempt=sample.attempt, until=None))
@@ -192,8 +217,9 @@ class RunMonitor(RunObserver):
                 self._update_episode({"until": sample.time}, rank=straggler.rank)
         self._writer.add(TELEMETRY_NAME, entry)
         for straggler in started:
-            logger.warning("rank %d on %s is a straggler: its step time %.3g s is %.2fx the other ranks' median "
-                           "(%.3g s); cause: %s", straggler.rank, straggler.host, straggler.step_time_s,
+            logger.warning("rank %d on %s is a straggler: its step time %.3g s (waits for other ranks excluded) "
+                           "is %.2fx the other ranks' median (%.3g s); cause: %s", straggler.rank, straggler.host,
+                           straggler.step_time_s,
                            straggler.slower_by, straggler.median_step_time_s, straggler.cause)
             self._event("straggler", sample.time, dict(straggler.as_dict(), cleared=False))
         for straggler in cleared:
@@ -216,7 +242,8 @@ class RunMonitor(RunObserver):
                 kept = None
         with self._lock:
             self._rounds_done = max(self._rounds_done, round_.index + 1)
-            self._round_times.append(round_.completed_at)
+            self._rounds_seen += 1
+            self._add_round_time(round_.completed_at)
             metrics = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
             if metrics is not None:
                 self._reports.append({"index": round_.index, "attempt": round_.attempt,
@@ -260,6 +287,12 @@ class RunMonitor(RunObserver):
         self._event("run_ended", now, {"state": state, "ended_at": now})
         self._writer.close()
 
+    def _add_round_time(self, completed_at: float) -> None:
+        times = self._round_times
+        times.append(completed_at)
+        while len(times) > 2 and times[1] <= completed_at - RATE_WINDOW_S:
+            times.popleft()  # keeps the last round before the window
+
     def _event(self, kind: str, when: float, fields: dict) -> None:
         self._writer.add(EVENTS_NAME, {"time": when, "kind": kind, **fields})
 
@@ -273,11 +306,12 @@ class RunMonitor(RunObserver):
 
     def run(self) -> dict:
         """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers",
-        "total", "progress", "eta_s", "steps_per_s"}; state is STARTING, RUNNING, RESTARTING,
-        FINISHED, ERRORED or ABORTED."""
+        "total", "progress", "eta_s", "steps_per_s", "rounds"}; state is STARTING, RUNNING, RESTARTING,
+        FINISHED, ERRORED or ABORTED; steps_per_s as the module doc says, None when not known."""
+        now = self._clock()
         with self._lock:
             info = dict(self._run)
-            rate = self._steps_per_s()
+            rate = self._steps_per_s(now)
             total = self._total
             progress = eta = None
             if total:
@@ -288,11 +322,21 @@ class RunMonitor(RunObserver):
                         rounds=self._rounds_done)
             return info
 
-    def _steps_per_s(self) -> Optional[float]:
-        times = self._round_times
-        if len(times) < 2 or times[-1] <= times[0]:
+    def _steps_per_s(self, now: float) -> Optional[float]:
+        started, ended = self._run.get("started_at"), self._run.get("ended_at")
+        if ended is not None:  # the run is over: its rounds over its whole duration
+            if started is None or not self._rounds_seen or ended - started <= 0:
+                return None
+            return self._rounds_seen / (ended - started)
+        times = list(self._round_times)
+        if len(times) < 2:
             return None
-        return (len(times) - 1) / (times[-1] - times[0])
+        # From the last round at or before the window's start (else the attempt's first round kept).
+        origin = max(bisect.bisect_right(times, now - RATE_WINDOW_S) - 1, 0)
+        span = now - times[origin]
+        if span < MIN_RATE_SPAN_S:
+            return None
+        return (len(times) - 1 - origin) / span
 
     def attempts(self) -> list[dict]:
         """One dict per attempt: {"attempt", "started_at", "ended_at", "hosts", "failures": [{"rank",
@@ -324,6 +368,9 @@ class RunMonitor(RunObserver):
                 latest = self._latest.get(rank, {})
                 row = {key: latest.get(key) for key in _RANK_KEYS}
                 row["rank"] = rank
+                if row["work_time_s"] is None:  # a sample written before the field existed
+                    row["work_time_s"] = work_time(row["step_time_s"], row["report_wait_s"],
+                                                   row["collective_wait_s"])
                 row["host"] = row["host"] or (hosts[rank] if rank < len(hosts) else "")
                 row["gpus"] = json.loads(json.dumps(latest.get("gpus") or []))
                 row["reports"] = self._report_counts.get(rank, latest.get("reports") or 0)
@@ -366,9 +413,16 @@ class RunMonitor(RunObserver):
             for event in events:
                 monitor._replay(event)
             current = monitor._run["attempt"]
+            # A resumed run's directory holds every run (fit()) in turn, each numbering its attempts
+            # from 0: the current attempt's figures are those since the last run started.
+            started = monitor._run.get("started_at")
+
+            def this_run(entry: dict) -> bool:
+                return started is None or (entry.get("time") is not None and entry["time"] >= started)
+
             for entry in samples:
                 monitor._samples.setdefault(entry.get("rank", 0), deque(maxlen=SAMPLES_PER_RANK)).append(entry)
-                if entry.get("attempt") == current:
+                if entry.get("attempt") == current and this_run(entry):
                     monitor._latest[entry.get("rank", 0)] = entry
                 if entry.get("total"):
                     monitor._total = entry["total"]
@@ -377,8 +431,10 @@ class RunMonitor(RunObserver):
                     monitor._reports.append({"index": entry.get("report_index"), "attempt": entry.get("attempt"),
                                              "time": entry.get("time"), "metrics": entry["metrics"]})
                     monitor._rounds_done = max(monitor._rounds_done, (entry.get("report_index") or 0) + 1)
-                    if entry.get("time") is not None:
-                        monitor._round_times.append(entry["time"])
+                    if this_run(entry):
+                        monitor._rounds_seen += 1
+                        if entry.get("attempt") == current and entry.get("time") is not None:
+                            monitor._add_round_time(entry["time"])
             kept = _kept_in_index(storage)
             if kept is not None:
                 for record in monitor._checkpoints:
@@ -437,8 +493,16 @@ def _kept_in_index(storage: Any) -> Optional[set]:
 
 
 def step_time_summary(ranks: list[dict]) -> Optional[dict]:
-    """{"min", "median", "max", "slowest_rank"} of the ranks' step times, or None when none is known."""
-    known = [(r["step_time_s"], r["rank"]) for r in ranks if r.get("step_time_s") is not None]
+    """{"min", "median", "max", "slowest_rank"} of the ranks' work times per step (step time minus the
+    time waiting for the others, as the straggler rule judges: a rank blocked at a checkpoint round
+    for a slow peer is not the slowest), or None when none is known."""
+    known = []
+    for r in ranks:
+        work = r.get("work_time_s")
+        if work is None:
+            work = work_time(r.get("step_time_s"), r.get("report_wait_s"), r.get("collective_wait_s"))
+        if work is not None:
+            known.append((work, r["rank"]))
     if not known:
         return None
     times = [t for t, _ in known]

@@ -1,13 +1,20 @@
 """Stragglers: ranks whose step time stays well above the others', and why (pure logic, no I/O).
 
-The rule (`StragglerRule`): each rank's step time is the median of its last `window` telemetry
+A rank is judged on its own work per step (`work_time`): its step time minus the time it waited
+for the others, i.e. blocked inside report() (a checkpoint report waits for the round's commit,
+which waits for the slowest rank) and in minitrain's collectives. Waiting for a slow peer therefore
+never makes a rank a straggler, and the slow peer it waited for is the one named. (Time inside
+torch.distributed's own collectives, e.g. DDP's all-reduce, is not seen: there all ranks step at
+the slowest one's pace.)
+
+The rule (`StragglerRule`): each rank's work time is the median of its last `window` telemetry
 samples (about one a second). A rank with at least `min_samples` of them is a straggler while that
 median is at least `factor` times the median of the other ranks' medians (leave-one-out, so with two
 ranks each is compared with the other). At least two ranks must have enough samples. Medians make
 it persistent: a single slow step (a checkpoint, a GC pause) does not count; it takes about half the
 window of slow samples to flag a rank, and as many fast ones to clear it.
 
-The cause: the rank's excess step time over the others' median, compared with its excess data wait
+The cause: the rank's excess work time over the others' median, compared with its excess data wait
 (seconds per step waiting on a `prepare_data_loader` / `get_dataset_shard` iterator, same medians).
 When the data wait explains at least `data_share` of the excess the cause is "data wait", otherwise
 "compute" (time spent elsewhere, including other data loaders, counts as compute).
@@ -30,6 +37,7 @@ from minitrain.errors import ConfigError
 FACTOR_ENV = "MINITRAIN_STRAGGLER_FACTOR"
 WINDOW_ENV = "MINITRAIN_STRAGGLER_WINDOW"
 MIN_SAMPLES_ENV = "MINITRAIN_STRAGGLER_MIN_SAMPLES"
+MIN_WORK_S = 1e-3  # the others' median work time is taken as at least this (no division by ~0)
 
 
 @dataclass(frozen=True)
@@ -70,9 +78,19 @@ class StragglerRule:
         return cls(**values)
 
 
+def work_time(step_time_s: Optional[float], report_wait_s: Optional[float] = None,
+              collective_wait_s: Optional[float] = None) -> Optional[float]:
+    """A rank's own work per step: step time minus its report and collective waits (an unmeasured
+    wait counts as 0), never negative; None without a step time."""
+    if step_time_s is None:
+        return None
+    return max(step_time_s - (report_wait_s or 0.0) - (collective_wait_s or 0.0), 0.0)
+
+
 @dataclass(frozen=True)
 class Straggler:
-    """A rank flagged by the rule: its median step time is `slower_by` times the others'."""
+    """A rank flagged by the rule: its median work time per step (`step_time_s`, waits for the
+    others excluded) is `slower_by` times the others' (`median_step_time_s`)."""
 
     rank: int
     host: str
@@ -90,7 +108,7 @@ class Straggler:
 
 
 class StragglerDetector:
-    """Keeps each rank's recent step times and data waits of one attempt and applies the rule."""
+    """Keeps each rank's recent work times and data waits of one attempt and applies the rule."""
 
     def __init__(self, rule: StragglerRule = StragglerRule()):
         self.rule = rule
@@ -103,12 +121,15 @@ class StragglerDetector:
         """A new attempt: forget every rank."""
         self.__init__(self.rule)
 
-    def add(self, rank: int, host: str, step_time_s: Optional[float], data_wait_s: Optional[float]) -> None:
-        """One sample of `rank` (a sample without a step time is ignored)."""
-        if step_time_s is None:
+    def add(self, rank: int, host: str, step_time_s: Optional[float], data_wait_s: Optional[float],
+            report_wait_s: Optional[float] = None, collective_wait_s: Optional[float] = None) -> None:
+        """One sample of `rank`: judged on `work_time` of its step time and waits (a sample without a
+        step time is ignored)."""
+        work = work_time(step_time_s, report_wait_s, collective_wait_s)
+        if work is None:
             return
         window = self.rule.window
-        self._steps.setdefault(rank, deque(maxlen=window)).append(step_time_s)
+        self._steps.setdefault(rank, deque(maxlen=window)).append(work)
         self._data.setdefault(rank, deque(maxlen=window)).append(data_wait_s)
         self._hosts[rank] = host
 
@@ -124,8 +145,9 @@ class StragglerDetector:
         current: dict[int, Straggler] = {}
         if len(ready) >= 2:
             for rank, median in ready.items():
-                others = statistics.median(m for r, m in ready.items() if r != rank)
-                if others <= 0 or median < self.rule.factor * others:
+                # The floor: peers that only waited (work ~0) still leave the slow rank comparable.
+                others = max(statistics.median(m for r, m in ready.items() if r != rank), MIN_WORK_S)
+                if median < self.rule.factor * others:
                     continue
                 previous = self._flagged.get(rank)
                 current[rank] = Straggler(

@@ -2,11 +2,15 @@
 
 `Sampler.sample()` turns `minitrain.waits`' totals, the process' CPU time and RSS (psutil) and its
 GPUs' utilisation and memory (NVML, only when the worker was given GPUs and NVML answers) into one
-`Telemetry` message. Waits are per step: the seconds blocked since the previous sample divided by
-the steps (report() calls) that ended since then, or the window's seconds when none ended. Step
-time is the mean interval between those report() calls; when none ended, the time since the last
-one if that is already longer than the last step time (a rank in a long step shows it), else the
-last step time.
+`Telemetry` message. Step time and waits describe the same steps, so that step time minus the
+waits is the rank's own work:
+- when steps (report() calls) ended since the previous sample: step time is their mean interval,
+  and each wait the seconds blocked between the previous sample's last report() end and this one's,
+  divided by those steps (a wait that straddles a sample boundary belongs to the step it was in);
+- when none ended and the step in progress is already longer than the last one (a rank blocked for
+  seconds in a checkpoint report() waiting for the round's commit, or in a long step): that step as
+  it stands, its elapsed time and the waits so far, the open wait included;
+- otherwise the last steps' figures again (None before the first report() ends).
 
 `TelemetryThread` sends a sample every INTERVAL_S (at most 1 Hz) while the training function runs;
 `MINITRAIN_TELEMETRY=0` turns it off (see `minitrain.waits`). Telemetry never fails a worker: a
@@ -105,7 +109,8 @@ class _Process:
 
 
 class Sampler:
-    """Builds the telemetry samples of one rank (see the module doc); not thread-safe."""
+    """Builds the telemetry samples of one rank (see the module doc); not thread-safe. `clock` must
+    be the clock of `totals` (time.monotonic for `minitrain.waits`)."""
 
     def __init__(self, gpus: GpuProbe, clock: Callable[[], float] = time.monotonic,
                  totals: Callable[[], waits.Totals] = waits.totals):
@@ -115,25 +120,39 @@ class Sampler:
         self._process = _Process()
         self._previous = totals()
         self._previous_at = clock()
-        self._step_time_s: Optional[float] = None
+        self._last: Optional[tuple[float, waits.Waits]] = None  # step time and waits per step, last steps
+
+    def _figures(self, now: float, totals: waits.Totals) -> Optional[tuple[float, waits.Waits]]:
+        """(step time, waits per step) for this sample (see the module doc)."""
+        previous = self._previous
+        steps = totals.reports - previous.reports
+        if steps > 0:
+            if previous.last_report_at is not None:
+                since, before = previous.last_report_at, previous.at_last_report
+            else:  # the first step: measured from the previous sample, as its waits
+                since, before = self._previous_at, previous.waits
+            step_time = max(totals.last_report_at - since, 0.0) / steps
+            self._last = step_time, totals.at_last_report.minus(before).per(steps)
+            return self._last
+        if totals.last_report_at is not None and self._last is not None:
+            elapsed = max(now - totals.last_report_at, 0.0)
+            if elapsed > self._last[0]:
+                return elapsed, totals.waits.minus(totals.at_last_report)
+        return self._last
 
     def sample(self) -> pb.Telemetry:
         """The sample of the window since the previous call."""
-        now, totals, previous = self._clock(), self._totals(), self._previous
-        steps = totals.reports - previous.reports
-        if steps > 0:
-            since = previous.last_report_at if previous.last_report_at is not None else self._previous_at
-            self._step_time_s = max(totals.last_report_at - since, 0.0) / steps
-        elif totals.last_report_at is not None and self._step_time_s is not None:
-            self._step_time_s = max(self._step_time_s, now - totals.last_report_at)
-        divisor = steps if steps > 0 else 1
+        totals = self._totals()
+        now = self._clock()
         message = pb.Telemetry(sampled_at=time.time(), reports=totals.reports, total=waits.declared_total() or 0)
-        if self._step_time_s is not None:
-            message.step_time_s = self._step_time_s
-        message.report_wait_s = (totals.report_s - previous.report_s) / divisor
-        message.collective_wait_s = (totals.collective_s - previous.collective_s) / divisor
-        if totals.data_s is not None:
-            message.data_wait_s = (totals.data_s - (previous.data_s or 0.0)) / divisor
+        figures = self._figures(now, totals)
+        if figures is not None:
+            step_time, per_step = figures
+            message.step_time_s = step_time
+            message.report_wait_s = min(per_step.report_s, step_time)
+            message.collective_wait_s = min(per_step.collective_s, step_time)
+            if per_step.data_s is not None:
+                message.data_wait_s = min(per_step.data_s, step_time)
         cpu, rss = self._process.read()
         if cpu is not None:
             message.cpu_percent = cpu

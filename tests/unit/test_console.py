@@ -17,6 +17,7 @@ import minitrain
 from minitrain.console import LiveConsole, status_mode
 from minitrain.coordinator.console_status import ConsoleStatus, line_interval_s, status_parts
 from minitrain.coordinator.monitor import RunMonitor
+from minitrain.coordinator.observers import RoundInfo
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.errors import ConfigError
 from minitrain.logs import LogSink
@@ -178,15 +179,23 @@ def test_off_a_terminal_the_status_is_a_summary_line_at_a_time(tmp_path):
     drive(monitor)  # attempt 1 of a 20-step run, 4 steps done at 1 step/s, rank 1 3x slower
     status.on_run_start(None)
     first = reader.readline()
+    # The driver commits the last 16 rounds at once (a late rank's reports caught up), 2 us apart.
+    for index in range(4, 20):
+        monitor.on_round(RoundInfo(1, index, ({"loss": 0.1}, None), None, 39.9 + index * 2e-6))
+    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
     status.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
     writer.close()
     rest = reader.read().splitlines()
     reader.close()
+    # 3 rounds since the first (at 30 s) in the 10 s to now (40 s): 0.30 steps/s, 16 to go.
     assert first.startswith("minitrain: exp | attempt 1 RUNNING | 0:00:30 elapsed | 4/20 steps (20.0%) | "
-                            "1.00 steps/s | ETA 0:00:16 | step time min 0.100 s")
+                            "0.30 steps/s | ETA 0:00:53 | step time excl. waits min 0.100 s")
     assert "(slowest: rank 1)" in first and "straggler: rank 1 on host1 3.0x slower (compute)" in first
     assert "last checkpoint checkpoint_000003 (0:00:06 ago)" in first
     assert rest and all(line.startswith("minitrain: exp") for line in rest)
+    # The last line: the whole run's rate, 20 steps in its 30 s (not 15 rounds over 30 us).
+    assert rest[-1].startswith("minitrain: exp | attempt 1 FINISHED | 0:00:30 elapsed | 20/20 steps (100.0%) | "
+                               "0.67 steps/s | step time excl. waits")
 
 
 def test_the_status_parts_without_a_total_or_a_rate():

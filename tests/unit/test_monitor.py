@@ -13,7 +13,7 @@ from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, GpuSample, RoundInfo, RunInfo, TelemetrySample,
 )
-from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule
+from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.errors import ConfigError
 from minitrain.records import FailureKind, Phase, ReportRecord, RunOutcome, WorkerFailure
 from minitrain.storage.filesystem import Storage
@@ -107,8 +107,9 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
         drive(monitor)
     run = monitor.run()
     assert (run["state"], run["attempt"], run["num_workers"], run["total"]) == ("RUNNING", 1, 2, 20)
-    assert run["steps_per_s"] == pytest.approx(1.0) and run["progress"] == pytest.approx(4 / 20)
-    assert run["eta_s"] == pytest.approx(16.0)
+    # 3 rounds since the first (at 30.0) over the 4 s to now (34.0); 16 rounds to go.
+    assert run["steps_per_s"] == pytest.approx(0.75) and run["progress"] == pytest.approx(4 / 20)
+    assert run["eta_s"] == pytest.approx(16 / 0.75)
     [failed, current] = monitor.attempts()
     assert failed["failures"][0]["exc_type"] == "ValueError" and failed["restarting"] is True
     assert current["ended_at"] is None and current["hosts"] == ["host0", "host1"]
@@ -179,3 +180,151 @@ def test_a_storage_failure_is_logged_once_and_the_monitor_goes_on(caplog):
         monitor.on_run_end(RunOutcome(state="FAILED", attempt=1, last_metrics=None))
     assert caplog.text.count("could not write") == 1 and "No space left" in caplog.text
     assert monitor.run()["state"] == "ERRORED" and len(monitor.samples()) == 12
+
+
+def checkpoint_round_samples(rank, t, attempt=0):
+    """The reviewer's 3-rank run (a checkpoint every 20 steps, rank 2 slow): a fast rank works 0.05 s a
+    step and then blocks in the checkpoint report() until rank 2 (0.251 s a step) reaches the round, so
+    most of its samples show a long step that is nearly all report wait; rank 2 never waits."""
+    if rank == 2:
+        step, report_wait = 0.251, 0.001
+    else:
+        step = (0.05, 1.8, 2.8, 3.8)[int(t) % 4]
+        report_wait = step - 0.05
+    return TelemetrySample(attempt=attempt, rank=rank, time=t, reports=int(t), step_time_s=step,
+                           report_wait_s=report_wait, collective_wait_s=0.0, data_wait_s=None,
+                           host=f"host{rank}", pid=100 + rank, phase="TRAINING")
+
+
+def test_ranks_blocked_at_checkpoint_rounds_by_a_slow_peer_are_not_stragglers_the_peer_is(caplog):
+    monitor = RunMonitor(None, rule=StragglerRule())  # the defaults: window 10, at least 5 samples
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 3, 0.0))
+    monitor.on_attempt_start(AttemptInfo(0, ("host0", "host1", "host2"), 0.0))
+    with caplog.at_level(logging.WARNING, logger="minitrain"):
+        for t in range(12):
+            for rank in range(3):
+                monitor.on_telemetry(checkpoint_round_samples(rank, float(t)))
+    [straggler] = monitor.stragglers()
+    assert (straggler["rank"], straggler["host"], straggler["cause"]) == (2, "host2", "compute")
+    assert straggler["step_time_s"] == pytest.approx(0.25) and straggler["median_step_time_s"] == pytest.approx(0.05)
+    assert straggler["slower_by"] == pytest.approx(5.0)
+    rows = monitor.ranks()
+    assert [r["straggler"] for r in rows] == [False, False, True]
+    assert rows[0]["work_time_s"] == pytest.approx(0.05) and rows[2]["work_time_s"] == pytest.approx(0.25)
+    assert step_time_summary(rows)["slowest_rank"] == 2
+    assert "rank 2 on host2 is a straggler" in caplog.text and "rank 0" not in caplog.text
+    # Judged on step time alone (the rule before), the waiting ranks were named and rank 2 was not.
+    blind = StragglerDetector(StragglerRule())
+    for t in range(12):
+        for rank in range(3):
+            s = checkpoint_round_samples(rank, float(t))
+            blind.add(rank, s.host, s.step_time_s, None)
+    started, _ = blind.evaluate(12.0)
+    assert [s.rank for s in started] == [0, 1]
+
+
+def test_work_time_and_the_rule_s_edge_cases():
+    assert work_time(None, 1.0, 1.0) is None
+    assert work_time(1.0, None, None) == 1.0 and work_time(1.0, 0.7, 0.2) == pytest.approx(0.1)
+    assert work_time(1.0, 0.9, 0.3) == 0.0  # never negative
+    # Peers whose work measured 0 (they only waited): the slow rank is still named, no division by 0.
+    started, _ = feed(StragglerDetector(RULE), [0.0, 0.0, 0.3], rounds=3)
+    assert [s.rank for s in started] == [2] and started[0].slower_by == pytest.approx(300.0)
+    assert feed(StragglerDetector(RULE), [0.0, 0.0], rounds=3) == ([], [])
+    # A single rank has nobody to be compared with.
+    assert feed(StragglerDetector(RULE), [5.0], rounds=5) == ([], [])
+
+
+def test_steps_per_s_is_taken_over_time_never_over_a_burst_and_over_the_whole_run_at_the_end():
+    now = [0.0]
+    monitor = RunMonitor(None, rule=RULE, clock=lambda: now[0])
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 100.0))
+    monitor.on_attempt_start(AttemptInfo(0, ("h0", "h1"), 101.0))
+
+    def rounds(first, count, at, spacing=0.0):
+        for i in range(count):
+            monitor.on_round(RoundInfo(0, first + i, ({"i": first + i}, None), None, at + i * spacing))
+
+    # The driver commits 20 rounds in one burst (a late rank's reports caught up): 40 us apart.
+    rounds(0, 20, 110.0, spacing=2e-6)
+    now[0] = 110.00004
+    assert monitor.run()["steps_per_s"] is None  # not from a near-zero interval
+    now[0] = 115.0
+    assert monitor.run()["steps_per_s"] == pytest.approx(19 / 5.0)
+    # Steady: 2 rounds a second for a minute; the rate is over about the last 30 s only.
+    rounds(20, 120, 115.5, spacing=0.5)
+    now[0] = 175.0
+    assert monitor.run()["steps_per_s"] == pytest.approx(2.0, rel=0.05)
+    # A stall: no round for a minute shows 0, not the old rate.
+    now[0] = 240.0
+    assert monitor.run()["steps_per_s"] == 0.0 and monitor.run()["eta_s"] is None
+    # A restart: the rate starts again with the attempt (the gap was no step).
+    monitor.on_attempt_end(AttemptEnd(0, (), "", True, 240.0))
+    monitor.on_attempt_start(AttemptInfo(1, ("h0", "h1"), 241.0))
+    assert monitor.run()["steps_per_s"] is None
+    rounds(140, 10, 250.0, spacing=1.0)
+    now[0] = 259.0
+    assert monitor.run()["steps_per_s"] == pytest.approx(1.0)
+    # The end: this run's 150 rounds over its 160 s, whatever the last rounds' spacing was.
+    rounds(150, 20, 260.0, spacing=2e-6)
+    now[0] = 260.0
+    monitor.on_attempt_end(AttemptEnd(1, (), "", False, 260.0))
+    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+    now[0] = 999.0  # read long after: the final figure does not move
+    assert monitor.run()["steps_per_s"] == pytest.approx(170 / 160.0)
+    assert monitor.run()["rounds"] == 170
+
+
+def test_a_resumed_run_counts_its_own_rounds_and_its_own_samples(tmp_path):
+    storage = Storage.for_run(str(tmp_path), "exp")
+    storage.makedirs()
+    clock = [0.0]
+    for started, first_round, ranks in ((10.0, 0, 3), (100.0, 50, 2)):  # resumed with 2 workers
+        clock[0] = started
+        monitor = RunMonitor(storage, rule=RULE, clock=lambda: clock[0])
+        monitor.on_run_start(RunInfo("rid", "exp", str(tmp_path / "exp"), ranks, started))
+        monitor.on_attempt_start(AttemptInfo(0, tuple(f"h{r}" for r in range(ranks)), started + 1))
+        for i in range(50):
+            for rank in range(ranks):
+                monitor.on_telemetry(sample(rank, started + 2 + i * 0.2, 0.2, attempt=0))
+            monitor.on_round(RoundInfo(0, first_round + i, ({"i": i},) + (None,) * (ranks - 1), None,
+                                       started + 2 + i * 0.2))
+        clock[0] = started + 20.0
+        monitor.on_attempt_end(AttemptEnd(0, (), "", False, clock[0]))
+        monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=0, last_metrics=None))
+        run = monitor.run()
+        assert run["rounds"] == first_round + 50 and run["steps_per_s"] == pytest.approx(50 / 20.0)
+    (tmp_path / "exp" / "metrics.jsonl").write_text("".join(
+        json.dumps({"metrics": {"i": i}, "report_index": i, "attempt": 0,
+                    "time": (12.0 + i * 0.2 if i < 50 else 102.0 + (i - 50) * 0.2)}) + "\n" for i in range(100)))
+    rebuilt = RunMonitor.from_run_dir(storage)
+    assert [r["rank"] for r in rebuilt.ranks()] == [0, 1]  # not the first run's rank 2
+    assert rebuilt.run()["rounds"] == 100 and rebuilt.run()["steps_per_s"] == pytest.approx(50 / 20.0)
+
+
+def test_a_late_sample_of_an_ended_attempt_is_history_only():
+    monitor = RunMonitor(None, rule=RULE)
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 0.0))
+    monitor.on_attempt_start(AttemptInfo(0, ("h0", "h1"), 1.0))
+    for t in range(4):
+        for rank in (0, 1):
+            monitor.on_telemetry(sample(rank, 2.0 + t, 0.1, attempt=0))
+    monitor.on_attempt_end(AttemptEnd(0, (), "rank 1 died", True, 6.0))
+    for t in range(4):  # samples still in flight when the attempt ended, rank 1's slow
+        for rank in (0, 1):
+            monitor.on_telemetry(sample(rank, 6.5 + t, 0.9 if rank else 0.1, attempt=0))
+    assert monitor.stragglers() == [] and monitor.straggler_history() == []
+    assert len(monitor.samples(rank=1)) == 8
+    monitor.on_attempt_start(AttemptInfo(1, ("h0", "h1"), 11.0))
+    assert [r["step_time_s"] for r in monitor.ranks()] == [None, None]  # the new attempt's rows start empty
+
+
+def test_the_status_parts_of_a_checkpoint_without_a_commit_time():
+    from minitrain.coordinator.console_status import status_parts
+
+    run = {"name": "r", "attempt": 0, "state": "RUNNING", "started_at": 0.0, "ended_at": None, "rounds": 3,
+           "total": 3, "progress": 1.0, "steps_per_s": 0.0, "eta_s": None}
+    parts = status_parts(run, [{"rank": 0, "step_time_s": 0.2, "report_wait_s": None}], [],
+                         [{"dir": "checkpoint_000002", "committed_at": None}], 10.0)
+    assert parts[1] == "3/3 steps (100.0%) | - steps/s"
+    assert parts[2].startswith("step time excl. waits min 0.200 s") and parts[-1] == "last checkpoint checkpoint_000002"

@@ -4,6 +4,7 @@ conversion (issue 16 item 1)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from types import SimpleNamespace
 
@@ -30,17 +31,56 @@ def test_the_switch_reads_the_environment():
         assert not waits.telemetry_enabled({"MINITRAIN_TELEMETRY": off})
 
 
-def test_steps_and_waits_are_counted_and_nothing_when_off(monkeypatch):
-    waits.report_done(time.perf_counter() - 0.25)
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    """minitrain.waits' recorder on a clock the test moves."""
+    fake = FakeClock()
+    monkeypatch.setattr(waits, "_recorder", waits._Recorder(fake))
+    return fake
+
+
+def test_steps_and_waits_are_counted_and_nothing_when_off(monkeypatch, clock):
+    with waits.reporting():
+        clock.now += 0.25
     with waits.blocked(waits.COLLECTIVE):
-        time.sleep(0.01)
+        clock.now += 0.01
     totals = waits.totals()
-    assert totals.reports == 1 and totals.report_s >= 0.25 and totals.collective_s >= 0.01
+    assert totals.reports == 1 and totals.last_report_at == 100.25
+    assert totals.report_s == pytest.approx(0.25) and totals.collective_s == pytest.approx(0.01)
+    assert totals.at_last_report == waits.Waits(report_s=pytest.approx(0.25), collective_s=0.0, data_s=None)
     assert totals.data_s is None  # no data iterator used: not measured, not zero
+    with pytest.raises(KeyError):
+        with waits.reporting():  # a report() that raises: its time was waited, but no step ended
+            clock.now += 1.0
+            raise KeyError("x")
+    assert waits.totals().reports == 1 and waits.totals().report_s == pytest.approx(1.25)
+    totals = waits.totals()
     monkeypatch.setattr(waits, "ENABLED", False)
-    waits.report_done(time.perf_counter() - 1)
+    with waits.reporting():
+        clock.now += 1
     waits.add(waits.DATA, 5.0)
-    assert waits.totals() == totals
+    assert waits.totals() == dataclasses.replace(totals, at=clock.now)
+
+
+def test_a_wait_counts_while_it_lasts_also_on_several_threads(clock):
+    with waits.blocked(waits.COLLECTIVE):
+        clock.now += 1.5
+        assert waits.totals().collective_s == pytest.approx(1.5)  # still blocked: already counted
+        with waits.blocked(waits.COLLECTIVE):  # a second thread blocked meanwhile counts as well
+            clock.now += 1.0
+            assert waits.totals().collective_s == pytest.approx(2.5 + 1.0)
+        clock.now += 0.5
+    assert waits.totals().collective_s == pytest.approx(3.0 + 1.0)
+    clock.now += 7.0
+    assert waits.totals().collective_s == pytest.approx(4.0)  # nothing open: nothing grows
 
 
 def test_a_dataset_shard_counts_the_time_inside_next_as_data_wait():
@@ -56,23 +96,17 @@ def test_a_dataset_shard_counts_the_time_inside_next_as_data_wait():
     assert waits.totals().data_s >= 0.02
 
 
-class FakeClock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
-def test_a_sample_has_step_time_and_waits_per_step():
-    clock = FakeClock()
-    state = {"totals": waits.Totals(0, None, 0.0, 0.0, None)}
-    sampler = telemetry.Sampler(telemetry.GpuProbe([]), clock=clock, totals=lambda: state["totals"])
+def test_a_sample_has_step_time_and_waits_per_step(clock):
+    sampler = telemetry.Sampler(telemetry.GpuProbe([]), clock=clock)
     first = sampler.sample()
     assert not first.HasField("step_time_s") and not first.HasField("data_wait_s")
-    # Four steps ending at 100.5 .. 102.0 (0.5 s apart), 0.4 s in report(), 1.2 s of data wait.
-    clock.now = 102.0
-    state["totals"] = waits.Totals(4, 102.0, 0.4, 0.0, 1.2)
+    # Four steps of 0.5 s ending at 100.5 .. 102.0, each 0.1 s in report() and 0.3 s waiting for data.
+    for _ in range(4):
+        with waits.blocked(waits.DATA):
+            clock.now += 0.3
+        clock.now += 0.1
+        with waits.reporting():
+            clock.now += 0.1
     sample = sampler.sample()
     assert sample.reports == 4
     assert sample.step_time_s == pytest.approx(0.5)  # the first step measured from the window start
@@ -82,7 +116,55 @@ def test_a_sample_has_step_time_and_waits_per_step():
     assert list(sample.gpus) == []
     # No step ended for 3 s: the open step is already longer than the last one, so it shows.
     clock.now = 105.0
-    assert sampler.sample().step_time_s == pytest.approx(3.0)
+    sample = sampler.sample()
+    assert sample.step_time_s == pytest.approx(3.0) and sample.report_wait_s == 0.0
+    # A step of 0.25 s, then a pause shorter than it: the last steps' figures again.
+    clock.now = 105.2
+    with waits.reporting():
+        clock.now += 0.05
+    sampler.sample()
+    clock.now += 0.2
+    with waits.reporting():
+        clock.now += 0.05
+    assert sampler.sample().step_time_s == pytest.approx(0.25)
+    clock.now += 0.1
+    sample = sampler.sample()
+    assert sample.step_time_s == pytest.approx(0.25) and sample.report_wait_s == pytest.approx(0.05)
+
+
+def test_a_rank_blocked_at_a_checkpoint_round_shows_the_wait_in_every_sample(clock):
+    """The reviewer's case: a fast rank (0.05 s of work a step) waits 3 s in a checkpoint report() for
+    the round's commit (i.e. for a slow peer). Before, its samples showed a step time of 1.8 s, 2.8 s
+    with a report wait of 0 (the wait was counted only when report() returned): work of 1.8 s."""
+    sampler = telemetry.Sampler(telemetry.GpuProbe([]), clock=clock)
+
+    def step(report_s=0.0):
+        clock.now += 0.05  # the work
+        with waits.reporting():
+            clock.now += report_s
+
+    for _ in range(4):
+        step()
+    clock.now = 101.0
+    sample = sampler.sample()
+    assert sample.step_time_s == pytest.approx(0.05) and sample.report_wait_s == pytest.approx(0.0)
+    # The checkpoint round: work from 100.2, then report() from 100.25 until 103.25.
+    clock.now = 100.25
+    with waits.reporting():
+        for now, step_time, wait in ((102.0, 1.8, 1.75), (103.0, 2.8, 2.75)):
+            clock.now = now
+            sample = sampler.sample()
+            assert sample.step_time_s == pytest.approx(step_time)
+            assert sample.report_wait_s == pytest.approx(wait)  # counted while it lasts
+        clock.now = 103.25
+    step()  # ends at 103.3
+    clock.now = 104.0
+    sample = sampler.sample()
+    # Two steps ended in this window (100.2 -> 103.25 -> 103.3): the wait that straddled three sample
+    # boundaries is all there, in the step it belongs to, neither lost nor counted twice.
+    assert sample.step_time_s == pytest.approx(3.1 / 2)
+    assert sample.report_wait_s == pytest.approx(3.0 / 2)
+    assert sample.step_time_s - sample.report_wait_s == pytest.approx(0.05)
 
 
 def test_without_gpus_or_without_nvml_there_are_no_gpu_samples():
