@@ -80,7 +80,9 @@ def open_agent_cgroup(run_id: str, proc_self: str = "/proc/self") -> tuple[Optio
     problem = _delegation_problem(directory)
     if problem:
         return None, problem
-    name = f"minitrain-{_UNSAFE_NAME.sub('_', run_id)[:40]}-{os.getpid()}-{secrets.token_hex(4)}"
+    run_part = _UNSAFE_NAME.sub('_', run_id)[:40]
+    _collect_stale(directory, run_part)
+    name = f"minitrain-{run_part}-{os.getpid()}-{secrets.token_hex(4)}"
     root = directory / name
     try:
         root.mkdir(mode=0o755)
@@ -90,6 +92,48 @@ def open_agent_cgroup(run_id: str, proc_self: str = "/proc/self") -> tuple[Optio
         _rmdir(root)
         return None, f"the kernel ({os.uname().release}) has no cgroup.kill (Linux >= 5.14 needed)"
     return AgentCgroup(root), ""
+
+
+_AGENT_DIR = re.compile(r"^minitrain-(.+)-(\d+)-[0-9a-f]{8}$")
+
+
+def _collect_stale(directory: Path, run_part: str) -> None:
+    """Remove what agents that died without cleaning up (SIGKILLed) left in `directory`: directories
+    named like ours whose agent pid is gone. Their processes are killed only when they belong to this
+    run (a relaunched agent inherits its predecessor's leftovers); another run's directory is removed
+    only when empty (the kernel refuses to remove a cgroup that still has processes)."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        match = _AGENT_DIR.match(entry.name)
+        if match is None or _pid_alive(int(match.group(2))):
+            continue
+        stale = AgentCgroup(entry)
+        for attempt in stale.attempts():
+            if match.group(1) == run_part:
+                stale.kill(attempt)
+                stale.wait_empty(attempt, 5.0)
+            _rmdir_quietly(stale.attempt_dir(attempt))
+        _rmdir_quietly(entry)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _rmdir_quietly(path: Path) -> None:
+    try:
+        path.rmdir()
+    except OSError:
+        pass
 
 
 def _rmdir(path: Path) -> bool:

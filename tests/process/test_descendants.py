@@ -293,3 +293,37 @@ def test_the_reason_cgroups_are_not_used_is_given(tmp_path):
     agent_cgroup, reason = cgroups.open_agent_cgroup("run", str(tmp_path))
     assert agent_cgroup is None and "train.service" in reason and "Delegate=yes" in reason
     assert list(unit.iterdir()) == []  # nothing created
+
+
+def test_a_relaunched_agent_ends_what_its_sigkilled_predecessor_left_and_nothing_of_other_runs(tmp_path):
+    """A SIGKILLed agent cleans nothing up. The next agent of the same run on this host kills what is
+    left in its predecessor's cgroups and removes them; another run's leftovers are not touched."""
+    if not cgroups_usable():
+        pytest.skip("cgroup v2 is not usable here: " + cgroups.open_agent_cgroup("probe")[1])
+    directory, _ = cgroups.own_cgroup_dir()
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a pid that names no living agent
+    ours = cgroups.AgentCgroup(directory / f"minitrain-stale_run-{gone.pid}-0badcafe")
+    theirs = cgroups.AgentCgroup(directory / f"minitrain-other_run-{gone.pid}-0badcafe")
+    sleepers = []
+    try:
+        for stale in (ours, theirs):
+            stale.root.mkdir()
+            sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+            stale.add(sleeper.pid, 3)
+            sleepers.append(sleeper)
+        agent_cgroup, reason = cgroups.open_agent_cgroup("stale_run")
+        assert agent_cgroup is not None, reason
+        agent_cgroup.close()
+        assert sleepers[0].wait(timeout=DEADLINE_S) == -signal.SIGKILL
+        assert not ours.root.exists()
+        assert sleepers[1].poll() is None and theirs.members(3) == [sleepers[1].pid]
+    finally:
+        for sleeper in sleepers:
+            sleeper.kill()
+            sleeper.wait()
+        for stale in (ours, theirs):
+            if stale.root.exists():
+                stale.wait_empty(3, DEADLINE_S)
+                stale.remove(3)
+                stale.close()
