@@ -9,7 +9,7 @@ step s on rank r drawn from a seed of (s, r) so every attempt sees the same data
 model, optimizer state and step after every step s with (s + 1) % config["every"] == 0; every attempt
 resumes from `get_checkpoint()` at step + 1. Each step reports {"step": s}. At the end rank 0 writes
 the exact bits of the parameters to <out>/final_params.hex. Notes under <out>: pids/<pid> (every
-worker and its agent), attempts/<time>_<token> (the step each attempt resumed from),
+worker and its agent), daemons/<pid> (a setsid daemon each worker starts), attempts/<time>_<token> (the step each attempt resumed from),
 markers/fault_<i> (fault i fired; holds the token of the attempt it fired in),
 markers/returned_<i>_rank_<r> (after-report fault i: rank r's report returned, the fault fires next),
 slow_writers/<pid>
@@ -23,6 +23,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -146,7 +147,7 @@ def make_trainer(schedule: Schedule, root: str, out: str):
     from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from minitrain.torch import TorchTrainer
 
-    for sub in ("pids", "markers", "attempts", SLOW_WRITERS):
+    for sub in ("pids", "daemons", "markers", "attempts", SLOW_WRITERS):
         os.makedirs(os.path.join(out, sub), exist_ok=True)
     results = os.path.join(root, "results")
     config = {"out": out, "faults": [vars(f) for f in schedule.faults], "every": schedule.every,
@@ -342,6 +343,16 @@ def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Option
             raise AssertionError("the injected upload fault did not end the report")
 
 
+def _start_daemon(out: str) -> None:
+    """What user code does now and then: a daemon in a session of its own (out of the worker's process
+    group) with an environment of its own (no run tag: only its noted pid finds it). The agent must end
+    it with the attempt (minitrain/agent/descendants.py); daemons/<pid> notes it."""
+    quiet = {"stdin": subprocess.DEVNULL, "stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    daemon = subprocess.Popen([sys.executable, "-S", "-c", "import time; time.sleep(3600)"],
+                              start_new_session=True, env={}, **quiet)
+    _touch(os.path.join(out, "daemons", str(daemon.pid)))
+
+
 def train_fn(config: dict):
     """Deterministic DDP regression: N_STEPS steps, rank 0 checkpoints every config['every'] steps."""
     import torch
@@ -354,6 +365,7 @@ def train_fn(config: dict):
     out = config["out"]
     for pid in (os.getpid(), os.getppid()):
         _touch(os.path.join(out, "pids", str(pid)))
+    _start_daemon(out)
     token = [uuid.uuid4().hex if rank == 0 else None]
     dist.broadcast_object_list(token, src=0)  # one token per attempt, the same on both ranks
     token = token[0]

@@ -323,6 +323,33 @@ def check_processes(outcome: Outcome) -> None:
     survivors = wait_until_gone(_tagged_processes(outcome.tag), timeout=10.0)
     assert survivors == [], \
         f"processes with this run's environment (agents, workers, fork servers) survived fit(): {_describe(survivors)}"
+    check_daemons(outcome)
+
+
+def check_daemons(outcome: Outcome) -> None:
+    """The setsid daemons the workers started (no run tag: found by their noted pids) died with their
+    attempts. Except after a SIGKILLed agent: nothing is left on its node to end them (the agent's
+    workers die with it by their parent-death signal, a daemon has none); they are killed here."""
+    daemons = sorted(int(p.name) for p in (outcome.out / "daemons").iterdir() if not p.name.endswith(".tmp"))
+    assert daemons, "no worker noted its daemon: the check would prove nothing"
+    survivors = wait_until_gone(daemons, timeout=10.0)
+    kinds = {outcome.schedule.faults[i].kind for i in outcome.fired()}
+    if "agent_sigkill" in kinds:
+        for pid in survivors:
+            _kill_noted_daemon(pid)
+        return
+    for pid in survivors:
+        _kill_noted_daemon(pid)  # leave nothing behind, then fail
+    assert survivors == [], f"daemons started by workers survived fit(): {_describe(survivors)}"
+
+
+def _kill_noted_daemon(pid: int) -> None:
+    try:
+        process = psutil.Process(pid)
+        if "time.sleep(3600)" in " ".join(process.cmdline()):  # still the daemon, not a reused pid
+            process.kill()
+    except psutil.Error:
+        pass
 
 
 def _describe(pids: list) -> str:
