@@ -69,16 +69,16 @@ def build_mlp():
 
 
 def minitrain_train_func(config: dict) -> None:
-    """The minitrain side: prepare_model, a report every step; rank 0 writes its figures, with whether
-    its telemetry was on ("telemetry": the side with MINITRAIN_TELEMETRY=0 must really be off)."""
+    """The minitrain side: prepare_model, a report every step; rank 0 writes its figures, with the
+    MINITRAIN_TELEMETRY its worker process saw ("telemetry_env", None when unset: the side that sets
+    it to 0 must have it reach the workers)."""
     import minitrain
-    from minitrain import waits
     from minitrain.torch import prepare_model
 
     model = prepare_model(build_mlp())
     figures = train_loop(model, config["steps"], config["warmup"],
                          lambda step, loss: minitrain.report({"step": step, "loss": loss.item()}))
-    figures["telemetry"] = waits.ENABLED
+    figures["telemetry_env"] = os.environ.get("MINITRAIN_TELEMETRY")
     if minitrain.get_context().get_world_rank() == 0:
         write_json(config["out"], figures)
 
