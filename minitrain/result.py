@@ -20,10 +20,12 @@ from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarr
 
 @dataclass(frozen=True)
 class Straggler:
-    """A rank whose step time stayed at least MINITRAIN_STRAGGLER_FACTOR (1.5) times the other ranks'
-    median (README "Monitoring"). `slower_by` is that ratio and `step_time_s` / `median_step_time_s`
-    the two step times, as last measured while it lasted; `cause` is "data wait" when the rank's extra
-    time waiting on its data iterator explains at least half of its extra step time, else "compute".
+    """A rank whose step time, less its waits for the other ranks (inside report(), e.g. for a
+    checkpoint round's commit, and in minitrain's collectives), stayed at least
+    MINITRAIN_STRAGGLER_FACTOR (1.5) times the other ranks' median of the same (README "Monitoring").
+    `slower_by` is that ratio and `step_time_s` / `median_step_time_s` the two such step times, as
+    last measured while it lasted; `cause` is "data wait" when the rank's extra time waiting on its
+    data iterator explains at least half of its extra step time, else "compute".
     `since` and `until` are wall-clock times (`until` is when it cleared or its attempt ended)."""
 
     rank: int
