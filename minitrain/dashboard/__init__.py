@@ -16,7 +16,7 @@ from typing import Iterator, Optional
 
 from minitrain.config import env_var
 from minitrain.dashboard.api import RunView
-from minitrain.dashboard.server import DashboardServer, StackDumper
+from minitrain.dashboard.server import DashboardServer, Route, StackDumper
 from minitrain.dashboard.settings import ENV_VAR, DashboardAddress, parse_address
 from minitrain.errors import ConfigError
 
@@ -31,11 +31,12 @@ def dashboard_address() -> Optional[DashboardAddress]:
     return parse_address(env_var(ENV_VAR))
 
 
-def serve(view: RunView, address: DashboardAddress, live: bool, dump_stacks: Optional[StackDumper] = None,
-          source: str = ENV_VAR) -> DashboardServer:
-    """A started server for `view` at `address`; ConfigError naming `source` when it cannot bind."""
+def serve(view: Optional[RunView], address: DashboardAddress, live: bool, dump_stacks: Optional[StackDumper] = None,
+          source: str = ENV_VAR, routes: Optional[dict[str, Route]] = None) -> DashboardServer:
+    """A started server for `view` (and the extra GET `routes`, see server) at `address`; ConfigError
+    naming `source` when it cannot bind."""
     try:
-        return DashboardServer(view, address, live=live, dump_stacks=dump_stacks).start()
+        return DashboardServer(view, address, live=live, dump_stacks=dump_stacks, routes=routes).start()
     except OSError as exc:
         raise ConfigError(f"{source}: the dashboard cannot listen on {address.host}:{address.port} ({exc}). "
                           f"Choose a free port, 0 for any port, or turn the dashboard off with "
@@ -48,9 +49,13 @@ _fixed_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def live_dashboard(view: RunView, dump_stacks: Optional[StackDumper] = None) -> Iterator[Optional[DashboardServer]]:
+def live_dashboard(view: Optional[RunView], dump_stacks: Optional[StackDumper] = None,
+                   routes: Optional[dict[str, Route]] = None, what: str = "dashboard"
+                   ) -> Iterator[Optional[DashboardServer]]:
     """Serve `view` while the block runs (as `MINITRAIN_DASHBOARD` says) and stop it, its threads and
     its port, when the block ends however it ends. Yields the server, or None when turned off.
+    `routes` are extra GET routes (see server; `view` may then be None); `what` names the page in the
+    log line with its URL.
 
     Several runs at once in this process (fit()s on several threads) each get their own server: the
     first takes a fixed port that MINITRAIN_DASHBOARD names, a run that starts while it holds it
@@ -67,12 +72,13 @@ def live_dashboard(view: RunView, dump_stacks: Optional[StackDumper] = None) -> 
             _fixed_in_use.add(address)
     try:
         if taken_here:
-            server = serve(view, DashboardAddress(address.host, 0), live=True, dump_stacks=dump_stacks)
-            logger.warning("dashboard: %s (%s names port %d, which another run of this process serves "
-                           "now; this run's dashboard took a free port)", server.url, ENV_VAR, address.port)
+            server = serve(view, DashboardAddress(address.host, 0), live=True, dump_stacks=dump_stacks,
+                           routes=routes)
+            logger.warning("%s: %s (%s names port %d, which another run of this process serves "
+                           "now; this run's dashboard took a free port)", what, server.url, ENV_VAR, address.port)
         else:
-            server = serve(view, address, live=True, dump_stacks=dump_stacks)
-            logger.info("dashboard: %s (%s=0 turns it off)", server.url, ENV_VAR)
+            server = serve(view, address, live=True, dump_stacks=dump_stacks, routes=routes)
+            logger.info("%s: %s (%s=0 turns it off)", what, server.url, ENV_VAR)
         try:
             yield server
         finally:

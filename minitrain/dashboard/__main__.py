@@ -2,7 +2,9 @@
 
 RUN_PATH is the run directory `<storage_path>/<name>` (a local path or an fsspec URL). The page
 shows what the run wrote there (events.jsonl, telemetry.jsonl, metrics.jsonl, the checkpoint index)
-as the run monitor rebuilds it; nothing is written. Serves until Ctrl-C. Exits 2 with a message when
+as the run monitor rebuilds it; nothing is written. A sweep's directory (a minitrain.tune experiment,
+holding tuner_state.json) is shown as its trial table (minitrain.tune.dashboard); each trial's own
+directory is a run directory again. Serves until Ctrl-C. Exits 2 with a message when
 RUN_PATH holds no run or the address is refused.
 """
 
@@ -19,12 +21,14 @@ from minitrain.dashboard.settings import DashboardAddress, parse_address
 from minitrain.errors import ConfigError
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME
+from minitrain.tune.dashboard import is_sweep_dir, sweep_routes
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minitrain.dashboard",
                                      description="Serve the dashboard of a run from its run directory.")
-    parser.add_argument("run_path", metavar="RUN_PATH", help="the run directory, <storage_path>/<name>")
+    parser.add_argument("run_path", metavar="RUN_PATH",
+                        help="the run directory, <storage_path>/<name> (or a sweep's directory)")
     parser.add_argument("--port", type=int, default=0, help="port to listen on (default: any free port)")
     parser.add_argument("--host", default="127.0.0.1",
                         help="address to listen on (default 127.0.0.1; any other address needs the viewer "
@@ -54,8 +58,12 @@ def main(argv: Optional[Sequence[str]] = None, stop: Optional[threading.Event] =
             raise ConfigError(f"--host {args.host!r} --port {args.port}: give an address to listen on and a "
                               "port from 0 to 65535 (0: any free port).")
         address = DashboardAddress(address.host, args.port)
-        monitor = RunMonitor.from_run_dir(run_storage(args.run_path))
-        server = serve(monitor, address, live=False, source="--host/--port")
+        if is_sweep_dir(args.run_path):
+            server = serve(None, address, live=False, source="--host/--port",
+                           routes=sweep_routes(args.run_path, live=False))
+        else:
+            server = serve(RunMonitor.from_run_dir(run_storage(args.run_path)), address, live=False,
+                           source="--host/--port")
     except ConfigError as exc:
         print(f"minitrain.dashboard: {exc}", file=sys.stderr)
         return 2

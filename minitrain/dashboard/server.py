@@ -10,6 +10,10 @@ page of a few kilobytes every two seconds needs nothing more). Each request is c
     GET  /parts                    the page's server-rendered sections, as JSON {element id: html}
     GET  /metrics                  Prometheus text format (prometheus.RunCollector)
     POST /api/ranks/<rank>/stacks  every thread's stack of that rank, as text (live runs only)
+
+A server may also be given extra GET `routes` (path -> handler of the query), answered before the
+ones above and under the same access rules: minitrain.tune serves its sweep page that way, on a
+server with no run view (then only the routes and the static files are served).
 """
 
 from __future__ import annotations
@@ -37,6 +41,8 @@ from minitrain.dashboard.settings import DashboardAddress
 logger = logging.getLogger("minitrain")
 
 StackDumper = Callable[[int], str]  # rank -> every thread's stack of that rank (raises LookupError if none)
+# An extra GET route: the parsed query -> (body, content type); raises BadQuery for a bad parameter.
+Route = Callable[[dict], "tuple[bytes, str]"]
 
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                  ".LICENSE": "text/plain; charset=utf-8"}
@@ -79,13 +85,16 @@ class DashboardServer:
     `live` adds the stacks action (through `dump_stacks`) and the page's polling; a post-hoc server
     (live=False) only reads. A non-loopback address gets a fresh viewer token (see auth)."""
 
-    def __init__(self, view: RunView, address: DashboardAddress, live: bool = True,
-                 dump_stacks: Optional[StackDumper] = None):
+    def __init__(self, view: Optional[RunView], address: DashboardAddress, live: bool = True,
+                 dump_stacks: Optional[StackDumper] = None, routes: Optional[dict[str, Route]] = None):
+        if view is None and not routes:
+            raise ValueError("DashboardServer needs a run view, extra routes, or both")
         self.view = view
         self.live = live
         self.dump_stacks = dump_stacks
+        self.routes = dict(routes or {})
         self.access = Access(None if address.is_loopback else new_viewer_token())
-        self.registry = registry_for(view)
+        self.registry = registry_for(view) if view is not None else None
         self.static = _static_files()
         self._address = address
         self._httpd: Optional[ThreadingHTTPServer] = None
@@ -197,13 +206,18 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _get(self, path: str, query: dict, extra: dict) -> None:
         board = self.dashboard
-        if path in ("/", "/index.html"):
-            body = pages.page_html(board.view, board.live, to_json).encode()
-            self._send(200, body, "text/html; charset=utf-8", extra)
+        if path in board.routes:
+            body, kind = board.routes[path](query)
+            self._send(200, body, kind, extra)
         elif path.startswith("/static/") and path[len("/static/"):] in board.static:
             name = path[len("/static/"):]
             kind = next(t for ext, t in _STATIC_TYPES.items() if name.endswith(ext))
             self._send(200, board.static[name], kind)
+        elif board.view is None:
+            self._send(404, b"not found", "text/plain; charset=utf-8")
+        elif path in ("/", "/index.html"):
+            body = pages.page_html(board.view, board.live, to_json).encode()
+            self._send(200, body, "text/html; charset=utf-8", extra)
         elif path == "/parts":
             self._json(pages.parts(board.view, board.live))
         elif path.startswith("/api/"):

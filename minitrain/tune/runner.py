@@ -25,6 +25,7 @@ import cloudpickle
 from minitrain.errors import ConfigError
 from minitrain.procs import decode_returncode
 from minitrain.tune import trials as tr
+from minitrain.tune.dashboard import ENV_VAR as DASHBOARD_ENV, trials_address_value
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
 from minitrain.tune.search import Searcher
 from minitrain.tune.session import TuneContext
@@ -159,6 +160,8 @@ class Runner:
         read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath),
                "MINITRAIN_TUNE_PARENT": str(os.getpid())}
+        if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
+            env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
         with open(tr.log_path(self.path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,

@@ -21,6 +21,7 @@ from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
 from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
 from minitrain.tune import trials as tr
+from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.runner import Runner
@@ -179,6 +180,9 @@ class Tuner:
                                   "RunConfig(name=...).")
             header = {"name": self.run_config.name, "trainable": _trainable_name(self.trainable),
                       "metric": config.metric, "mode": config.mode, "id_prefix": uuid.uuid4().hex[:5],
+                      # what the trial tables show (the console's and the dashboard's)
+                      "shown_metric": config.metric or scheduler.metric or searcher.metric,
+                      "shown_mode": config.mode or scheduler.mode or searcher.mode,
                       "num_samples": num_samples, "total_trials": searcher.total_trials(num_samples),
                       "searcher_seed": getattr(searcher, "seed", None),
                       "constant_grid_search": getattr(searcher, "constant_grid_search", False)}
@@ -198,7 +202,8 @@ class Tuner:
             header=header, reporter=ProgressReporter(config.metric or scheduler.metric or searcher.metric),
             pythonpath=_driver_pythonpath())
         self._runner = runner
-        runner.run()
+        with live_sweep_dashboard(self.experiment_path):  # the trial table as a web page, while it runs
+            runner.run()
         self._results = ResultGrid([trial_result(self.experiment_path, t) for t in runner.trials],
                                    self.experiment_path, config.metric, config.mode)
         return self._results

@@ -10,10 +10,14 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.request
 
+import numpy as np
 import pytest
 
 import minitrain
@@ -58,25 +62,58 @@ def _trial_pids(experiment: str) -> list[int]:
 
 # ------------------------------------------------------------------ the issue's snippet
 
-EPOCHS, SEED = 6, 0
+EPOCHS, SEED = 10, 0
 
 
+class _TrialsPoller:
+    """Reads the sweep's /api/trials on a thread while the sweep runs; keeps every answer."""
+
+    def __init__(self, port: int):
+        self.url = f"http://127.0.0.1:{port}/api/trials"
+        self.answers: list = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="poll-api-trials")
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.2):
+            try:
+                with urllib.request.urlopen(self.url, timeout=10) as response:
+                    self.answers.append(json.loads(response.read()))
+            except OSError:
+                pass  # not serving yet, or already stopped
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join(30)
 
 
 def test_tuner_of_a_trainer_with_asha_stops_the_worst_trials_early(tmp_path, monkeypatch):
-    """The issue's snippet after the import port (4 samples of 6 epochs instead of 10 of 10, and a seed, to
-    fit CI's 2 cores); ASHA's stops are read from the trials' iteration counts."""
+    """The issue's snippet exactly as written (10 samples of 10 epochs; seeded the way a Ray user seeds,
+    numpy's global generator), with a cheap training function. ASHA's stops are read from the trials'
+    iteration counts. Meanwhile the sweep's /api/trials is read from MINITRAIN_DASHBOARD's fixed port
+    (each trial's own fit() dashboard then takes a free port: no trial fails for the port)."""
     monkeypatch.setenv("MINITRAIN_TUNE_TEST_EXPERIMENT", str(tmp_path))
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("MINITRAIN_DASHBOARD", f"127.0.0.1:{port}")
+    np.random.seed(SEED)
     trainer = TorchTrainer(train_func, scaling_config=minitrain.ScalingConfig(num_workers=1),
                            run_config=minitrain.RunConfig(name="snippet", storage_path=str(tmp_path)))
-    tuner = tune.Tuner(trainer,
-        param_space={"train_loop_config": {"lr": tune.loguniform(1e-5, 1e-2), "epochs": EPOCHS}},
-        tune_config=tune.TuneConfig(num_samples=4, scheduler=ASHAScheduler(metric="eval_loss", mode="min"),
-                                    search_alg=BasicVariantGenerator(random_state=SEED)))
-    results = tuner.fit()
-    best = results.get_best_result(metric="eval_loss", mode="min")
+    poller = _TrialsPoller(port)
+    try:
+        # --- the issue's snippet, unchanged
+        tuner = tune.Tuner(trainer,
+            param_space={"train_loop_config": {"lr": tune.loguniform(1e-5, 1e-2), "epochs": 10}},
+            tune_config=tune.TuneConfig(num_samples=10, scheduler=ASHAScheduler(metric="eval_loss", mode="min")))
+        results = tuner.fit()
+        best = results.get_best_result(metric="eval_loss", mode="min")
+        # ---
+    finally:
+        poller.stop()
 
-    assert len(results) == 4 and results.num_errors == 0 and results.num_terminated == 4
+    assert len(results) == 10 and results.num_errors == 0 and results.num_terminated == 10
     lrs = {r.trial_id: r.config["train_loop_config"]["lr"] for r in results}
     closest = min(results, key=lambda r: abs(lrs[r.trial_id] - 1e-3))
     assert best.trial_id == closest.trial_id and best.metrics["training_iteration"] == EPOCHS
@@ -89,6 +126,13 @@ def test_tuner_of_a_trainer_with_asha_stops_the_worst_trials_early(tmp_path, mon
         assert result.checkpoint is not None and os.path.isdir(result.checkpoint.path)
         assert minitrain.Result.from_path(result.path).checkpoint is not None  # fit()'s own layout
     assert _trial_pids(str(tmp_path)) == []
+    # The sweep's page answered while it ran: running trials with their parameters, and latest metrics.
+    running = [row for answer in poller.answers for row in answer if row["status"] == "RUNNING"]
+    assert running, f"/api/trials never showed a running trial ({len(poller.answers)} answers)"
+    assert {row["trial_id"] for row in running} <= set(lrs)
+    assert all(row["params"]["train_loop_config/lr"] == lrs[row["trial_id"]] for row in running)
+    seen = [row for answer in poller.answers for row in answer]
+    assert any(row["iterations"] >= 1 and row["latest"] == row["last_result"]["eval_loss"] for row in seen)
 
 
 # ------------------------------------------------------------------ Ray Train v2: fit() inside a function
