@@ -26,6 +26,7 @@ the driver) change the first three.
 
 from __future__ import annotations
 
+import bisect
 import os
 import statistics
 from collections import deque
@@ -107,8 +108,53 @@ class Straggler:
                 "cause": self.cause, "since": self.since}
 
 
+class _Ranked:
+    """(value, rank) pairs kept sorted: any member's value replaced in O(log n) (plus a memmove), and
+    the median of all the values but one member's in O(log n). That makes the leave-one-out medians of
+    the rule cost O(log n) per rank instead of O(n log n), so that judging thousands of ranks on every
+    sample stays cheap (see README, "Control-plane scale")."""
+
+    def __init__(self) -> None:
+        self.items: list[tuple[float, int]] = []
+        self._value: dict[int, float] = {}
+
+    def set(self, rank: int, value: Optional[float]) -> None:
+        """Give `rank` this value (None: take it out)."""
+        old = self._value.pop(rank, None)
+        if old is not None:
+            del self.items[bisect.bisect_left(self.items, (old, rank))]
+        if value is not None:
+            self._value[rank] = value
+            bisect.insort(self.items, (value, rank))
+
+    def get(self, rank: int) -> Optional[float]:
+        """`rank`'s value, or None."""
+        return self._value.get(rank)
+
+    def median_without(self, rank: int) -> Optional[float]:
+        """The median of every value but `rank`'s (as statistics.median computes it), None when no
+        other value is known. `rank` must hold a value."""
+        items = self.items
+        skip = bisect.bisect_left(items, (self._value[rank], rank))
+        n = len(items) - 1
+        if n == 0:
+            return None
+
+        def at(j: int) -> float:
+            return items[j if j < skip else j + 1][0]
+
+        if n % 2:
+            return at(n // 2)
+        return (at(n // 2 - 1) + at(n // 2)) / 2
+
+
 class StragglerDetector:
-    """Keeps each rank's recent work times and data waits of one attempt and applies the rule."""
+    """Keeps each rank's recent work times and data waits of one attempt and applies the rule.
+
+    Each rank's medians are kept up to date as its samples come (`add`), sorted across the ranks, so
+    `evaluate` costs O(log n) per straggler, not O(n^2 log n): the ranks flagged are the slowest ones
+    (a rank's median rises with its rank in the order while the median of the others falls), so it
+    walks down from the slowest and stops at the first rank that is not a straggler."""
 
     def __init__(self, rule: StragglerRule = StragglerRule()):
         self.rule = rule
@@ -116,6 +162,8 @@ class StragglerDetector:
         self._data: dict[int, deque] = {}
         self._hosts: dict[int, str] = {}
         self._flagged: dict[int, Straggler] = {}
+        self._work = _Ranked()  # median work time of each rank with min_samples samples
+        self._waits = _Ranked()  # ... and its median data wait, where measured
 
     def reset(self) -> None:
         """A new attempt: forget every rank."""
@@ -129,9 +177,14 @@ class StragglerDetector:
         if work is None:
             return
         window = self.rule.window
-        self._steps.setdefault(rank, deque(maxlen=window)).append(work)
-        self._data.setdefault(rank, deque(maxlen=window)).append(data_wait_s)
+        steps = self._steps.setdefault(rank, deque(maxlen=window))
+        steps.append(work)
+        data = self._data.setdefault(rank, deque(maxlen=window))
+        data.append(data_wait_s)
         self._hosts[rank] = host
+        if len(steps) >= self.rule.min_samples:
+            self._work.set(rank, statistics.median(steps))
+            self._waits.set(rank, _median_known(data))
 
     @property
     def flagged(self) -> dict[int, Straggler]:
@@ -141,31 +194,30 @@ class StragglerDetector:
     def evaluate(self, now: float) -> tuple[list[Straggler], list[Straggler]]:
         """Apply the rule: (stragglers that started, stragglers that cleared) since the last call.
         `flagged` holds the current ones afterwards, with their latest figures."""
-        ready = {r: statistics.median(s) for r, s in self._steps.items() if len(s) >= self.rule.min_samples}
         current: dict[int, Straggler] = {}
-        if len(ready) >= 2:
-            for rank, median in ready.items():
+        ranked = self._work.items
+        if len(ranked) >= 2:
+            for median, rank in reversed(ranked):
                 # The floor: peers that only waited (work ~0) still leave the slow rank comparable.
-                others = max(statistics.median(m for r, m in ready.items() if r != rank), MIN_WORK_S)
+                others = max(self._work.median_without(rank), MIN_WORK_S)
                 if median < self.rule.factor * others:
-                    continue
+                    break  # every faster rank is below the factor too
                 previous = self._flagged.get(rank)
                 current[rank] = Straggler(
                     rank=rank, host=self._hosts.get(rank, ""), slower_by=median / others, step_time_s=median,
-                    median_step_time_s=others, cause=self._cause(rank, ready, median - others),
+                    median_step_time_s=others, cause=self._cause(rank, median - others),
                     since=previous.since if previous is not None else now)
         started = [s for r, s in sorted(current.items()) if r not in self._flagged]
         cleared = [s for r, s in sorted(self._flagged.items()) if r not in current]
         self._flagged = current
         return started, cleared
 
-    def _cause(self, rank: int, ready: Mapping[int, float], excess_s: float) -> str:
-        own = _median_known(self._data.get(rank, ()))
+    def _cause(self, rank: int, excess_s: float) -> str:
+        own = self._waits.get(rank)
         if own is None:
             return "compute"
-        others = [w for w in (_median_known(self._data.get(r, ())) for r in ready if r != rank) if w is not None]
-        baseline = statistics.median(others) if others else 0.0
-        return "data wait" if own - baseline >= self.rule.data_share * excess_s else "compute"
+        baseline = self._waits.median_without(rank)
+        return "data wait" if own - (baseline or 0.0) >= self.rule.data_share * excess_s else "compute"
 
 
 def _median_known(values) -> Optional[float]:
