@@ -423,6 +423,20 @@ def init(hosts: Union[str, Iterable[str], None] = None, hostfile: Union[str, os.
     return cluster
 
 
+def use_cluster(cluster: ClusterConfig) -> ClusterConfig:
+    """Make `cluster` the process-wide cluster, as `init()` does with its arguments, and return it.
+
+    For a process handed a cluster already built and checked: a tuner's trial process gets only the
+    hosts reserved for it, with the driver's SSH options, interpreter and workdir.
+    """
+    global _initialized
+    if not isinstance(cluster, ClusterConfig):
+        raise ConfigError(f"use_cluster() takes a ClusterConfig, got {cluster!r}.")
+    with _lock:
+        _initialized = cluster
+    return cluster
+
+
 def current_cluster() -> ClusterConfig:
     """The cluster of the next run: the `init()` one, else the environment's, else localhost alone.
 

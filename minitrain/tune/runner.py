@@ -1,8 +1,9 @@
-"""The sweep loop: start trials while resources allow, route their results, end them (L3).
+"""The sweep loop: start trials while the hosts have room, route their results, end them (L3).
 
 One loop on the caller's thread. Each trial is a process (minitrain.tune.trial_process); a reader
 thread per trial turns its report pipe into events on one queue, and the loop is the only code that
-changes a trial. Each result goes to the scheduler (CONTINUE/STOP, answered to the waiting trial) and
+changes a trial. A trial starts only once `ClusterRoom` reserved hosts for it (the rest queue); its
+process is handed those hosts alone, and they are released when it ends. Each result goes to the scheduler (CONTINUE/STOP, answered to the waiting trial) and
 the searcher; the state file is replaced after every change, so a killed tuner resumes from it.
 """
 
@@ -23,9 +24,12 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from minitrain.errors import ConfigError
+from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
 from minitrain.tune import trials as tr
 from minitrain.tune.dashboard import ENV_VAR as DASHBOARD_ENV, trials_address_value
+from minitrain.tune.placement import Demand
+from minitrain.tune.resources import ClusterRoom, Reservation
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
 from minitrain.tune.search import Searcher
 from minitrain.tune.session import TuneContext
@@ -40,8 +44,8 @@ EXIT_WAIT_S = 30.0  # a trial process that closed its pipe exits within this
 class _Running:
     """A trial process and what the loop has heard from it."""
 
-    def __init__(self, trial: tr.Trial, proc: subprocess.Popen, resources: dict):
-        self.trial, self.proc, self.resources = trial, proc, resources
+    def __init__(self, trial: tr.Trial, proc: subprocess.Popen, reservation: Reservation):
+        self.trial, self.proc, self.reservation = trial, proc, reservation
         self.ended: Optional[dict] = None  # the last message: done, error or interrupted
         self.last_report = time.monotonic()
         self.stop_sent = False
@@ -59,13 +63,14 @@ class Runner:
     """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials)."""
 
     def __init__(self, *, experiment_path: str, experiment_name: str, trainable: Any, trainable_name: str,
-                 resources: dict, capacity: dict, searcher: Searcher, scheduler: TrialScheduler,
+                 resources: dict, room: ClusterRoom, demand: Demand, searcher: Searcher, scheduler: TrialScheduler,
                  total_trials: int, max_concurrent: int, max_failures: int, time_budget_s: Optional[float],
                  trials: list[tr.Trial], id_prefix: str, name_trial: Callable[[tr.Trial], None],
                  header: dict, reporter: Any, pythonpath: tuple[str, ...]):
         self.path, self.name = experiment_path, experiment_name
         self.trainable, self.trainable_name = trainable, trainable_name
-        self.resources, self.capacity = resources, capacity
+        self.resources, self.room, self.demand = resources, room, demand
+        self.unplaceable = room.never_fits(demand)  # every trial then ends as ERROR with this message
         self.searcher, self.scheduler = searcher, scheduler
         self.total, self.max_concurrent, self.max_failures = total_trials, max_concurrent, max_failures
         self.time_budget_s = time_budget_s
@@ -74,7 +79,6 @@ class Runner:
         self.reporter, self.pythonpath = reporter, pythonpath
         self.events: "queue.Queue" = queue.Queue()
         self.running: dict[str, _Running] = {}
-        self.used = {key: 0.0 for key in capacity}
         self.exhausted = len(trials) >= total_trials
         self.stopping = ""  # why no new trial starts (the time budget)
         self.max_running_seen = 0
@@ -110,21 +114,39 @@ class Runner:
             return []
         return [t for t in self.trials if t.status == tr.PENDING and t.trial_id not in self.running]
 
-    def _fits(self) -> bool:
-        if self.max_concurrent and len(self.running) >= self.max_concurrent:
-            return False
-        return all(self.used[k] + self.resources.get(k, 0.0) <= self.capacity[k] + 1e-9 for k in self.capacity)
-
     def _start_trials(self) -> None:
-        while self._fits():
-            pending = self._pending()
-            if pending:
-                self._launch(pending[0])
+        """Start trials while max_concurrent_trials and the hosts allow; the rest wait (queue) for a
+        running trial to end. Hosts are reserved before a new trial is drawn from the searcher, so a
+        trial is created only when it can start."""
+        while not (self.max_concurrent and len(self.running) >= self.max_concurrent):
+            if self.unplaceable:
+                if not self._fail_unplaceable():
+                    return
                 continue
-            trial = None if (self.exhausted or self.stopping) else self._new_trial()
+            reservation = self.room.reserve(self.demand)
+            if reservation is None:
+                return  # queued: a running trial's end frees room
+            pending = self._pending()
+            trial = pending[0] if pending else None if (self.exhausted or self.stopping) else self._new_trial()
             if trial is None:
+                self.room.release(reservation)
                 return
-            self._launch(trial)
+            self._launch(trial, reservation)
+
+    def _fail_unplaceable(self) -> bool:
+        """Record the next trial (pending, else new) as failed because no host can ever hold it; False
+        when there is none."""
+        pending = self._pending()
+        trial = pending[0] if pending else None if (self.exhausted or self.stopping) else self._new_trial()
+        if trial is None:
+            return False
+        trial.error = {"exc_type": "minitrain.errors.ConfigError", "message": self.unplaceable, "traceback": ""}
+        trial.status = tr.ERROR
+        self.scheduler.on_trial_remove(trial.trial_id)
+        self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
+        self.reporter.trial_changed(trial)
+        self._save()
+        return True
 
     def _new_trial(self) -> Optional[tr.Trial]:
         if len(self.trials) >= self.total:
@@ -145,7 +167,7 @@ class Runner:
         self._save()
         return trial
 
-    def _launch(self, trial: tr.Trial) -> None:
+    def _launch(self, trial: tr.Trial, reservation: Reservation) -> None:
         if not trial.config_is_json and trial.config is None:
             raise ConfigError(f"trial {trial.name} cannot be resumed: its config was not JSON and was not saved.")
         if trial.iteration > trial.checkpoint_iteration:  # it reports again from its checkpoint on
@@ -156,10 +178,13 @@ class Runner:
         trial_dir = os.path.join(self.path, trial.dirname)
         context = TuneContext(trial.trial_id, trial.name, trial_dir, self.name, self.path, dict(self.resources))
         payload = cloudpickle.dumps(TrialPayload(self.trainable, trial.config, context, trial.checkpoint,
-                                                 trial.iteration))
+                                                 trial.iteration, reservation.cluster))
         read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath),
-               "MINITRAIN_TUNE_PARENT": str(os.getpid())}
+               "MINITRAIN_TUNE_PARENT": str(os.getpid()), **reservation.env,
+               # the trial's own subprocesses see only its hosts too (its fit()s get them in the payload)
+               HOSTS_ENV_VAR: reservation.host_list()}
+        env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
         with open(tr.log_path(self.path, trial), "ab") as log:
@@ -172,10 +197,9 @@ class Runner:
             proc.stdin.flush()
         except (BrokenPipeError, OSError):
             pass  # it died at once; its end arrives through the pipe's EOF
-        running = _Running(trial, proc, dict(self.resources))
+        running = _Running(trial, proc, reservation)
         self.running[trial.trial_id] = running
-        for key, amount in self.resources.items():
-            self.used[key] = self.used.get(key, 0.0) + amount
+        logger.debug("trial %s runs on %s", trial.name, reservation.describe())
         self.max_running_seen = max(self.max_running_seen, len(self.running))
         trial.status = tr.RUNNING
         threading.Thread(target=self._read, args=(trial.trial_id, read_fd), daemon=True,
@@ -250,8 +274,7 @@ class Runner:
             returncode = running.proc.wait()
         running.proc.stdin.close()
         del self.running[trial.trial_id]
-        for key, amount in running.resources.items():
-            self.used[key] -= amount
+        self.room.release(running.reservation)
         ended = running.ended or {}
         if ended.get("type") == "done":
             trial.status = tr.TERMINATED
@@ -319,6 +342,7 @@ class Runner:
             running.proc.wait()
             running.trial.status = tr.PENDING
             del self.running[running.trial.trial_id]
+            self.room.release(running.reservation)
         for trial in self.trials:
             if trial.status == tr.RUNNING:
                 trial.status = tr.PENDING

@@ -28,6 +28,7 @@ from typing import Any, Optional
 import cloudpickle
 
 from minitrain import _session, procs
+from minitrain.hosts.cluster import ClusterConfig, use_cluster
 from minitrain.tune import session as tune_session
 
 
@@ -40,6 +41,7 @@ class TrialPayload:
     context: tune_session.TuneContext
     checkpoint: Optional[str]  # the latest checkpoint to resume from
     iteration: int  # results reported before this run of the trial
+    cluster: Optional[ClusterConfig] = None  # the hosts reserved for this trial: its fit()s use only them
 
 
 def run_trainer(trainer: Any, config: dict, context: tune_session.TuneContext) -> Any:
@@ -63,6 +65,8 @@ def main(argv: list[str]) -> int:
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     stdin = sys.stdin.buffer
     payload = _read_payload(stdin)
+    if payload.cluster is not None:  # before any fit(): the trial's ranks go only where the tuner reserved
+        use_cluster(payload.cluster)
     session = tune_session.TrialSession(payload.context, out, stdin, payload.checkpoint, payload.iteration)
     tune_session.set_session(session)
     _session.add_run_observer_maker(lambda: tune_session.ForwardingObserver(session))

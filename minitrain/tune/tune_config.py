@@ -72,8 +72,9 @@ class TuneConfig:
 class _WithResources:
     """A function trainable with the resources each of its trials reserves."""
 
-    def __init__(self, trainable: Callable, resources: dict):
+    def __init__(self, trainable: Callable, resources: dict, scaling_config: Optional[ScalingConfig] = None):
         self.trainable, self.resources = trainable, resources
+        self.scaling_config = scaling_config  # when given: the trial is placed worker by worker, as fit() places
         self.__name__ = getattr(trainable, "__name__", "trainable")
 
     def __call__(self, config: dict) -> Any:
@@ -82,7 +83,8 @@ class _WithResources:
 
 def with_resources(trainable: Callable, resources: Any) -> _WithResources:
     """Reserve `resources` for each trial of a function trainable: {"cpu": n, "gpu": m} (any case), or a
-    ScalingConfig (its total: workers x per-worker resources, for a function that runs fit())."""
+    ScalingConfig (for a function that runs fit() with it: the trial reserves its workers x per-worker
+    resources on hosts chosen by its placement_strategy, and that fit() is given only those hosts)."""
     if not callable(trainable):
         raise ConfigError(f"tune.with_resources(trainable={trainable!r}): pass the trial function.")
     if isinstance(resources, ScalingConfig):
@@ -100,4 +102,5 @@ def with_resources(trainable: Callable, resources: Any) -> _WithResources:
     else:
         raise ConfigError(f"tune.with_resources(resources={resources!r}) must be a dict such as {{'cpu': 1}} or a "
                           "ScalingConfig (a function of the config is not supported).")
-    return _WithResources(trainable, {"CPU": amounts.get("CPU", 0.0), "GPU": amounts.get("GPU", 0.0)})
+    return _WithResources(trainable, {"CPU": amounts.get("CPU", 0.0), "GPU": amounts.get("GPU", 0.0)},
+                          resources if isinstance(resources, ScalingConfig) else None)

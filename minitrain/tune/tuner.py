@@ -16,7 +16,6 @@ from typing import Any, Callable, Optional
 
 from minitrain.config import CheckpointConfig, RunConfig
 from minitrain.errors import ConfigError
-from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
 from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
@@ -24,6 +23,7 @@ from minitrain.tune import trials as tr
 from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.result_grid import ResultGrid, trial_result
+from minitrain.tune.resources import ClusterRoom, trial_demand
 from minitrain.tune.runner import Runner
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
@@ -31,32 +31,12 @@ from minitrain.tune.search_space import _unresolved_paths
 from minitrain.tune.tune_config import TuneConfig, _WithResources
 
 
-def cluster_capacity() -> dict:
-    """CPUs and GPUs the trials may use at once, over every host minitrain knows (minitrain.init,
-    MINITRAIN_HOSTS, else this machine): a host's CPUs are its `slots` when given, else (this machine)
-    its CPU count; GPUs are this machine's GPUs, and a remote host's `slots` (a GPU host's slots are
-    its GPUs)."""
-    cpus = gpus = 0.0
-    for host in current_cluster().hosts:
-        if host.local:
-            cpus += host.slots or os.cpu_count() or 1
-            gpus += len(hostinfo.gpu_ids())
-        else:
-            cpus += host.slots or os.cpu_count() or 1
-            gpus += host.slots or 0
-    return {"CPU": float(cpus), "GPU": float(gpus)}
-
-
 def trial_resources(trainable: Any) -> dict:
-    """What one trial of `trainable` reserves: a TorchTrainer's workers x per-worker resources (1 CPU
-    for num_workers=0), `with_resources`' amounts, else 1 CPU (Ray's default for a function)."""
-    if isinstance(trainable, TorchTrainer):
-        total = trainable.scaling_config.total_resources
-        cpu, gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
-        return {"CPU": cpu if (cpu or gpu) else 1.0, "GPU": gpu}
-    if isinstance(trainable, _WithResources):
+    """What one trial of `trainable` reserves in all: a TorchTrainer's workers x per-worker resources,
+    `with_resources`' amounts, else 1 CPU (Ray's default for a function). Where: `trial_demand`."""
+    if isinstance(trainable, _WithResources) and trainable.scaling_config is None:
         return dict(trainable.resources)
-    return {"CPU": 1.0, "GPU": 0.0}
+    return trial_demand(trainable).totals()
 
 
 def _trainable_name(trainable: Any) -> str:
@@ -157,11 +137,10 @@ class Tuner:
 
     def _fit(self) -> ResultGrid:
         config = self.tune_config
-        capacity, resources = cluster_capacity(), trial_resources(self.trainable)
-        short = [k for k, amount in resources.items() if amount > capacity.get(k, 0.0) + 1e-9]
-        if short:
-            raise ConfigError(f"one trial needs {resources} but the hosts minitrain knows have {capacity} in all; "
-                              "lower the trial's workers or resources, or add hosts (minitrain.init(hosts=...)).")
+        room, demand = ClusterRoom(current_cluster()), trial_demand(self.trainable)
+        unplaceable = room.never_fits(demand)
+        if unplaceable and config.num_samples == -1:  # no set of trials to record it for: say it now
+            raise ConfigError(f"Tuner: {unplaceable}")
         searcher = config.search_alg or BasicVariantGenerator()
         scheduler = config.scheduler or FIFOScheduler()
         if not searcher.set_search_properties(config.metric, config.mode, self.param_space):
@@ -194,7 +173,8 @@ class Tuner:
         os.makedirs(os.path.join(self.experiment_path, tr.TUNE_DIR), exist_ok=True)
         runner = Runner(
             experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
-            trainable_name=header["trainable"], resources=resources, capacity=capacity, searcher=searcher,
+            trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
+            demand=demand, searcher=searcher,
             scheduler=scheduler, total_trials=header["total_trials"],
             max_concurrent=config.max_concurrent_trials or 0,
             max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
