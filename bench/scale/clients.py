@@ -16,7 +16,8 @@ A report is stamped (`reported_at`, and the worker's send time) when gRPC takes 
 stream to write it. Every `ack_every`-th report asks for an acknowledgement (`wants_ack`), which the
 controller sends after it recorded the report (rank-0 history, rounds): round trip = send -> its
 ReportAck read back by the worker. Acks must come for the acknowledged rounds in order; anything else
-counts as reordered, a report never acknowledged as lost. (The coordinator process checks every
+counts as reordered, a report never acknowledged as lost. With `telemetry` in the configuration, each worker also sends
+one Telemetry message a second (with its report of that tick), as a real worker's sampler does. (The coordinator process checks every
 report's order and timing itself: see `coordinator.ReportTap`.)
 
 Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faults` in the configuration
@@ -155,6 +156,11 @@ class FakeWorker:
         self.sent_at.append(time.perf_counter())
         self._put(report=pb.Report(round=i, metrics_json=text, reported_at=time.time(),
                                    wants_ack=self._acked(i)))
+        if self.sim.telemetry_every and i % self.sim.telemetry_every == 0:
+            # A real worker's sampler (minitrain.worker.telemetry) sends one a second.
+            self._put(telemetry=pb.Telemetry(
+                sampled_at=time.time(), reports=i + 1, step_time_s=1.0 / self.sim.rate_hz, report_wait_s=0.0,
+                collective_wait_s=0.0, cpu_percent=95.0, rss_bytes=2 << 30, total=self.sim.reports))
 
     def _next_acked(self, start: int) -> int:
         """The first round >= start that asks for an ack (self.sim.reports when none does)."""
@@ -373,6 +379,8 @@ class Simulation:
         self.metadata = call_metadata(config["token"])
         self.reports, self.rate_hz = config["reports"], config["rate_hz"]
         self.ack_every = config.get("ack_every", 1)
+        # One Telemetry message every this many reports (one a second, as a real worker's); 0: none.
+        self.telemetry_every = max(1, round(self.rate_hz)) if config.get("telemetry", False) else 0
         self.expected_workers = config["workers"]
         self.pid, self.hostname = os.getpid(), "bench-client"
         self.pids = itertools.count(1_000_000 + os.getpid() * 10_000)

@@ -93,7 +93,8 @@ class FakeAgentLauncher:
                       "slots": spec["slots"], "workers": len(nodes) * spec["slots"], "reports": spec["reports"],
                       "rate_hz": spec["rate_hz"], "warmup_rounds": spec["warmup_rounds"], "ack_every": spec["ack_every"],
                       "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
-                      "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", [])}
+                      "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", []),
+                      "telemetry": spec.get("telemetry", False)}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -167,7 +168,9 @@ def simulate(spec: dict, observers=()):
 
     Returns (RunOutcome, ReportTap, the run's CheckpointManager, the launcher). Optional spec keys
     beyond the benchmark's: `max_failures` (0), `worker_hang_timeout_s` ("auto"),
-    `worker_hang_floor_s` (None), `stop_grace_s` (5), and `faults` for the clients (see `bench.scale.clients`). tests/process/test_fake_cluster.py
+    `worker_hang_floor_s` (None), `stop_grace_s` (5), `faults` for the clients (see `bench.scale.clients`),
+    `telemetry` (False: the fake workers send no Telemetry) and `monitor` (False: no `RunMonitor`, which
+    TorchTrainer always installs). tests/process/test_fake_cluster.py
     drives the controller through it.
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager
@@ -195,6 +198,10 @@ def simulate(spec: dict, observers=()):
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)
+    if spec.get("monitor", False):  # as TorchTrainer.fit() does: its RunMonitor is the first observer
+        from minitrain.coordinator.monitor import RunMonitor
+
+        observers = [RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names), *observers]
     try:
         outcome = run_coordinator(run_spec, launcher, log_sink, checkpoints, MetricsLog(storage),
                                   observers=[tap, *observers])

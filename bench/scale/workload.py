@@ -159,13 +159,15 @@ def _merge_clients(out_dir: str) -> dict:
 
 
 def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_procs: int,
-              profile: bool, ack_every: int = 10) -> dict:
-    """One simulated run of `workers` fake workers; its figures (see the module docstring)."""
+              profile: bool, ack_every: int = 10, monitored: bool = True) -> dict:
+    """One simulated run of `workers` fake workers; its figures (see the module docstring).
+    `monitored`: as a real run, each worker also sends one Telemetry message a second and the
+    coordinator runs TorchTrainer's RunMonitor (False: reports only, as the figures before issue 15)."""
     out_dir = os.path.join(tmp, f"scale_{workers}")
     os.makedirs(out_dir)
     spec = {"workers": workers, "slots": SLOTS, "reports": int(round(seconds * RATE_HZ)), "rate_hz": RATE_HZ,
             "warmup_rounds": int(round(warmup_s * RATE_HZ)), "client_procs": client_procs, "out_dir": out_dir,
-            "ack_every": ack_every,
+            "ack_every": ack_every, "telemetry": monitored, "monitor": monitored,
             "result": os.path.join(out_dir, "coordinator.json")}
     spec_path = os.path.join(out_dir, "spec.json")
     write_json(spec_path, spec)
@@ -219,6 +221,7 @@ def _figures(workers: int, spec: dict, coord: dict, clients: dict, sampler: Proc
     cores = usage["coordinator_cores"]
     return {
         "workers": workers, "nodes": workers // SLOTS, "client_procs": len(clients["clients"]),
+        "monitored": spec["monitor"],
         "reports_per_worker": spec["reports"], "ack_every": spec["ack_every"], "offered_per_s": workers * RATE_HZ,
         "absorbed_per_s": absorbed, "p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99),
         "max_ms": lat[-1] * 1e3 if lat else None, "latency_samples": len(lat),
