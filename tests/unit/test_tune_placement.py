@@ -124,3 +124,4 @@ def test_demand_of_trainables():
 def test_demand_refuses_nonsense(bad):
     with pytest.raises(ValueError):
         Demand(**bad)
+
