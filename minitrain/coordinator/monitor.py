@@ -6,7 +6,9 @@ it. Every public method returns plain JSON-able dicts and lists, copies made und
 /work/helpers/monitor_contract.md's API in each method's docstring.
 
 History is bounded: the last SAMPLES_PER_RANK telemetry samples of each rank (about half an hour at
-one a second) and the last MAX_REPORTS rank-0 reports; the full history is in the run directory.
+one a second), fewer with many ranks so that all of them hold at most MAX_SAMPLES (a sample takes
+about 0.7 KiB: 2000 a rank would be 5.6 GiB at 4096 ranks; see `samples_per_rank`), and the last
+MAX_REPORTS rank-0 reports; the full history is in the run directory.
 
 Files (names in `minitrain.storage.layout`), appended through the run's `Storage` by a thread of
 the monitor's own, at most every FLUSH_S and when the run ends:
@@ -51,6 +53,8 @@ from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELE
 logger = logging.getLogger("minitrain")
 
 SAMPLES_PER_RANK = 2000
+MAX_SAMPLES = 400_000  # every rank's together: about 300 MiB
+MIN_SAMPLES_PER_RANK = 60  # a minute of history per rank, however many ranks
 MAX_REPORTS = 10000
 RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this many seconds
 MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
@@ -59,6 +63,12 @@ FLUSH_S = 1.0
 _OUTCOME_STATES = {"SUCCEEDED": "FINISHED", "FAILED": "ERRORED", "ABORTED": "ABORTED"}
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
               "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
+
+
+def samples_per_rank(num_workers: int) -> int:
+    """How many samples of each rank the monitor keeps: SAMPLES_PER_RANK, or MAX_SAMPLES shared by
+    `num_workers` ranks when that is fewer (at least MIN_SAMPLES_PER_RANK)."""
+    return max(MIN_SAMPLES_PER_RANK, min(SAMPLES_PER_RANK, MAX_SAMPLES // max(1, num_workers)))
 
 
 def sample_dict(sample: TelemetrySample) -> dict:
@@ -157,6 +167,7 @@ class RunMonitor(RunObserver):
         self._rounds_seen = 0  # rounds completed in this run (this fit())
         self._total: Optional[int] = None
         self._samples: dict[int, deque] = {}
+        self._per_rank = SAMPLES_PER_RANK  # set by on_run_start from the number of ranks
         self._latest: dict[int, dict] = {}  # rank -> its latest sample of the current attempt
         self._report_counts: dict[int, int] = {}
         self._last_report_at: dict[int, float] = {}
@@ -168,6 +179,7 @@ class RunMonitor(RunObserver):
         with self._lock:
             self._run.update(run_id=run.run_id, name=run.experiment_name, run_path=run.run_path,
                              started_at=run.started_at, num_workers=run.num_workers, state="STARTING")
+            self._per_rank = samples_per_rank(run.num_workers)
             entry = dict(self._run)
         self._event("run_started", run.started_at, entry)
 
@@ -194,7 +206,7 @@ class RunMonitor(RunObserver):
     def on_telemetry(self, sample: TelemetrySample) -> None:
         entry = sample_dict(sample)
         with self._lock:
-            self._samples.setdefault(sample.rank, deque(maxlen=SAMPLES_PER_RANK)).append(entry)
+            self._samples.setdefault(sample.rank, deque(maxlen=self._per_rank)).append(entry)
             current = self._attempts[-1] if self._attempts else None
             late = current is not None and (current["attempt"] != sample.attempt or current["ended_at"] is not None)
         if late:
@@ -420,8 +432,9 @@ class RunMonitor(RunObserver):
             def this_run(entry: dict) -> bool:
                 return started is None or (entry.get("time") is not None and entry["time"] >= started)
 
+            per_rank = samples_per_rank(monitor._run.get("num_workers") or 1)
             for entry in samples:
-                monitor._samples.setdefault(entry.get("rank", 0), deque(maxlen=SAMPLES_PER_RANK)).append(entry)
+                monitor._samples.setdefault(entry.get("rank", 0), deque(maxlen=per_rank)).append(entry)
                 if entry.get("attempt") == current and this_run(entry):
                     monitor._latest[entry.get("rank", 0)] = entry
                 if entry.get("total"):

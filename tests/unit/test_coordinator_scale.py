@@ -15,6 +15,10 @@ from hypothesis import strategies as st
 
 from minitrain.coordinator import server as server_module
 from minitrain.coordinator.rounds import RoundTracker
+from minitrain.coordinator.monitor import (
+    MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,
+)
+from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,
@@ -153,3 +157,19 @@ def test_judging_thousands_of_ranks_takes_no_median_over_all_of_them(monkeypatch
     monkeypatch.setattr(statistics, "median", original)
     assert [s.rank for s in started] == [7]
     assert sizes == []  # the medians come from the sorted order, not from rescanning the ranks
+
+
+def test_the_monitor_keeps_a_bounded_history_in_all_however_many_ranks():
+    """2000 samples a rank (0.7 KiB each) would hold 5.6 GiB at 4096 ranks after half an hour."""
+    assert samples_per_rank(8) == SAMPLES_PER_RANK
+    assert samples_per_rank(4096) * 4096 <= MAX_SAMPLES
+    assert samples_per_rank(1_000_000) == MIN_SAMPLES_PER_RANK
+    monitor = RunMonitor(storage=None)
+    monitor.on_run_start(RunInfo("run", "exp", "/tmp/x", 4096, 0.0, request_stacks=lambda rank: None))
+    monitor.on_attempt_start(AttemptInfo(0, ("h",) * 4096, 0.0))
+    for i in range(300):
+        monitor.on_telemetry(TelemetrySample(attempt=0, rank=5, time=float(i), reports=i, step_time_s=0.1,
+                                             host="h", pid=1, phase="TRAINING"))
+    kept = monitor.samples(5, 0.0)
+    assert len(kept) == samples_per_rank(4096) < 300
+    assert kept[-1]["time"] == 299.0  # the latest ones

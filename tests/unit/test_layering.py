@@ -58,7 +58,8 @@ TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
 BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.run",
                "minitrain.coordinator.controller", "minitrain.coordinator.metrics_log", "minitrain.logs",
-               "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh"}
+               "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh",
+               "minitrain.coordinator.monitor"}  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 
 
