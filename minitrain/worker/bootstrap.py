@@ -23,7 +23,6 @@ from minitrain.records import Phase, RunPayload
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.client import StreamClosed, WorkerClient
-from minitrain.worker import sigterm_flush
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
@@ -244,11 +243,21 @@ class WorkerRun:
 
 def _flush_on_sigterm(client: WorkerClient) -> None:
     """When minitrain stops this worker (SIGTERM), first send the reports it queued: a report() that
-    returned just before a peer failed still reaches the coordinator. The handler only notes the
-    signal; a thread flushes within SIGTERM_FLUSH_S, also while the main thread is blocked in C or
-    holds the stream's lock, and the process then dies of SIGTERM as it would have (see
-    minitrain.worker.sigterm_flush). Only while SIGTERM has its default meaning."""
-    sigterm_flush.install(client, SIGTERM_FLUSH_S)
+    returned just before a peer failed still reaches the coordinator. Only while SIGTERM has its
+    default meaning (a handler of the user's, installed later, replaces this one); the process then
+    dies of SIGTERM as it would have. The handler runs when the main thread next runs Python code; a
+    main thread blocked in C (a collective) is killed at the end of the grace period as before."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def flush_then_die(signum, _frame) -> None:
+        client.close(SIGTERM_FLUSH_S)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signal.SIGTERM, flush_then_die)
 
 
 def _arm_stack_dumps(fd: int | None) -> None:
