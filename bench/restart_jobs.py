@@ -77,9 +77,7 @@ def _fork_servers_at_kill(exclude: set) -> list[dict]:
         return fork_servers
     for child in children:
         try:
-            # Workers forked from it share its command line; it alone is single-threaded (a worker
-            # runs gRPC's threads from its first moment on).
-            if child.pid in exclude or "--fork-server" not in child.cmdline() or child.num_threads() > 1:
+            if child.pid in exclude or "--fork-server" not in child.cmdline():
                 continue
             with open(f"/proc/{child.pid}/wchan") as f:
                 waiting_on = f.read()

@@ -83,7 +83,6 @@ class NodeAgent:
         self._oom_baseline = procs.oom_kill_count()
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
-        self._fork_server_asked = False  # asked for before any start: the next start's workers come from it
         # Held while a child is started (until it is in _workers or the fork server pool) and while
         # orphans are reaped or swept: the sweep must never take a child being started for a leftover.
         self._children_lock = threading.Lock()
@@ -171,9 +170,7 @@ class NodeAgent:
             # Stopping waits out the grace period; do it aside so commands keep flowing.
             threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
                              daemon=True, name="agent-stop").start()
-        elif kind == "prepare_fork_servers" and self._last_start is None:
-            self._fork_server_asked = True
-        elif kind == "prepare_fork_servers":
+        elif kind == "prepare_fork_servers" and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
             self._refill_fork_server()
@@ -233,12 +230,6 @@ class NodeAgent:
         key = (tuple(sorted(env.items())), start.cwd)
         with self._lock:
             self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)
-        if self._fork_server_asked:
-            # Asked for before this first start: import torch once in the fork server and fork this
-            # start's workers from it, rather than have each worker import it too on the same cores.
-            self._fork_server_asked = False
-            self._fork_server.want(key, env, start.cwd or None)
-            self._refill_fork_server()
         for launch in start.workers:
             self._spawn(start, launch, env, key)
         self._last_start = (key, env, start.cwd or None)

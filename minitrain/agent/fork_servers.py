@@ -4,10 +4,9 @@ A restart spends most of its time starting Python and importing torch in each ne
 run may restart, the agent keeps one fork server (`minitrain.worker.fork_server`) for the environment and
 working directory of the last start; the next attempt's workers are forked from it in milliseconds,
 so a restart costs a rendezvous instead of an interpreter start, however many restarts come and
-however soon after each other. The coordinator asks for it before each start that a restart may
-follow; before the first start, that start's workers are forked from it too (torch is imported once
-per node instead of once per worker on the same cores), so a crash at start-up (the commonest kind)
-finds it warm. It says ready once torch.distributed is imported and forks from a quick
+however soon after each other. The coordinator asks for it with each start that a restart may follow,
+so it imports torch while the attempt's own workers do: a crash at start-up (the commonest kind)
+finds it ready or nearly so. It says ready once torch.distributed is imported and forks from a quick
 server while it imports the rest (see minitrain.worker.fork_server), so a restart never waits for
 those slower imports. It is started from the agent's main thread (the parent-death signal follows
 the spawning thread); a start with another environment or working directory discards it, and

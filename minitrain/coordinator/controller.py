@@ -237,9 +237,6 @@ class Controller:
             self._forget_relaunched(action.reason)
         elif isinstance(action, LogLate):
             self._log_late(action.stage)
-        elif isinstance(action, PrepareForkServers) and group is None:  # before the first start
-            for node_id in self._nodes:
-                self._hub.send_to_agent(node_id, pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers()))
         elif group is None:
             return
         elif isinstance(action, StopWorkers):

@@ -152,8 +152,7 @@ class CloseStreams:
 
 @dataclass(frozen=True)
 class PrepareForkServers:
-    """Keep a warm fork server on each node so that the next attempt starts fast (before a start: that
-    start's workers are forked from it)."""
+    """Keep a warm fork server on each node so that the next attempt starts fast."""
 
 
 @dataclass(frozen=True)
@@ -241,12 +240,11 @@ def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
 
 
 def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> Decision:
-    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason),)
+    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt))
     if rules.allows_retry(loop.failures + 1):
-        # Before the start: the nodes fork the attempt's workers from their fork server (torch is
-        # imported once per node), and a crash at start-up (the commonest kind) finds it warm.
+        # The fork server imports torch while the attempt starts: a crash at start-up (the commonest
+        # kind) then restarts from it instead of waiting for its imports.
         actions += (PrepareForkServers(),)
-    actions += (StartAttempt(attempt),)
     return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
                             reason=reason), actions)
 

@@ -148,7 +148,10 @@ def train_fails_once_leaving_daemons(config):
     notes = sorted(str(p) for p in Path(config["dir"]).glob("attempt0-*") if not p.name.endswith(".tmp"))
     alive = [note for note in notes if psutil.pid_exists(read_note(note)[0])
              and psutil.Process(read_note(note)[0]).status() != psutil.STATUS_ZOMBIE]
-    taken = [note for note in notes if not port_is_free(read_note(note)[1])]
+    # A daemon's port counts as kept only while the daemon lives: once it is dead its ephemeral port is
+    # free by definition, and on a busy machine another process (a parallel test's gRPC server) may
+    # have been given the same number since, which says nothing about the daemon.
+    taken = [note for note in alive if not port_is_free(read_note(note)[1])]
     with open(os.path.join(config["dir"], f"seen_by_rank{rank}.json"), "w") as seen:
         json.dump({"notes": notes, "alive": alive, "taken": taken}, seen)
     minitrain.report({"rank": rank})

@@ -196,17 +196,16 @@ def test_fork_servers_are_prepared_only_when_a_restart_may_come():
     assert PrepareForkServers() not in actions and MoveTo(S.RUNNING, "every rank is training") in actions
 
 
-def test_fork_servers_are_prepared_before_each_start_that_a_restart_may_follow():
-    # Before the start, not once the ranks train: the start's workers are forked from the fork server,
-    # and a crash at start-up finds it warm.
+def test_fork_servers_are_prepared_with_each_start_that_a_restart_may_follow():
+    # With the start, not once the ranks train: a crash at start-up must find the fork server warming up.
     _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, stage=Stage.AGENTS))
-    assert actions[-2:] == [PrepareForkServers(), StartAttempt(0)]
+    assert actions[-2:] == [StartAttempt(0), PrepareForkServers()]
     _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, stage=Stage.AGENTS), replace(RULES, max_failures=0))
     assert actions[-1] == StartAttempt(0) and PrepareForkServers() not in actions
     # A restart that another may follow (failure 1 of 2); the last retry's start has none (see above).
     draining = Loop(state=S.RESTARTING, stage=Stage.DRAIN, failures=1, deadline=1e9)
     _, actions = _run([(replace(EXITED, all_drained=True), 0.0)], draining, replace(RULES, max_failures=2))
-    assert actions[-2:] == [PrepareForkServers(), StartAttempt(1)]
+    assert actions[-2:] == [StartAttempt(1), PrepareForkServers()]
 
 
 def test_ctrl_c_stops_gracefully_then_a_second_one_kills_at_once():
