@@ -18,6 +18,7 @@ from minitrain.checkpoint import Checkpoint
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import TRACKERS_DIR
+from minitrain.storage.retention import flatten_metrics
 
 STATE_FILE = f"{TRACKERS_DIR}/state.json"
 
@@ -94,16 +95,9 @@ def json_safe(value: Any) -> Any:
     return repr(value)
 
 
-def flatten(metrics: dict, prefix: str = "") -> dict:
+def flatten(metrics: dict) -> dict:
     """Nested dicts flattened with "/" between keys (Ray's convention for metric names)."""
-    flat = {}
-    for key, value in metrics.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(flatten(value, name + "/"))
-        else:
-            flat[name] = value
-    return flat
+    return flatten_metrics(metrics)
 
 
 def numeric(metrics: dict) -> dict:

@@ -11,21 +11,15 @@ import sys
 import time
 from typing import Any, Optional, TextIO
 
+from minitrain.storage.retention import flatten_metrics
 from minitrain.tune import trials as tr
 
 MAX_ROWS = 30
 
 
-def _flat(values: Any, prefix: str = "") -> dict:
-    if not isinstance(values, dict):
-        return {}
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flat(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
+def _flat(values: Any) -> dict:
+    """A trial's config with nested dicts as "a/b" keys; {} for a config that is not a dict."""
+    return flatten_metrics(values) if isinstance(values, dict) else {}
 
 
 def _cell(value: Any) -> str:

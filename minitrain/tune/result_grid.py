@@ -10,6 +10,7 @@ from typing import Any, Iterator, Optional
 from minitrain.checkpoint import Checkpoint
 from minitrain.errors import RemoteWorkerError
 from minitrain.result import Result
+from minitrain.storage.retention import flatten_metrics
 from minitrain.tune import trials as tr
 
 _SCOPES = ("all", "last", "avg", "last-5-avg", "last-10-avg")
@@ -130,8 +131,9 @@ class ResultGrid:
                 if history:
                     pick = max if filter_mode == "max" else min
                     chosen = pick(history, key=lambda r: r[filter_metric])
-            row = _flatten(chosen)
-            row.update(_flatten(result.config if isinstance(result.config, dict) else {}, "config/"))
+            row = flatten_metrics(chosen)
+            row.update({f"config/{key}": value for key, value in flatten_metrics(
+                result.config if isinstance(result.config, dict) else {}).items()})
             row.update(trial_id=result.trial_id, status=result.status, logdir=result.path)
             rows.append(row)
         return pandas.DataFrame(rows)
@@ -153,13 +155,3 @@ def _score(result: TrialResult, metric: str, mode: str, scope: str) -> Optional[
     window = {"avg": len(history), "last-5-avg": 5, "last-10-avg": 10}[scope]
     values = history[-window:]
     return float(sum(values) / len(values))
-
-
-def _flatten(values: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}/"))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat

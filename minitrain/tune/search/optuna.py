@@ -14,6 +14,7 @@ import copy
 from typing import Any, Optional
 
 from minitrain.errors import ConfigError
+from minitrain.storage.retention import flatten_metrics
 from minitrain.tune.search import Searcher
 from minitrain.tune.search_space import Domain, _is_grid, _unresolved_paths
 
@@ -109,7 +110,7 @@ class OptunaSearch(Searcher):
         direction = "maximize" if self.mode == "max" else "minimize"
         self._study = optuna.create_study(sampler=self._sampler, study_name=self._study_name, direction=direction)
         for index, point in enumerate(self._points):
-            params = _flat(point)
+            params = flatten_metrics(point)
             if self._rewards:
                 self._study.add_trial(optuna.trial.create_trial(
                     params=params, distributions={k: self._distributions[k] for k in params},
@@ -152,19 +153,8 @@ class OptunaSearch(Searcher):
         """A restored sweep's finished trial becomes a finished Optuna trial (so TPE learns from it)."""
         self._ensure_study()
         value = (result or {}).get(self.metric)
-        flat = {k: v for k, v in _flat(config).items() if k in self._distributions}
+        flat = {k: v for k, v in flatten_metrics(config).items() if k in self._distributions}
         if error or not isinstance(value, (int, float)) or set(flat) != set(self._distributions):
             return
         self._study.add_trial(self._optuna.trial.create_trial(params=flat, distributions=self._distributions,
                                                               value=float(value)))
-
-
-def _flat(config: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flat(value, name + "/"))
-        else:
-            flat[name] = value
-    return flat
