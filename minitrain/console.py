@@ -88,10 +88,12 @@ class LiveConsole:
 
     @property
     def stdout(self) -> TextIO:
+        """The stream this console writes stdout lines to (the process's stdout unless one was given)."""
         return self._stdout or sys.stdout
 
     @property
     def stderr(self) -> TextIO:
+        """The stream this console writes stderr lines to (the process's stderr unless one was given)."""
         return self._stderr or sys.stderr
 
     # ------------------------------------------------------------------ output of others

@@ -75,14 +75,17 @@ class Totals:
     # The totals by kind, as before the snapshot was added.
     @property
     def report_s(self) -> float:
+        """Seconds blocked in report()."""
         return self.waits.report_s
 
     @property
     def collective_s(self) -> float:
+        """Seconds blocked in minitrain.collective."""
         return self.waits.collective_s
 
     @property
     def data_s(self) -> Optional[float]:
+        """Seconds waiting on the data iterators (None when none was used)."""
         return self.waits.data_s
 
 

@@ -32,6 +32,7 @@ class TrialResult(Result):
 
     @property
     def config(self) -> Any:
+        """The trial's resolved config (the sampled param_space)."""
         return self._config
 
 
@@ -79,6 +80,7 @@ class ResultGrid:
 
     @property
     def num_errors(self) -> int:
+        """How many trials ended in ERROR."""
         return len(self.errors)
 
     @property

@@ -86,6 +86,8 @@ class Runner:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
+        """Run the sweep until every trial ended (or the time budget is spent); Ctrl-C stops the
+        trials and raises KeyboardInterrupt after the state file was written."""
         started = time.monotonic()
         try:
             while True:

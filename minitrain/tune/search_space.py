@@ -62,9 +62,11 @@ class Domain:
 
     @property
     def is_integer(self) -> bool:
+        """True for the integer samplers (randint, lograndint and their quantised forms)."""
         return self.kind in ("randint", "lograndint")
 
     def cast(self, value: Any) -> Any:
+        """`value` (e.g. a searcher's suggestion) as this domain's type: float or int."""
         if self.kind in ("uniform", "loguniform", "normal"):
             return float(value)
         if self.is_integer:

@@ -98,9 +98,11 @@ class TrialSession:
 
     @property
     def iteration(self) -> int:
+        """The number of results this trial has reported (across its restarts)."""
         return self._iteration
 
     def latest_checkpoint(self) -> Optional[Checkpoint]:
+        """The trial's latest checkpoint (what `tune.get_checkpoint()` returns), or None."""
         return Checkpoint(self._checkpoint) if self._checkpoint else None
 
 

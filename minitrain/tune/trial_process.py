@@ -61,6 +61,8 @@ def _read_payload(stream: Any) -> TrialPayload:
 
 
 def main(argv: list[str]) -> int:
+    """Run one trial: read its payload on stdin, write results as JSON lines to fd argv[0], obey the
+    tuner's continue/stop answers; dies by SIGINT with the tuner. Returns the exit code."""
     procs.die_with_parent(signal.SIGINT, expected_parent=int(os.environ.get("MINITRAIN_TUNE_PARENT", "0")) or None)
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     stdin = sys.stdin.buffer

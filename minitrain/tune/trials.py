@@ -46,6 +46,7 @@ class Trial:
 
     @property
     def finished(self) -> bool:
+        """True once the trial ended for good (TERMINATED or ERROR)."""
         return self.status in (TERMINATED, ERROR)
 
 
@@ -57,6 +58,7 @@ def _is_json(value: Any) -> bool:
 
 
 def new_trial(trial_id: str, name: str, dirname: str, config: Any, index: int) -> Trial:
+    """A PENDING trial of `config`, noting whether the config can be kept as JSON in the state file."""
     return Trial(trial_id=trial_id, name=name, dirname=dirname, config=config, index=index,
                  config_is_json=_is_json(config))
 
@@ -96,10 +98,12 @@ def read_state(experiment_path: str) -> tuple[dict, list[Trial]]:
 
 
 def history_path(experiment_path: str, trial: Trial) -> str:
+    """Where every result of `trial` is kept, one JSON object a line."""
     return os.path.join(experiment_path, TUNE_DIR, trial.dirname + ".jsonl")
 
 
 def log_path(experiment_path: str, trial: Trial) -> str:
+    """The output (stdout and stderr) of `trial`'s process."""
     return os.path.join(experiment_path, TUNE_DIR, trial.dirname + ".log")
 
 
@@ -131,5 +135,6 @@ def cut_history(experiment_path: str, trial: Trial, keep: int) -> None:
 
 
 def append_history(experiment_path: str, trial: Trial, result: dict) -> None:
+    """Append one result of `trial` to its history file."""
     with open(history_path(experiment_path, trial), "a") as f:
         f.write(json.dumps(result) + "\n")
