@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump")
+    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,7 @@ class AgentMessage(_message.Message):
     EXITED_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
     STACK_DUMP_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     hello: AgentHello
@@ -40,7 +41,24 @@ class AgentMessage(_message.Message):
     exited: WorkerExited
     logs: LogLines
     stack_dump: StackDump
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ...) -> None: ...
+    relayed: RelayedUp
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ...) -> None: ...
+
+class RelayedUp(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[RelayedMessage]
+    def __init__(self, items: _Optional[_Iterable[_Union[RelayedMessage, _Mapping]]] = ...) -> None: ...
+
+class RelayedMessage(_message.Message):
+    __slots__ = ("stream", "message", "closed")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    CLOSED_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    message: WorkerMessage
+    closed: bool
+    def __init__(self, stream: _Optional[int] = ..., message: _Optional[_Union[WorkerMessage, _Mapping]] = ..., closed: _Optional[bool] = ...) -> None: ...
 
 class StackDump(_message.Message):
     __slots__ = ("attempt", "rank", "text")
@@ -125,20 +143,38 @@ class LogLines(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stderr: _Optional[bool] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
-    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_fork_servers")
+    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_fork_servers", "relayed")
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SHUTDOWN_FIELD_NUMBER: _ClassVar[int]
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
     PREPARE_FORK_SERVERS_FIELD_NUMBER: _ClassVar[int]
+    RELAYED_FIELD_NUMBER: _ClassVar[int]
     start: StartWorkers
     stop: StopWorkers
     heartbeat: Heartbeat
     shutdown: Shutdown
     dump_stacks: DumpStacks
     prepare_fork_servers: PrepareForkServers
-    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_fork_servers: _Optional[_Union[PrepareForkServers, _Mapping]] = ...) -> None: ...
+    relayed: RelayedDown
+    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_fork_servers: _Optional[_Union[PrepareForkServers, _Mapping]] = ..., relayed: _Optional[_Union[RelayedDown, _Mapping]] = ...) -> None: ...
+
+class RelayedDown(_message.Message):
+    __slots__ = ("items",)
+    ITEMS_FIELD_NUMBER: _ClassVar[int]
+    items: _containers.RepeatedCompositeFieldContainer[RelayedCommand]
+    def __init__(self, items: _Optional[_Iterable[_Union[RelayedCommand, _Mapping]]] = ...) -> None: ...
+
+class RelayedCommand(_message.Message):
+    __slots__ = ("stream", "command", "close")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    COMMAND_FIELD_NUMBER: _ClassVar[int]
+    CLOSE_FIELD_NUMBER: _ClassVar[int]
+    stream: int
+    command: WorkerCommand
+    close: bool
+    def __init__(self, stream: _Optional[int] = ..., command: _Optional[_Union[WorkerCommand, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
 
 class DumpStacks(_message.Message):
     __slots__ = ("attempt",)
