@@ -3,6 +3,12 @@
 Handlers run on the server's asyncio loop. They only translate messages into events for the
 controller (or hand log lines to the log sink); they never decide anything. The controller, on its
 own thread, sends commands through the `Hub`, which hops onto the loop thread-safely.
+
+A worker's stream comes either directly (`WorkerStream`) or relayed by its node's agent (`RelayedUp`
+items on the agent's `AgentStream`, see `minitrain.agent.relay`): one `_WorkerIntake` per stream turns
+its messages into events either way, and a relayed stream's commands go down the agent's stream as
+`RelayedDown` items (`_RelayOutbox`). A relayed stream ends when the agent says it closed, or when the
+agent's own stream ends (before the agent is reported lost).
 """
 
 from __future__ import annotations
@@ -162,13 +168,17 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
     async def AgentStream(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
         state = {"node_id": "", "reason": "its stream ended (the agent exited, or its host stopped answering "
-                                          "the keepalive pings)", "stream": next(self._streams)}
+                                          "the keepalive pings)", "stream": next(self._streams),
+                 "relayed": _RelayedStreams(self, outbox)}
         reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
         try:
-            async for command in _drain(outbox):
+            async for command in _drain_agent(outbox):
                 yield command
         finally:
             reader.cancel()
+            # Its workers' relayed streams end with it, before the node is reported lost (as their
+            # own connections would have broken with the host).
+            state["relayed"].end_all()
             node_id = state["node_id"]
             if node_id:
                 self._hub.unregister_agent(node_id, outbox)
@@ -190,6 +200,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._node_names[node_id] = node.hostname
                     self._hub.register_agent(node_id, outbox)
                     self._events.put(ev.AgentConnected(node, state["stream"]))
+                elif kind == "relayed":
+                    if state["node_id"]:  # (an agent says hello first)
+                        state["relayed"].receive(message.relayed)
                 elif kind == "logs":
                     logs = message.logs
                     self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
@@ -233,51 +246,142 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def WorkerStream(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
-        key: list[tuple[int, int]] = []
-        reader = asyncio.ensure_future(self._read_worker(request_iterator, context, outbox, key))
+        intake = _WorkerIntake(self._events, self._hub, self._run_id, outbox)
+        reader = asyncio.ensure_future(self._read_worker(request_iterator, intake))
         try:
             async for command in _drain(outbox):
                 yield command
         finally:
             reader.cancel()
-            if key:
-                self._hub.unregister_worker(*key[0], outbox)
+            intake.unregister()
 
-    async def _read_worker(self, request_iterator, context, outbox: asyncio.Queue, key: list) -> None:
-        put = self._events.put
+    async def _read_worker(self, request_iterator, intake: "_WorkerIntake") -> None:
         try:
             async for message in request_iterator:
-                if message.run_id != self._run_id:
+                if not intake.handle(message):
                     break
-                attempt, rank = message.attempt, message.rank
-                kind = message.WhichOneof("body")
-                if kind == "report":
-                    put(ev.ReportReceived(_report_record(attempt, rank, message.report)))
-                elif kind == "telemetry":
-                    put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
-                elif kind == "hello" and not key:
-                    key.append((attempt, rank))
-                    self._hub.register_worker(attempt, rank, outbox)
-                    put(ev.WorkerConnected(attempt, rank, message.hello.pid, message.hello.hostname))
-                elif kind == "phase":
-                    put(ev.WorkerPhaseChanged(attempt, rank, Phase(message.phase.phase)))
-                elif kind == "store_ready":
-                    put(ev.StoreReady(attempt, message.store_ready.address, message.store_ready.port))
-                elif kind == "done":
-                    done = message.done
-                    put(ev.WorkerDone(attempt, rank, done.reports, done.return_value))
-                elif kind == "list_checkpoints":
-                    request = message.list_checkpoints
-                    put(ev.CheckpointsRequested(attempt, rank, request.request_id, request.rounds))
-                elif kind == "failure":
-                    failure = convert.failure_from_message(rank, "", 0, message.failure)
-                    put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
         except Exception:  # the worker died mid-stream; its agent reports the exit
             pass
         finally:
-            if key:
-                put(ev.WorkerStreamClosed(*key[0]))
-            outbox.put_nowait(_CLOSE)
+            intake.closed()
+
+
+class _WorkerIntake:
+    """One worker stream, direct or relayed: its messages become controller events.
+
+    The stream's hello registers its (attempt, rank) in the hub with `outbox` (where its commands
+    go); `closed()` reports the stream's end once (WorkerStreamClosed, if it said hello) and ends the
+    response stream; `unregister()` forgets the outbox (if it is still the one registered)."""
+
+    __slots__ = ("_put", "_hub", "_run_id", "_outbox", "key", "_closed")
+
+    def __init__(self, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub, run_id: str, outbox) -> None:
+        self._put = events.put
+        self._hub = hub
+        self._run_id = run_id
+        self._outbox = outbox
+        self.key: Optional[tuple[int, int]] = None
+        self._closed = False
+
+    def handle(self, message: pb.WorkerMessage) -> bool:
+        """Turn one message into its event; False when it belongs to another run (read no further)."""
+        if message.run_id != self._run_id:
+            return False
+        put = self._put
+        attempt, rank = message.attempt, message.rank
+        kind = message.WhichOneof("body")
+        if kind == "report":
+            put(ev.ReportReceived(_report_record(attempt, rank, message.report)))
+        elif kind == "telemetry":
+            put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
+        elif kind == "hello" and self.key is None:
+            self.key = (attempt, rank)
+            self._hub.register_worker(attempt, rank, self._outbox)
+            put(ev.WorkerConnected(attempt, rank, message.hello.pid, message.hello.hostname))
+        elif kind == "phase":
+            put(ev.WorkerPhaseChanged(attempt, rank, Phase(message.phase.phase)))
+        elif kind == "store_ready":
+            put(ev.StoreReady(attempt, message.store_ready.address, message.store_ready.port))
+        elif kind == "done":
+            done = message.done
+            put(ev.WorkerDone(attempt, rank, done.reports, done.return_value))
+        elif kind == "list_checkpoints":
+            request = message.list_checkpoints
+            put(ev.CheckpointsRequested(attempt, rank, request.request_id, request.rounds))
+        elif kind == "failure":
+            failure = convert.failure_from_message(rank, "", 0, message.failure)
+            put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
+        return True
+
+    def closed(self) -> None:
+        """The stream ended (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.key is not None:
+            self._put(ev.WorkerStreamClosed(*self.key))
+        self._outbox.put_nowait(_CLOSE)
+
+    def unregister(self) -> None:
+        """Stop routing commands to this stream."""
+        if self.key is not None:
+            self._hub.unregister_worker(*self.key, self._outbox)
+
+
+class _RelayOutbox:
+    """A relayed worker stream's outbox: each command (or the close) goes down its agent's stream as
+    a RelayedDown item. Used on the server loop, like an asyncio.Queue outbox."""
+
+    __slots__ = ("_agent_outbox", "_stream")
+
+    def __init__(self, agent_outbox: asyncio.Queue, stream: int) -> None:
+        self._agent_outbox = agent_outbox
+        self._stream = stream
+
+    def put_nowait(self, item) -> None:
+        if item is _CLOSE:
+            relayed = pb.RelayedCommand(stream=self._stream, close=True)
+        else:
+            relayed = pb.RelayedCommand(stream=self._stream, command=item)
+        self._agent_outbox.put_nowait(pb.AgentCommand(relayed=pb.RelayedDown(items=[relayed])))
+
+
+class _RelayedStreams:
+    """The worker streams one agent stream relays, by the agent's stream number (server loop only)."""
+
+    def __init__(self, service: CoordinatorService, agent_outbox: asyncio.Queue) -> None:
+        self._service = service
+        self._agent_outbox = agent_outbox
+        self._open: dict[int, _WorkerIntake] = {}
+        self._ended: set[int] = set()  # numbers are never reused: late items of an ended stream are dropped
+        self._all_ended = False
+
+    def receive(self, relayed: pb.RelayedUp) -> None:
+        """Handle a batch of relayed items, in order."""
+        for item in relayed.items:
+            number = item.stream
+            intake = self._open.get(number)
+            if intake is None:
+                if number in self._ended or self._all_ended:
+                    continue
+                service = self._service
+                intake = _WorkerIntake(service._events, service._hub, service._run_id,
+                                       _RelayOutbox(self._agent_outbox, number))
+                self._open[number] = intake
+            if item.closed or not item.HasField("message") or not intake.handle(item.message):
+                self._end(number)
+
+    def _end(self, number: int) -> None:
+        intake = self._open.pop(number)
+        self._ended.add(number)
+        intake.unregister()
+        intake.closed()  # (tells the agent to end the worker's stream, if it has not ended)
+
+    def end_all(self) -> None:
+        """The agent's stream ended: so did every stream it relayed (idempotent)."""
+        self._all_ended = True
+        for number in list(self._open):
+            self._end(number)
 
 
 async def _drain(outbox: asyncio.Queue):
@@ -286,6 +390,31 @@ async def _drain(outbox: asyncio.Queue):
         command = await outbox.get()
         if command is _CLOSE:
             return
+        yield command
+
+
+async def _drain_agent(outbox: asyncio.Queue):
+    """An agent stream's commands until it is closed; RelayedDown commands queued one after the
+    other go down as one (the order of all commands is kept)."""
+    pending = None
+    while True:
+        command = pending if pending is not None else await outbox.get()
+        pending = None
+        if command is _CLOSE:
+            return
+        if command.WhichOneof("body") == "relayed":
+            merged = None
+            while not outbox.empty():
+                following = outbox.get_nowait()
+                if following is _CLOSE or following.WhichOneof("body") != "relayed":
+                    pending = following
+                    break
+                if merged is None:
+                    merged = pb.AgentCommand()
+                    merged.relayed.items.extend(command.relayed.items)
+                merged.relayed.items.extend(following.relayed.items)
+            if merged is not None:
+                command = merged
         yield command
 
 

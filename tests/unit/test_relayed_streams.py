@@ -1,0 +1,210 @@
+"""The coordinator's side of worker streams relayed by a node agent (`RelayedUp` / `RelayedDown`).
+
+A real CoordinatorServer on loopback; the test plays the agent with a real gRPC client stream and
+reads the events the service puts for the controller. A relayed stream must behave exactly as a
+direct WorkerStream: its hello registers it, its messages become events in order, commands for it
+come back down the agent's stream, its end (said by the agent, or the agent's stream ending) is one
+WorkerStreamClosed, and that comes before the agent is reported lost.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+import time
+
+import grpc
+import pytest
+
+from minitrain.coordinator import events as ev
+from minitrain.coordinator.server import CoordinatorServer
+from minitrain.coordinator.service import CoordinatorService, Hub
+from minitrain.rpc import auth
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
+
+RUN_ID, TOKEN, NODE = "run-relay", "t" * 43, "node-a"
+DEADLINE_S = 20.0
+
+
+class _NullLogs:
+    def write(self, *args) -> None:
+        pass
+
+    def open(self, *args) -> None:
+        pass
+
+
+class FakeAgent:
+    """An agent's stream to the coordinator, driven by the test."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = client_channel(address)
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue = queue.SimpleQueue()
+        self.send(hello=pb.AgentHello(hostname="host-a", pid=1))
+        self.call = pb_grpc.CoordinatorStub(self.channel).AgentStream(
+            queued_requests(self.outbox), metadata=auth.call_metadata(TOKEN), wait_for_ready=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        try:
+            for command in self.call:
+                self.commands.put(command)
+        except grpc.RpcError:
+            pass
+
+    def send(self, **body) -> None:
+        self.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=NODE, **body))
+
+    def relay(self, *items: pb.RelayedMessage) -> None:
+        self.send(relayed=pb.RelayedUp(items=list(items)))
+
+    def relayed_commands(self, count: int) -> list[pb.RelayedCommand]:
+        """The next `count` relayed command items (heartbeats skipped)."""
+        found: list[pb.RelayedCommand] = []
+        deadline = time.monotonic() + DEADLINE_S
+        while len(found) < count:
+            command = self.commands.get(timeout=max(deadline - time.monotonic(), 0.01))
+            if command.WhichOneof("body") == "relayed":
+                found.extend(command.relayed.items)
+        return found
+
+    def close(self) -> None:
+        self.outbox.put(END_OF_STREAM)
+        self.call.cancel()
+        self.channel.close()
+
+
+def worker_message(stream: int, rank: int, run_id: str = RUN_ID, **body) -> pb.RelayedMessage:
+    return pb.RelayedMessage(stream=stream, message=pb.WorkerMessage(run_id=run_id, attempt=1, rank=rank, **body))
+
+
+def report(stream: int, rank: int, round_: int) -> pb.RelayedMessage:
+    return worker_message(stream, rank, report=pb.Report(round=round_, metrics_json=json.dumps({"r": round_})))
+
+
+@pytest.fixture
+def coordinator():
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    hub = Hub()
+    service = CoordinatorService(RUN_ID, events, hub, _NullLogs(), lease_timeout_s=60.0)
+    server = CoordinatorServer(service, hub, TOKEN).start()
+    agents: list[FakeAgent] = []
+
+    def agent() -> FakeAgent:
+        agents.append(FakeAgent(server.address))
+        return agents[-1]
+
+    try:
+        yield events, hub, agent
+    finally:
+        for a in agents:
+            a.close()
+        server.stop()
+
+
+def next_events(events: queue.SimpleQueue, count: int, kinds: tuple = (), ignore: tuple = (ev.AgentConnected,)):
+    """The next `count` events, skipping `ignore`d kinds."""
+    found = []
+    deadline = time.monotonic() + DEADLINE_S
+    while len(found) < count:
+        event = events.get(timeout=max(deadline - time.monotonic(), 0.01))
+        if not isinstance(event, ignore):
+            found.append(event)
+    return found
+
+
+def test_relayed_messages_become_events_in_each_streams_order(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(1, 0, hello=pb.WorkerHello(pid=10, hostname="h")),
+            worker_message(2, 1, hello=pb.WorkerHello(pid=11, hostname="h")),
+            report(1, 0, 0), report(2, 1, 0), report(1, 0, 1))
+    a.relay(report(2, 1, 1), worker_message(1, 0, done=pb.WorkerDone(reports=2)))
+    got = next_events(events, 7)
+    assert [type(e).__name__ for e in got] == ["WorkerConnected", "WorkerConnected", "ReportReceived",
+                                               "ReportReceived", "ReportReceived", "ReportReceived", "WorkerDone"]
+    assert (got[0].rank, got[0].pid) == (0, 10) and (got[1].rank, got[1].pid) == (1, 11)
+    rounds = [(e.report.rank, e.report.round, e.report.metrics) for e in got if isinstance(e, ev.ReportReceived)]
+    assert rounds == [(0, 0, {"r": 0}), (1, 0, {"r": 0}), (0, 1, {"r": 1}), (1, 1, {"r": 1})]
+    assert got[6].reports == 2
+
+
+def test_commands_for_a_relayed_worker_come_down_its_agents_stream(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(7, 3, hello=pb.WorkerHello(pid=1, hostname="h")))
+    next_events(events, 1)
+    for round_ in range(3):
+        assert hub.send_to_worker(1, 3, pb.WorkerCommand(report_ack=pb.ReportAck(round=round_)))
+    items = a.relayed_commands(3)
+    assert [(i.stream, i.command.report_ack.round, i.close) for i in items] == [(7, 0, False), (7, 1, False),
+                                                                                (7, 2, False)]
+    hub.close_worker(1, 3)
+    (closing,) = a.relayed_commands(1)
+    assert closing.stream == 7 and closing.close and not closing.HasField("command")
+
+
+def test_a_closed_relayed_stream_is_one_stream_closed_and_takes_no_more_commands(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(1, 0, hello=pb.WorkerHello(pid=1, hostname="h")), pb.RelayedMessage(stream=1, closed=True),
+            report(1, 0, 5))  # a late item of an ended stream is dropped
+    connected, closed = next_events(events, 2)
+    assert isinstance(connected, ev.WorkerConnected) and isinstance(closed, ev.WorkerStreamClosed)
+    assert (closed.attempt, closed.rank) == (1, 0)
+    assert not hub.send_to_worker(1, 0, pb.WorkerCommand(report_ack=pb.ReportAck(round=0)))
+    a.relay(worker_message(2, 1, hello=pb.WorkerHello(pid=2, hostname="h")))
+    (later,) = next_events(events, 1)
+    assert isinstance(later, ev.WorkerConnected) and later.rank == 1  # nothing from the dropped report
+
+
+def test_a_message_of_another_run_ends_that_relayed_stream_only(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(1, 0, hello=pb.WorkerHello(pid=1, hostname="h")),
+            worker_message(2, 1, hello=pb.WorkerHello(pid=2, hostname="h")),
+            worker_message(1, 0, run_id="another-run", report=pb.Report(round=0, metrics_json="{}")),
+            report(2, 1, 0))
+    got = next_events(events, 4)
+    assert [type(e).__name__ for e in got] == ["WorkerConnected", "WorkerConnected", "WorkerStreamClosed",
+                                               "ReportReceived"]
+    assert got[2].rank == 0 and got[3].report.rank == 1
+    (closing,) = a.relayed_commands(1)
+    assert closing.stream == 1 and closing.close
+
+
+def test_the_agents_stream_ending_closes_its_relayed_streams_before_the_node_is_lost(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(1, 0, hello=pb.WorkerHello(pid=1, hostname="h")),
+            worker_message(2, 1, hello=pb.WorkerHello(pid=2, hostname="h")))
+    next_events(events, 2)
+    a.close()
+    got = next_events(events, 3)
+    assert [type(e).__name__ for e in got] == ["WorkerStreamClosed", "WorkerStreamClosed", "AgentLost"]
+    assert sorted(e.rank for e in got[:2]) == [0, 1] and got[2].node_id == NODE
+    assert not hub.send_to_worker(1, 0, pb.WorkerCommand(report_ack=pb.ReportAck(round=0)))
+
+
+def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(*[worker_message(n, n - 1, hello=pb.WorkerHello(pid=n, hostname="h")) for n in range(1, 5)])
+    next_events(events, 4)
+    # From one thread, in one go: the hub hands them to the loop in one flush, so they queue together.
+    for rank in range(4):
+        hub.send_to_worker(1, rank, pb.WorkerCommand(report_ack=pb.ReportAck(round=rank)))
+    messages = []
+    deadline = time.monotonic() + DEADLINE_S
+    while sum(len(m.relayed.items) for m in messages) < 4:
+        command = a.commands.get(timeout=max(deadline - time.monotonic(), 0.01))
+        if command.WhichOneof("body") == "relayed":
+            messages.append(command)
+    items = [i for m in messages for i in m.relayed.items]
+    assert [(i.stream, i.command.report_ack.round) for i in items] == [(1, 0), (2, 1), (3, 2), (4, 3)]
+    assert len(messages) < 4  # at least two of them shared a message
