@@ -52,9 +52,16 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     assert len(off) == cli.QUICK.repeats and off[0]["telemetry_env"] == "0"
     assert off[0]["steps"] == cli.QUICK.ddp_steps and off[0]["threads"] == ddp["runs"]["minitrain"][0]["threads"]
     assert ddp["telemetry_off_steps_per_s"] > 0
-    assert ddp["telemetry_ratio"] == ddp["minitrain_steps_per_s"] / ddp["telemetry_off_steps_per_s"]
+    # The ratio is the median of back-to-back pairs' ratios (one pair in the quick run).
+    pairs = [on["steps_per_s"] / o["steps_per_s"] for on, o in zip(ddp["runs"]["minitrain"], off)]
+    assert ddp["telemetry_pair_ratios"] == pairs and ddp["telemetry_ratio"] == pairs[0]
+    # The direct cost is timed only where telemetry is on.
+    assert ddp["runs"]["minitrain"][0]["report_bookkeeping_us"] > 0 and ddp["sample_us"] > 0
+    assert "report_bookkeeping_us" not in off[0]
+    assert 0 < ddp["direct_fraction"] < 1
     measures = [row["measure"] for row in workloads["ddp"]["rows"]]
-    assert len(measures) == 2 and measures[1].startswith("telemetry overhead")
+    assert len(measures) == 3 and measures[1].startswith("telemetry overhead")
+    assert measures[2].startswith("telemetry cost timed directly")
 
 
 @pytest.mark.e2e

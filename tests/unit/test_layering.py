@@ -59,7 +59,9 @@ TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
 BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.run",
                "minitrain.coordinator.controller", "minitrain.coordinator.metrics_log", "minitrain.logs",
                "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh",
-               "minitrain.coordinator.monitor"}  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
+               "minitrain.coordinator.monitor",  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
+               # bench ddp times the telemetry bookkeeping of one report() and one sample directly
+               "minitrain.waits", "minitrain.worker.telemetry"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 
 
