@@ -84,13 +84,14 @@ def queued_requests(outbox: "queue.SimpleQueue"):
 
 
 def client_channel(address: str, cert_pem: Optional[bytes] = None) -> grpc.Channel:
-    """A channel to the coordinator at `address` (host:port) with the shared options.
+    """A channel to the coordinator at `address` (host:port, or unix:/path) with the shared options.
 
     Loopback addresses are plaintext; any other address is TLS trusting only `cert_pem`, the run's
     certificate (`minitrain.rpc.tls`), and ValueError is raised when it is missing. The run token
-    authenticates the caller in both cases. Stream calls on it should pass `wait_for_ready=True`.
+    authenticates the caller in both cases. A Unix socket ("unix:/path", the node agent's relay) is
+    plaintext too. Stream calls on it should pass `wait_for_ready=True`.
     """
     tls.require_cert(address, cert_pem)
-    if tls.uses_tls(tls.host_of(address)):
+    if not tls.is_local_socket(address) and tls.uses_tls(tls.host_of(address)):
         return grpc.secure_channel(address, tls.channel_credentials(cert_pem), options=CLIENT_OPTIONS)
     return grpc.insecure_channel(address, options=CLIENT_OPTIONS)

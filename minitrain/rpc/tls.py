@@ -52,6 +52,12 @@ def uses_tls(host: str) -> bool:
         return True  # a host name: assume it crosses the network
 
 
+def is_local_socket(address: str) -> bool:
+    """True for a Unix socket address ("unix:/path"): plaintext, it never leaves the machine (the node
+    agent's relay, `minitrain.agent.relay`, guards it with a 0700 directory and the run token)."""
+    return address.startswith("unix:")
+
+
 def host_of(address: str) -> str:
     """The host part of `host:port` (`[v6]:port` too)."""
     return address.rsplit(":", 1)[0].strip("[]")
@@ -103,7 +109,7 @@ def channel_credentials(cert_pem: bytes) -> grpc.ChannelCredentials:
 
 def require_cert(address: str, cert_pem: Optional[bytes]) -> None:
     """Raise ValueError when `address` needs TLS (not loopback) and no certificate was given: a
-    client never falls back to plaintext where the server speaks TLS."""
-    if uses_tls(host_of(address)) and not cert_pem:
+    client never falls back to plaintext where the server speaks TLS. A Unix socket needs none."""
+    if not is_local_socket(address) and uses_tls(host_of(address)) and not cert_pem:
         raise ValueError(f"the coordinator at {address} is reached over the network and speaks TLS, "
                          "but no run certificate was given; agents get it on stdin after the token")

@@ -1,0 +1,108 @@
+"""The agent's relay with real worker processes (`python -m minitrain.worker`, bootstrapped on stdin as
+the agent does): a worker SIGKILLed mid-stream ends its relayed stream with exactly one `closed`, and a
+`close` from the coordinator ends the worker's stream, which then exits on its own. The relay's logic
+is covered in process in tests/unit/test_agent_relay.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from minitrain import procs
+from minitrain.agent.relay import RelayServer
+from minitrain.records import Phase
+from minitrain.rpc._gen import minitrain_pb2 as pb
+
+TOKEN = "the-run-token"
+DEADLINE_S = 120.0  # a worker imports torch before it waits for its assignment; the machine is shared
+
+
+class Upward:
+    """What the relay hands to send_up, in order, with a wait on a condition."""
+
+    def __init__(self):
+        self.items: list[pb.RelayedMessage] = []
+        self._cond = threading.Condition()
+
+    def send_up(self, item: pb.RelayedMessage) -> None:
+        with self._cond:
+            self.items.append(item)
+            self._cond.notify_all()
+
+    def wait_for(self, predicate, what: str) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: predicate(self.items), timeout=DEADLINE_S), \
+                f"{what} within {DEADLINE_S} s; got {self.items}"
+
+
+@pytest.fixture
+def upward():
+    return Upward()
+
+
+@pytest.fixture
+def relay(upward):
+    server = RelayServer(TOKEN, upward.send_up).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def start_worker(relay):
+    started = []
+
+    def start(rank: int) -> subprocess.Popen:
+        process = procs.spawn([sys.executable, "-m", "minitrain.worker"], env=dict(os.environ))
+        started.append(process)
+        bootstrap = {"coordinator": relay.address, "token": TOKEN, "tls_cert": "", "run_id": "run-1",
+                     "attempt": 0, "rank": rank, "node_id": "node-a", "agent_pid": os.getpid(), "stack_fd": -1}
+        process.stdin.write(json.dumps(bootstrap).encode() + b"\n")  # the token never on a command line
+        process.stdin.close()
+        return process
+
+    yield start
+    for process in started:
+        procs.stop_process_group(process, grace_s=0.0)
+        process.stdout.close()
+        process.stderr.close()
+
+
+def _stream_of(upward: Upward, rank: int) -> int:
+    upward.wait_for(lambda items: any(i.message.rank == rank and i.message.HasField("hello") for i in items),
+                    f"rank {rank}'s hello")
+    return next(i.stream for i in upward.items if i.message.rank == rank and i.message.HasField("hello"))
+
+
+def test_a_sigkilled_worker_ends_its_stream_with_exactly_one_closed(upward, start_worker):
+    killed, survivor = start_worker(0), start_worker(1)
+    killed_stream, survivor_stream = _stream_of(upward, 0), _stream_of(upward, 1)
+    assert killed_stream != survivor_stream
+    os.kill(killed.pid, signal.SIGKILL)
+    assert killed.wait(DEADLINE_S) == -signal.SIGKILL
+    upward.wait_for(lambda items: any(i.closed and i.stream == killed_stream for i in items), "the killed one's end")
+    closed = [i for i in upward.items if i.closed]
+    assert [i.stream for i in closed] == [killed_stream], "one closed, for the killed worker only"
+    # Its messages all came before its end; the survivor's stream is untouched (no closed for it).
+    killed_items = [i for i in upward.items if i.stream == killed_stream]
+    assert killed_items[-1].closed and killed_items[0].message.hello.pid == killed.pid
+    assert survivor.poll() is None
+
+
+def test_a_close_from_the_coordinator_ends_the_workers_stream_and_it_exits(relay, upward, start_worker):
+    worker = start_worker(0)
+    number = _stream_of(upward, 0)
+    upward.wait_for(lambda items: any(i.message.HasField("phase") for i in items), "its start-up phase")
+    relay.deliver(pb.RelayedDown(items=[pb.RelayedCommand(stream=number, close=True)]))
+    # Waiting for its assignment, the worker sees its stream end: an attempt the coordinator ended.
+    assert worker.wait(DEADLINE_S) == 0, worker.stderr.read().decode()
+    upward.wait_for(lambda items: any(i.closed for i in items), "the end of the stream")
+    items = [i for i in upward.items if i.stream == number]
+    assert [i.message.WhichOneof("body") for i in items[:-1]] == ["hello", "phase"]
+    assert items[1].message.phase.phase == int(Phase.STARTUP)
+    assert sum(i.closed for i in items) == 1 and items[-1].closed

@@ -1,0 +1,256 @@
+"""The agent's relay of worker streams (minitrain.agent.relay), in process: real gRPC over its Unix
+socket with the real WorkerClient as the worker, and the agent's coalescing request iterator. A worker
+killed as a process is in tests/process/test_agent_relay.py."""
+
+from __future__ import annotations
+
+import os
+import queue
+import stat
+import threading
+
+import pytest
+
+from minitrain.agent import relay as relay_module
+from minitrain.agent.relay import RelayServer, coalesced_requests
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc.channel import END_OF_STREAM
+from minitrain.worker.client import StreamClosed, WorkerClient
+
+TOKEN = "the-run-token"
+DEADLINE_S = 30.0
+
+
+class Upward:
+    """What the relay hands to send_up, in order, with a wait on a condition."""
+
+    def __init__(self):
+        self.items: list[pb.RelayedMessage] = []
+        self._cond = threading.Condition()
+
+    def send_up(self, item: pb.RelayedMessage) -> None:
+        with self._cond:
+            self.items.append(item)
+            self._cond.notify_all()
+
+    def wait_for(self, predicate, what: str) -> None:
+        with self._cond:
+            assert self._cond.wait_for(lambda: predicate(self.items), timeout=DEADLINE_S), \
+                f"{what} within {DEADLINE_S} s; got {self.items}"
+
+    def of_stream(self, number: int) -> list[pb.RelayedMessage]:
+        with self._cond:
+            return [item for item in self.items if item.stream == number]
+
+    def closed(self, number: int) -> int:
+        return sum(1 for item in self.of_stream(number) if item.closed)
+
+    def stream_of_rank(self, rank: int) -> int:
+        with self._cond:
+            return next(item.stream for item in self.items if not item.closed and item.message.rank == rank)
+
+
+@pytest.fixture
+def upward():
+    return Upward()
+
+
+@pytest.fixture
+def relay(upward):
+    server = RelayServer(TOKEN, upward.send_up).start()
+    yield server
+    server.stop()
+
+
+def _client(relay: RelayServer, rank: int, token: str = TOKEN) -> WorkerClient:
+    return WorkerClient(relay.address, token, "run-1", 0, rank)
+
+
+def _command(number: int, world_size: int) -> pb.RelayedCommand:
+    return pb.RelayedCommand(stream=number, command=pb.WorkerCommand(assignment=pb.Assignment(world_size=world_size)))
+
+
+def _hello_from(client: WorkerClient, upward: Upward) -> int:
+    """Send hello and return the stream number the relay gave the client's stream."""
+    client.send(hello=pb.WorkerHello(pid=1000 + client.rank))
+    upward.wait_for(lambda items: any(i.message.rank == client.rank for i in items), f"rank {client.rank}'s hello")
+    return upward.stream_of_rank(client.rank)
+
+
+def test_two_concurrent_streams_arrive_in_their_order_with_distinct_numbers_and_close_once(relay, upward):
+    clients = [_client(relay, rank) for rank in (0, 1)]
+    count = 200
+    senders = [threading.Thread(target=lambda c=c: [c.send(phase=pb.PhaseChange(phase=i)) for i in range(count)])
+               for c in clients]
+    for sender in senders:
+        sender.start()
+    for sender in senders:
+        sender.join(DEADLINE_S)
+    for client in clients:
+        assert client.close(DEADLINE_S), "the relay did not end the stream after the worker's half-close"
+    upward.wait_for(lambda items: sum(i.closed for i in items) == 2, "both streams' ends")
+    numbers = {item.stream for item in upward.items}
+    assert len(numbers) == 2 and min(numbers) >= 1
+    for number in numbers:
+        items = upward.of_stream(number)
+        assert items[-1].closed and upward.closed(number) == 1
+        messages = [item.message for item in items[:-1]]
+        assert len({m.rank for m in messages}) == 1, "one stream carried two workers' messages"
+        assert [m.phase.phase for m in messages] == list(range(count))
+
+
+def test_commands_reach_their_own_stream_and_close_ends_it(relay, upward):
+    first, second = _client(relay, 0), _client(relay, 1)
+    first_number, second_number = _hello_from(first, upward), _hello_from(second, upward)
+    assert first_number != second_number
+    relay.deliver(pb.RelayedDown(items=[
+        _command(second_number, 22), _command(first_number, 11),
+        _command(999, 33),  # no such stream: dropped
+    ]))
+    assert first.wait_assignment(DEADLINE_S).world_size == 11
+    assert second.wait_assignment(DEADLINE_S).world_size == 22
+    # A close ends only that worker's response stream, after the commands routed before it.
+    relay.deliver(pb.RelayedDown(items=[
+        pb.RelayedCommand(stream=first_number, command=pb.WorkerCommand(rendezvous=pb.Rendezvous(master_port=7))),
+        pb.RelayedCommand(stream=first_number, close=True)]))
+    assert first.wait_rendezvous(DEADLINE_S).master_port == 7
+    with pytest.raises(StreamClosed, match="closed the stream"):
+        first.wait_phase_ack(1, DEADLINE_S)
+    upward.wait_for(lambda items: any(i.closed and i.stream == first_number for i in items), "the closed item")
+    # A command for the ended stream is dropped; the other stream still works.
+    relay.deliver(pb.RelayedDown(items=[_command(first_number, 44),
+                                        pb.RelayedCommand(stream=second_number, command=pb.WorkerCommand(
+                                            rendezvous=pb.Rendezvous(master_port=8)))]))
+    assert second.wait_rendezvous(DEADLINE_S).master_port == 8
+    assert second.close(DEADLINE_S)
+    upward.wait_for(lambda items: any(i.closed and i.stream == second_number for i in items), "the second end")
+    assert upward.closed(first_number) == 1 and upward.closed(second_number) == 1
+
+
+def test_a_broken_connection_sends_exactly_one_closed(relay, upward):
+    client = _client(relay, 3)
+    number = _hello_from(client, upward)
+    client._channel.close()  # the connection goes away without a half-close
+    upward.wait_for(lambda items: any(i.closed for i in items), "the closed item")
+    # The stream is gone: a close from the coordinator now is dropped and sends nothing more.
+    relay.deliver(pb.RelayedDown(items=[pb.RelayedCommand(stream=number, close=True)]))
+    later = _client(relay, 4)
+    later_number = _hello_from(later, upward)  # the relay served this after the close was routed
+    assert later_number > number, "stream numbers are never reused"
+    assert upward.closed(number) == 1
+    assert later.close(DEADLINE_S)
+
+
+@pytest.mark.parametrize("token", ["wrong-token", ""], ids=["wrong", "missing"])
+def test_a_caller_without_the_run_token_is_refused_before_any_message_is_relayed(relay, upward, token):
+    if token:
+        intruder = _client(relay, 5, token=token)
+    else:  # no token metadata at all
+        import grpc
+
+        from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+        from minitrain.rpc.channel import client_channel
+
+        channel = client_channel(relay.address)
+        call = pb_grpc.CoordinatorStub(channel).WorkerStream(iter([pb.WorkerMessage(rank=5)]))
+        with pytest.raises(grpc.RpcError) as refused:
+            list(call)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        channel.close()
+        intruder = None
+    if intruder is not None:
+        intruder.send(hello=pb.WorkerHello(pid=5))
+        with pytest.raises(StreamClosed, match="UNAUTHENTICATED"):
+            intruder.wait_assignment(DEADLINE_S)
+        intruder.close(DEADLINE_S)
+    # A rightful worker after it is relayed as stream 1: the refused call never got a number either.
+    assert _hello_from(_client(relay, 6), upward) == 1
+    assert [item.message.rank for item in upward.items] == [6]
+
+
+def test_the_directory_is_private_and_stop_ends_streams_and_removes_it(upward):
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    directory = relay.directory
+    assert relay.address == f"unix:{directory}/relay.sock"
+    assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
+    assert stat.S_ISSOCK(os.stat(os.path.join(directory, "relay.sock")).st_mode)
+    client = _client(relay, 0)
+    number = _hello_from(client, upward)
+    relay.stop()
+    upward.wait_for(lambda items: any(i.closed and i.stream == number for i in items), "the end at stop")
+    with pytest.raises(StreamClosed):
+        client.wait_assignment(DEADLINE_S)
+    assert not os.path.exists(directory) and relay.directory is None
+    relay.deliver(pb.RelayedDown(items=[_command(number, 1)]))  # after stop: dropped, no error
+    relay.stop()  # idempotent
+    client.close(DEADLINE_S)
+    assert upward.closed(number) == 1
+
+
+def test_stop_leaves_what_it_did_not_create(upward):
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    directory = relay.directory
+    stranger = os.path.join(directory, "not-ours")
+    open(stranger, "w").close()
+    try:
+        relay.stop()
+        assert os.path.exists(stranger) and not os.path.exists(os.path.join(directory, "relay.sock"))
+    finally:
+        os.unlink(stranger)
+        os.rmdir(directory)
+
+
+# ---------------------------------------------------------------------------------- coalescing
+
+
+def _relayed(stream: int, phase: int) -> pb.RelayedMessage:
+    return pb.RelayedMessage(stream=stream, message=pb.WorkerMessage(phase=pb.PhaseChange(phase=phase)))
+
+
+def _batch(items: list) -> tuple:
+    return ("batch", [(item.stream, item.message.phase.phase) for item in items])
+
+
+def test_queued_relayed_items_go_as_one_batch_and_other_messages_split_batches_in_order():
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    for phase in range(3):
+        outbox.put(_relayed(1 + phase % 2, phase))
+    own = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_at=1.0))
+    outbox.put(own)
+    outbox.put(_relayed(2, 3))
+    outbox.put(_relayed(1, 4))
+    outbox.put(END_OF_STREAM)
+    sent = list(coalesced_requests(outbox, _batch))
+    assert sent == [("batch", [(1, 0), (2, 1), (1, 2)]), own, ("batch", [(2, 3), (1, 4)])]
+
+
+def test_an_idle_queue_sends_an_item_at_once_and_items_queued_meanwhile_go_together():
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    requests = coalesced_requests(outbox, _batch)
+    outbox.put(_relayed(1, 0))
+    assert next(requests) == ("batch", [(1, 0)])  # nothing else queued: no wait for more
+    # The consumer (gRPC's sending thread) is busy meanwhile: what piles up goes as one message.
+    for phase in range(1, 5):
+        outbox.put(_relayed(1, phase))
+    assert next(requests) == ("batch", [(1, 1), (1, 2), (1, 3), (1, 4)])
+    outbox.put(END_OF_STREAM)
+    assert list(requests) == []
+
+
+def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
+    monkeypatch.setattr(relay_module, "MAX_BATCH_ITEMS", 2)
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    for phase in range(5):
+        outbox.put(_relayed(1, phase))
+    outbox.put(END_OF_STREAM)
+    assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
+
+    monkeypatch.setattr(relay_module, "MAX_BATCH_ITEMS", 10_000)
+    big = pb.RelayedMessage(stream=1, message=pb.WorkerMessage(
+        failure=pb.WorkerFailure(message="x" * 1000)))
+    monkeypatch.setattr(relay_module, "MAX_BATCH_BYTES", 2 * big.ByteSize() + 1)
+    for _ in range(5):
+        outbox.put(big)
+    outbox.put(END_OF_STREAM)
+    assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
+
