@@ -3,7 +3,8 @@
 The agent decides nothing about the run. It starts workers when told, stops them when told, and
 reports what happened (spawned, exited with code or signal, their output lines). If its stream with
 the coordinator breaks or goes silent past the lease timeout, it kills its workers and exits: no
-worker outlives its coordinator. It never imports torch.
+worker outlives its coordinator. It never imports torch. Its workers' streams go through it: they
+dial the agent's relay (minitrain.agent.relay), whose messages share the agent's one stream.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ from minitrain import procs
 from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
+from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
-from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
+from minitrain.rpc.channel import END_OF_STREAM, client_channel
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -88,11 +90,17 @@ class NodeAgent:
         self._children_lock = threading.Lock()
         self._unexited: dict[int, int] = {}  # attempt -> its workers on this node that have not exited
         self._descendants: Optional[Descendants] = None  # made by run(): it may create cgroups
+        # Workers dial this relay, not the coordinator: their messages go up on our one stream, in
+        # the outbox's order with ours (minitrain.agent.relay). Started by run().
+        self._relay = RelayServer(token, send_up=self._outbox.put)
 
     # ------------------------------------------------------------------ stream
 
     def _message(self, **body) -> pb.AgentMessage:
         return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
+
+    def _relayed_batch(self, items: list) -> pb.AgentMessage:
+        return self._message(relayed=pb.RelayedUp(items=items))
 
     def _hello(self) -> pb.AgentMessage:
         coordinator_host = self._address.rsplit(":", 1)[0].strip("[]")
@@ -115,11 +123,17 @@ class NodeAgent:
         # Daemons that workers start (their own sessions) are ended with their attempt: see descendants.py.
         self._descendants = Descendants(self._run_id, self._kept_children, self._children_lock)
         channel = client_channel(self._address, self._tls_cert)
+        try:
+            self._relay.start()  # before any worker can start (commands come once the stream is up)
+        except BaseException:
+            self._descendants.close()
+            channel.close()
+            raise
         stub = pb_grpc.CoordinatorStub(channel)
         self._outbox.put(self._hello())
         # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
-        self._call = stub.AgentStream(queued_requests(self._outbox), metadata=call_metadata(self._token),
-                                      wait_for_ready=True)
+        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch),
+                                      metadata=call_metadata(self._token), wait_for_ready=True)
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
@@ -137,6 +151,7 @@ class NodeAgent:
             self._fork_server.clear()
             self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
             self._descendants.close()
+            self._relay.stop()  # after the workers: their streams' last messages and ends go up first
             self._outbox.put(END_OF_STREAM)
             self._call.cancel()
             channel.close()
@@ -202,7 +217,10 @@ class NodeAgent:
                 if kind == "shutdown":
                     self._shutdown_requested = True
                     break
-                if kind != "heartbeat":
+                if kind == "relayed":
+                    # Straight to the workers' streams: the command loop may be busy spawning.
+                    self._relay.deliver(command.relayed)
+                elif kind != "heartbeat":
                     self._commands.put(command)
             if not self._shutdown_requested:
                 self._end_reason = "the coordinator closed the stream"
@@ -252,8 +270,12 @@ class NodeAgent:
         if self._descendants is not None:
             # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
             self._descendants.add_worker(process.pid, attempt)
-        bootstrap = {"coordinator": start.coordinator_address or self._address, "token": self._token,
-                     "tls_cert": self._tls_cert.decode("ascii"), "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
+        if start.coordinator_address:  # the coordinator names the address to dial: a direct stream
+            coordinator, tls_cert = start.coordinator_address, self._tls_cert.decode("ascii")
+        else:  # our relay: a local socket, plaintext (minitrain.agent.relay)
+            coordinator, tls_cert = self._relay.address, ""
+        bootstrap = {"coordinator": coordinator, "token": self._token, "tls_cert": tls_cert,
+                     "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
                      "agent_pid": os.getpid(), "stack_fd": stack_fd}
         try:
             process.stdin.write(json.dumps(bootstrap).encode() + b"\n")

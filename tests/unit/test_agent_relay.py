@@ -1,6 +1,6 @@
 """The agent's relay of worker streams (minitrain.agent.relay), in process: real gRPC over its Unix
 socket with the real WorkerClient as the worker, and the agent's coalescing request iterator. A worker
-killed as a process is in tests/process/test_agent_relay.py."""
+killed as a process is in tests/process/test_relay_processes.py."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from minitrain.agent import relay as relay_module
+from minitrain.agent.agent import NodeAgent
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
@@ -254,3 +255,33 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
     outbox.put(END_OF_STREAM)
     assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
 
+
+# ---------------------------------------------------------------------------------- the agent's wiring
+
+
+def test_the_agent_relays_its_workers_messages_on_its_outbox_and_delivers_relayed_commands():
+    agent = NodeAgent("127.0.0.1:1", "node-a", "run-1", TOKEN)
+    agent._relay.start()
+    try:
+        client = WorkerClient(agent._relay.address, TOKEN, "run-1", 0, 0)
+        client.send(hello=pb.WorkerHello(pid=1))
+        item = agent._outbox.get(timeout=DEADLINE_S)
+        assert isinstance(item, pb.RelayedMessage) and item.message.hello.pid == 1
+        agent._outbox.put(item)
+        agent._outbox.put(END_OF_STREAM)
+        [sent] = list(coalesced_requests(agent._outbox, agent._relayed_batch))
+        assert (sent.run_id, sent.node_id, sent.WhichOneof("body")) == ("run-1", "node-a", "relayed")
+        assert list(sent.relayed.items) == [item]
+
+        class _Call:  # the coordinator's commands as the AgentStream call yields them
+            def __iter__(self):
+                yield pb.AgentCommand(relayed=pb.RelayedDown(items=[_command(item.stream, 9)]))
+                yield pb.AgentCommand(shutdown=pb.Shutdown(reason="done"))
+
+        agent._call = _Call()
+        agent._receive()
+        assert client.wait_assignment(DEADLINE_S).world_size == 9
+        assert agent._commands.get_nowait() == pb.AgentCommand()  # only the wake-up: not a command
+        assert client.close(DEADLINE_S)
+    finally:
+        agent._relay.stop()
