@@ -4,6 +4,7 @@
     python -m bench --quick                  # tiny sizes, 1 repetition: proves it still works
     python -m bench --only restart,report --repeats 9 --json bench.json
     python -m bench scale --workers 64,256,1024,4096
+    python -m bench scale --workers 1024,4096 --transport both   # relayed and direct at each count
     sudo python -m bench --only multihost    # optional: a fake 2-host cluster over SSH
 
 Workloads (each module's docstring says exactly what it measures and how):
@@ -133,8 +134,9 @@ def _run_async(tmp, s, args):
 def _run_scale(tmp, s, args):
     from bench.scale.workload import bench_scale
 
+    transports = ("relayed", "direct") if args.transport == "both" else (args.transport,)
     return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
-                       profile_at=args.profile_at)
+                       profile_at=args.profile_at, transports=transports, phase=args.phase)
 
 
 def _run_multihost(tmp, s, args):
@@ -198,7 +200,14 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
     p.add_argument("--seconds", type=float, help="scale: seconds of reporting per count (default 20)")
     p.add_argument("--client-procs", type=int, default=0, help="scale: fake-client processes (default: 1 per "
-                                                               "1024 workers, at most 2)")
+                                                               "8192 workers relayed, 1024 direct; at most 2)")
+    p.add_argument("--transport", choices=["relayed", "direct", "both"], default="relayed",
+                   help="scale: the fake workers' streams relayed by their fake agents (one connection per "
+                        "node, as the product runs), direct (one connection per worker), or both at each count "
+                        "(default relayed)")
+    p.add_argument("--phase", choices=["lockstep", "random"], default="lockstep",
+                   help="scale: every rank reports at the same instant of each period, as DDP's collectives "
+                        "impose (lockstep, the default), or at a fixed pseudo-random point of it (random)")
     p.add_argument("--profile-at", type=int, metavar="WORKERS", help="scale: profile the coordinator (py-spy) "
                                                                       "at this count")
     p.add_argument("--keep-dns", action="store_true", help="multihost: leave the fake hosts' DNS as is")

@@ -5,20 +5,36 @@ the run token included, is one JSON line on stdin (as a real agent's token is).
 
 Each fake agent opens its own channel and AgentStream, says hello, sends a Heartbeat every second
 (as `NodeAgent` does) and, on StartWorkers, reports each worker spawned and starts it; when a worker
-ends it reports the exit, as an agent does once the process is gone. Each fake worker opens its own
-channel and connection (a real worker is a process of its own) and walks the real worker's protocol:
-hello, STARTUP, assignment, DIST_INIT, rank 0's StoreReady or the others' Rendezvous, TRAINING and its
-PhaseAck, then `reports` reports at `rate_hz`, Done, the Release (rank 0), and a half-close that the
-coordinator answers by closing. Every channel uses minitrain's client options, so gRPC keepalive
-pings flow every second on every connection, as they do for real agents and workers.
+ends it reports the exit, as an agent does once the process is gone. Each fake worker walks the real
+worker's protocol: hello, STARTUP, assignment, DIST_INIT, rank 0's StoreReady or the others' Rendezvous,
+TRAINING and its PhaseAck, then `reports` reports at `rate_hz`, Done, the Release (rank 0), and a
+half-close that the coordinator answers by closing. Every channel uses minitrain's client options, so
+gRPC keepalive pings flow every second on every connection, as they do for real agents and workers.
 
-A report is stamped (`reported_at`, and the worker's send time) when gRPC takes it from the worker's
-stream to write it. Every `ack_every`-th report asks for an acknowledgement (`wants_ack`), which the
-controller sends after it recorded the report (rank-0 history, rounds): round trip = send -> its
-ReportAck read back by the worker. Acks must come for the acknowledged rounds in order; anything else
-counts as reordered, a report never acknowledged as lost. With `telemetry` in the configuration, each worker also sends
-one Telemetry message a second (with its report of that tick), as a real worker's sampler does. (The coordinator process checks every
-report's order and timing itself: see `coordinator.ReportTap`.)
+Transport (`transport` in the configuration), how a worker's stream reaches the coordinator:
+- "relayed" (the default, as the product runs): the worker's stream is carried by its node's agent,
+  as `minitrain.agent.relay` carries a real worker's (one connection per host). The agent numbers
+  each worker stream it carries (1, 2, ..., never reused) and puts one `RelayedMessage` per worker
+  message on its upward FIFO, the same FIFO as its own messages, then `closed` when the worker's stream
+  ends. It coalesces exactly as the real agent does: having taken a relayed item, its request iterator
+  also takes every relayed item already queued behind it (never past one of the agent's own messages,
+  at most MAX_BATCH_ITEMS and MAX_BATCH_BYTES) into one `AgentMessage(relayed=RelayedUp)`. An item put
+  while the iterator waits goes at once, alone; items put while gRPC writes the previous message go
+  together in the next. Commands come down as `RelayedDown` items, which the agent's reader routes to the
+  worker by stream number (`close` ends the worker's stream; items for a stream gone are dropped).
+- "direct" (workers without an agent, and the figures before the relay): each fake worker opens its
+  own channel and connection and its own WorkerStream, as a worker process dialing the coordinator does.
+
+A report is stamped (`reported_at`, and the worker's send time) when it leaves the worker: relayed,
+when the worker hands it to its agent's queue, so time spent waiting for the agent's write and in a
+batch counts as latency (the relay's hop from a real worker to its agent over a local socket is not
+simulated); direct, when gRPC takes it from the worker's stream to write it. Every `ack_every`-th report
+asks for an acknowledgement (`wants_ack`), which the controller sends after it recorded the report
+(rank-0 history, rounds): round trip = send -> its ReportAck read back by the worker (relayed: routed to
+it by its agent). Acks must come for the acknowledged rounds in order; anything else counts as
+reordered, a report never acknowledged as lost. With `telemetry` in the configuration, each worker also
+sends one Telemetry message a second (with its report of that tick), as a real worker's sampler does.
+(The coordinator process checks every report's order and timing itself: see `coordinator.ReportTap`.)
 
 Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faults` in the configuration
 lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attempt the rank either fails
@@ -29,17 +45,26 @@ DDP peers blocked in their next collective. A stack dump is answered for every o
 whose main thread waits in torch.distributed's all_reduce, as a DDP peer of a frozen rank would. Each
 attempt starts with reports from round 0 after its own barrier, so a restarted run is paced as the first.
 
-Pacing: one ticker per process and attempt. Each rank has one fixed, pseudo-random slot of SLOTS; every
-period/SLOTS seconds one slot's workers each put one report (a timer per worker would cost the client
-more than the coordinator). So a round's reports arrive in no particular rank order, and a rank that is
-late in one round is late in every round, as a slow host is. Reporting starts once every worker of
-every client process is training (a barrier of files in a shared directory).
+Pacing (`phase` in the configuration): one ticker per process and attempt puts every report (a timer
+per worker would cost the client more than the coordinator). Each rank has a fixed slot within the
+period (1 / rate_hz):
+- "lockstep" (the default): every rank reports at the start of each period plus a fixed per-rank jitter
+  of 0 to LOCKSTEP_JITTER_S (one of LOCKSTEP_SLOTS sub-slots). This is what DDP does: every step ends
+  in a collective (the gradients' all_reduce) that no rank leaves before every rank has entered it, so
+  the ranks of a job step, and report, within a millisecond or two of each other, and the coordinator
+  receives each round as one burst of every rank's report (relayed: a batch from every agent at once).
+- "random": each rank reports in one pseudo-random slot of RANDOM_SLOTS spread over the period, so a
+  round's reports arrive spread out and in no rank order (the figures before lockstep). Smoother
+  traffic than DDP makes, so it flatters the coordinator's latency.
+Either way a rank that is late in one round is late in every round, as a slow host is. Reporting starts
+once every worker of every client process is training (a barrier of files in a shared directory).
 """
 
 from __future__ import annotations
 
 import array
 import asyncio
+import collections
 import itertools
 import json
 import os
@@ -59,7 +84,14 @@ from minitrain.rpc.channel import CLIENT_OPTIONS
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)
 HEARTBEAT_S = 1.0
-SLOTS = 20
+TRANSPORTS = ("relayed", "direct")
+PHASES = ("lockstep", "random")
+RANDOM_SLOTS = 20  # "random": slots spread over the period
+LOCKSTEP_SLOTS = 8  # "lockstep": sub-slots 0, 0.25, ..., 1.75 ms after the period starts
+LOCKSTEP_JITTER_S = 0.002
+# A RelayedUp stays below these (one larger item goes alone): minitrain.agent.relay's own caps.
+MAX_BATCH_BYTES = 4 << 20
+MAX_BATCH_ITEMS = 10_000
 ACK_WAIT_S = 120.0
 PHASE_WAIT_S = 120.0
 START_TRIES = 5
@@ -72,26 +104,70 @@ WAITING_STACK = """Current thread 0x00007f0000000001 (most recent call first):
 """
 
 
-async def _requests(outbox: asyncio.Queue, worker: Optional["FakeWorker"] = None):
-    """A stream's request iterator: what is put into `outbox`, until _END. A worker's report is stamped
-    here, as gRPC takes it to write: its `reported_at` (wall clock) and the worker's send time
+def slot_offsets(phase: str, period_s: float) -> list[float]:
+    """When each slot of the ticker falls, in seconds after its period starts (see the module docstring)."""
+    if phase == "lockstep":
+        return [LOCKSTEP_JITTER_S * k / LOCKSTEP_SLOTS for k in range(LOCKSTEP_SLOTS)]
+    if phase == "random":
+        return [period_s * k / RANDOM_SLOTS for k in range(RANDOM_SLOTS)]
+    raise ValueError(f"phase: {phase!r} is not one of {', '.join(PHASES)}")
+
+
+async def _direct_requests(outbox: asyncio.Queue, worker: "FakeWorker", stats: "Stats"):
+    """A direct worker stream's request iterator: what is put into `outbox`, until _END. A report is
+    stamped here, as gRPC takes it to write: its `reported_at` (wall clock) and the worker's send time
     (perf_counter), so time the client spent before handing it over never counts as latency."""
     while True:
         item = await outbox.get()
         if item is _END:
             return
-        if worker is not None and item.WhichOneof("body") == "report":
+        if item.WhichOneof("body") == "report":
             item.report.reported_at = time.time()
             worker.sent_at[item.report.round] = time.perf_counter()
+        stats.sent_message(1)
         yield item
 
 
-async def _wait(event: asyncio.Event, what: str, timeout_s: float = PHASE_WAIT_S) -> None:
-    """Wait for `event`; TimeoutError naming `what` after `timeout_s`."""
-    try:
-        await asyncio.wait_for(event.wait(), timeout_s)
-    except asyncio.TimeoutError:
-        raise TimeoutError(f"no {what} within {timeout_s:g} s") from None
+class AgentUpstream:
+    """A fake agent's upward FIFO: its own AgentMessages and, in order with them, the `RelayedMessage`
+    items of its workers' streams. `requests()` is the AgentStream's request iterator and coalesces as
+    the real agent's (`minitrain.agent.relay.coalesced_requests`, with its caps) does."""
+
+    def __init__(self, run_id: str, node_id: str, stats: "Stats"):
+        self._run_id, self._node_id, self._stats = run_id, node_id, stats
+        self._items: collections.deque = collections.deque()
+        self._ready = asyncio.Event()
+
+    def put(self, item) -> None:
+        """Queue an AgentMessage, a RelayedMessage, or _END (the agent's half-close)."""
+        self._items.append(item)
+        self._ready.set()
+
+    async def requests(self):
+        """Yield the queue's messages until _END. A RelayedMessage takes along every relayed item queued
+        right behind it (up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES, serialized) into one RelayedUp;
+        anything else goes as it is and ends the run. Nothing waits for more items to come."""
+        queued, stats = self._items, self._stats
+        while True:
+            while not queued:
+                self._ready.clear()
+                await self._ready.wait()
+            item = queued.popleft()
+            if item is _END:
+                return
+            if not isinstance(item, pb.RelayedMessage):
+                stats.sent_message(1)
+                yield item
+                continue
+            items, size = [item], item.ByteSize()
+            while len(items) < MAX_BATCH_ITEMS and queued and isinstance(queued[0], pb.RelayedMessage):
+                following_size = queued[0].ByteSize()
+                if size + following_size > MAX_BATCH_BYTES:
+                    break
+                items.append(queued.popleft())
+                size += following_size
+            stats.sent_message(len(items))
+            yield pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, relayed=pb.RelayedUp(items=items))
 
 
 class StreamBroke(RuntimeError):
@@ -108,25 +184,103 @@ class Stats:
         self.acked = 0
         self.reordered = 0
         self.reopened = 0  # streams opened again after breaking during start-up
+        self.messages_up = 0  # gRPC messages written towards the coordinator (agents' and workers')
+        self.items_up = 0  # worker and agent messages in them (a RelayedUp counts its items)
         self.acks_per_second: dict[int, int] = {}
+        self.messages_per_second: dict[int, int] = {}  # gRPC messages written, per wall-clock second
         self.lag: list[float] = []  # how late the ticker was, per tick
         self.errors: list[str] = []
         self.first_report_at: Optional[float] = None
         self.last_report_at: Optional[float] = None
-        self.last_ack_at: Optional[float] = None
+
+    def sent_message(self, items: int) -> None:
+        """One gRPC message towards the coordinator, carrying `items` agent or worker messages."""
+        self.messages_up += 1
+        self.items_up += items
+        second = int(time.time())
+        self.messages_per_second[second] = self.messages_per_second.get(second, 0) + 1
+
+
+class DirectLink:
+    """A worker's own channel, connection and WorkerStream to the coordinator."""
+
+    def __init__(self, worker: "FakeWorker"):
+        sim = worker.sim
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._channel = aio.insecure_channel(sim.address, options=OPTIONS)
+        call = pb_grpc.CoordinatorStub(self._channel).WorkerStream(
+            _direct_requests(self._outbox, worker, sim.stats), metadata=sim.metadata)
+        self.ended: asyncio.Future = asyncio.ensure_future(self._read(call, worker))
+
+    @staticmethod
+    async def _read(call, worker: "FakeWorker") -> None:
+        async for command in call:
+            worker.handle(command)
+
+    def put(self, message: pb.WorkerMessage) -> None:
+        """Send one message on the stream."""
+        self._outbox.put_nowait(message)
+
+    def half_close(self) -> None:
+        """End the requests; the coordinator answers by ending the responses (`ended`)."""
+        self._outbox.put_nowait(_END)
+
+    def abort(self) -> None:
+        """The worker is gone: nothing to do here, `close()` breaks the connection."""
+
+    async def close(self) -> None:
+        """Drop the stream and its connection."""
+        self.ended.cancel()
+        await self._channel.close()
+
+
+class RelayedLink:
+    """A worker stream carried by its agent (`FakeAgent.open_relayed`): messages go up as relayed
+    items on the agent's stream, commands come back routed by the agent."""
+
+    def __init__(self, agent: "FakeAgent", worker: "FakeWorker", number: int):
+        self._agent, self.worker, self.number = agent, worker, number
+        self.ended: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._closed = False
+
+    def put(self, message: pb.WorkerMessage) -> None:
+        """Hand one message to the agent's queue."""
+        if not self._closed:
+            self._agent.upstream.put(pb.RelayedMessage(stream=self.number, message=message))
+
+    def half_close(self) -> None:
+        """The worker's stream ends: the agent relays `closed`; the coordinator answers with `close`."""
+        if not self._closed:
+            self._closed = True
+            self._agent.upstream.put(pb.RelayedMessage(stream=self.number, closed=True))
+
+    abort = half_close  # a worker that is gone: its relay stream broke, which the agent relays as `closed`
+
+    def end(self) -> None:
+        """The coordinator closed the stream (or the agent's stream ended): the worker sees its stream
+        finish, and the relay reports the stream's end as it does for any end (`closed`, exactly once)."""
+        self.half_close()
+        if not self.ended.done():
+            self.ended.set_result(None)
+
+    async def close(self) -> None:
+        """The worker is done with the stream (a broken stream if it never half-closed)."""
+        self.abort()
+        self._agent.relayed.pop(self.number, None)
 
 
 class FakeWorker:
     """One simulated rank; see the module docstring."""
 
-    def __init__(self, sim: "Simulation", attempt: int, rank: int):
-        self.sim, self.attempt, self.rank = sim, attempt, rank
-        self.outbox: asyncio.Queue = asyncio.Queue()
+    def __init__(self, sim: "Simulation", agent: "FakeAgent", attempt: int, rank: int):
+        self.sim, self.agent, self.attempt, self.rank = sim, agent, attempt, rank
+        self.link = None
         self.assignment = asyncio.Event()
         self.rendezvous = asyncio.Event()
         self.training = asyncio.Event()
         self.released = asyncio.Event()
         self.all_acked = asyncio.Event()
+        self.reporting_over = asyncio.Event()  # every report put, or failed, or frozen
         self.sent_at: list[float] = []
         self.next_ack = self._next_acked(0)
         self.fault = sim.fault_for(attempt, rank)
@@ -134,14 +288,16 @@ class FakeWorker:
         sim.workers.append(self)
 
     def _put(self, **body) -> None:
-        self.outbox.put_nowait(pb.WorkerMessage(run_id=self.sim.run_id, attempt=self.attempt, rank=self.rank,
-                                                **body))
+        self.link.put(pb.WorkerMessage(run_id=self.sim.run_id, attempt=self.attempt, rank=self.rank, **body))
 
-    def report(self) -> None:
-        """Put this worker's next report on its stream (called by the ticker), or fire its fault."""
+    def report(self) -> bool:
+        """Put this worker's next report on its stream (called by the ticker), or fire its fault;
+        True when a report was put."""
         if self.failed or self.frozen or self.closed or self.attempt in self.sim.frozen_attempts:
-            return  # a DDP peer of a frozen rank blocks in its next collective
+            return False  # a DDP peer of a frozen rank blocks in its next collective
         i = len(self.sent_at)
+        if i >= self.sim.reports:
+            return False
         if self.fault is not None and i == self.fault["after"]:
             if self.fault["kind"] == "freeze":
                 self.frozen = True
@@ -151,7 +307,8 @@ class FakeWorker:
                 self._put(failure=pb.WorkerFailure(
                     phase=pb.PHASE_TRAINING, exc_type="builtins.RuntimeError", failed_at=time.time(),
                     message=f"injected fault on rank {self.rank} after {i} reports"))
-            return
+            self.reporting_over.set()
+            return False
         text = json.dumps({"step": i, "loss": 1.0 / (i + 1), "rank": self.rank, "lr": 1e-3})
         self.sent_at.append(time.perf_counter())
         self._put(report=pb.Report(round=i, metrics_json=text, reported_at=time.time(),
@@ -161,6 +318,9 @@ class FakeWorker:
             self._put(telemetry=pb.Telemetry(
                 sampled_at=time.time(), reports=i + 1, step_time_s=1.0 / self.sim.rate_hz, report_wait_s=0.0,
                 collective_wait_s=0.0, cpu_percent=95.0, rss_bytes=2 << 30, total=self.sim.reports))
+        if i + 1 >= self.sim.reports:
+            self.reporting_over.set()
+        return True
 
     def _next_acked(self, start: int) -> int:
         """The first round >= start that asks for an ack (self.sim.reports when none does)."""
@@ -176,75 +336,64 @@ class FakeWorker:
         """Whether report i asks for an ack: every `ack_every`-th (spread over the ranks), and the last."""
         return (i + self.rank) % self.sim.ack_every == 0 or i == self.sim.reports - 1
 
-    def done_reporting(self) -> bool:
-        """True once every report was put."""
-        return len(self.sent_at) >= self.sim.reports
+    def handle(self, command: pb.WorkerCommand) -> None:
+        """One command from the coordinator (read from its own stream, or routed by its agent)."""
+        kind = command.WhichOneof("body")
+        if kind == "report_ack":
+            stats = self.sim.stats
+            now = time.perf_counter()
+            acked = command.report_ack.round
+            if acked != self.next_ack:
+                stats.reordered += 1  # not the next acknowledged round of this rank
+            elif acked >= stats.warmup_rounds:
+                stats.latencies.append(now - self.sent_at[acked])
+            self.next_ack = self._next_acked(max(self.next_ack, acked + 1))
+            stats.acked += 1
+            second = int(time.time())
+            stats.acks_per_second[second] = stats.acks_per_second.get(second, 0) + 1
+            if self.next_ack >= self.sim.reports:
+                self.all_acked.set()
+        elif kind == "assignment":
+            self.assignment.set()
+        elif kind == "rendezvous":
+            self.rendezvous.set()
+        elif kind == "phase_ack" and command.phase_ack.phase >= pb.PHASE_TRAINING:
+            self.training.set()
+        elif kind == "release":
+            self.released.set()
 
-    async def _read(self, call) -> None:
-        stats = self.sim.stats
-        async for command in call:
-            kind = command.WhichOneof("body")
-            if kind == "report_ack":
-                now = time.perf_counter()
-                acked = command.report_ack.round
-                if acked != self.next_ack:
-                    stats.reordered += 1  # not the next acknowledged round of this rank
-                elif acked >= stats.warmup_rounds:
-                    stats.latencies.append(now - self.sent_at[acked])
-                self.next_ack = self._next_acked(max(self.next_ack, acked + 1))
-                stats.acked += 1
-                second = int(time.time())
-                stats.acks_per_second[second] = stats.acks_per_second.get(second, 0) + 1
-                if self.next_ack >= self.sim.reports:
-                    self.all_acked.set()
-            elif kind == "assignment":
-                self.assignment.set()
-            elif kind == "rendezvous":
-                self.rendezvous.set()
-            elif kind == "phase_ack" and command.phase_ack.phase >= pb.PHASE_TRAINING:
-                self.training.set()
-            elif kind == "release":
-                self.released.set()
-
-    def _reset(self) -> None:
-        """A fresh outbox and fresh start-up events, for a (re)opened stream."""
-        self.outbox = asyncio.Queue()
-        self.assignment, self.rendezvous, self.training = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-    async def _until(self, event: asyncio.Event, what: str, reader: asyncio.Future) -> None:
+    async def _until(self, event: asyncio.Event, what: str) -> None:
         """Wait for `event`; StreamBroke if the stream ends first, TimeoutError after PHASE_WAIT_S."""
         waiter = asyncio.ensure_future(event.wait())
-        done, _ = await asyncio.wait({waiter, reader}, timeout=PHASE_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+        ended = self.link.ended
+        done, _ = await asyncio.wait({waiter, ended}, timeout=PHASE_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
         if waiter in done:
             return
         waiter.cancel()
-        if reader in done:
-            raise StreamBroke(f"its stream ended before the {what}: {reader.exception()!r}"[:300])
+        if ended in done:
+            why = "cancelled" if ended.cancelled() else repr(ended.exception())
+            raise StreamBroke(f"its stream ended before the {what}: {why}"[:300])
         raise TimeoutError(f"no {what} within {PHASE_WAIT_S:g} s")
 
-    async def _start_up(self):
-        """Open the stream and walk the phases up to the PhaseAck of TRAINING; (channel, reader task)."""
+    async def _start_up(self) -> None:
+        """Open the stream and walk the phases up to the PhaseAck of TRAINING."""
         sim = self.sim
-        self._reset()
-        channel = aio.insecure_channel(sim.address, options=OPTIONS)
-        call = pb_grpc.CoordinatorStub(channel).WorkerStream(_requests(self.outbox, self), metadata=sim.metadata)
-        reader = asyncio.ensure_future(self._read(call))
+        self.assignment, self.rendezvous, self.training = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        self.link = self.agent.open_link(self)
         try:
             self._put(hello=pb.WorkerHello(pid=sim.pid, hostname=sim.hostname))
             self._put(phase=pb.PhaseChange(phase=pb.PHASE_STARTUP))
-            await self._until(self.assignment, "assignment", reader)
+            await self._until(self.assignment, "assignment")
             self._put(phase=pb.PhaseChange(phase=pb.PHASE_DIST_INIT))
             if self.rank == 0:
                 self._put(store_ready=pb.StoreReady(address="127.0.0.1", port=29500))
             else:
-                await self._until(self.rendezvous, "rendezvous", reader)
+                await self._until(self.rendezvous, "rendezvous")
             self._put(phase=pb.PhaseChange(phase=pb.PHASE_TRAINING))
-            await self._until(self.training, "PhaseAck(TRAINING)", reader)
+            await self._until(self.training, "PhaseAck(TRAINING)")
         except BaseException:
-            reader.cancel()
-            await channel.close()
+            await self.link.close()
             raise
-        return channel, reader
 
     async def run(self) -> bool:
         """The worker's whole life; True when it ended cleanly.
@@ -256,7 +405,7 @@ class FakeWorker:
         sim = self.sim
         for attempt in range(START_TRIES):
             try:
-                channel, reader = await self._start_up()
+                await self._start_up()
                 break
             except StreamBroke as exc:
                 if attempt == START_TRIES - 1:
@@ -270,10 +419,9 @@ class FakeWorker:
         try:
             sim.training_started(self)
             await sim.go_for(self.attempt).wait()
-            while not (self.done_reporting() or self.failed or self.frozen):
-                await asyncio.sleep(0.2)
+            await self.reporting_over.wait()  # (never set for a peer of a frozen rank: it waits to be stopped)
             if self.failed:
-                self.outbox.put_nowait(_END)
+                self.link.half_close()
                 return False  # its agent reports exit code 1, as for a worker that raised
             if self.frozen or self.attempt in sim.frozen_attempts:
                 await asyncio.Event().wait()  # until its agent stops it (StopWorkers)
@@ -285,15 +433,23 @@ class FakeWorker:
             self._put(done=pb.WorkerDone(finished_at=time.time(), reports=len(self.sent_at)))
             if self.rank == 0:
                 await _wait(self.released, "release", ACK_WAIT_S)
-            self.outbox.put_nowait(_END)
-            await asyncio.wait_for(reader, ACK_WAIT_S)
+            self.link.half_close()
+            await asyncio.wait_for(asyncio.shield(self.link.ended), ACK_WAIT_S)
             return True
         except Exception as exc:  # noqa: BLE001 - recorded, and the exit code says it
             sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
             return False
         finally:
             self.closed = True
-            await channel.close()
+            await self.link.close()
+
+
+async def _wait(event: asyncio.Event, what: str, timeout_s: float = PHASE_WAIT_S) -> None:
+    """Wait for `event`; TimeoutError naming `what` after `timeout_s`."""
+    try:
+        await asyncio.wait_for(event.wait(), timeout_s)
+    except asyncio.TimeoutError:
+        raise TimeoutError(f"no {what} within {timeout_s:g} s") from None
 
 
 class FakeAgent:
@@ -301,12 +457,34 @@ class FakeAgent:
 
     def __init__(self, sim: "Simulation", node_id: str, slots: int):
         self.sim, self.node_id, self.slots = sim, node_id, slots
-        self.outbox: asyncio.Queue = asyncio.Queue()
+        self.upstream = AgentUpstream(sim.run_id, node_id, sim.stats)
         self.workers: dict[tuple[int, int], asyncio.Task] = {}
         self.fakes: dict[tuple[int, int], FakeWorker] = {}
+        self.relayed: dict[int, RelayedLink] = {}  # the worker streams it carries, by number
+        self._numbers = itertools.count(1)
 
     def _put(self, **body) -> None:
-        self.outbox.put_nowait(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
+        self.upstream.put(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
+
+    def open_link(self, worker: FakeWorker):
+        """A new stream for `worker`: carried by this agent, or its own connection (`transport`)."""
+        if self.sim.transport == "direct":
+            return DirectLink(worker)
+        link = RelayedLink(self, worker, next(self._numbers))
+        self.relayed[link.number] = link
+        return link
+
+    def _route(self, down: pb.RelayedDown) -> None:
+        """Deliver each relayed command to its worker stream, in order; drop those for streams gone."""
+        for item in down.items:
+            link = self.relayed.get(item.stream)
+            if link is None:
+                continue
+            if item.close:
+                del self.relayed[item.stream]
+                link.end()
+            else:
+                link.worker.handle(item.command)
 
     async def _heartbeat(self) -> None:
         while True:
@@ -314,7 +492,7 @@ class FakeAgent:
             self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
 
     async def _worker(self, attempt: int, rank: int, pid: int) -> None:
-        worker = FakeWorker(self.sim, attempt, rank)
+        worker = FakeWorker(self.sim, self, attempt, rank)
         self.fakes[(attempt, rank)] = worker
         clean = await worker.run()
         self._put(exited=pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=0 if clean else 1,
@@ -337,6 +515,9 @@ class FakeAgent:
     def _stop(self, stop: pb.StopWorkers) -> None:
         for (attempt, rank), task in self.workers.items():
             if attempt == stop.attempt and not task.done():
+                worker = self.fakes.get((attempt, rank))
+                if worker is not None and worker.link is not None:
+                    worker.link.abort()  # its stream breaks as the process dies, before its exit is reported
                 task.cancel()
                 self._put(exited=pb.WorkerExited(attempt=attempt, rank=rank, signal=15, stopped_by_agent=True,
                                                  exited_at=time.time()))
@@ -347,13 +528,15 @@ class FakeAgent:
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
         heartbeat = asyncio.ensure_future(self._heartbeat())
         try:
-            call = pb_grpc.CoordinatorStub(channel).AgentStream(_requests(self.outbox), metadata=sim.metadata)
+            call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(), metadata=sim.metadata)
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
                                           address="127.0.0.1", ifname="lo"))
             async for command in call:
                 kind = command.WhichOneof("body")
-                if kind == "start":
+                if kind == "relayed":
+                    self._route(command.relayed)
+                elif kind == "start":
                     self._start(command.start)
                 elif kind == "stop":
                     self._stop(command.stop)
@@ -365,9 +548,11 @@ class FakeAgent:
             sim.stats.errors.append(f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300])
         finally:
             heartbeat.cancel()
+            for link in list(self.relayed.values()):
+                link.end()  # the streams it carried end with it
             for task in self.workers.values():
                 task.cancel()
-            self.outbox.put_nowait(_END)
+            self.upstream.put(_END)
             await channel.close()
 
 
@@ -379,6 +564,11 @@ class Simulation:
         self.metadata = call_metadata(config["token"])
         self.reports, self.rate_hz = config["reports"], config["rate_hz"]
         self.ack_every = config.get("ack_every", 1)
+        self.transport = config.get("transport", "relayed")
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport: {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
+        self.phase = config.get("phase", "lockstep")
+        self.offsets = slot_offsets(self.phase, 1.0 / self.rate_hz)
         # One Telemetry message every this many reports (one a second, as a real worker's); 0: none.
         self.telemetry_every = max(1, round(self.rate_hz)) if config.get("telemetry", False) else 0
         self.expected_workers = config["workers"]
@@ -412,9 +602,9 @@ class Simulation:
     def training_started(self, worker: FakeWorker) -> None:
         """A worker got its PhaseAck(TRAINING); its attempt's reporting starts once every worker of
         the attempt has."""
-        # Each rank keeps one pseudo-random slot: no rank order, and a late rank stays late.
-        slots = self.slots.setdefault(worker.attempt, [[] for _ in range(SLOTS)])
-        slots[random.Random(worker.rank).randrange(SLOTS)].append(worker)
+        # Each rank keeps one pseudo-random slot: a late rank stays late.
+        slots = self.slots.setdefault(worker.attempt, [[] for _ in self.offsets])
+        slots[random.Random(worker.rank).randrange(len(self.offsets))].append(worker)
         self.training += 1
         count = self._training_in[worker.attempt] = self._training_in.get(worker.attempt, 0) + 1
         if count == self.expected_workers:
@@ -432,21 +622,24 @@ class Simulation:
         await self._ticker(self.slots[attempt])
 
     async def _ticker(self, slots: list[list[FakeWorker]]) -> None:
+        """Put every report at its slot's time, period after period. Between slots it gives way to the
+        event loop (at least one turn), so agents start writing one slot's batch while the next waits."""
         loop = asyncio.get_running_loop()
-        step = 1.0 / self.rate_hz / SLOTS
+        period = 1.0 / self.rate_hz
+        stats = self.stats
         start = loop.time()
-        self.stats.first_report_at = self.stats.first_report_at or time.time()
-        for tick in range(self.reports * SLOTS):
-            due = start + tick * step
-            delay = due - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self.stats.lag.append(max(0.0, loop.time() - due))
-            for worker in slots[tick % SLOTS]:
-                if not worker.done_reporting():
-                    worker.report()
-                    self.stats.sent += 1
-        self.stats.last_report_at = time.time()
+        stats.first_report_at = stats.first_report_at or time.time()
+        for round_ in range(self.reports):
+            for offset, workers in zip(self.offsets, slots):
+                if not workers:
+                    continue
+                due = start + round_ * period + offset
+                await asyncio.sleep(max(0.0, due - loop.time()))
+                stats.lag.append(max(0.0, loop.time() - due))
+                for worker in workers:
+                    if worker.report():
+                        stats.sent += 1
+        stats.last_report_at = time.time()
 
     async def run(self) -> None:
         """Run every agent until the coordinator shuts them down."""
@@ -464,11 +657,13 @@ def _results(sim: Simulation, out: str) -> dict:
     with open(out + ".errors.txt", "w") as f:  # every error, for --save-logs
         f.write("".join(e + "\n" for e in stats.errors))
     return {"pid": os.getpid(), "workers": sim.expected_workers, "training": sim.training, "sent": stats.sent,
+            "transport": sim.transport, "phase": sim.phase,
             "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
             "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
+            "messages_up": stats.messages_up, "items_up": stats.items_up,
             "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest
             "first_report_at": stats.first_report_at, "last_report_at": stats.last_report_at,
-            "acks_per_second": stats.acks_per_second,
+            "acks_per_second": stats.acks_per_second, "messages_per_second": stats.messages_per_second,
             "tick_lag_p99_s": lag[int(0.99 * (len(lag) - 1))] if lag else None,
             "tick_lag_max_s": lag[-1] if lag else None,
             "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_mib": usage.ru_maxrss / 1024,

@@ -5,7 +5,8 @@ run exactly as `TorchTrainer.fit()` runs its coordinator (`minitrain.coordinator
 the grpc.aio server with the token interceptor, the controller, commits, the metrics log, a local run
 directory and per-rank log files), but with `FakeAgentLauncher` instead of the launcher of real
 agents: its "agents" are client processes (`bench.scale.clients`) that serve many fake
-nodes each. Their CPU is therefore not this process's; the benchmark samples this process from
+nodes each (their workers' streams relayed by the fake agents, or one connection per worker). Their
+CPU is therefore not this process's; the benchmark samples this process from
 outside. At the end this process writes what the coordinator recorded (the run's outcome, rank 0's
 history, the number of completed rounds) and its own peak RSS to the spec's result file.
 """
@@ -94,7 +95,8 @@ class FakeAgentLauncher:
                       "rate_hz": spec["rate_hz"], "warmup_rounds": spec["warmup_rounds"], "ack_every": spec["ack_every"],
                       "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
                       "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", []),
-                      "telemetry": spec.get("telemetry", False)}
+                      "telemetry": spec.get("telemetry", False), "transport": spec.get("transport", "relayed"),
+                      "phase": spec.get("phase", "lockstep")}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -169,8 +171,9 @@ def simulate(spec: dict, observers=()):
     Returns (RunOutcome, ReportTap, the run's CheckpointManager, the launcher). Optional spec keys
     beyond the benchmark's: `max_failures` (0), `worker_hang_timeout_s` ("auto"),
     `worker_hang_floor_s` (None), `stop_grace_s` (5), `faults` for the clients (see `bench.scale.clients`),
-    `telemetry` (False: the fake workers send no Telemetry) and `monitor` (False: no `RunMonitor`, which
-    TorchTrainer always installs). tests/process/test_fake_cluster.py
+    `telemetry` (False: the fake workers send no Telemetry), `monitor` (False: no `RunMonitor`, which
+    TorchTrainer always installs), `transport` ("relayed": the workers' streams carried by their fake
+    agents; "direct": a connection per worker) and `phase` ("lockstep" or "random"; see `bench.scale.clients`). tests/process/test_fake_cluster.py
     drives the controller through it.
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager

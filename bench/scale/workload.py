@@ -1,14 +1,20 @@
-"""The scale workload: one simulated run per worker count, measured from outside the coordinator.
+"""The scale workload: one simulated run per worker count and transport, measured from outside the coordinator.
 
 For each count W a coordinator process (`coordinator.py`) runs the real coordinator with W fake
-workers on W/slots fake nodes (`clients.py`). While it runs, this process samples the coordinator
+workers on W/slots fake nodes (`clients.py`), their streams relayed by the fake agents (one
+connection per node, as the product runs) or direct (one connection per worker); with both
+transports, the two runs of a count follow each other. While it runs, this process samples the coordinator
 process's CPU time and RSS every SAMPLE_S seconds (psutil; its threads included, the client
-processes not). Figures per count:
+processes not). Figures per run:
 
-- offered: W x rate reports per second; absorbed: acknowledged reports per second over the steady
-  window (every client process reporting), from the per-second ack counts of the clients;
-- report latency p50/p99/max: put on the worker's stream -> ReportAck read back (see clients.py),
-  the first `warmup` seconds of each worker excluded;
+- offered: W x rate reports per second; generated: reports the clients actually put per second
+  (below offered when the client processes cannot keep up); absorbed: reports the coordinator
+  recorded per second over the steady window (every client process reporting);
+- gRPC messages per second into the coordinator over the steady window, and how many agent or worker
+  messages each carried on average (relayed: the agents' batches);
+- report latency send -> recorded p50/p99/max (see coordinator.ReportTap; "send" as clients.py
+  stamps it, relayed: handed to the agent's queue), and the round trip to the ReportAck read back,
+  the first `warmup` seconds excluded;
 - lost: reports never acknowledged; reordered: acks out of order; and what the coordinator itself
   recorded: the outcome, rank 0's history in order, every round completed (each round needs every
   rank's report);
@@ -40,6 +46,8 @@ TARGET_WORKERS = 1024
 TARGET_P99_MS = 20.0
 TARGET_RSS_MIB = 500.0
 RUN_TIMEOUT_S = 900.0
+TRANSPORTS = ("relayed", "direct")  # the order of the runs at each count ("both")
+PHASES = ("lockstep", "random")
 
 
 class ProcessSampler:
@@ -144,12 +152,20 @@ def _merge_clients(out_dir: str) -> dict:
         with open(client["latencies_file"], "rb") as f:
             latencies.frombytes(f.read())
     per_second: dict[int, int] = {}
+    messages: dict[int, int] = {}
     for client in clients:
         for second, count in client["acks_per_second"].items():
             per_second[int(second)] = per_second.get(int(second), 0) + count
+        for second, count in client["messages_per_second"].items():
+            messages[int(second)] = messages.get(int(second), 0) + count
+    # A client's reports span its first round's start to its last round's (one period short of its rounds).
+    generated = [c["sent"] / (c["last_report_at"] - c["first_report_at"] + 1.0 / RATE_HZ) for c in clients
+                 if c["last_report_at"] and c["first_report_at"]]
     starts = [c["first_report_at"] for c in clients if c["first_report_at"]]
     ends = [c["last_report_at"] for c in clients if c["last_report_at"]]
     return {"clients": clients, "latencies": sorted(latencies), "acks_per_second": per_second,
+            "messages_per_second": messages, "generated_per_s": sum(generated) if generated else None,
+            "messages_up": sum(c["messages_up"] for c in clients), "items_up": sum(c["items_up"] for c in clients),
             "window": (max(starts), min(ends)) if starts and ends else None,
             "sent": sum(c["sent"] for c in clients), "acked": sum(c["acked"] for c in clients),
             "expected": sum(c["expected"] for c in clients), "reordered": sum(c["reordered"] for c in clients),
@@ -159,15 +175,18 @@ def _merge_clients(out_dir: str) -> dict:
 
 
 def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_procs: int,
-              profile: bool, ack_every: int = 10, monitored: bool = True) -> dict:
+              profile: bool, ack_every: int = 10, monitored: bool = True, transport: str = "relayed",
+              phase: str = "lockstep") -> dict:
     """One simulated run of `workers` fake workers; its figures (see the module docstring).
     `monitored`: as a real run, each worker also sends one Telemetry message a second and the
-    coordinator runs TorchTrainer's RunMonitor (False: reports only, as the figures before issue 15)."""
-    out_dir = os.path.join(tmp, f"scale_{workers}")
+    coordinator runs TorchTrainer's RunMonitor (False: reports only, as the figures before issue 15).
+    `transport`, `phase`: see `bench.scale.clients`."""
+    out_dir = os.path.join(tmp, f"scale_{workers}_{transport}")
     os.makedirs(out_dir)
     spec = {"workers": workers, "slots": SLOTS, "reports": int(round(seconds * RATE_HZ)), "rate_hz": RATE_HZ,
             "warmup_rounds": int(round(warmup_s * RATE_HZ)), "client_procs": client_procs, "out_dir": out_dir,
-            "ack_every": ack_every, "telemetry": monitored, "monitor": monitored,
+            "ack_every": ack_every, "telemetry": monitored, "monitor": monitored, "transport": transport,
+            "phase": phase,
             "result": os.path.join(out_dir, "coordinator.json")}
     spec_path = os.path.join(out_dir, "spec.json")
     write_json(spec_path, spec)
@@ -192,7 +211,7 @@ def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_pr
         if spy is not None:
             spy.wait(timeout=120)
     if proc.returncode != 0 or not os.path.exists(spec["result"]):
-        raise BenchError(f"the {workers}-worker coordinator exited with {proc.returncode}; output:\n{tail(output)}")
+        raise BenchError(f"the {workers}-worker ({transport}) coordinator exited with {proc.returncode}; output:\n{tail(output)}")
     return _figures(workers, spec, read_json(spec["result"]), _merge_clients(out_dir), sampler,
                     time.time() - started, out_dir if profile else None)
 
@@ -216,14 +235,18 @@ def _figures(workers: int, spec: dict, coord: dict, clients: dict, sampler: Proc
     per_second = {int(k): v for k, v in coord["recorded_per_second"].items()}
     seconds = [s for s in per_second if start <= s and s + 1 <= end]
     absorbed = (sum(per_second[s] for s in seconds) / len(seconds)) if seconds else None
+    messages = clients["messages_per_second"]
+    messages_per_s = (sum(messages.get(s, 0) for s in seconds) / len(seconds)) if seconds else None
     usage = sampler.window(start, end)
     expected = workers * spec["reports"]
     cores = usage["coordinator_cores"]
     return {
         "workers": workers, "nodes": workers // SLOTS, "client_procs": len(clients["clients"]),
-        "monitored": spec["monitor"],
+        "monitored": spec["monitor"], "transport": spec["transport"], "phase": spec["phase"],
         "reports_per_worker": spec["reports"], "ack_every": spec["ack_every"], "offered_per_s": workers * RATE_HZ,
-        "absorbed_per_s": absorbed, "p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99),
+        "generated_per_s": clients["generated_per_s"], "absorbed_per_s": absorbed,
+        "messages_in_per_s": messages_per_s,
+        "items_per_message": clients["items_up"] / clients["messages_up"] if clients["messages_up"] else None, "p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99),
         "max_ms": lat[-1] * 1e3 if lat else None, "latency_samples": len(lat),
         "round_trip_p50_ms": _ms(trip, 50), "round_trip_p99_ms": _ms(trip, 99), "round_trip_samples": len(trip),
         "sent": clients["sent"], "recorded": coord["recorded"], "expected": expected,
@@ -254,14 +277,17 @@ def _fmt(value, spec: str = ".1f", unit: str = "") -> str:
 
 
 def scale_table(runs: list[dict]) -> str:
-    """The Markdown table of every count."""
-    lines = ["| workers (nodes) | reports/s offered / absorbed | latency send -> recorded p50 / p99 / max "
-             "| round trip to ack p50 / p99 | lost / reordered / all recorded | coordinator CPU: cores "
-             "(us per report) | clients CPU (cores) | coordinator RSS before / steady / peak (per worker) |",
-             "|---|---|---|---|---|---|---|---|"]
+    """The Markdown table of every run: a row per count and transport (relayed, then direct)."""
+    lines = ["| workers (nodes) | transport | reports/s offered / generated / absorbed | gRPC messages/s into the "
+             "coordinator (items each) | latency send -> recorded p50 / p99 / max | round trip to ack p50 / p99 "
+             "| lost / reordered / all recorded | coordinator CPU: cores (us per report) | clients CPU (cores) "
+             "| coordinator RSS before / steady / peak (per worker) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         lines.append(
-            f"| {run['workers']} ({run['nodes']}) | {run['offered_per_s']:.0f} / {_fmt(run['absorbed_per_s'], '.0f')} "
+            f"| {run['workers']} ({run['nodes']}) | {run['transport']} "
+            f"| {run['offered_per_s']:.0f} / {_fmt(run['generated_per_s'], '.0f')} / {_fmt(run['absorbed_per_s'], '.0f')} "
+            f"| {_fmt(run['messages_in_per_s'], '.0f')} ({_fmt(run['items_per_message'], '.1f')}) "
             f"| {_fmt(run['p50_ms'], '.1f')} / {_fmt(run['p99_ms'], '.1f')} / {_fmt(run['max_ms'], '.0f')} ms "
             f"| {_fmt(run['round_trip_p50_ms'], '.1f')} / {_fmt(run['round_trip_p99_ms'], '.1f')} ms "
             f"| {run['lost']} / {run['reordered']} / {'yes' if run['all_recorded'] else '**no**'} "
@@ -274,8 +300,11 @@ def scale_table(runs: list[dict]) -> str:
 
 def print_run(run: dict) -> None:
     """One count's figures as progress lines."""
-    say(f"  {run['workers']} workers on {run['nodes']} nodes ({run['client_procs']} client process(es)): "
-        f"absorbed {_fmt(run['absorbed_per_s'], '.0f')}/s of {run['offered_per_s']:.0f}/s offered; send -> recorded "
+    say(f"  {run['workers']} workers on {run['nodes']} nodes, {run['transport']}, {run['phase']} "
+        f"({run['client_procs']} client process(es)): generated {_fmt(run['generated_per_s'], '.0f')}/s and absorbed "
+        f"{_fmt(run['absorbed_per_s'], '.0f')}/s of {run['offered_per_s']:.0f}/s offered, in "
+        f"{_fmt(run['messages_in_per_s'], '.0f')} gRPC messages/s ({_fmt(run['items_per_message'], '.1f')} "
+        f"messages each); send -> recorded "
         f"p50 {_fmt(run['p50_ms'], '.2f')} ms, p99 {_fmt(run['p99_ms'], '.2f')} ms, max {_fmt(run['max_ms'], '.1f')} ms "
         f"({run['latency_samples']} samples); round trip to ack p50 {_fmt(run['round_trip_p50_ms'], '.2f')} ms, p99 "
         f"{_fmt(run['round_trip_p99_ms'], '.2f')} ms ({run['round_trip_samples']} samples, 1 report in "
@@ -299,24 +328,44 @@ def print_run(run: dict) -> None:
         say(f"    errors: {run['client_errors'][:3]} {run['coordinator_error'][:500]}")
 
 
+def client_procs_for(workers: int, transport: str) -> int:
+    """The default number of fake-client processes: a direct worker costs its process a connection and a
+    stream, so 1 per 1024 workers; relayed, 1 per 8192 (a fake agent carries its 8 workers); at most 2
+    (the machine's other core runs the coordinator)."""
+    per_process = 1024 if transport == "direct" else 8192
+    return max(1, min(2, workers // per_process))
+
+
 def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, client_procs: int,
-                profile_at: Optional[int] = None, ack_every: int = 10) -> WorkloadResult:
-    """Every count in turn; rows for the main table at TARGET_WORKERS (or the largest count below it)."""
+                profile_at: Optional[int] = None, ack_every: int = 10, transports: tuple = ("relayed",),
+                phase: str = "lockstep") -> WorkloadResult:
+    """Every count in turn, each with every transport of `transports` (in TRANSPORTS order); rows for the
+    main table at TARGET_WORKERS (or the largest count below it), from the first transport's run."""
+    unknown = [t for t in transports if t not in TRANSPORTS]
+    if unknown or not transports:
+        raise BenchError(f"--transport: {unknown or transports!r}; choose relayed, direct or both")
+    if phase not in PHASES:
+        raise BenchError(f"--phase: {phase!r}; choose {' or '.join(PHASES)}")
+    transports = tuple(t for t in TRANSPORTS if t in transports)
     runs = []
     for workers in counts:
         if workers % SLOTS:
             raise BenchError(f"--workers: {workers} is not a multiple of {SLOTS} (workers per fake node)")
-        procs = client_procs or max(1, min(2, workers // 1024))
-        say(f"\nscale: {workers} fake workers, {RATE_HZ:g} reports/s each for {seconds:g} s "
-            f"(warm-up {warmup_s:g} s excluded)")
-        run = run_count(tmp, workers, seconds, warmup_s, procs, profile=profile_at == workers, ack_every=ack_every)
-        print_run(run)
-        runs.append(run)
-    result = WorkloadResult("scale", figures={"runs": runs, "rate_hz": RATE_HZ, "seconds": seconds,
-                                              "slots": SLOTS, "markdown": scale_table(runs)})
-    at = [r for r in runs if r["workers"] <= TARGET_WORKERS] or runs[:1]
+        for transport in transports:
+            procs = client_procs or client_procs_for(workers, transport)
+            say(f"\nscale: {workers} fake workers, {transport}, {phase}, {RATE_HZ:g} reports/s each for {seconds:g} s "
+                f"(warm-up {warmup_s:g} s excluded)")
+            run = run_count(tmp, workers, seconds, warmup_s, procs, profile=profile_at == workers,
+                            ack_every=ack_every, transport=transport, phase=phase)
+            print_run(run)
+            runs.append(run)
+    result = WorkloadResult("scale", figures={"runs": runs, "rate_hz": RATE_HZ, "seconds": seconds, "phase": phase,
+                                              "transports": list(transports), "slots": SLOTS,
+                                              "markdown": scale_table(runs)})
+    first = [r for r in runs if r["transport"] == transports[0]]
+    at = [r for r in first if r["workers"] <= TARGET_WORKERS] or first[:1]
     run = at[-1]
-    label = f"control plane, {run['workers']} fake workers x {RATE_HZ:g} Hz"
+    label = f"control plane, {run['workers']} fake workers x {RATE_HZ:g} Hz ({run['transport']}, {phase})"
     result.rows += [
         Row("scale", f"{label}: report latency p99 (p50)", f"{_fmt(run['p99_ms'], '.1f')} ms "
             f"({_fmt(run['p50_ms'], '.1f')} ms)", target=f"< {TARGET_P99_MS:g} ms at {TARGET_WORKERS}",

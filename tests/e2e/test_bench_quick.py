@@ -111,14 +111,19 @@ def test_detect_quick(tmp_path):
 
 @pytest.mark.e2e
 def test_scale_quick(tmp_path):
-    workloads, stdout = run_quick(tmp_path, "scale")
-    (run,) = workloads["scale"]["figures"]["runs"]
-    assert run["workers"] == cli.QUICK.workers[0] and run["state"] == "SUCCEEDED"
-    # Every report of every fake worker was recorded by the real coordinator, in order.
-    assert run["lost"] == 0 and run["reordered"] == 0 and run["all_recorded"], run
-    assert run["recorded"] == run["expected"] == run["workers"] * run["reports_per_worker"]
-    assert run["p99_ms"] > 0 and run["rss_peak_mib"] > 0 and run["coordinator_cores"] is not None
-    assert "Control-plane scale" in stdout
+    workloads, stdout = run_quick(tmp_path, "scale", "--transport", "both")
+    runs = workloads["scale"]["figures"]["runs"]
+    # Relayed by the fake agents (the default, as the product runs), then one connection per worker.
+    assert [(r["transport"], r["phase"]) for r in runs] == [("relayed", "lockstep"), ("direct", "lockstep")]
+    for run in runs:
+        assert run["workers"] == cli.QUICK.workers[0] and run["state"] == "SUCCEEDED"
+        # Every report of every fake worker was recorded by the real coordinator, in order.
+        assert run["lost"] == 0 and run["reordered"] == 0 and run["all_recorded"], run
+        assert run["recorded"] == run["expected"] == run["workers"] * run["reports_per_worker"]
+        assert run["p99_ms"] > 0 and run["rss_peak_mib"] > 0 and run["coordinator_cores"] is not None
+    # A relayed worker's report and telemetry of a tick, queued together, go up in one agent message.
+    assert runs[0]["items_per_message"] > 1.0 == runs[1]["items_per_message"]
+    assert "Control-plane scale" in stdout and "| 64 (8) | relayed |" in stdout and "| 64 (8) | direct |" in stdout
 
 
 @pytest.mark.e2e

@@ -1,0 +1,151 @@
+"""The scale simulation's fake agents (bench/scale/clients.py) behave as the real node agent on the wire:
+their upward stream coalesces relayed worker messages exactly as `minitrain.agent.relay.coalesced_requests`
+does, and relayed commands reach the right fake worker. Also the report pacing of `--phase` and the
+command line of `python -m bench scale`. (The whole simulation against the real coordinator runs in
+tests/e2e/test_bench_quick.py and tests/process/test_fake_cluster.py.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+
+import pytest
+
+from bench import cli
+from bench.scale import clients
+from minitrain.agent import relay
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc.channel import END_OF_STREAM
+
+RUN, NODE = "run-1", "node0000"
+
+
+def _relayed(stream: int, text: str = "x") -> pb.RelayedMessage:
+    report = pb.Report(round=0, metrics_json=json.dumps({"t": text}))
+    return pb.RelayedMessage(stream=stream, message=pb.WorkerMessage(run_id=RUN, rank=stream, report=report))
+
+
+def _heartbeat() -> pb.AgentMessage:
+    return pb.AgentMessage(run_id=RUN, node_id=NODE, heartbeat=pb.Heartbeat(sent_at=1.0))
+
+
+async def _take(upstream: clients.AgentUpstream, count: int) -> list:
+    """The next `count` messages of the fake agent's request iterator, then its end."""
+    requests = upstream.requests()
+    taken = [await requests.__anext__() for _ in range(count)]
+    with pytest.raises(StopAsyncIteration):
+        await requests.__anext__()
+    return taken
+
+
+def _real_agent(items: list) -> list:
+    """What the real agent's request iterator makes of the same queue."""
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    for item in items + [END_OF_STREAM]:
+        outbox.put(item)
+    batch = lambda batched: pb.AgentMessage(run_id=RUN, node_id=NODE, relayed=pb.RelayedUp(items=batched))  # noqa: E731
+    return list(relay.coalesced_requests(outbox, batch))
+
+
+def test_the_fake_agent_batches_exactly_as_the_real_agent():
+    assert (clients.MAX_BATCH_BYTES, clients.MAX_BATCH_ITEMS) == (relay.MAX_BATCH_BYTES, relay.MAX_BATCH_ITEMS)
+    big = "y" * (relay.MAX_BATCH_BYTES // 2)  # two of them do not fit in one batch
+    items = [_relayed(1), _relayed(2), _heartbeat(), _relayed(1), pb.RelayedMessage(stream=2, closed=True),
+             _relayed(3, big), _relayed(4, big), _relayed(5), _heartbeat()]
+    upstream = clients.AgentUpstream(RUN, NODE, clients.Stats(0))
+    for item in items:
+        upstream.put(item)
+    upstream.put(clients._END)
+    fake = asyncio.run(_take(upstream, 5))
+    real = _real_agent(items)
+    assert [m.SerializeToString() for m in fake] == [m.SerializeToString() for m in real]
+    # Never reordered, never merged across the agent's own messages, the byte cap kept.
+    shapes = [[i.stream for i in m.relayed.items] if m.HasField("relayed") else "heartbeat" for m in fake]
+    assert shapes == [[1, 2], "heartbeat", [1, 2, 3], [4, 5], "heartbeat"]
+
+
+def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during_a_write():
+    async def scenario():
+        stats = clients.Stats(0)
+        upstream = clients.AgentUpstream(RUN, NODE, stats)
+        requests = upstream.requests()
+        waiting = asyncio.ensure_future(requests.__anext__())
+        await asyncio.sleep(0)  # the iterator waits on an empty queue
+        upstream.put(_relayed(1))
+        alone = await waiting  # an item put while the iterator waits goes at once, alone
+        # While gRPC writes that message, three more come: they go together in the next one.
+        for stream in (2, 3, 1):
+            upstream.put(_relayed(stream))
+        together = await requests.__anext__()
+        upstream.put(clients._END)
+        with pytest.raises(StopAsyncIteration):
+            await requests.__anext__()
+        return alone, together, stats
+
+    alone, together, stats = asyncio.run(scenario())
+    assert [i.stream for i in alone.relayed.items] == [1]
+    assert [i.stream for i in together.relayed.items] == [2, 3, 1]
+    assert (alone.run_id, alone.node_id) == (RUN, NODE)
+    assert (stats.messages_up, stats.items_up) == (2, 4) and sum(stats.messages_per_second.values()) == 2
+
+
+def _simulation(tmp_path, **config) -> clients.Simulation:
+    base = {"address": "127.0.0.1:1", "token": "t", "run_id": RUN, "reports": 20, "rate_hz": 10.0, "ack_every": 10,
+            "workers": 8, "warmup_rounds": 0, "barrier_dir": str(tmp_path), "processes": 1, "node_ids": [NODE],
+            "slots": 8}
+    return clients.Simulation({**base, **config})
+
+
+def test_relayed_commands_reach_their_worker_and_close_ends_its_stream(tmp_path):
+    async def scenario():
+        sim = _simulation(tmp_path)
+        agent = sim.agents[0]
+        worker = clients.FakeWorker(sim, agent, attempt=0, rank=3)
+        worker.link = agent.open_link(worker)
+        other = clients.FakeWorker(sim, agent, attempt=0, rank=4)
+        other.link = agent.open_link(other)
+        assert (worker.link.number, other.link.number) == (1, 2)  # numbered from 1 in opening order
+        worker.sent_at = [0.0] * 8
+        down = pb.RelayedDown(items=[
+            pb.RelayedCommand(stream=1, command=pb.WorkerCommand(assignment=pb.Assignment(world_size=8))),
+            pb.RelayedCommand(stream=1, command=pb.WorkerCommand(report_ack=pb.ReportAck(round=7))),
+            pb.RelayedCommand(stream=9, command=pb.WorkerCommand(report_ack=pb.ReportAck(round=0))),  # gone
+            pb.RelayedCommand(stream=1, close=True)])
+        agent._route(down)
+        assert worker.assignment.is_set() and not other.assignment.is_set()
+        assert sim.stats.acked == 1 and sim.stats.reordered == 0  # rank 3's first acked round is 7
+        assert worker.link.ended.done() and not other.link.ended.done()
+        worker.report()  # after its stream was closed: nothing more goes up for it
+        # A worker that is gone: its stream's `closed` goes up once, and commands for it are dropped.
+        other.link.abort()
+        await other.link.close()
+        agent._route(pb.RelayedDown(items=[pb.RelayedCommand(stream=2, close=True)]))
+        return list(agent.upstream._items)
+
+    queued = asyncio.run(scenario())
+    # Each stream's end goes up once, as the real relay reports it, whoever ended it.
+    assert [(m.stream, m.closed) for m in queued] == [(1, True), (2, True)]
+
+
+def test_lockstep_reports_within_two_milliseconds_random_spread_over_the_period(tmp_path):
+    lockstep = clients.slot_offsets("lockstep", 0.1)
+    assert len(lockstep) == clients.LOCKSTEP_SLOTS and 0.0 == min(lockstep) and max(lockstep) < 0.002
+    spread = clients.slot_offsets("random", 0.1)
+    assert len(spread) == clients.RANDOM_SLOTS and max(spread) >= 0.09
+    with pytest.raises(ValueError, match="phase"):
+        clients.slot_offsets("sometimes", 0.1)
+    with pytest.raises(ValueError, match="transport"):
+        _simulation(tmp_path, transport="pigeon")
+    assert _simulation(tmp_path).transport == "relayed" and _simulation(tmp_path).phase == "lockstep"
+
+
+def test_scale_command_line_transport_and_phase():
+    args = cli.parser().parse_args(["scale"])
+    assert (args.transport, args.phase) == ("relayed", "lockstep")
+    args = cli.parser().parse_args(["scale", "--transport", "both", "--phase", "random"])
+    assert (args.transport, args.phase) == ("both", "random")
+    for bad in (["scale", "--transport", "grpc"], ["scale", "--phase", "sync"]):
+        with pytest.raises(SystemExit):
+            cli.parser().parse_args(bad)
