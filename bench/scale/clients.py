@@ -221,6 +221,14 @@ class DirectLink:
         """Send one message on the stream."""
         self._outbox.put_nowait(message)
 
+    @staticmethod
+    def new_message() -> tuple[pb.WorkerMessage, pb.WorkerMessage]:
+        """(what `send` takes, the WorkerMessage in it to fill in)."""
+        message = pb.WorkerMessage()
+        return message, message
+
+    send = put
+
     def half_close(self) -> None:
         """End the requests; the coordinator answers by ending the responses (`ended`)."""
         self._outbox.put_nowait(_END)
@@ -245,8 +253,17 @@ class RelayedLink:
 
     def put(self, message: pb.WorkerMessage) -> None:
         """Hand one message to the agent's queue."""
+        self.send(pb.RelayedMessage(stream=self.number, message=message))
+
+    def new_message(self) -> tuple[pb.RelayedMessage, pb.WorkerMessage]:
+        """(what `send` takes, the WorkerMessage in it to fill in): built in place, not copied."""
+        item = pb.RelayedMessage(stream=self.number)
+        return item, item.message
+
+    def send(self, item: pb.RelayedMessage) -> None:
+        """Hand one relayed item (from `new_message`) to the agent's queue."""
         if not self._closed:
-            self._agent.upstream.put(pb.RelayedMessage(stream=self.number, message=message))
+            self._agent.upstream.put(item)
 
     def half_close(self) -> None:
         """The worker's stream ends: the agent relays `closed`; the coordinator answers with `close`."""
@@ -309,15 +326,26 @@ class FakeWorker:
                     message=f"injected fault on rank {self.rank} after {i} reports"))
             self.reporting_over.set()
             return False
-        text = json.dumps({"step": i, "loss": 1.0 / (i + 1), "rank": self.rank, "lr": 1e-3})
+        # Built in place, and the metrics' JSON written directly (what json.dumps would write): the
+        # clients' cost per report bounds how many workers one process can drive.
+        sim, link = self.sim, self.link
+        out, message = link.new_message()
+        message.run_id, message.attempt, message.rank = sim.run_id, self.attempt, self.rank
+        report = message.report
+        report.round, report.wants_ack = i, self._acked(i)
+        report.metrics_json = f'{{"step": {i}, "loss": {1.0 / (i + 1)!r}, "rank": {self.rank}, "lr": 0.001}}'
         self.sent_at.append(time.perf_counter())
-        self._put(report=pb.Report(round=i, metrics_json=text, reported_at=time.time(),
-                                   wants_ack=self._acked(i)))
-        if self.sim.telemetry_every and i % self.sim.telemetry_every == 0:
+        report.reported_at = time.time()
+        link.send(out)
+        if sim.telemetry_every and i % sim.telemetry_every == 0:
             # A real worker's sampler (minitrain.worker.telemetry) sends one a second.
-            self._put(telemetry=pb.Telemetry(
-                sampled_at=time.time(), reports=i + 1, step_time_s=1.0 / self.sim.rate_hz, report_wait_s=0.0,
-                collective_wait_s=0.0, cpu_percent=95.0, rss_bytes=2 << 30, total=self.sim.reports))
+            out, message = link.new_message()
+            message.run_id, message.attempt, message.rank = sim.run_id, self.attempt, self.rank
+            sample = message.telemetry
+            sample.sampled_at, sample.reports, sample.step_time_s = time.time(), i + 1, 1.0 / sim.rate_hz
+            sample.report_wait_s, sample.collective_wait_s, sample.cpu_percent = 0.0, 0.0, 95.0
+            sample.rss_bytes, sample.total = 2 << 30, sim.reports
+            link.send(out)
         if i + 1 >= self.sim.reports:
             self.reporting_over.set()
         return True
