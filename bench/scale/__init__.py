@@ -6,5 +6,7 @@ Three kinds of process (see README "Control-plane scale"):
   the coordinator process (`coordinator.py`) runs the real `run_coordinator` (grpc.aio server, auth
   interceptor, controller, commits, metrics log) with a launcher whose "agents" are
   client processes (`clients.py`): asyncio fake agents and workers speaking the real proto over
-  loopback, without torch, so that thousands fit on a small machine.
+  loopback, without torch, so that thousands fit on a small machine. By default the fake agents relay
+  their workers' streams (one connection per fake host), as the node agents do; `--transport direct`
+  gives each fake worker its own connection.
 """

@@ -1,7 +1,8 @@
 """The controller loop at a size no real test can run here: the real coordinator (in this process: gRPC
 server, controller, commits, metrics log, run directory) against the scale benchmark's fake agents and
 workers (`bench.scale.clients`, separate processes speaking the real protocol, no torch), with faults
-injected into chosen ranks. What `decide` promises in its scripted unit tests (tests/unit/test_decide.py)
+injected into chosen ranks. The workers' streams are relayed by their fake agents, as the product runs
+them; the restart test also runs with a direct connection per worker. What `decide` promises in its scripted unit tests (tests/unit/test_decide.py)
 is checked here on the wire: a failed rank restarts the whole group once and the next attempt completes
 every round; a frozen rank is found hung by the default adaptive deadline, named as the root cause, and
 its waiting peers are marked consequences; a spent budget fails the run with the injected cause.
@@ -54,19 +55,21 @@ class Rounds(RunObserver):
         return all(self.seen[(attempt, rank)] == list(range(REPORTS)) for rank in range(WORKERS))
 
 
-def _simulate(tmp_path, faults, **policy):
+def _simulate(tmp_path, faults, transport="relayed", **policy):
+    """`transport`: the workers' streams relayed by their fake agents (as the product runs), or direct."""
     spec = {"workers": WORKERS, "slots": SLOTS, "reports": REPORTS, "rate_hz": RATE_HZ, "warmup_rounds": 0,
             "client_procs": 2, "out_dir": str(tmp_path), "ack_every": 2, "faults": faults, "stop_grace_s": 1.0,
-            **policy}
+            "transport": transport, **policy}
     rounds = Rounds()
     outcome, tap, checkpoints, _ = simulate(spec, observers=[rounds])
     assert not living_descendants(os.getpid()), "a fake client outlived the run"
     return outcome, rounds, checkpoints
 
 
-def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(tmp_path):
+@pytest.mark.parametrize("transport", ["relayed", "direct"])
+def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(tmp_path, transport):
     outcome, rounds, checkpoints = _simulate(
-        tmp_path, [{"attempt": 0, "rank": 13, "after": 2, "kind": "exception"}], max_failures=1)
+        tmp_path, [{"attempt": 0, "rank": 13, "after": 2, "kind": "exception"}], transport, max_failures=1)
     assert (outcome.state, outcome.attempt) == ("SUCCEEDED", 1), outcome.error_message
     assert rounds.seen[(0, 13)] == [0, 1]  # it failed after two reports
     assert rounds.complete(1)
