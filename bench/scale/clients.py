@@ -93,6 +93,11 @@ LOCKSTEP_JITTER_S = 0.002
 MAX_BATCH_BYTES = 4 << 20
 MAX_BATCH_ITEMS = 10_000
 ACK_WAIT_S = 120.0
+# Fake agents of one process that may be connecting at the same time. Real agents start on their own
+# hosts over seconds; thousands of connections opened in the same instant by one process make the gRPC
+# client library fail some of the new streams ("Internal error from Core", CANCELLED; seen with 1024
+# fake agents a process at 16384 workers), and an agent's broken stream loses its node.
+CONNECTING_AT_ONCE = 64
 PHASE_WAIT_S = 120.0
 START_TRIES = 5
 _END = None
@@ -554,8 +559,11 @@ class FakeAgent:
         """Hold the session until Shutdown (or until it breaks)."""
         sim = self.sim
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
-        heartbeat = asyncio.ensure_future(self._heartbeat())
+        heartbeat = None
         try:
+            async with sim.connecting:  # (see CONNECTING_AT_ONCE)
+                await asyncio.wait_for(channel.channel_ready(), PHASE_WAIT_S)
+            heartbeat = asyncio.ensure_future(self._heartbeat())
             call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(), metadata=sim.metadata)
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
@@ -575,7 +583,8 @@ class FakeAgent:
         except Exception as exc:  # noqa: BLE001
             sim.stats.errors.append(f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300])
         finally:
-            heartbeat.cancel()
+            if heartbeat is not None:
+                heartbeat.cancel()
             for link in list(self.relayed.values()):
                 link.end()  # the streams it carried end with it
             for task in self.workers.values():
@@ -613,6 +622,7 @@ class Simulation:
         self.frozen_attempts: set[int] = set()  # attempts in which a rank froze (in this process)
         self.started = time.monotonic()
         self.barrier_dir, self.processes = config["barrier_dir"], config["processes"]
+        self.connecting = asyncio.Semaphore(CONNECTING_AT_ONCE)
         self.agents = [FakeAgent(self, node_id, config["slots"]) for node_id in config["node_ids"]]
 
     def elapsed(self) -> float:
