@@ -1,16 +1,21 @@
-"""The live trial table on the console (L3).
+"""The live trial table on the driver's console (L3).
 
-On a terminal the table (status, parameters, latest metric, iterations) is redrawn in place at most
-every `interval_s`; off a terminal (a log file, CI) each trial's start and end is one plain line,
-and the table is printed once at the end.
+The table goes through the process's `LiveConsole` (minitrain.console), the one writer of the
+terminal, like fit()'s status: on a terminal it is the console's status block, redrawn in place at
+most every `interval_s`, so a concurrent fit()'s worker output, status lines and minitrain's log
+lines go above it and nothing is torn. While another run (a fit() on another thread) draws the
+block, or off a terminal (a log file, CI, `MINITRAIN_STATUS=lines`), each trial's start and end is
+one plain line written through the console, and the table is printed once at the end.
+`MINITRAIN_STATUS=0` shows nothing.
 """
 
 from __future__ import annotations
 
-import sys
+import shutil
 import time
-from typing import Any, Optional, TextIO
+from typing import Any, Optional
 
+from minitrain.console import LiveConsole
 from minitrain.storage.retention import flatten_metrics
 from minitrain.tune import trials as tr
 
@@ -29,8 +34,9 @@ def _cell(value: Any) -> str:
     return text if len(text) <= 24 else text[:21] + "..."
 
 
-def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Optional[list[str]] = None) -> str:
-    """The table as text: one row per trial (the first MAX_ROWS, then a count of the rest)."""
+def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Optional[list[str]] = None,
+                 max_rows: int = MAX_ROWS) -> str:
+    """The table as text: one row per trial (the first `max_rows`, then a count of the rest)."""
     counts: dict[str, int] = {}
     for trial in trials:
         counts[trial.status] = counts.get(trial.status, 0) + 1
@@ -43,7 +49,7 @@ def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Opti
         param_keys = list(keys)[:6]
     header = ["Trial name", "status", *param_keys, "iter", "total time (s)"] + ([metric] if metric else [])
     rows = []
-    for trial in trials[:MAX_ROWS]:
+    for trial in trials[:max_rows]:
         config = _flat(trial.config)
         status = trial.status + (" (stopped early)" if trial.stop_reason and "early" in trial.stop_reason else "")
         row = [trial.name, status, *(_cell(config.get(k, "")) for k in param_keys), str(trial.iteration),
@@ -56,47 +62,47 @@ def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Opti
              "  ".join(h.ljust(w) for h, w in zip(header, widths)),
              "  ".join("-" * w for w in widths)]
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths)) for r in rows]
-    if len(trials) > MAX_ROWS:
-        lines.append(f"... and {len(trials) - MAX_ROWS} more trials")
+    if len(trials) > max_rows:
+        lines.append(f"... and {len(trials) - max_rows} more trials")
     return "\n".join(lines)
 
 
 class ProgressReporter:
-    """Shows the sweep on `stream` (stderr by default): a table redrawn in place on a TTY, plain lines
-    otherwise. `verbose=0` shows nothing."""
+    """Shows the sweep in `console` (by default `LiveConsole.for_driver()`, taken now: call `finish`,
+    or `release` when the sweep never ran): the table as the status block in "block" mode, plain
+    lines then the table in "lines" mode, nothing when the console is off or `verbose=0`.
+    Never raises for a console that cannot be written (the table turns itself off)."""
 
-    def __init__(self, metric: Optional[str], stream: Optional[TextIO] = None, interval_s: float = 2.0,
+    def __init__(self, metric: Optional[str], console: Optional[LiveConsole] = None, interval_s: float = 2.0,
                  verbose: int = 1):
         self.metric = metric
-        self.stream = stream if stream is not None else sys.stderr
+        self.console = console if console is not None else LiveConsole.for_driver()
         self.interval_s, self.verbose = interval_s, verbose
-        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
-        self._last_draw = 0.0
-        self._drawn_lines = 0
+        self._last_draw: Optional[float] = None
 
-    def _write(self, text: str) -> None:
-        try:
-            self.stream.write(text)
-            self.stream.flush()
-        except (OSError, ValueError):  # a closed console never stops the sweep
-            self.verbose = 0
+    @property
+    def _block(self) -> bool:
+        return bool(self.verbose) and self.console.mode == "block"
+
+    @property
+    def _lines(self) -> bool:
+        return bool(self.verbose) and self.console.mode == "lines"
 
     def update(self, trials: list[tr.Trial]) -> None:
-        """Redraw the table if the terminal's copy is older than `interval_s`."""
-        if not self.verbose or not self.tty or time.monotonic() - self._last_draw < self.interval_s:
-            return
-        self._draw(trials)
+        """Block mode: redraw the table if the screen's copy is older than `interval_s`."""
+        if self._block and (self._last_draw is None or time.monotonic() - self._last_draw >= self.interval_s):
+            self.console.show(self._table_lines(trials))
+            self._last_draw = time.monotonic()
 
-    def _draw(self, trials: list[tr.Trial]) -> None:
-        table = render_table(trials, self.metric)
-        erase = f"\x1b[{self._drawn_lines}F\x1b[J" if self._drawn_lines else ""
-        self._write(erase + table + "\n")
-        self._drawn_lines = table.count("\n") + 1
-        self._last_draw = time.monotonic()
+    def _table_lines(self, trials: list[tr.Trial]) -> list[str]:
+        # A block taller than the screen could not be erased (its top scrolled away): fewer rows then,
+        # leaving room for the header lines, the "... more" line and the cursor's line.
+        rows = max(1, min(MAX_ROWS, shutil.get_terminal_size().lines - 5))
+        return render_table(trials, self.metric, max_rows=rows).splitlines()
 
     def trial_changed(self, trial: tr.Trial) -> None:
-        """One plain line off a TTY when a trial starts or ends."""
-        if not self.verbose or self.tty:
+        """Lines mode: one plain line when a trial starts or ends."""
+        if not self._lines:
             return
         line = f"Trial {trial.name} {trial.status}"
         if trial.status == tr.RUNNING:
@@ -113,12 +119,22 @@ class ProgressReporter:
                 line += f": {trial.error.get('exc_type')}: {trial.error.get('message', '').splitlines()[:1]}"
             elif trial.error and trial.status == tr.PENDING:
                 line += f" (failed: {trial.error.get('exc_type')}; retry {trial.num_failures})"
-        self._write(line + "\n")
+        self.console.line(line)
 
     def finish(self, trials: list[tr.Trial]) -> None:
-        """The final table."""
-        if self.verbose:
-            if self.tty:
-                self._draw(trials)
-            else:
-                self._write(render_table(trials, self.metric) + "\n")
+        """The sweep is over: the final table stays on screen (block mode) or is printed (lines mode),
+        and the console's status block is free for a later run. Never raises."""
+        try:
+            if self._block:
+                self.console.finish(self._table_lines(trials))
+            elif self._lines:
+                # One write: a concurrent run's status block is erased and drawn again around the whole table.
+                self.console.write(self.console.stderr, render_table(trials, self.metric) + "\n")
+        except (OSError, ValueError):  # a closed console never stops the sweep
+            self.verbose = 0
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give the terminal's status block back (idempotent; `finish` does it)."""
+        self.console.release()

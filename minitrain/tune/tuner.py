@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import os
 import re
 import uuid
@@ -29,6 +30,8 @@ from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHy
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
 from minitrain.tune.tune_config import TuneConfig, _WithResources
+
+logger = logging.getLogger("minitrain")
 
 
 def trial_resources(trainable: Any) -> dict:
@@ -171,19 +174,24 @@ class Tuner:
             searcher.total_trials(header["num_samples"])  # the sweep's own count, whatever tune_config says
             _replay(searcher, scheduler, self.experiment_path, trials)
         os.makedirs(os.path.join(self.experiment_path, tr.TUNE_DIR), exist_ok=True)
-        runner = Runner(
-            experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
-            trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
-            demand=demand, searcher=searcher,
-            scheduler=scheduler, total_trials=header["total_trials"],
-            max_concurrent=config.max_concurrent_trials or 0,
-            max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
-            trials=trials, id_prefix=header["id_prefix"], name_trial=self._namer(header["trainable"]),
-            header=header, reporter=ProgressReporter(config.metric or scheduler.metric or searcher.metric),
-            pythonpath=_driver_pythonpath())
-        self._runner = runner
-        with live_sweep_dashboard(self.experiment_path):  # the trial table as a web page, while it runs
-            runner.run()
+        # The trial table, in the driver's live console (the status block if no other run holds it).
+        reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
+        try:
+            runner = Runner(
+                experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
+                trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
+                demand=demand, searcher=searcher,
+                scheduler=scheduler, total_trials=header["total_trials"],
+                max_concurrent=config.max_concurrent_trials or 0,
+                max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
+                trials=trials, id_prefix=header["id_prefix"], name_trial=self._namer(header["trainable"]),
+                header=header, reporter=reporter, pythonpath=_driver_pythonpath())
+            self._runner = runner
+            # The trial table as a web page while it runs; minitrain's log lines go through the console too.
+            with live_sweep_dashboard(self.experiment_path), reporter.console.owning_log_handlers(logger):
+                runner.run()
+        finally:
+            reporter.release()  # however the sweep ended, a later run's console may draw the status block
         self._results = ResultGrid([trial_result(self.experiment_path, t) for t in runner.trials],
                                    self.experiment_path, config.metric, config.mode)
         return self._results

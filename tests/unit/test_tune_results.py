@@ -8,6 +8,7 @@ import json
 import pytest
 
 import minitrain
+from minitrain.console import LiveConsole
 from minitrain.errors import ConfigError, RemoteWorkerError
 from minitrain.tune import trials as tr
 from minitrain.tune.progress import ProgressReporter, render_table
@@ -86,7 +87,7 @@ def test_table_and_plain_lines(tmp_path):
     table = render_table(trials, "loss")
     assert "1 RUNNING, 1 TERMINATED" in table and "TERMINATED (stopped early)" in table and "0.25" in table
     out = io.StringIO()
-    reporter = ProgressReporter("loss", stream=out)
+    reporter = ProgressReporter("loss", console=LiveConsole("lines", stdout=out, stderr=out))
     reporter.trial_changed(trials[0])
     reporter.update(trials)  # off a TTY: no table until the end
     assert out.getvalue().startswith("Trial f_abcde_00000 TERMINATED after 1 iterations, loss=0.5 (stopped early")
