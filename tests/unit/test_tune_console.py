@@ -148,9 +148,9 @@ def test_while_a_fit_draws_the_block_the_sweep_writes_lines_above_it(terminal, m
         trial.status, trial.iteration, trial.last_result = tr.TERMINATED, 3, {"loss": 0.25}
         reporter.trial_changed(trial)
         reporter.finish([trial])
-        assert screen_ending_with(terminal, "minitrain: run A | step 2") == [f"Trial f_00000 RUNNING with config {trial.config}",
-                                     "Trial f_00000 TERMINATED after 3 iterations, loss=0.25",
-                                     *table([trial]), "minitrain: run A | step 2"]
+        assert screen_ending_with(terminal, "minitrain: run A | step 2") == [
+            f"Trial f_00000 RUNNING with config {trial.config}", "Trial f_00000 TERMINATED after 3 iterations, loss=0.25",
+            *table([trial]), "minitrain: run A | step 2"]
         after = LiveConsole.for_driver()
         assert after.mode == "lines"  # the sweep's end did not free the fit's block
     finally:
