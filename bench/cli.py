@@ -200,7 +200,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
     p.add_argument("--seconds", type=float, help="scale: seconds of reporting per count (default 20)")
     p.add_argument("--client-procs", type=int, default=0, help="scale: fake-client processes (default: 1 per "
-                                                               "8192 workers relayed, 1024 direct; at most 2)")
+                                                               "4096 workers relayed, at most 4; 1 per 1024 "
+                                                               "direct, at most 2)")
     p.add_argument("--transport", choices=["relayed", "direct", "both"], default="relayed",
                    help="scale: the fake workers' streams relayed by their fake agents (one connection per "
                         "node, as the product runs), direct (one connection per worker), or both at each count "
