@@ -20,6 +20,11 @@ When the worker half-closes, the relay ends its response stream itself after the
 routed to it, as the coordinator does for a direct stream: the worker's `close()` never waits on a
 round trip to the coordinator, and the coordinator learns of the end from the `closed` item.
 
+An agent killed outright (SIGKILL, the OOM killer) cannot remove its directory. Each directory holds
+an `owner.lock` file that its agent keeps flock'ed for its life (the kernel drops the lock when the
+process dies, whatever kills it), so `start()` first removes the relay directories of this user whose
+lock is free: those of dead agents, and only their socket, lock file and the then empty directory.
+
 The server runs grpc.aio on a thread of its own (one event loop for all streams, no thread per
 worker); `send_up` is called on that thread and must not block.
 """
@@ -27,6 +32,7 @@ worker); `send_up` is called on that thread and must not block.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import itertools
 import logging
 import os
@@ -44,7 +50,9 @@ from minitrain.rpc.channel import END_OF_STREAM, server_options
 
 logger = logging.getLogger("minitrain.agent")
 
+DIRECTORY_PREFIX = "minitrain-relay-"
 SOCKET_NAME = "relay.sock"
+LOCK_NAME = "owner.lock"  # flock'ed by the owning agent for its life: free means the owner is gone
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 STOP_GRACE_S = 0.5
 START_TIMEOUT_S = 30.0
@@ -77,6 +85,7 @@ class RelayServer:
         self._numbers = itertools.count(1)
         self._streams: dict[int, asyncio.Queue] = {}  # touched on the loop's thread only
         self._directory: Optional[str] = None
+        self._lock_fd = -1
         self._socket_path: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -103,7 +112,9 @@ class RelayServer:
         """
         if self._thread is not None:
             raise RuntimeError("the relay was started already")
-        self._directory = tempfile.mkdtemp(prefix="minitrain-relay-")  # mode 0700, ours alone
+        remove_stale_directories(tempfile.gettempdir())
+        self._directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # mode 0700, ours alone
+        self._lock_fd = _hold_owner_lock(self._directory)
         self._socket_path = os.path.join(self._directory, SOCKET_NAME)
         if len(self._socket_path.encode()) > MAX_SOCKET_PATH:
             path = self._socket_path
@@ -214,16 +225,73 @@ class RelayServer:
 
     def _remove_directory(self) -> None:
         directory, self._directory = self._directory, None
-        if directory is None:
-            return
+        if directory is not None:
+            _remove_relay_directory(directory)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # after the removal: a sweeper never sees our directory ownerless
+            self._lock_fd = -1
+
+
+def _hold_owner_lock(directory: str) -> int:
+    """Create `directory`/owner.lock already locked (made under another name, locked, then renamed:
+    a sweeper never finds it unlocked while we live) and return its descriptor, held for our life."""
+    temporary = os.path.join(directory, LOCK_NAME + ".new")
+    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    os.rename(temporary, os.path.join(directory, LOCK_NAME))
+    return fd
+
+
+def _remove_relay_directory(directory: str) -> None:
+    """Remove the relay's own files in `directory`, then the directory if that left it empty."""
+    for name in (SOCKET_NAME, LOCK_NAME):
         try:
-            os.unlink(os.path.join(directory, SOCKET_NAME))
+            os.unlink(os.path.join(directory, name))
         except FileNotFoundError:
             pass
+    try:
+        os.rmdir(directory)  # only an empty one: whatever else is there is not ours to delete
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        logger.warning("could not remove the relay directory %s: %s", directory, exc)
+
+
+def remove_stale_directories(parent: str) -> list[str]:
+    """Remove the relay directories in `parent` left by dead agents of this user; return them.
+
+    A directory counts only when it is named like ours, is a real directory owned by this user, and
+    has an owner.lock that nobody holds (its agent died: the kernel released the lock). A live
+    agent's lock is held, so its directory is never touched; a directory without the lock file is
+    being created, or is not ours, and is left alone.
+    """
+    removed = []
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return removed
+    for name in names:
+        if not name.startswith(DIRECTORY_PREFIX):
+            continue
+        directory = os.path.join(parent, name)
         try:
-            os.rmdir(directory)  # only an empty one: whatever else is there is not ours to delete
-        except OSError as exc:
-            logger.warning("could not remove the relay's directory %s: %s", directory, exc)
+            info = os.lstat(directory)
+            if not os.path.isdir(directory) or os.path.islink(directory) or info.st_uid != os.getuid():
+                continue
+            fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # held: its agent lives
+            continue
+        try:
+            _remove_relay_directory(directory)
+            removed.append(directory)
+        finally:
+            os.close(fd)
+    return removed
 
 
 def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list], object]) -> Iterator[object]:

@@ -1,7 +1,8 @@
 """The agent's relay with real worker processes (`python -m minitrain.worker`, bootstrapped on stdin as
 the agent does): a worker SIGKILLed mid-stream ends its relayed stream with exactly one `closed`, and a
-`close` from the coordinator ends the worker's stream, which then exits on its own. The relay's logic
-is covered in process in tests/unit/test_agent_relay.py."""
+`close` from the coordinator ends the worker's stream, which then exits on its own; a SIGKILLed agent's
+relay directory is removed by the next relay that starts. The relay's logic is covered in process in
+tests/unit/test_agent_relay.py."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import threading
 import pytest
 
 from minitrain import procs
-from minitrain.agent.relay import RelayServer
+from minitrain.agent.relay import RelayServer, remove_stale_directories
 from minitrain.records import Phase
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -106,3 +107,36 @@ def test_a_close_from_the_coordinator_ends_the_workers_stream_and_it_exits(relay
     assert [i.message.WhichOneof("body") for i in items[:-1]] == ["hello", "phase"]
     assert items[1].message.phase.phase == int(Phase.STARTUP)
     assert sum(i.closed for i in items) == 1 and items[-1].closed
+
+
+# A stand-in agent: starts a relay, prints its directory, and waits to be killed.
+AGENT = """
+import sys, time
+from minitrain.agent.relay import RelayServer
+relay = RelayServer("token", lambda item: None).start()
+print(relay.directory, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_directory_of_a_sigkilled_agent_is_removed_by_the_next_relay(upward):
+    live = procs.spawn([sys.executable, "-c", AGENT], env=dict(os.environ))
+    killed = procs.spawn([sys.executable, "-c", AGENT], env=dict(os.environ))
+    try:
+        live_directory = live.stdout.readline().decode().strip()
+        killed_directory = killed.stdout.readline().decode().strip()
+        assert os.path.isdir(live_directory) and os.path.isdir(killed_directory)
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(DEADLINE_S) == -signal.SIGKILL
+        assert os.path.isdir(killed_directory), "nothing removes it before a relay starts"
+        relay = RelayServer(TOKEN, upward.send_up).start()
+        relay.stop()
+        assert not os.path.exists(killed_directory)
+        assert sorted(os.listdir(live_directory)) == ["owner.lock", "relay.sock"], "a live agent's was touched"
+    finally:
+        for process in (live, killed):
+            procs.stop_process_group(process, grace_s=0.0)
+            for stream in (process.stdin, process.stdout, process.stderr):
+                stream.close()
+    # The live one, killed by the cleanup above, is swept too: the test leaves nothing behind.
+    assert live_directory in remove_stale_directories(os.path.dirname(live_directory))

@@ -201,6 +201,45 @@ def test_stop_leaves_what_it_did_not_create(upward):
         os.rmdir(directory)
 
 
+def test_only_the_directories_of_dead_agents_are_swept(tmp_path):
+    def relay_directory(name: str, files=("relay.sock",)) -> str:
+        directory = tmp_path / f"minitrain-relay-{name}"
+        directory.mkdir(mode=0o700)
+        for file in files:
+            (directory / file).touch()
+        return str(directory)
+
+    dead = relay_directory("dead", files=("relay.sock", "owner.lock"))  # nobody holds its lock
+    dead_with_stranger = relay_directory("stranger", files=("relay.sock", "owner.lock", "not-ours"))
+    being_made = relay_directory("new", files=())  # no lock file yet: not ours to judge
+    alive = relay_directory("alive", files=("relay.sock",))
+    held = relay_module._hold_owner_lock(alive)  # as a live agent holds it
+    other = tmp_path / "something-else"
+    other.mkdir()
+    (other / "owner.lock").touch()
+    try:
+        removed = relay_module.remove_stale_directories(str(tmp_path))
+    finally:
+        os.close(held)
+    assert sorted(removed) == sorted([dead, dead_with_stranger])
+    assert not os.path.exists(dead)
+    assert os.listdir(dead_with_stranger) == ["not-ours"]
+    assert os.path.isdir(being_made) and sorted(os.listdir(alive)) == ["owner.lock", "relay.sock"]
+    assert os.path.exists(other / "owner.lock")
+
+
+def test_a_live_relays_directory_survives_another_relays_start(upward):
+    first = RelayServer(TOKEN, upward.send_up).start()
+    second = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        assert os.path.exists(os.path.join(first.directory, "relay.sock"))
+        assert sorted(os.listdir(first.directory)) == ["owner.lock", "relay.sock"]
+        assert _hello_from(_client(first, 0), upward) == 1
+    finally:
+        second.stop()
+        first.stop()
+
+
 # ---------------------------------------------------------------------------------- coalescing
 
 
