@@ -308,12 +308,18 @@ def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
 
 
 def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
-    """RUNNING with silent ranks: once their stacks are in (or the wait ran out), they fail as hung."""
+    """RUNNING with silent ranks: once their stacks are in (or the wait ran out), they fail as hung,
+    with every rank that went past its deadline meanwhile. When one rank freezes, its peers block
+    waiting for it and their deadlines fall due within milliseconds of its own, in an order set by when
+    their last reports arrived (batched reports arrive together): the rank that froze may fall due just
+    after the check that found a waiting peer, and it must be among the ranks declared, or a waiting peer
+    would be the only candidate for the root cause."""
     if not seen.stacks_answered and now <= loop.deadline:
         return Decision(loop)
     late = () if seen.stacks_answered else (LogLate(Stage.STACKS),)
+    hung = tuple(sorted(set(loop.hung) | set(_silent_ranks(seen, now))))
     return Decision(replace(loop, stage=Stage.WORKERS, hung=(), deadline=None),
-                    late + (DeclareHung(loop.hung),))
+                    late + (DeclareHung(hung),))
 
 
 def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:

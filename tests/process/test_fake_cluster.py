@@ -104,13 +104,11 @@ def test_a_frozen_rank_is_found_by_the_default_deadline_and_its_waiting_peers_ar
     """The default "auto" rule, its floor lowered from 600 s so that the test is quick: rank 21's pace
     (5 reports/s) gives it a deadline of max(2 s, 10 x 0.2 s).
 
-    Direct streams at random phases, as this test ran before the relay: with relayed streams on a loaded
-    machine (2 busy loops beside it), 3 runs in 6 named a waiting peer the root cause. Batched arrival
-    makes a rank's slowest report interval, so its adaptive deadline, differ by some milliseconds
-    from its peers'; peers whose deadline passed first were declared hung (all consequences) in one
-    check, and rank 21, due a few milliseconds later, was not declared at all."""
+    Relayed streams in lockstep, as the product runs: batched arrival makes the ranks' deadlines
+    differ by milliseconds, and peers that wait for rank 21 may fall due just before it; rank 21 must
+    still be declared (it goes past its deadline while the stacks are collected) and named."""
     outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 21, "after": 3, "kind": "freeze"}],
-                                   "direct", worker_hang_floor_s=2.0, phase="random")
+                                   worker_hang_floor_s=2.0)
     assert outcome.state == "FAILED"
     hung = {f.rank: f for f in outcome.failures if f.kind is FailureKind.HANG}
     assert 21 in hung and not hung[21].consequence, outcome.error_message

@@ -160,7 +160,7 @@ def _watched(deadline_s=10.0, **last_progress):
 
 
 def test_a_silent_rank_gets_its_stacks_collected_then_fails_as_hung():
-    seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=100.0, r1=91.0, r2=89.5))
+    seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=100.0, r1=92.0, r2=89.5))
     loop, actions = _run([(seen, 100.0)], _running())
     assert loop.stage is Stage.STACKS and loop.hung == (2,) and actions == [CollectStacks()]
     loop, actions = _run([(seen, 101.0)], loop)  # not every stack is in yet
@@ -169,6 +169,17 @@ def test_a_silent_rank_gets_its_stacks_collected_then_fails_as_hung():
     assert actions == [DeclareHung((2,))] and loop.stage is Stage.WORKERS
     loop, actions = _run([(replace(seen, failed=True, root_cause="rank 2 hung"), 101.6)], loop)
     assert loop.state is S.RESTARTING
+
+
+def test_ranks_that_fall_due_while_stacks_are_collected_are_declared_with_the_first():
+    # Rank 1 froze; rank 0 waits for it and its deadline (from a report that arrived a little
+    # earlier) falls due first. By the time the stacks are in, rank 1 is past its deadline too and is
+    # declared with rank 0, so the root-cause choice sees it (rank 2 is not yet due and is not).
+    seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=89.99, r1=90.0, r2=95.0))
+    loop, actions = _run([(seen, 100.0)], _running())
+    assert loop.hung == (0,) and actions == [CollectStacks()]
+    loop, actions = _run([(replace(seen, stacks_answered=True), 100.05)], loop)
+    assert actions == [DeclareHung((0, 1))]
 
 
 def test_stacks_that_never_come_do_not_hold_the_run():
