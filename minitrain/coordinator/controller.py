@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import math
 import queue
 import signal
 import threading
@@ -28,7 +29,7 @@ from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
-from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule, Pace
+from minitrain.coordinator.hangs import AUTO, AUTO_FLOOR_S, HangRule, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
@@ -127,6 +128,10 @@ class Controller:
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
         self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
+        self._training_tracker: Optional[AttemptTracker] = None  # the attempt seen with every rank training
+        # The hang watch (_watched): the attempt it was last built for, then, and when it is due again.
+        self._watch_tracker: Optional[AttemptTracker] = None
+        self._watch_from = self._watch_due = 0.0
 
     @property
     def state(self) -> RunState:
@@ -167,7 +172,8 @@ class Controller:
         while not self._loop.finished:
             try:
                 self._take_events(wait_s)
-                decision = decide(self._loop, self._observe(), self._clock(), self._rules)
+                now = self._clock()  # one instant for what is seen and for the decision on it
+                decision = decide(self._loop, self._observe(now), now, self._rules)
                 self._loop = decision.loop
                 for action in decision.actions:
                     self._execute(action)
@@ -199,8 +205,8 @@ class Controller:
             except queue.Empty:
                 return
 
-    def _observe(self) -> Seen:
-        """What is true now, for `decide`."""
+    def _observe(self, now: float) -> Seen:
+        """What is true at `now`, for `decide`."""
         expected = [n for n in self._spec.node_ids if n not in self._lost_nodes]
         missing = tuple(n for n in expected if n not in self._nodes)
         agents_failed = ""
@@ -218,9 +224,9 @@ class Controller:
         failed = tracker.failed()
         return dataclasses.replace(
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
-            all_training=tracker.all_training(), all_exited=tracker.all_exited(),
+            all_training=self._all_training(tracker), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
-            watched=self._watched(tracker),
+            watched=self._watched(tracker, now),
             root_cause=_root_cause_text(tracker) if failed else "")
 
     # ------------------------------------------------------------------ actions
@@ -416,17 +422,47 @@ class Controller:
         state = tracker.ranks.get(sample.rank)
         if state is None or not self._observers:
             return
-        self._observers.notify("on_telemetry", dataclasses.replace(
-            sample, host=state.node_name, pid=state.pid, phase=state.phase.name))
+        # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
+        self._observers.notify("on_telemetry", TelemetrySample(
+            **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
 
-    def _watched(self, tracker: AttemptTracker) -> dict[int, Watch]:
-        """The hang clock of every live rank in its training function that has a deadline."""
+    def _all_training(self, tracker: AttemptTracker) -> bool:
+        """`tracker.all_training()`, asked only until it is true: it only matters until then (decide()
+        leaves STARTING when it is), and it scans every rank."""
+        if self._training_tracker is not tracker:
+            if not tracker.all_training():
+                return False
+            self._training_tracker = tracker
+        return True
+
+    def _watched(self, tracker: AttemptTracker, now: float) -> dict[int, Watch]:
+        """The hang clock of every live rank in its training function that has a deadline; empty
+        while no rank can be silent past its deadline at `now`.
+
+        Building it scans every rank: at thousands of ranks, doing that at every turn of the loop was
+        the largest cost per event. So it is built only when the earliest moment a rank could be past
+        its deadline has come (`_watch_due`), and that moment is kept: the minimum over the live
+        training ranks of their last progress plus their deadline. A deadline that can shrink
+        without an event of the rank itself (taken from the group's pace) counts as the rule's
+        shortest one. Every event that changes a rank's own deadline (a report, a phase) also restarts
+        its clock at or after the scan, as does a rank's entry into training, and no deadline is
+        shorter than the rule's shortest: no rank can be silent past its deadline before then."""
+        if tracker is self._watch_tracker and self._watch_from <= now < self._watch_due:
+            return {}
+        rule, pace = self._hang_rule, self._pace
+        shortest = rule.shortest_deadline_s()
+        fixed = rule.timeout_s != AUTO  # the deadline does not depend on a pace
         watched = {}
+        due = math.inf if shortest is None else now + shortest
         for rank, state in tracker.ranks.items():
             if state.phase >= Phase.TRAINING and not state.done and not state.exited:
-                deadline_s = self._hang_rule.deadline_s(self._pace.slowest(rank), **self._hang_facts(state))
+                deadline_s = rule.deadline_s(pace.slowest(rank), **self._hang_facts(state))
                 if deadline_s is not None:
                     watched[rank] = Watch(state.last_progress, deadline_s)
+                if shortest is not None:
+                    own = deadline_s is not None and (fixed or pace.knows(rank))
+                    due = min(due, state.last_progress + (deadline_s if own else shortest))
+        self._watch_tracker, self._watch_from, self._watch_due = tracker, now, due
         return watched
 
     def _hang_deadline(self, tracker: AttemptTracker, rank: int) -> tuple[float, str]:

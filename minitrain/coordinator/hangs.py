@@ -93,6 +93,13 @@ class HangRule:
             deadline = max(deadline, self.upload_allowance_s)
         return deadline
 
+    def shortest_deadline_s(self) -> Optional[float]:
+        """A bound no `deadline_s` goes below, whatever the rank's pace and state; None when no rank
+        is ever hung. (The controller judges the ranks only once the oldest progress is that old.)"""
+        if self.timeout_s is None:
+            return None
+        return self.floor_s if self.timeout_s == AUTO else float(self.timeout_s)
+
     def explain(self, slowest: Optional[float], *, starting: bool, uploading: bool) -> str:
         """Where `deadline_s` came from, in words, for the hang's message (same arguments)."""
         extra = ""
@@ -118,9 +125,13 @@ class Pace:
 
     def __init__(self) -> None:
         self._intervals: dict[int, deque[float]] = {}
+        # The window's maximum, kept as it slides (each report O(1) amortized, not a max over the window):
+        # (interval number, interval) of the intervals no later one is as slow as, oldest (the max) first.
+        self._peaks: dict[int, deque[tuple[int, float]]] = {}
+        self._shown: dict[int, int] = {}  # intervals each rank has shown, all attempts together
         self._last: dict[int, Optional[float]] = {}
         self._slowest: dict[int, float] = {}  # kept up to date by reported(): read on every decision
-        self._group: Optional[float] = None  # group_slowest(), cached until the next report changes it
+        self._group: Optional[float] = None  # group_slowest(), cached until a report may lower it
         self._group_known = True
 
     def started(self, rank: int) -> None:
@@ -130,13 +141,33 @@ class Pace:
     def reported(self, rank: int, now: float) -> None:
         """The rank's report arrived at `now`."""
         last = self._last.get(rank)
-        if last is not None:
-            window = self._intervals.setdefault(rank, deque(maxlen=PACE_WINDOW))
-            window.append(max(0.0, now - last))
-            if len(window) >= PACE_MIN_INTERVALS:
-                self._slowest[rank] = max(window)
-                self._group_known = False
         self._last[rank] = now
+        if last is None:
+            return
+        interval = max(0.0, now - last)
+        window = self._intervals.get(rank)
+        if window is None:
+            window = self._intervals[rank] = deque(maxlen=PACE_WINDOW)
+            self._peaks[rank] = deque()
+        window.append(interval)
+        number = self._shown.get(rank, 0)
+        self._shown[rank] = number + 1
+        peaks = self._peaks[rank]
+        while peaks and peaks[-1][1] <= interval:
+            peaks.pop()  # never the maximum again: this later interval is as slow and leaves the window later
+        peaks.append((number, interval))
+        if peaks[0][0] <= number - PACE_WINDOW:
+            peaks.popleft()  # slid out of the window
+        if len(window) < PACE_MIN_INTERVALS:
+            return
+        slowest = peaks[0][1]
+        before = self._slowest.get(rank)
+        self._slowest[rank] = slowest
+        if self._group_known:
+            if self._group is None or slowest >= self._group:
+                self._group = slowest
+            elif before is not None and before >= self._group:
+                self._group_known = False  # the slowest rank got faster: group_slowest() looks again
 
     def slowest(self, rank: int) -> Optional[float]:
         """The rank's slowest interval of its last PACE_WINDOW; until it has shown PACE_MIN_INTERVALS
@@ -145,9 +176,14 @@ class Pace:
         slowest = self._slowest.get(rank)
         return slowest if slowest is not None else self.group_slowest()
 
+    def knows(self, rank: int) -> bool:
+        """The rank has shown PACE_MIN_INTERVALS intervals: `slowest(rank)` is its own and changes only
+        with its own reports."""
+        return rank in self._slowest
+
     def group_slowest(self) -> Optional[float]:
         """The slowest recent interval of any rank whose pace is known; None when none is."""
-        if not self._group_known:  # O(ranks) once per batch of reports, not once per rank and decision
+        if not self._group_known:  # O(ranks), only after the group's slowest rank got faster
             self._group, self._group_known = max(self._slowest.values(), default=None), True
         return self._group
 

@@ -88,25 +88,32 @@ def sample_dict(sample: TelemetrySample) -> dict:
     }
 
 
+_ENCODER = json.JSONEncoder(default=str)  # json.dumps(entry, default=str), without a new encoder per line
+
+
 class _Appender:
-    """Appends lines to files of the run directory on a thread of its own; gives up (logging once)
-    at the first failure."""
+    """Appends JSON lines to files of the run directory on a thread of its own; gives up (logging
+    once) at the first failure. Entries are encoded on that thread, not the caller's (the controller's
+    thread feeds thousands of telemetry samples a second at scale), so an entry must not be changed
+    once added."""
 
     def __init__(self, storage: Any):
         self._storage = storage
-        self._pending: dict[str, list[str]] = {}
+        self._pending: dict[str, list[dict]] = {}
         self._cond = threading.Condition()
         self._closing = False
         self._failed = False
         self._thread: Optional[threading.Thread] = None
 
     def add(self, name: str, entry: dict) -> None:
-        """Queue one line for file `name`."""
+        """Queue one line for file `name`: `entry` as JSON (values it cannot encode as their str())."""
         if self._storage is None or self._failed:
             return
-        line = json.dumps(entry, default=str) + "\n"
         with self._cond:
-            self._pending.setdefault(name, []).append(line)
+            pending = self._pending.get(name)
+            if pending is None:
+                pending = self._pending[name] = []
+            pending.append(entry)
             if self._thread is None and not self._closing:
                 self._thread = threading.Thread(target=self._run, name="minitrain-monitor-writer", daemon=True)
                 self._thread.start()
@@ -123,11 +130,11 @@ class _Appender:
     def _flush(self) -> None:
         with self._cond:
             pending, self._pending = self._pending, {}
-        for name, lines in pending.items():
+        for name, entries in pending.items():
             if self._failed:
                 return
             try:
-                self._storage.append_text(name, "".join(lines))
+                self._storage.append_text(name, "".join([_ENCODER.encode(entry) + "\n" for entry in entries]))
             except Exception as exc:  # noqa: BLE001 - the record is optional; the run is not
                 self._failed = True
                 logger.warning("could not write %s (%s); the run goes on, its monitoring history is kept in "
@@ -172,6 +179,9 @@ class RunMonitor(RunObserver):
         self._report_counts: dict[int, int] = {}
         self._last_report_at: dict[int, float] = {}
         self._straggler_log: list[dict] = []  # every straggler episode of the run, for Result
+        # rank -> its open episode (in _straggler_log) while the detector flags it: exactly the
+        # detector's flagged ranks; their figures are brought up to date when read.
+        self._open_episodes: dict[int, dict] = {}
 
     # ------------------------------------------------------------------ observer side
 
@@ -195,7 +205,7 @@ class RunMonitor(RunObserver):
             self._report_counts.clear()
             self._last_report_at.clear()
             self._round_times.clear()  # the rate restarts with the attempt: the gap is no step
-            self._detector.reset()
+            self._forget_stragglers()
         self._event("attempt_started", attempt.started_at, dict(record))
 
     def on_report(self, report: ReportRecord) -> None:
@@ -205,28 +215,29 @@ class RunMonitor(RunObserver):
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         entry = sample_dict(sample)
+        started = cleared = ()
         with self._lock:
-            self._samples.setdefault(sample.rank, deque(maxlen=self._per_rank)).append(entry)
+            samples = self._samples.get(sample.rank)
+            if samples is None:
+                samples = self._samples[sample.rank] = deque(maxlen=self._per_rank)
+            samples.append(entry)
             current = self._attempts[-1] if self._attempts else None
-            late = current is not None and (current["attempt"] != sample.attempt or current["ended_at"] is not None)
-        if late:
-            # A late sample of an attempt that is over: history only (a straggler episode opened now
+            # A late sample of an attempt that is over is history only (a straggler episode opened now
             # would never be closed, and the ranks' rows belong to the next attempt).
-            self._writer.add(TELEMETRY_NAME, entry)
-            return
-        with self._lock:
-            self._latest[sample.rank] = entry
-            if sample.total is not None and (sample.rank == 0 or self._total is None):
-                self._total = sample.total
-            self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s,
-                               sample.report_wait_s, sample.collective_wait_s)
-            started, cleared = self._detector.evaluate(sample.time)
-            for straggler in started:
-                self._straggler_log.append(dict(straggler.as_dict(), attempt=sample.attempt, until=None))
-            for straggler in self._detector.flagged.values():  # keep each open episode's latest figures
-                self._update_episode(straggler.as_dict())
-            for straggler in cleared:
-                self._update_episode({"until": sample.time}, rank=straggler.rank)
+            if current is None or (current["attempt"] == sample.attempt and current["ended_at"] is None):
+                self._latest[sample.rank] = entry
+                if sample.total is not None and (sample.rank == 0 or self._total is None):
+                    self._total = sample.total
+                self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s,
+                                   sample.report_wait_s, sample.collective_wait_s)
+                started, cleared = self._detector.evaluate(sample.time)
+                for straggler in started:
+                    episode = dict(straggler.as_dict(), attempt=sample.attempt, until=None)
+                    self._straggler_log.append(episode)
+                    self._open_episodes[straggler.rank] = episode
+                for straggler in cleared:  # its figures as of the last sample that flagged it
+                    episode = self._open_episodes.pop(straggler.rank)
+                    episode.update(straggler.as_dict(), since=episode["since"], until=sample.time)
         self._writer.add(TELEMETRY_NAME, entry)
         for straggler in started:
             logger.warning("rank %d on %s is a straggler: its step time %.3g s (waits for other ranks excluded) "
@@ -238,7 +249,16 @@ class RunMonitor(RunObserver):
             logger.warning("rank %d on %s is no longer a straggler", straggler.rank, straggler.host)
             self._event("straggler", sample.time, dict(straggler.as_dict(), cleared=True))
 
+    def _refresh_open_episodes(self) -> None:
+        """Give each open episode of the current attempt its straggler's latest figures. (They are
+        copied when read, not at every sample: the detector keeps them, and copying each open
+        episode's figures at every sample cost O(stragglers) per sample.) Caller holds the lock."""
+        flagged = self._detector.flagged
+        for rank, episode in self._open_episodes.items():
+            episode.update(flagged[rank].as_dict(), since=episode["since"])
+
     def _update_episode(self, fields: dict, rank: Optional[int] = None) -> None:
+        """Replay: update the latest open episode of `rank` (default: fields["rank"])."""
         rank = fields["rank"] if rank is None else rank
         for episode in reversed(self._straggler_log):
             if episode["rank"] == rank and episode["until"] is None:
@@ -287,7 +307,7 @@ class RunMonitor(RunObserver):
             for episode in self._straggler_log:
                 if episode["attempt"] == end.attempt and episode["until"] is None:
                     episode["until"] = end.ended_at
-            self._detector.reset()
+            self._forget_stragglers()
             entry = dict(record)
         self._event("attempt_ended", end.ended_at, entry)
 
@@ -298,6 +318,13 @@ class RunMonitor(RunObserver):
             state = self._run["state"]
         self._event("run_ended", now, {"state": state, "ended_at": now})
         self._writer.close()
+
+    def _forget_stragglers(self) -> None:
+        """A new attempt, or the end of one: the detector starts over; an episode still open keeps
+        its last figures. Caller holds the lock."""
+        self._refresh_open_episodes()
+        self._open_episodes.clear()
+        self._detector.reset()
 
     def _add_round_time(self, completed_at: float) -> None:
         times = self._round_times
@@ -410,6 +437,7 @@ class RunMonitor(RunObserver):
         """Every straggler episode of the run, in order: the `stragglers()` fields (latest figures)
         plus "attempt" and "until" (None while it lasts)."""
         with self._lock:
+            self._refresh_open_episodes()
             return [dict(episode) for episode in self._straggler_log]
 
     # ------------------------------------------------------------------ post hoc

@@ -120,6 +120,8 @@ class _Ranked:
 
     def set(self, rank: int, value: Optional[float]) -> None:
         """Give `rank` this value (None: take it out)."""
+        if self._value.get(rank) == value:  # None stands for absent: no value is stored as None
+            return  # unchanged (a steady rank's median mostly is): no two memmoves of the whole list
         old = self._value.pop(rank, None)
         if old is not None:
             del self.items[bisect.bisect_left(self.items, (old, rank))]
@@ -134,8 +136,12 @@ class _Ranked:
     def median_without(self, rank: int) -> Optional[float]:
         """The median of every value but `rank`'s (as statistics.median computes it), None when no
         other value is known. `rank` must hold a value."""
+        return self.median_skipping(bisect.bisect_left(self.items, (self._value[rank], rank)))
+
+    def median_skipping(self, skip: int) -> Optional[float]:
+        """The median of every value but the one at position `skip` of `items` (`median_without`).
+        It is the same for every `skip` above `upper_half()`: the median is taken below it."""
         items = self.items
-        skip = bisect.bisect_left(items, (self._value[rank], rank))
         n = len(items) - 1
         if n == 0:
             return None
@@ -147,6 +153,10 @@ class _Ranked:
             return at(n // 2)
         return (at(n // 2 - 1) + at(n // 2)) / 2
 
+    def upper_half(self) -> int:
+        """The position above which `median_skipping` does not depend on the position skipped."""
+        return (len(self.items) - 1) // 2
+
 
 class StragglerDetector:
     """Keeps each rank's recent work times and data waits of one attempt and applies the rule.
@@ -154,7 +164,9 @@ class StragglerDetector:
     Each rank's medians are kept up to date as its samples come (`add`), sorted across the ranks, so
     `evaluate` costs O(log n) per straggler, not O(n^2 log n): the ranks flagged are the slowest ones
     (a rank's median rises with its rank in the order while the median of the others falls), so it
-    walks down from the slowest and stops at the first rank that is not a straggler."""
+    walks down from the slowest and stops at the first rank that is not a straggler. The others'
+    median is one value for every rank in the upper half (leaving one of them out leaves the median
+    where it was), so it is taken once; a straggler whose figures did not change keeps its object."""
 
     def __init__(self, rule: StragglerRule = StragglerRule()):
         self.rule = rule
@@ -195,21 +207,37 @@ class StragglerDetector:
         """Apply the rule: (stragglers that started, stragglers that cleared) since the last call.
         `flagged` holds the current ones afterwards, with their latest figures."""
         current: dict[int, Straggler] = {}
-        ranked = self._work.items
+        work, flagged = self._work, self._flagged
+        ranked = work.items
         if len(ranked) >= 2:
-            for median, rank in reversed(ranked):
+            factor = self.rule.factor
+            upper = work.upper_half()
+            top_others = None  # the others' median of every rank above `upper`: one value for all of them
+            for index in range(len(ranked) - 1, -1, -1):
+                median, rank = ranked[index]
+                if index > upper:
+                    if top_others is None:
+                        top_others = max(work.median_skipping(index), MIN_WORK_S)
+                    others = top_others
+                else:
+                    others = max(work.median_skipping(index), MIN_WORK_S)
                 # The floor: peers that only waited (work ~0) still leave the slow rank comparable.
-                others = max(self._work.median_without(rank), MIN_WORK_S)
-                if median < self.rule.factor * others:
+                if median < factor * others:
                     break  # every faster rank is below the factor too
-                previous = self._flagged.get(rank)
+                previous = flagged.get(rank)
+                host, cause = self._hosts.get(rank, ""), self._cause(rank, median - others)
+                if previous is not None and (previous.step_time_s, previous.median_step_time_s, previous.cause,
+                                             previous.host) == (median, others, cause, host):
+                    current[rank] = previous  # the same figures: no new object per sample
+                    continue
                 current[rank] = Straggler(
-                    rank=rank, host=self._hosts.get(rank, ""), slower_by=median / others, step_time_s=median,
-                    median_step_time_s=others, cause=self._cause(rank, median - others),
-                    since=previous.since if previous is not None else now)
-        started = [s for r, s in sorted(current.items()) if r not in self._flagged]
-        cleared = [s for r, s in sorted(self._flagged.items()) if r not in current]
+                    rank=rank, host=host, slower_by=median / others, step_time_s=median,
+                    median_step_time_s=others, cause=cause, since=previous.since if previous is not None else now)
         self._flagged = current
+        if current.keys() == flagged.keys():  # the usual case: nothing started or cleared
+            return [], []
+        started = [s for r, s in sorted(current.items()) if r not in flagged]
+        cleared = [s for r, s in sorted(flagged.items()) if r not in current]
         return started, cleared
 
     def _cause(self, rank: int, excess_s: float) -> str:
