@@ -136,13 +136,21 @@ def test_daemons_of_workers_are_gone_when_fit_returns(tmp_path):
 
 
 def train_fails_once_leaving_daemons(config):
-    """Attempt 0 starts daemons and fails; attempt 1 notes whether they were still there when it began."""
+    """Attempt 0 starts daemons and fails; attempt 1 notes whether they were still there when it began.
+
+    Each rank marks its own attempt 0 done once its daemons are up, and rank 0 fails only when rank 1's
+    are up too: otherwise a rank 1 that starts late (a loaded machine) is stopped halfway through
+    starting its daemons, or sees rank 0's mark and skips attempt 0's branch."""
     rank = minitrain.get_context().get_world_rank()
-    first = os.path.join(config["dir"], "first_attempt_done")
-    if not os.path.exists(first):
+    marks = [os.path.join(config["dir"], f"first_attempt_done_rank{r}") for r in (0, 1)]
+    if not os.path.exists(marks[rank]):
         spawn_daemons(config["dir"], f"attempt0-rank{rank}")
+        open(marks[rank], "w").close()
         if rank == 0:
-            open(first, "w").close()
+            deadline = time.monotonic() + DEADLINE_S
+            while not os.path.exists(marks[1]):
+                assert time.monotonic() < deadline, "rank 1 never started its daemons"
+                time.sleep(0.02)
             raise RuntimeError("attempt 0 fails, its daemons stay behind")
         time.sleep(600)  # stopped by the restart
     notes = sorted(str(p) for p in Path(config["dir"]).glob("attempt0-*") if not p.name.endswith(".tmp"))
