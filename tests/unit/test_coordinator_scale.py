@@ -1,28 +1,44 @@
 """What keeps the coordinator responsive with thousands of workers (see README, "Control-plane scale"):
 round bookkeeping that does not rescan the ranks at every report, commands handed to the server loop
-in batches (in order), the GC threshold raised only while a server runs, and a straggler rule
-that does not compare every rank with every other at every telemetry sample."""
+in batches (in order), the GC threshold raised only while a server runs, a straggler rule
+that does not compare every rank with every other at every telemetry sample, and per-event costs that
+do not grow with the ranks (Pace's sliding maximum, the monitor's straggler episodes, the hang watch
+built only when a deadline can be due; scripts/bench_controller_costs.py measures them)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import queue
+import random
 import statistics
 import threading
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minitrain.config import CheckpointConfig, FailureConfig
+from minitrain.coordinator import events as ev
 from minitrain.coordinator import server as server_module
+from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.controller import Controller, RunSpec
+from minitrain.coordinator.decide import Seen, Watch, _silent_ranks
 from minitrain.coordinator.rounds import RoundTracker
 from minitrain.coordinator.monitor import (
     MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,
 )
-from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample
+from minitrain.coordinator.hangs import PACE_MIN_INTERVALS, PACE_WINDOW, Pace
+from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,
 )
+from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
+from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment
+from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.storage.filesystem import Storage
 
 
 def test_a_late_rank_does_not_make_every_report_rescan_the_ranks(monkeypatch):
@@ -173,3 +189,170 @@ def test_the_monitor_keeps_a_bounded_history_in_all_however_many_ranks():
     kept = monitor.samples(5, 0.0)
     assert len(kept) == samples_per_rank(4096) < 300
     assert kept[-1]["time"] == 299.0  # the latest ones
+
+
+# ---------------------------------------------------------------- per-event costs (scripts/bench_controller_costs.py)
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.sampled_from(["report", "report", "report", "start"]),
+                          st.sampled_from([0.0, 0.1, 0.1, 0.5, 3.0])), max_size=400))
+def test_pace_keeps_the_same_slowest_intervals_as_a_max_over_each_window(ops):
+    """Pace keeps each window's maximum as it slides (O(1) per report) and the group's slowest cached:
+    the same figures as taking the max of the last PACE_WINDOW intervals at every report."""
+    pace, now, last, intervals = Pace(), 0.0, {}, {}
+    for rank, op, step in ops:
+        now += step
+        if op == "start":
+            pace.started(rank)
+            last[rank] = None
+            continue
+        pace.reported(rank, now)
+        if last.get(rank) is not None:
+            intervals.setdefault(rank, []).append(now - last[rank])
+        last[rank] = now
+        own = {r: max(v[-PACE_WINDOW:]) for r, v in intervals.items() if len(v) >= PACE_MIN_INTERVALS}
+        group = max(own.values(), default=None)
+        for r in range(3):
+            assert pace.slowest(r) == own.get(r, group)
+            assert pace.knows(r) == (r in own)
+            assert pace.intervals(r) == tuple(intervals.get(r, [])[-PACE_WINDOW:])
+        assert pace.group_slowest() == group
+
+
+class _EventLog(RunMonitor):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.events = []
+
+    def _event(self, kind, when, fields):
+        self.events.append(dict(fields, kind=kind, time=when))
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.sampled_from([0.1, 0.1, 0.1, 0.3, 0.5, None])), max_size=150),
+       st.integers(10, 140))
+def test_straggler_episodes_hold_their_latest_figures_as_when_they_were_copied_at_every_sample(samples, restart):
+    """The monitor gives open episodes their figures when read, not at every sample: an open episode
+    still shows the figures `stragglers()` shows, and a closed one those of its straggler's last
+    sample (as in its "cleared" event)."""
+    monitor = _EventLog(storage=None, rule=StragglerRule(window=4, min_samples=2))
+    monitor.on_run_start(RunInfo("run", "exp", "/tmp/x", 4, 0.0, request_stacks=lambda rank: None))
+    monitor.on_attempt_start(AttemptInfo(0, ("h",) * 4, 0.0))
+    attempt = 0
+    for t, (rank, step) in enumerate(samples):
+        if t == restart:  # an attempt ends with stragglers open: their episodes end with it
+            monitor.on_attempt_end(AttemptEnd(attempt, (), "", True, float(t)))
+            attempt += 1
+            monitor.on_attempt_start(AttemptInfo(attempt, ("h",) * 4, float(t)))
+        monitor.on_telemetry(TelemetrySample(attempt=attempt, rank=rank, time=float(t), reports=t, step_time_s=step,
+                                             host=f"h{rank}", pid=1, phase="TRAINING"))
+        history = monitor.straggler_history()
+        current = {s["rank"]: s for s in monitor.stragglers()}
+        open_ = {e["rank"]: e for e in history if e["until"] is None and e["attempt"] == attempt}
+        assert {r: {k: v for k, v in e.items() if k not in ("attempt", "until")} for r, e in open_.items()} == current
+    cleared = [e for e in monitor.events if e["kind"] == "straggler" and e["cleared"]]
+    closed = [e for e in monitor.straggler_history() if e["until"] is not None]
+    for event in cleared:
+        [episode] = [e for e in closed if e["rank"] == event["rank"] and e["until"] == event["time"]]
+        figures = {k: v for k, v in event.items() if k not in ("kind", "time", "cleared")}
+        assert {k: episode[k] for k in figures} == figures
+
+
+def _training_controller(tmp_path, ranks, policy, clock):
+    """A controller in RUNNING with one attempt of `ranks` ranks in training (no agents, no server)."""
+    storage = Storage.for_run(str(tmp_path), "run")
+    storage.makedirs()
+    nodes = {"n0": NodeInfo(node_id="n0", hostname="n0", address="127.0.0.1", agent_pid=1, cpus=ranks,
+                            memory_bytes=1 << 30)}
+    spec = RunSpec(run_id="r", experiment_name="e", run_path=storage.url(), num_workers=ranks, node_ids=("n0",),
+                   payload=b"", backend="gloo", dist_timeout_s=60.0, failure_policy=policy)
+    controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
+                            MetricsLog(storage), clock=clock)
+    tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
+                                    {"n0": "n0"})
+    for state in tracker.ranks.values():
+        state.connected = state.stream_open = True
+        state.phase = Phase.STARTUP
+    controller._nodes = dict(nodes)
+    controller._commits.start_attempt(ranks)
+    controller._group = WorkerGroup(tracker, controller._hub, nodes,
+                                    LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
+                                    ResumePoint("", 0, ()), clock)
+    return controller, tracker
+
+
+def _full_watch(controller, tracker):
+    """The hang watch built from every rank, as at every turn before (the reference)."""
+    watched = {}
+    for rank, state in tracker.ranks.items():
+        if state.phase >= Phase.TRAINING and not state.done and not state.exited:
+            deadline_s = controller._hang_rule.deadline_s(controller._pace.slowest(rank),
+                                                          **controller._hang_facts(state))
+            if deadline_s is not None:
+                watched[rank] = Watch(state.last_progress, deadline_s)
+    return watched
+
+
+@pytest.mark.parametrize("timeout_s,floor_s", [("auto", 2.0), (3.0, None), (None, None)])
+def test_the_hang_watch_built_only_when_due_finds_every_silent_rank_at_once(tmp_path, timeout_s, floor_s):
+    """The controller scans the ranks for hangs only when the earliest possible deadline has come (an
+    O(ranks) scan at every turn of the loop was its largest cost per event at 4096 ranks): at every
+    turn it finds the same silent ranks as the full scan would, whatever the reports, phases
+    (uploads, which lengthen a deadline) and pauses."""
+    now = [100.0]
+    policy = FailureConfig(max_failures=0, worker_hang_timeout_s=timeout_s, worker_hang_floor_s=floor_s)
+    ranks = 5
+    rng = random.Random(f"{timeout_s}")
+    for trial in range(8):
+        controller, tracker = _training_controller(tmp_path / str(trial), ranks, policy, lambda: now[0])
+        rounds = dict.fromkeys(range(ranks), 0)
+        scans = 0
+        for _ in range(400):
+            now[0] += rng.choice([0.0, 0.01, 0.1, 0.1, 0.5, 1.5]) if rng.random() > 0.02 else 25.0  # a pause
+            rank = rng.randrange(ranks)
+            state = tracker.ranks[rank]
+            kind = rng.choice(["report"] * 6 + ["phase", "done", "none", "none"])
+            if kind == "phase" and not state.exited:
+                phase = Phase.TRAINING if state.phase is not Phase.TRAINING else Phase.CHECKPOINT_UPLOAD
+                controller._handle(ev.WorkerPhaseChanged(0, rank, phase))
+            elif kind == "report" and state.phase >= Phase.TRAINING and not state.exited:
+                controller._handle(ev.ReportReceived(ReportRecord(0, rank, rounds[rank], {}, now[0])))
+                rounds[rank] += 1
+            elif kind == "done" and rng.random() < 0.05:
+                state.done = state.exited = True
+            expected = _silent_ranks(Seen(watched=_full_watch(controller, tracker)), now[0])
+            watched = controller._watched(tracker, now[0])
+            scans += bool(watched)
+            assert _silent_ranks(Seen(watched=watched), now[0]) == expected
+        if timeout_s is None:
+            assert scans == 0
+
+
+def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks(tmp_path):
+    """A rank with too few intervals of its own is judged by the group's slowest interval, which can
+    fall without any event of that rank: the watch must not wait for the deadline it had."""
+    now = [100.0]
+    policy = FailureConfig(max_failures=0, worker_hang_timeout_s="auto", worker_hang_floor_s=2.0)
+    controller, tracker = _training_controller(tmp_path, 2, policy, lambda: now[0])
+    rounds = [0, 0]
+
+    def at(t, rank, kind="report"):
+        now[0] = t
+        if kind == "training":
+            controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))
+        else:
+            controller._handle(ev.ReportReceived(ReportRecord(0, rank, rounds[rank], {}, t)))
+            rounds[rank] += 1
+        expected = _silent_ranks(Seen(watched=_full_watch(controller, tracker)), t)
+        assert _silent_ranks(Seen(watched=controller._watched(tracker, t)), t) == expected
+        return expected
+
+    at(100.0, 0, "training")
+    at(100.0, 1, "training")
+    at(100.1, 0)
+    at(105.0, 1)  # rank 1's only report: its deadline is the group's, 10 x 10 s
+    at(110.1, 0)
+    at(110.2, 0)  # rank 0: intervals 10 s and 0.1 s
+    found = [at(110.2 + 0.01 * (k + 1), 0) for k in range(99)]  # the 10 s interval leaves rank 0's window
+    assert controller._pace.slowest(1) == pytest.approx(0.1)
+    assert found[-1] == (1,) and found[0] == ()  # rank 1, silent since 105, is past 2 s as soon as it shrank
