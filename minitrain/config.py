@@ -37,6 +37,8 @@ These are the only ``MINITRAIN_*`` variables minitrain reads; `ENV_VARS` holds t
 - ``MINITRAIN_DASHBOARD``: where `fit()` serves the run's web dashboard and `/metrics`: unset for
   127.0.0.1 on a free port, ``HOST:PORT``, ``HOST`` or ``PORT``, or ``0`` to turn it off
   (`minitrain.dashboard.settings`).
+- ``MINITRAIN_RELAY``: whether workers' streams go through their node agent's relay (`relays_workers`):
+  ``auto`` (default: from RELAY_AUTO_FROM_WORKERS workers on), ``1`` (always) or ``0`` (never).
 """
 
 from __future__ import annotations
@@ -65,7 +67,31 @@ ENV_VARS: dict[str, str] = {
         "Where fit() serves the run's web dashboard and /metrics: unset for 127.0.0.1 on a free port, "
         "HOST:PORT, HOST or PORT, or 0 to turn it off."
     ),
+    "MINITRAIN_RELAY": (
+        "Whether workers' streams go through their node agent's relay: auto (default: from 128 workers on), "
+        "1 (always) or 0 (never)."
+    ),
 }
+
+# From this many workers on, "auto" relays the workers' streams through their agents: one connection and
+# batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
+# stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
+# (README, "Control-plane scale").
+RELAY_AUTO_FROM_WORKERS = 128
+_RELAY_VALUES = {"auto": None, "1": True, "on": True, "true": True, "yes": True,
+                 "0": False, "off": False, "false": False, "no": False}
+
+
+def relays_workers(num_workers: int) -> bool:
+    """Whether a run of `num_workers` workers relays their streams through the node agents, as
+    ``MINITRAIN_RELAY`` says (see the module docstring); ConfigError names a value it does not know."""
+    raw = env_var("MINITRAIN_RELAY", "auto")
+    value = raw.strip().lower()
+    if value not in _RELAY_VALUES:
+        raise ConfigError(f"MINITRAIN_RELAY={raw!r} is not a known value; use auto (the default: relay from "
+                          f"{RELAY_AUTO_FROM_WORKERS} workers on), 1 (always relay) or 0 (never relay)")
+    choice = _RELAY_VALUES[value]
+    return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
 
 
 def env_var(name: str, default: Optional[str] = None) -> Optional[str]:

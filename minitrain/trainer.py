@@ -23,7 +23,7 @@ from minitrain.callbacks.runner import CallbackRunner
 from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
-from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
+from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig, relays_workers
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
@@ -134,28 +134,30 @@ class TorchTrainer:
     def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
+        relay = relays_workers(self.scaling_config.num_workers)  # a bad MINITRAIN_RELAY fails before anything
         cluster = current_cluster()
         storage = _prepare_storage(self.run_config, cluster)
         with _locked(storage, self.run_config):  # one fit() per run directory
             _validate_writable(storage, self.run_config)
             if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
                 with local_mirror(storage) as local:
-                    return self._fit_on(cluster, local, published=storage)
-            return self._fit_on(cluster, storage, published=storage)
+                    return self._fit_on(cluster, local, published=storage, relay=relay)
+            return self._fit_on(cluster, storage, published=storage, relay=relay)
 
-    def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage) -> Result:
+    def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage, relay: bool) -> Result:
         """Run on the run directory `storage`; the Result names checkpoints in `published` (the same
-        storage, or the in-process storage that `storage` mirrors)."""
+        storage, or the in-process storage that `storage` mirrors). `relay`: the workers' streams go
+        through their agents' relays."""
         staging_areas: list = []  # large datasets staged for the workers; deleted however the run ends
         try:
             payload = self._payload(storage, self._dataset_specs(storage, cluster, staging_areas))
-            return self._fit_with_payload(cluster, storage, published, payload)
+            return self._fit_with_payload(cluster, storage, published, payload, relay)
         finally:
             for area in staging_areas:
                 area.cleanup()
 
     def _fit_with_payload(self, cluster: ClusterConfig, storage: Storage, published: Storage,
-                          payload: bytes) -> Result:
+                          payload: bytes, relay: bool) -> Result:
         if cluster.all_local:
             self._check_gpus()
         else:
@@ -188,6 +190,7 @@ class TorchTrainer:
             placement_strategy=self.scaling_config.placement_strategy,
             node_slots={host.name: host.slots for host in cluster.hosts},
             local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
+            relay=relay,
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)

@@ -270,10 +270,11 @@ class NodeAgent:
         if self._descendants is not None:
             # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
             self._descendants.add_worker(process.pid, attempt)
-        if start.coordinator_address:  # the coordinator names the address to dial: a direct stream
-            coordinator, tls_cert = start.coordinator_address, self._tls_cert.decode("ascii")
-        else:  # our relay: a local socket, plaintext (minitrain.agent.relay)
+        if start.relay:  # our relay: a local socket, plaintext (minitrain.agent.relay)
             coordinator, tls_cert = self._relay.address, ""
+        else:  # a direct stream to the coordinator
+            coordinator = start.coordinator_address or self._address
+            tls_cert = self._tls_cert.decode("ascii")
         bootstrap = {"coordinator": coordinator, "token": self._token, "tls_cert": tls_cert,
                      "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
                      "agent_pid": os.getpid(), "stack_fd": stack_fd}

@@ -94,6 +94,7 @@ class RunSpec:
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
     local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
+    relay: bool = False  # workers' streams go through their agents' relays (config.relays_workers)
 
 
 class Controller:
@@ -312,7 +313,7 @@ class Controller:
                              committed_dir_names=tuple(sorted(self._checkpoints.committed_dir_names)))
         settings = LaunchSettings(experiment_name=spec.experiment_name, run_path=spec.run_path,
                                   payload=spec.payload, backend=spec.backend, dist_timeout_s=spec.dist_timeout_s,
-                                  cwd=spec.cwd, worker_env=spec.worker_env)
+                                  cwd=spec.cwd, worker_env=spec.worker_env, relay=spec.relay)
         self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
                                         settings, resume, self._clock)
         self._attempt_ended = False

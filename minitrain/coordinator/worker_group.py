@@ -34,6 +34,7 @@ class LaunchSettings:
     dist_timeout_s: float
     cwd: str
     worker_env: Mapping[str, str]
+    relay: bool = False  # the workers' streams go through their agents' relays
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class WorkerGroup:
                 workers=[pb.WorkerLaunch(rank=a.rank, local_rank=a.local_rank) for a in node_assignments],
                 cwd=settings.cwd,
                 env=node_env(settings.worker_env, nodes[node_id], node_assignments),
+                relay=settings.relay,
             ))
             if not hub.send_to_agent(node_id, command):
                 group.tracker.on_node_lost(node_id, "its stream closed before the workers started", clock())

@@ -526,7 +526,8 @@ def test_data_config_should_split():
 
 
 def test_env_vars_are_documented_in_the_module_docstring():
-    assert set(ENV_VARS) == {"MINITRAIN_HOSTS", "MINITRAIN_HOSTFILE", "MINITRAIN_LOG_LEVEL", "MINITRAIN_DASHBOARD"}
+    assert set(ENV_VARS) == {"MINITRAIN_HOSTS", "MINITRAIN_HOSTFILE", "MINITRAIN_LOG_LEVEL", "MINITRAIN_DASHBOARD",
+                             "MINITRAIN_RELAY"}
     for name in ENV_VARS:
         assert f"``{name}``" in config_module.__doc__
 

@@ -208,3 +208,31 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     items = [i for m in messages for i in m.relayed.items]
     assert [(i.stream, i.command.report_ack.round) for i in items] == [(1, 0), (2, 1), (3, 2), (4, 3)]
     assert len(messages) < 4  # at least two of them shared a message
+
+
+# ---------------------------------------------------------------------------------- MINITRAIN_RELAY
+
+@pytest.mark.parametrize("value, workers, relayed", [
+    (None, 2, False), (None, 127, False), (None, 128, True), ("auto", 4096, True), ("AUTO", 8, False),
+    ("1", 2, True), ("on", 2, True), ("0", 4096, False), ("off", 4096, False), (" no ", 4096, False)])
+def test_minitrain_relay_decides_who_relays(monkeypatch, value, workers, relayed):
+    from minitrain.config import relays_workers
+
+    if value is None:
+        monkeypatch.delenv("MINITRAIN_RELAY", raising=False)
+    else:
+        monkeypatch.setenv("MINITRAIN_RELAY", value)
+    assert relays_workers(workers) is relayed
+
+
+def test_an_unknown_minitrain_relay_value_is_refused_with_the_fix(monkeypatch, tmp_path):
+    from minitrain import RunConfig, ScalingConfig
+    from minitrain.errors import ConfigError
+    from minitrain.torch import TorchTrainer
+
+    monkeypatch.setenv("MINITRAIN_RELAY", "sometimes")
+    trainer = TorchTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(name="r", storage_path=str(tmp_path)))
+    with pytest.raises(ConfigError, match=r"MINITRAIN_RELAY='sometimes'.*auto.*1 \(always relay\).*0"):
+        trainer.fit()
+    assert list(tmp_path.iterdir()) == []  # refused before anything was created

@@ -191,7 +191,7 @@ class WorkerLaunch(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ...) -> None: ...
 
 class StartWorkers(_message.Message):
-    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address")
+    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -204,12 +204,14 @@ class StartWorkers(_message.Message):
     CWD_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    RELAY_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerLaunch]
     cwd: str
     env: _containers.ScalarMap[str, str]
     coordinator_address: str
-    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ...) -> None: ...
+    relay: bool
+    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ...) -> None: ...
 
 class PrepareForkServers(_message.Message):
     __slots__ = ("count",)

@@ -1,0 +1,89 @@
+"""Workers' streams relayed by their node agent, end to end (MINITRAIN_RELAY; minitrain/agent/relay.py).
+
+A real run with the relay forced on: every rank's stream goes through its agent's Unix socket (the
+training function looks at its own process' sockets), a rank fails after a committed checkpoint, the
+group restarts from it and finishes, and every round's metrics and the checkpoint arrive as with
+direct streams. A small run left to "auto" keeps direct streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import psutil
+import pytest
+
+import minitrain
+from minitrain import Checkpoint, FailureConfig, RunConfig, ScalingConfig
+from minitrain.torch import TorchTrainer
+
+pytestmark = pytest.mark.e2e
+
+
+def _streams(driver_pid: int) -> dict:
+    """Whether this worker holds a TCP connection to the driver's gRPC server (a direct stream) and
+    whether it holds a Unix socket connection (its agent's relay)."""
+    listening = {c.laddr.port for c in psutil.net_connections("tcp")
+                 if c.pid == driver_pid and c.status == psutil.CONN_LISTEN}
+    mine = psutil.Process()
+    return {"to_driver": any(c.raddr and c.raddr.port in listening for c in mine.net_connections("tcp")),
+            "unix": bool(mine.net_connections("unix"))}
+
+
+def train_fails_once_after_a_checkpoint(config):
+    context = minitrain.get_context()
+    rank = context.get_world_rank()
+    start = 0
+    checkpoint = minitrain.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            with open(os.path.join(directory, "step.json")) as handle:
+                start = json.load(handle)["step"] + 1
+    with open(os.path.join(config["out"], f"relayed_rank{rank}_from{start}.json"), "w") as handle:
+        json.dump(_streams(config["driver_pid"]), handle)
+    for step in range(start, 4):
+        if step == 2:
+            directory = os.path.join(config["out"], f"ckpt_rank{rank}_step{step}")
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, "step.json"), "w") as handle:
+                json.dump({"step": step}, handle)
+            minitrain.report({"step": step, "rank": rank}, checkpoint=Checkpoint.from_directory(directory))
+            if start == 0 and rank == 1:
+                raise RuntimeError("rank 1 fails once, right after the checkpoint was committed")
+        else:
+            minitrain.report({"step": step, "rank": rank})
+
+
+def _fit(tmp_path, **failure):
+    return TorchTrainer(
+        train_fails_once_after_a_checkpoint, train_loop_config={"out": str(tmp_path), "driver_pid": os.getpid()},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="relay", storage_path=str(tmp_path / "runs"),
+                             failure_config=FailureConfig(**failure))).fit()
+
+
+def test_a_relayed_run_restarts_from_its_checkpoint_and_loses_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITRAIN_RELAY", "1")
+    result = _fit(tmp_path, max_failures=1)
+    assert result.error is None
+    # Both attempts' ranks went through the relay: attempt 0 from step 0, attempt 1 from step 3.
+    for rank in (0, 1):
+        for start in (0, 3):
+            seen = json.loads((tmp_path / f"relayed_rank{rank}_from{start}.json").read_text())
+            assert seen == {"to_driver": False, "unix": True}, (rank, start)
+    assert result.metrics["step"] == 3
+    with result.checkpoint.as_directory() as directory:
+        assert json.load(open(os.path.join(directory, "step.json")))["step"] == 2
+    history = [(row["step"], row["rank"]) for row in result.metrics_dataframe.to_dict("records")]
+    # Rank 0's rounds in order, the committed ones once; step 3 once per attempt that reached it
+    # (attempt 0's rank 0 may report it before the stop reaches it).
+    assert history[:3] == [(0, 0), (1, 0), (2, 0)] and history[3:] in ([(3, 0)], [(3, 0), (3, 0)]), history
+
+
+def test_a_small_run_left_to_auto_keeps_direct_streams(tmp_path, monkeypatch):
+    monkeypatch.delenv("MINITRAIN_RELAY", raising=False)
+    result = _fit(tmp_path, max_failures=1)
+    assert result.error is None
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"relayed_rank{rank}_from0.json").read_text())["to_driver"]
