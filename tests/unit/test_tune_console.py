@@ -107,16 +107,31 @@ def test_a_concurrent_fit_never_tears_the_table(terminal, monkeypatch):
         for i in range(100):
             fit_console.line(f"minitrain: run B | step {i}")
 
+    # The pty's buffer is drained on a thread of its own: a writer holding the console's lock blocks
+    # while the buffer is full, and a reader that needs that lock first (the table's update) would never
+    # come back to drain it.
+    writers_done = threading.Event()
+
+    def drain():
+        while not writers_done.is_set():
+            terminal.read()
+            time.sleep(0.002)
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
     threads = [threading.Thread(target=worker, args=(r,)) for r in range(2)] + [threading.Thread(target=fit_status)]
     for thread in threads:
         thread.start()
     iteration = 0
-    while any(thread.is_alive() for thread in threads):
-        iteration += 1
-        reporter.update(make_trials(3, iteration))
-        terminal.read()  # keep the pty's buffer from filling up
-    for thread in threads:
-        thread.join()
+    try:
+        while any(thread.is_alive() for thread in threads):
+            iteration += 1
+            reporter.update(make_trials(3, iteration))
+        for thread in threads:
+            thread.join()
+    finally:
+        writers_done.set()
+        drainer.join()
     reporter.update(make_trials(3, iteration + 1))
     try:
         screen = screen_ending_with(terminal, table(make_trials(3, iteration + 1))[-1])
