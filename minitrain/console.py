@@ -13,7 +13,9 @@ Several runs at once in one process (fit()s on several threads) share one termin
 at a time draws a status block (the first to ask, `for_driver`); a console made while it does is in
 lines mode and writes everything through it, so the block is erased and drawn again around its output
 too and neither run's output tears the other's status. When the block's run ends (`finish` or
-`release`), the next run to start may draw one again.
+`release`), the next run to start may draw one again. The log handlers the runs own
+(`owning_log_handlers`) are shared the same way: their original streams come back when the last of
+the overlapping runs ends, whichever ends first.
 
 A console that cannot be written never breaks the run: `write()` raises the OSError/ValueError of a
 closed stream to its caller (LogSink detaches the console then), `show()` and `line()` turn the
@@ -190,21 +192,28 @@ class LiveConsole:
     @contextmanager
     def owning_log_handlers(self, logger: logging.Logger) -> Iterator[None]:
         """While inside: `logger`'s stream handlers (and the root logger's, when it propagates) that
-        write to this console's stdout or stderr write through it, so a log line is never torn by
-        the status block either."""
+        write to this console's stdout or stderr write through a console, so a log line is never torn
+        by a status block either.
+
+        Overlapping runs in one process (fit()s on several threads) share the handlers: the first
+        owner of a handler swaps its stream, later owners join it, and its original stream comes back
+        only when the last of them leaves, in whatever order they leave, an exception included (a
+        process-wide count under one lock). Meanwhile a log line goes through the owner that draws a
+        status block now, else through the owner that joined last (a lines-mode console writes through
+        the block's console anyway). A handler whose stream someone else set meanwhile keeps theirs."""
         loggers = [logger] + ([logging.getLogger()] if logger.propagate else [])
-        swapped = []
-        for each in loggers:
-            for handler in each.handlers:
-                stream = getattr(handler, "stream", None)
-                if isinstance(handler, logging.StreamHandler) and stream in (self.stdout, self.stderr):
-                    handler.setStream(_Through(self, stream))
-                    swapped.append((handler, stream))
+        handlers = list(dict.fromkeys(handler for each in loggers for handler in each.handlers))  # once each
+        joined: list[logging.Handler] = []
         try:
+            with _shared_lock:
+                for handler in handlers:
+                    if _join_handler(handler, self):
+                        joined.append(handler)
             yield
         finally:
-            for handler, stream in swapped:
-                handler.setStream(stream)
+            with _shared_lock:
+                for handler in joined:
+                    _leave_handler(handler, self)
 
 
 # The console drawing the status block now, if any (one terminal per process; see the module doc).
@@ -212,22 +221,74 @@ _owner_lock = threading.Lock()
 _block_owner: Optional[LiveConsole] = None
 
 
-class _Through:
-    """A text stream that writes through a LiveConsole (for logging handlers)."""
+# The log handlers owned by the runs of this process (owning_log_handlers), and the lock under which
+# they are joined, left, and their streams swapped. Lock order: _shared_lock, then a handler's own lock
+# (setStream); a log line (handler lock, then a console's) never takes _shared_lock, so no deadlock.
+_shared_lock = threading.Lock()
+_shared_handlers: dict[logging.Handler, "_SharedStream"] = {}
 
-    def __init__(self, console: LiveConsole, stream: TextIO):
-        self._console = console
-        self._stream = stream
+
+def _join_handler(handler: logging.Handler, console: LiveConsole) -> bool:
+    """Under _shared_lock: make `console` an owner of `handler` if the handler writes to one of the
+    console's streams (swapping its stream on the first owner). True if it joined."""
+    shared = _shared_handlers.get(handler)
+    if shared is None:
+        stream = getattr(handler, "stream", None)
+        if not isinstance(handler, logging.StreamHandler) or stream not in (console.stdout, console.stderr):
+            return False
+        shared = _SharedStream(stream, (console,))
+        handler.setStream(shared)
+        _shared_handlers[handler] = shared
+        return True
+    if shared.original not in (console.stdout, console.stderr):
+        return False
+    shared.owners = shared.owners + (console,)  # a new tuple: a log line reads it without the lock
+    return True
+
+
+def _leave_handler(handler: logging.Handler, console: LiveConsole) -> None:
+    """Under _shared_lock: `console` no longer owns `handler` (one join of it, when a console nests);
+    the last owner to leave puts the original stream back."""
+    shared = _shared_handlers[handler]
+    owners = list(shared.owners)
+    del owners[max(i for i, owner in enumerate(owners) if owner is console)]
+    shared.owners = tuple(owners)
+    if owners:
+        return
+    del _shared_handlers[handler]
+    if handler.stream is shared:  # not if someone else set the handler's stream meanwhile
+        handler.setStream(shared.original)
+
+
+class _SharedStream:
+    """A handler's stream while runs own it: a text stream that writes the handler's `original` stream
+    through one of its `owners` (the one drawing a status block, else the last to join)."""
+
+    def __init__(self, original: TextIO, owners: tuple[LiveConsole, ...]):
+        self.original = original
+        self.owners = owners
+
+    def console(self) -> Optional[LiveConsole]:
+        """The console a log line goes through now (None once every owner has left)."""
+        owners = self.owners
+        for owner in reversed(owners):
+            if owner.mode == "block":
+                return owner
+        return owners[-1] if owners else None
 
     def write(self, text: str) -> int:
-        self._console.write(self._stream, text)
+        console = self.console()
+        if console is None:  # a line logged while the last owner was leaving
+            self.original.write(text)
+        else:
+            console.write(self.original, text)
         return len(text)
 
     def flush(self) -> None:
         try:
-            self._stream.flush()
+            self.original.flush()
         except (OSError, ValueError):
             pass
 
     def isatty(self) -> bool:
-        return self._stream.isatty()
+        return self.original.isatty()
