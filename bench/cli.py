@@ -115,7 +115,8 @@ def _run_checkpoint(tmp, s, args):
 def _run_ddp(tmp, s, args):
     from bench.ddp import bench_ddp
 
-    return bench_ddp(tmp, s["repeats"], s["ddp_steps"], warmup=5 if args.quick else 50)
+    return bench_ddp(tmp, s["repeats"], s["ddp_steps"], warmup=5 if args.quick else 50,
+                     ab_pairs=1 if args.quick else 6, ab_steps=10 if args.quick else 150)
 
 
 def _run_detect(tmp, s, args):

@@ -14,7 +14,9 @@ fell between its two report() ends, whichever sample windows they straddled. One
 everything: time.monotonic().
 
 `MINITRAIN_TELEMETRY=0` in the environment turns recording off (`ENABLED` is False): every call
-below returns at once and the telemetry thread never starts.
+below returns at once and the telemetry thread never starts. `ENABLED` is read at each call, so setting
+it while a rank runs switches recording (and the telemetry thread's samples) off and on; the ddp
+benchmark does so to time telemetry in alternating blocks of one job.
 """
 
 from __future__ import annotations

@@ -55,6 +55,11 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     # The ratio is the median of back-to-back pairs' ratios (one pair in the quick run).
     pairs = [on["steps_per_s"] / o["steps_per_s"] for on, o in zip(ddp["runs"]["minitrain"], off)]
     assert ddp["telemetry_pair_ratios"] == pairs and ddp["telemetry_ratio"] == pairs[0]
+    # Telemetry on and off in alternating blocks of the minitrain job (one pair in the quick run).
+    blocks = ddp["runs"]["minitrain"][0]["telemetry_blocks"]
+    assert len(blocks) == 1 and all(on > 0 and off > 0 for on, off in blocks)
+    assert ddp["telemetry_block_ratios"] == [off / on for on, off in blocks]
+    assert "telemetry_blocks" not in off[0]
     # The direct cost is timed only where telemetry is on.
     assert ddp["runs"]["minitrain"][0]["report_bookkeeping_us"] > 0 and ddp["sample_us"] > 0
     assert "report_bookkeeping_us" not in off[0]

@@ -237,3 +237,33 @@ def test_the_coordinator_reads_absent_fields_as_not_measured():
     assert (sample.attempt, sample.rank, sample.reports, sample.step_time_s) == (3, 1, 7, 0.25)
     assert sample.cpu_percent == 0.0 and sample.data_wait_s is None and sample.total is None
     assert sample.gpus[0].index == 2 and sample.gpus[0].util_percent == 50
+
+
+def test_the_thread_sends_nothing_while_recording_is_switched_off(monkeypatch):
+    """`waits.ENABLED` is read at each tick: switched off while the rank runs (the ddp benchmark's
+    alternating blocks), no sample goes out; switched on again, samples resume."""
+    ticks, sent = [], []
+
+    class CountingSampler:
+        def sample(self):
+            ticks.append(waits.ENABLED)
+            return pb.Telemetry()
+
+    thread = telemetry.TelemetryThread(CountingSampler(), lambda **body: sent.append(body["telemetry"]))
+    thread._interval_s = 0.005
+    monkeypatch.setattr(waits, "ENABLED", False)
+    thread.start()
+    try:
+        # Wait for several ticks to pass with recording off: the thread's Event wait is the clock.
+        ticking = time.monotonic()
+        while time.monotonic() - ticking < 0.2:
+            time.sleep(0.01)
+        assert sent == [] and ticks == []
+        monkeypatch.setattr(waits, "ENABLED", True)
+        deadline = time.monotonic() + 30
+        while len(sent) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(sent) >= 2 and all(ticks)
+    finally:
+        thread.stop()
+        thread._thread.join(30)
