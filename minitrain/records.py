@@ -1,6 +1,6 @@
 """Domain records shared by every layer (L0: stdlib only).
 
-Records are frozen dataclasses: facts that cross a boundary (agent -> coordinator, worker ->
+Records are frozen dataclasses (`ReportRecord`, made per report, is a named tuple): facts that cross a boundary (agent -> coordinator, worker ->
 coordinator, coordinator -> trainer). Protobuf messages are converted to and from these in
 `minitrain.rpc.convert` only; past that edge the code sees records.
 """
@@ -8,9 +8,10 @@ coordinator, coordinator -> trainer). Protobuf messages are converted to and fro
 from __future__ import annotations
 
 import enum
+import json
 import signal as _signal
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class Phase(enum.IntEnum):
@@ -127,18 +128,27 @@ class WorkerFailure:
         return "failed for an unknown reason"
 
 
-@dataclass(frozen=True, slots=True)
-class ReportRecord:
-    """One `report()` call of one rank, as received by the coordinator."""
+class ReportRecord(NamedTuple):
+    """One `report()` call of one rank, as received by the coordinator. `metrics_json` is the JSON
+    object the worker sent; `metrics` parses it (at each access: take it once).
+
+    A named tuple, and the metrics left as text, because the coordinator makes one per report of every
+    rank: at thousands of ranks a frozen dataclass and an eager `json.loads` were most of the intake's
+    cost per report, and only rank 0's metrics (and a round's, for the callbacks that ask) are read."""
 
     attempt: int
     rank: int
     round: int
-    metrics: dict
+    metrics_json: str
     reported_at: float
     checkpoint_dir_name: str = ""
     wants_ack: bool = False
     staged: bool = False  # uploaded to the staging area (minitrain.storage.layout.staged_dir), moved at commit
+
+    @property
+    def metrics(self) -> dict:
+        """The reported metrics (a new dict, parsed from `metrics_json`)."""
+        return json.loads(self.metrics_json)
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,8 +141,8 @@ def bench_report_turn(ranks: int, count: int) -> float:
         rules = controller._rules
 
         def turn(i: int) -> None:
-            controller._handle(ev.ReportReceived(ReportRecord(attempt=0, rank=i % ranks, round=i // ranks,
-                                                              metrics={"loss": 1.0}, reported_at=0.0)))
+            controller._handle(ev.ReportsReceived((ReportRecord(attempt=0, rank=i % ranks, round=i // ranks,
+                                                                metrics_json='{"loss": 1.0}', reported_at=0.0),)))
             now = controller._clock()
             decision = decide(controller._loop, controller._observe(now), now, rules)
             assert not decision.actions

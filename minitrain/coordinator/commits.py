@@ -14,12 +14,12 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Optional, Protocol
+from typing import Callable, Optional, Protocol, Sequence
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.observers import Observers, RoundInfo
+from minitrain.coordinator.observers import Observers, RankMetrics, RoundInfo
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
 from minitrain.coordinator.service import Hub
 from minitrain.storage.layout import staged_dir
@@ -68,6 +68,7 @@ class Commits:
                  clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
         self.checkpoints = checkpoints
         self._observers = observers if observers is not None else Observers()
+        self._tell_report = self._observers.notifier("on_report")  # looked up once, called per report
         self._world_size = 0
         self.history = History()
         self._metrics_log = metrics_log
@@ -89,25 +90,35 @@ class Commits:
         self._base = self.checkpoints.report_index
         self._list_requests = []
 
-    def on_report(self, tracker: AttemptTracker, report: ReportRecord) -> None:
-        """Record one report of the current attempt; commit what it completes; acknowledge it."""
-        self._observers.notify("on_report", report)
-        if report.rank in tracker.ranks:
-            state = tracker.ranks[report.rank]
-            state.last_progress = self._clock()
-            state.last_round = report.round
-        if report.rank == 0:
-            self.history.last_metrics = report.metrics
-            self.history.metrics.append(report.metrics)
-            self._metrics_log.append(report.metrics, self._base + report.round, report.attempt,
-                                     report.reported_at)
-        try:
-            completed = self._rounds.add(report.rank, report.round, report.metrics, report.checkpoint_dir_name,
-                                         staged=report.staged, wants_ack=report.wants_ack)
-        except RoundConflict as exc:
-            self._fail_rank(tracker, report.rank, "CheckpointDirConflict", str(exc))
-            return
-        self._commit(tracker, completed)
+    def on_reports(self, tracker: AttemptTracker, reports: Sequence[ReportRecord]) -> None:
+        """Record reports of the current attempt, in order: each one is told to the observers, marks its
+        rank's progress, and commits and acknowledges what it completes. Only rank 0's metrics are
+        parsed here (the other ranks' stay JSON text until an observer reads them)."""
+        tell = self._tell_report
+        ranks = tracker.ranks
+        now = self._clock()
+        add = self._rounds.add
+        for report in reports:
+            if tell is not None:
+                tell(report)
+            rank = report.rank
+            state = ranks.get(rank)
+            if state is not None:
+                state.last_progress = now
+                state.last_round = report.round
+            if rank == 0:
+                metrics = report.metrics
+                self.history.last_metrics = metrics
+                self.history.metrics.append(metrics)
+                self._metrics_log.append(metrics, self._base + report.round, report.attempt, report.reported_at)
+            try:
+                completed = add(rank, report.round, report.metrics_json, report.checkpoint_dir_name,
+                                staged=report.staged, wants_ack=report.wants_ack)
+            except RoundConflict as exc:
+                self._fail_rank(tracker, rank, "CheckpointDirConflict", str(exc))
+                continue
+            if completed:
+                self._commit(tracker, completed)
 
     def on_done(self, tracker: AttemptTracker, event: ev.WorkerDone) -> None:
         """A rank finished: it holds back no later round; rank 0's return value is kept."""
@@ -146,7 +157,9 @@ class Commits:
             self.checkpoints.advance_report_index(index + 1)
             record = None
             if done.checkpoint_dir_name:
-                record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=done.rank0_metrics or {},
+                rank0 = done.metrics_by_rank.get(0)
+                record = CheckpointRecord(dir_name=done.checkpoint_dir_name,
+                                          metrics=json.loads(rank0) if rank0 is not None else {},
                                           report_index=index, attempt=tracker.attempt,
                                           committed_at=self._clock())
                 staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
@@ -158,7 +171,7 @@ class Commits:
                     return
                 logger.debug("committed %s (round %d)", record.dir_name, index)
             if self._observers:
-                by_rank = tuple(done.metrics_by_rank.get(r) for r in range(self._world_size))
+                by_rank = RankMetrics(done.metrics_by_rank, self._world_size)
                 self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
                                                              self._clock()))
             for rank in done.ack_ranks:

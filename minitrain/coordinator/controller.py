@@ -383,7 +383,9 @@ class Controller:
 
     def _handle(self, event: ev.RunEvent) -> None:
         group = self._group
-        if isinstance(event, ev.AgentConnected):
+        if type(event) is ev.ReportsReceived:  # the most frequent event by far: tested first
+            self._on_reports(group, event.reports)
+        elif isinstance(event, ev.AgentConnected):
             self._nodes[event.node.node_id] = event.node
             self._streams[event.node.node_id] = event.stream
         elif isinstance(event, ev.AgentLost):
@@ -394,10 +396,6 @@ class Controller:
                 group.ask_stacks(event.rank)
         elif group is None or _attempt_of(event) != group.attempt:
             self._reject_stale(event)
-        elif isinstance(event, ev.ReportReceived):
-            # Also while the attempt is being stopped: a report sent before a peer failed still counts.
-            self._commits.on_report(group.tracker, event.report)
-            self._pace.reported(event.report.rank, self._clock())
         elif isinstance(event, ev.WorkerPhaseChanged):
             state = group.tracker.ranks.get(event.rank)
             if state is not None and state.phase < Phase.TRAINING <= event.phase:
@@ -416,6 +414,26 @@ class Controller:
             group.release_when_all_done()
         else:
             group.handle(event)
+
+    def _on_reports(self, group: Optional[WorkerGroup], reports: tuple) -> None:
+        """Record a batch of reports; those of another attempt than the current one are stale. Also
+        while the attempt is being stopped: a report sent before a peer failed still counts."""
+        if group is None:
+            logger.debug("ignoring %d reports: no attempt runs", len(reports))
+            return
+        attempt = group.attempt
+        current = reports
+        for report in reports:
+            if report.attempt != attempt:
+                current = tuple(r for r in reports if r.attempt == attempt)
+                logger.debug("ignoring %d reports of a stale attempt", len(reports) - len(current))
+                break
+        if not current:
+            return
+        self._commits.on_reports(group.tracker, current)
+        now, reported = self._clock(), self._pace.reported
+        for report in current:
+            reported(report.rank, now)
 
     def _observe_telemetry(self, tracker: AttemptTracker, sample: TelemetrySample) -> None:
         """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
@@ -517,9 +535,7 @@ class Controller:
 
 
 def _attempt_of(event: ev.RunEvent) -> Optional[int]:
-    """The attempt an event belongs to (a report carries it in its record)."""
-    if isinstance(event, ev.ReportReceived):
-        return event.report.attempt
+    """The attempt an event belongs to (reports are judged one by one, in `_on_reports`)."""
     return getattr(event, "attempt", None)
 
 

@@ -104,10 +104,12 @@ class WorkerPhaseChanged(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
-class ReportReceived(RunEvent):
-    """One report() of one rank."""
+class ReportsReceived(RunEvent):
+    """report() calls, in the order they arrived: one of a direct stream, or the consecutive reports of
+    one batch an agent relayed (any of its ranks, possibly of different attempts). One event per batch
+    keeps the controller's work per event off the path of every report."""
 
-    report: ReportRecord
+    reports: tuple[ReportRecord, ...]
 
 
 @dataclass(frozen=True, slots=True)

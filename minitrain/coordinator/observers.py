@@ -25,7 +25,9 @@ watches a run never changes its outcome.
 
 from __future__ import annotations
 
+import json
 import logging
+from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
@@ -73,15 +75,59 @@ class AttemptInfo:
         return len(self.hosts)
 
 
+class RankMetrics(SequenceABC):
+    """Every rank's metrics of one round, as a read-only sequence: `[r]` is rank r's metrics dict, or
+    None for a rank that finished without reporting the round. Each rank's metrics are parsed from the
+    JSON it sent when first read, then kept: most observers read rank 0's only, and parsing every rank's
+    at every round cost the coordinator more than the rest of a report at thousands of ranks.
+
+    `texts` maps rank -> its metrics' JSON text (absent: None); `size` is the number of ranks."""
+
+    __slots__ = ("_texts", "_size", "_parsed")
+
+    def __init__(self, texts: Mapping[int, str], size: int):
+        self._texts = texts
+        self._size = size
+        self._parsed: dict[int, Optional[dict]] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(self._size)))
+        if index < 0:
+            index += self._size
+        if not 0 <= index < self._size:
+            raise IndexError(f"rank {index} out of range for {self._size} ranks")
+        try:
+            return self._parsed[index]
+        except KeyError:
+            text = self._texts.get(index)
+            parsed = self._parsed[index] = None if text is None else json.loads(text)
+            return parsed
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, SequenceABC) and not isinstance(other, str):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # a sequence compared by content
+
+    def __repr__(self) -> str:
+        return f"RankMetrics({list(self)!r})"
+
+
 @dataclass(frozen=True)
 class RoundInfo:
     """A report round every rank answered. `index` counts rounds across attempts and resumes (the
     `report_index` of checkpoints); `metrics_by_rank[r]` is rank r's metrics, or None for a rank that
-    finished without reporting this round; `checkpoint` is the checkpoint the round committed."""
+    finished without reporting this round (a tuple or a `RankMetrics`); `checkpoint` is the checkpoint
+    the round committed."""
 
     attempt: int
     index: int
-    metrics_by_rank: tuple[Optional[dict], ...]
+    metrics_by_rank: Sequence[Optional[dict]]
     checkpoint: Optional[CheckpointRecord]
     completed_at: float
 
@@ -180,6 +226,21 @@ class Observers:
 
     def __bool__(self) -> bool:
         return bool(self._observers)
+
+    def notifier(self, method: str) -> Optional[Callable[..., None]]:
+        """`notify` bound to `method` once, for a call per item of a batch (None when no observer has
+        it): the lookups are made here, not at every call."""
+        calls = [call for call in (getattr(o, method, None) for o in self._observers) if call is not None]
+        if not calls:
+            return None
+
+        def notify_each(*args) -> None:
+            for call in calls:
+                try:
+                    call(*args)
+                except Exception:  # noqa: BLE001 - an observer never breaks the run
+                    logger.exception("run observer %r failed in %s", getattr(call, "__self__", call), method)
+        return notify_each
 
     def notify(self, method: str, *args) -> None:
         """Call `method(*args)` on every observer that has it."""

@@ -22,15 +22,14 @@ class CompletedRound:
 
     round: int
     checkpoint_dir_name: str  # "" when no rank passed a checkpoint
-    rank0_metrics: Optional[dict]
-    metrics_by_rank: dict
+    metrics_by_rank: dict  # rank -> the metrics it reported, as given to `add` (the coordinator: JSON text)
     staged_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their staging directory
     ack_ranks: tuple[int, ...] = ()  # ranks waiting for this round's commit
 
 
 @dataclass
 class _Pending:
-    metrics: dict = field(default_factory=dict)  # rank -> metrics
+    metrics: dict = field(default_factory=dict)  # rank -> metrics (opaque here)
     dir_names: dict = field(default_factory=dict)  # rank -> checkpoint dir name
     staged: list = field(default_factory=list)  # ranks that uploaded to staging
     acks: list = field(default_factory=list)  # ranks that wait for the commit
@@ -50,9 +49,10 @@ class RoundTracker:
         """The lowest round not completed yet."""
         return self._next
 
-    def add(self, rank: int, round_: int, metrics: dict, checkpoint_dir_name: str, *, staged: bool = False,
+    def add(self, rank: int, round_: int, metrics: object, checkpoint_dir_name: str, *, staged: bool = False,
             wants_ack: bool = False) -> list[CompletedRound]:
         """Record one report; returns the rounds it completed, in order. RoundConflict on disagreement.
+        `metrics` is kept as it is and handed back in `CompletedRound.metrics_by_rank`.
         `staged`: its checkpoint files wait in the rank's staging directory; `wants_ack`: the rank
         waits for the round's commit (both are handed back in the CompletedRound)."""
         pending = self._pending.setdefault(round_, _Pending())
@@ -104,8 +104,7 @@ class RoundTracker:
             if pending is None:  # every rank finished before this round: nothing more will come
                 break
             names = set(pending.dir_names.values())
-            done.append(CompletedRound(self._next, names.pop() if names else "",
-                                       pending.metrics.get(0), dict(pending.metrics),
+            done.append(CompletedRound(self._next, names.pop() if names else "", pending.metrics,
                                        tuple(sorted(pending.staged)), tuple(pending.acks)))
             del self._pending[self._next]
             self._next += 1

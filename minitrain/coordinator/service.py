@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import logging
 import queue
 import threading
@@ -283,16 +282,30 @@ class _WorkerIntake:
         self.key: Optional[tuple[int, int]] = None
         self._closed = False
 
-    def handle(self, message: pb.WorkerMessage) -> bool:
-        """Turn one message into its event; False when it belongs to another run (read no further)."""
+    def handle(self, message: pb.WorkerMessage, reports: Optional[list] = None) -> bool:
+        """Turn one message into its event; False when it belongs to another run (read no further).
+
+        `reports`: a relayed batch's consecutive reports so far (see `_RelayedStreams.receive`): a
+        report joins it, and any other message first sends it as one ReportsReceived (so every event
+        keeps its place). Without it, a report is an event of its own."""
         if message.run_id != self._run_id:
             return False
-        put = self._put
         attempt, rank = message.attempt, message.rank
         kind = message.WhichOneof("body")
         if kind == "report":
-            put(ev.ReportReceived(_report_record(attempt, rank, message.report)))
-        elif kind == "telemetry":
+            report = message.report
+            record = ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
+                                  report.checkpoint_dir_name, report.wants_ack, report.staged)
+            if reports is None:
+                self._put(ev.ReportsReceived((record,)))
+            else:
+                reports.append(record)
+            return True
+        put = self._put
+        if reports:
+            put(ev.ReportsReceived(tuple(reports)))
+            reports.clear()
+        if kind == "telemetry":
             put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
         elif kind == "hello" and self.key is None:
             self.key = (attempt, rank)
@@ -313,10 +326,13 @@ class _WorkerIntake:
             put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
         return True
 
-    def closed(self) -> None:
-        """The stream ended (idempotent)."""
+    def closed(self, reports: Optional[list] = None) -> None:
+        """The stream ended (idempotent); `reports` as for `handle` (sent first)."""
         if self._closed:
             return
+        if reports:
+            self._put(ev.ReportsReceived(tuple(reports)))
+            reports.clear()
         self._closed = True
         if self.key is not None:
             self._put(ev.WorkerStreamClosed(*self.key))
@@ -357,7 +373,10 @@ class _RelayedStreams:
         self._all_ended = False
 
     def receive(self, relayed: pb.RelayedUp) -> None:
-        """Handle a batch of relayed items, in order."""
+        """Handle a batch of relayed items, in order. Consecutive reports (of any of its streams) go to
+        the controller as one ReportsReceived: at thousands of ranks a batch holds a report of each of
+        the agent's workers, and one event per report was most of the controller's cost per report."""
+        reports: list = []
         for item in relayed.items:
             number = item.stream
             intake = self._open.get(number)
@@ -368,14 +387,16 @@ class _RelayedStreams:
                 intake = _WorkerIntake(service._events, service._hub, service._run_id,
                                        _RelayOutbox(self._agent_outbox, number))
                 self._open[number] = intake
-            if item.closed or not item.HasField("message") or not intake.handle(item.message):
-                self._end(number)
+            if item.closed or not item.HasField("message") or not intake.handle(item.message, reports):
+                self._end(number, reports)
+        if reports:
+            self._service._events.put(ev.ReportsReceived(tuple(reports)))
 
-    def _end(self, number: int) -> None:
+    def _end(self, number: int, reports: Optional[list] = None) -> None:
         intake = self._open.pop(number)
         self._ended.add(number)
         intake.unregister()
-        intake.closed()  # (tells the agent to end the worker's stream, if it has not ended)
+        intake.closed(reports)  # (tells the agent to end the worker's stream, if it has not ended)
 
     def end_all(self) -> None:
         """The agent's stream ended: so did every stream it relayed (idempotent)."""
@@ -441,9 +462,3 @@ def telemetry_sample(attempt: int, rank: int, message: pb.Telemetry) -> Telemetr
         cpu_percent=optional("cpu_percent"), rss_bytes=optional("rss_bytes"), gpus=gpus,
         total=message.total or None)
 
-
-def _report_record(attempt: int, rank: int, report: pb.Report) -> ReportRecord:
-    return ReportRecord(attempt=attempt, rank=rank, round=report.round,
-                        metrics=json.loads(report.metrics_json), reported_at=report.reported_at,
-                        checkpoint_dir_name=report.checkpoint_dir_name, wants_ack=report.wants_ack,
-                        staged=report.staged)

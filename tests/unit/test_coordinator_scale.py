@@ -316,7 +316,7 @@ def test_the_hang_watch_built_only_when_due_finds_every_silent_rank_at_once(tmp_
                 phase = Phase.TRAINING if state.phase is not Phase.TRAINING else Phase.CHECKPOINT_UPLOAD
                 controller._handle(ev.WorkerPhaseChanged(0, rank, phase))
             elif kind == "report" and state.phase >= Phase.TRAINING and not state.exited:
-                controller._handle(ev.ReportReceived(ReportRecord(0, rank, rounds[rank], {}, now[0])))
+                controller._handle(ev.ReportsReceived((ReportRecord(0, rank, rounds[rank], "{}", now[0]),)))
                 rounds[rank] += 1
             elif kind == "done" and rng.random() < 0.05:
                 state.done = state.exited = True
@@ -341,7 +341,7 @@ def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks(tmp_pat
         if kind == "training":
             controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))
         else:
-            controller._handle(ev.ReportReceived(ReportRecord(0, rank, rounds[rank], {}, t)))
+            controller._handle(ev.ReportsReceived((ReportRecord(0, rank, rounds[rank], "{}", t),)))
             rounds[rank] += 1
         expected = _silent_ranks(Seen(watched=_full_watch(controller, tracker)), t)
         assert _silent_ranks(Seen(watched=controller._watched(tracker, t)), t) == expected

@@ -93,8 +93,8 @@ def drive(monitor, slow_rank=1, samples=6):
         for rank in (0, 1):
             monitor.on_telemetry(sample(rank, 20.0 + i, 0.3 if rank == slow_rank else 0.1, total=20))
     for index in range(4):
-        monitor.on_report(ReportRecord(attempt=1, rank=0, round=index, metrics={"loss": 1.0 / (index + 1)},
-                                       reported_at=30.0 + index))
+        monitor.on_report(ReportRecord(attempt=1, rank=0, round=index,
+                                       metrics_json=json.dumps({"loss": 1.0 / (index + 1)}), reported_at=30.0 + index))
         checkpoint = CheckpointRecord("checkpoint_000003", {"loss": 0.25}, 3, 1, 33.5) if index == 3 else None
         monitor.on_round(RoundInfo(1, index, ({"loss": 1.0 / (index + 1)}, None), checkpoint, 30.0 + index))
 

@@ -125,13 +125,35 @@ def test_relayed_messages_become_events_in_each_streams_order(coordinator):
             worker_message(2, 1, hello=pb.WorkerHello(pid=11, hostname="h")),
             report(1, 0, 0), report(2, 1, 0), report(1, 0, 1))
     a.relay(report(2, 1, 1), worker_message(1, 0, done=pb.WorkerDone(reports=2)))
-    got = next_events(events, 7)
-    assert [type(e).__name__ for e in got] == ["WorkerConnected", "WorkerConnected", "ReportReceived",
-                                               "ReportReceived", "ReportReceived", "ReportReceived", "WorkerDone"]
+    got = next_events(events, 5)
+    # A batch's consecutive reports (of any of its streams) are one event, in the order relayed.
+    assert [type(e).__name__ for e in got] == ["WorkerConnected", "WorkerConnected", "ReportsReceived",
+                                               "ReportsReceived", "WorkerDone"]
     assert (got[0].rank, got[0].pid) == (0, 10) and (got[1].rank, got[1].pid) == (1, 11)
-    rounds = [(e.report.rank, e.report.round, e.report.metrics) for e in got if isinstance(e, ev.ReportReceived)]
+    assert [len(e.reports) for e in got[2:4]] == [3, 1]
+    rounds = [(r.rank, r.round, r.metrics) for e in got[2:4] for r in e.reports]
     assert rounds == [(0, 0, {"r": 0}), (1, 0, {"r": 0}), (0, 1, {"r": 1}), (1, 1, {"r": 1})]
-    assert got[6].reports == 2
+    assert got[4].reports == 2
+
+
+def test_a_batchs_reports_keep_their_place_around_other_messages(coordinator):
+    """Reports batched into one event never overtake, nor fall behind, the other messages of the batch:
+    a telemetry sample, a phase change or a stream's end between them splits the batch."""
+    events, hub, agent = coordinator
+    a = agent()
+    a.relay(worker_message(1, 0, hello=pb.WorkerHello(pid=10, hostname="h")),
+            worker_message(2, 1, hello=pb.WorkerHello(pid=11, hostname="h")))
+    next_events(events, 2)
+    a.relay(report(1, 0, 0), report(2, 1, 0), worker_message(1, 0, telemetry=pb.Telemetry(reports=1)),
+            report(1, 0, 1), worker_message(2, 1, phase=pb.PhaseChange(phase=pb.PHASE_FINISHING)),
+            report(2, 1, 1), pb.RelayedMessage(stream=2, closed=True), report(1, 0, 2))
+    got = next_events(events, 7)
+    assert [type(e).__name__ for e in got] == ["ReportsReceived", "TelemetryReceived", "ReportsReceived",
+                                               "WorkerPhaseChanged", "ReportsReceived", "WorkerStreamClosed",
+                                               "ReportsReceived"]
+    assert [[(r.rank, r.round) for r in e.reports] for e in got if isinstance(e, ev.ReportsReceived)] == [
+        [(0, 0), (1, 0)], [(0, 1)], [(1, 1)], [(0, 2)]]
+    assert (got[5].attempt, got[5].rank) == (1, 1)
 
 
 def test_commands_for_a_relayed_worker_come_down_its_agents_stream(coordinator):
@@ -172,8 +194,8 @@ def test_a_message_of_another_run_ends_that_relayed_stream_only(coordinator):
             report(2, 1, 0))
     got = next_events(events, 4)
     assert [type(e).__name__ for e in got] == ["WorkerConnected", "WorkerConnected", "WorkerStreamClosed",
-                                               "ReportReceived"]
-    assert got[2].rank == 0 and got[3].report.rank == 1
+                                               "ReportsReceived"]
+    assert got[2].rank == 0 and [r.rank for r in got[3].reports] == [1]
     (closing,) = a.relayed_commands(1)
     assert closing.stream == 1 and closing.close
 

@@ -12,7 +12,7 @@ def test_round_completes_only_when_every_rank_reported():
     rounds = RoundTracker(2)
     assert rounds.add(0, 0, {"a": 1}, "checkpoint_000000") == []
     done = rounds.add(1, 0, {"a": 2}, "")
-    assert [(d.round, d.checkpoint_dir_name, d.rank0_metrics) for d in done] == [(0, "checkpoint_000000", {"a": 1})]
+    assert [(d.round, d.checkpoint_dir_name, d.metrics_by_rank[0]) for d in done] == [(0, "checkpoint_000000", {"a": 1})]
     assert done[0].metrics_by_rank == {0: {"a": 1}, 1: {"a": 2}}
 
 
