@@ -40,6 +40,7 @@ class AttemptTracker:
     rendezvous: Optional[tuple[str, int]] = None
     stop_requested: bool = False
     failure_order: list[int] = field(default_factory=list)
+    done_count: int = 0  # ranks whose function returned: `all_done()` without a scan at every WorkerDone
 
     @classmethod
     def create(cls, attempt: int, assignments: list[WorkerAssignment],
@@ -79,8 +80,9 @@ class AttemptTracker:
     def on_done(self, event: ev.WorkerDone) -> None:
         """The worker's function returned and its reports were flushed."""
         state = self.ranks.get(event.rank)
-        if state is not None:
+        if state is not None and not state.done:
             state.done = True
+            self.done_count += 1
 
     def on_failed(self, event: ev.WorkerFailed) -> None:
         """The worker captured an exception."""
@@ -152,6 +154,11 @@ class AttemptTracker:
     def all_training(self) -> bool:
         """Every rank reached its training function (or beyond)."""
         return all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+
+    def all_done(self) -> bool:
+        """Every rank's function returned (O(1): scanning the ranks at each of their WorkerDone was
+        quadratic in the world size at the end of every attempt)."""
+        return self.done_count == len(self.ranks)
 
     def finished(self) -> bool:
         """Every rank returned from its training function and exited cleanly."""

@@ -150,7 +150,7 @@ class WorkerGroup:
     def release_when_all_done(self) -> None:
         """Once every rank's function returned (and its last rounds were committed), let rank 0 exit:
         it holds the TCPStore the others may still read from."""
-        if all(s.done for s in self.tracker.ranks.values()):
+        if self.tracker.all_done():
             self._hub.send_to_worker(self.attempt, 0, pb.WorkerCommand(release=pb.Release()))
 
     def prepare_fork_servers(self) -> None:

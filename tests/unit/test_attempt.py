@@ -103,6 +103,17 @@ def test_clean_finish_is_not_a_failure():
     assert tracker.finished() and tracker.all_exited()
 
 
+def test_all_done_counts_each_rank_once_in_any_order():
+    tracker = make_tracker(num_workers=4)
+    for rank in (2, 0, 2, 3):  # a repeated WorkerDone counts once
+        tracker.on_done(ev.WorkerDone(ATTEMPT, rank))
+        assert not tracker.all_done()
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 9))  # not a rank of this attempt
+    assert not tracker.all_done()
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 1))
+    assert tracker.all_done() and tracker.done_count == 4
+
+
 def test_finished_waits_for_exit_after_done():
     tracker = make_tracker(num_workers=1)
     start(tracker, 0, Phase.FINISHING)
