@@ -229,8 +229,11 @@ class Observers:
 
     def notifier(self, method: str) -> Optional[Callable[..., None]]:
         """`notify` bound to `method` once, for a call per item of a batch (None when no observer has
-        it): the lookups are made here, not at every call."""
-        calls = [call for call in (getattr(o, method, None) for o in self._observers) if call is not None]
+        it): the lookups are made here, not at every call, and an observer that kept `RunObserver`'s
+        own no-op is not called at all."""
+        noop = getattr(RunObserver, method, None)
+        calls = [getattr(o, method) for o in self._observers
+                 if getattr(o, method, None) is not None and (noop is None or getattr(type(o), method, None) is not noop)]
         if not calls:
             return None
 

@@ -327,12 +327,12 @@ class _WorkerIntake:
         return True
 
     def closed(self, reports: Optional[list] = None) -> None:
-        """The stream ended (idempotent); `reports` as for `handle` (sent first)."""
-        if self._closed:
-            return
+        """The stream ended (idempotent); `reports` as for `handle` (sent first, in any case)."""
         if reports:
             self._put(ev.ReportsReceived(tuple(reports)))
             reports.clear()
+        if self._closed:
+            return
         self._closed = True
         if self.key is not None:
             self._put(ev.WorkerStreamClosed(*self.key))

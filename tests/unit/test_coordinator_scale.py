@@ -258,7 +258,7 @@ def test_straggler_episodes_hold_their_latest_figures_as_when_they_were_copied_a
         assert {k: episode[k] for k in figures} == figures
 
 
-def _training_controller(tmp_path, ranks, policy, clock):
+def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     """A controller in RUNNING with one attempt of `ranks` ranks in training (no agents, no server)."""
     storage = Storage.for_run(str(tmp_path), "run")
     storage.makedirs()
@@ -267,7 +267,7 @@ def _training_controller(tmp_path, ranks, policy, clock):
     spec = RunSpec(run_id="r", experiment_name="e", run_path=storage.url(), num_workers=ranks, node_ids=("n0",),
                    payload=b"", backend="gloo", dist_timeout_s=60.0, failure_policy=policy)
     controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
-                            MetricsLog(storage), clock=clock)
+                            MetricsLog(storage), clock=clock, observers=observers)
     tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
                                     {"n0": "n0"})
     for state in tracker.ranks.values():
@@ -356,3 +356,43 @@ def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks(tmp_pat
     found = [at(110.2 + 0.01 * (k + 1), 0) for k in range(99)]  # the 10 s interval leaves rank 0's window
     assert controller._pace.slowest(1) == pytest.approx(0.1)
     assert found[-1] == (1,) and found[0] == ()  # rank 1, silent since 105, is past 2 s as soon as it shrank
+
+
+class _BatchWatcher:
+    """A run observer that keeps what it is told of reports and rounds."""
+
+    def __init__(self):
+        self.reports, self.rounds = [], []
+
+    def on_report(self, report):
+        self.reports.append((report.attempt, report.rank, report.round))
+
+    def on_round(self, round_):
+        self.rounds.append(round_)
+
+
+def test_a_batch_of_reports_is_recorded_report_by_report(tmp_path):
+    """One ReportsReceived (a relayed batch) has each report's effects in order, as separate events
+    had: observers see each report of the current attempt (a stale one is dropped), a round completed
+    mid-batch reaches on_round with every rank's metrics, rank 0's metrics reach the history, and a
+    refused report (a checkpoint directory conflict) fails its rank without dropping the reports after it."""
+    watcher = _BatchWatcher()
+    controller, tracker = _training_controller(tmp_path, 3, FailureConfig(max_failures=0), lambda: 50.0,
+                                               observers=[watcher])
+    for rank in range(3):
+        controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))
+
+    def report(rank, round_, attempt=0, checkpoint=""):
+        return ReportRecord(attempt, rank, round_, f'{{"rank": {rank}, "round": {round_}}}', 49.0, checkpoint)
+
+    controller._handle(ev.ReportsReceived((report(1, 0), report(2, 0, attempt=7), report(0, 0), report(2, 0),
+                                           report(0, 1, checkpoint="a"), report(1, 1, checkpoint="b"),
+                                           report(0, 2))))
+    assert watcher.reports == [(0, 1, 0), (0, 0, 0), (0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 0, 2)]
+    [round0] = watcher.rounds
+    assert round0.index == 0 and round0.checkpoint is None
+    assert list(round0.metrics_by_rank) == [{"rank": r, "round": 0} for r in range(3)]
+    assert controller._commits.history.metrics == [{"rank": 0, "round": r} for r in range(3)]
+    assert [tracker.ranks[r].last_round for r in range(3)] == [2, 1, 0]
+    assert tracker.failures()[0].rank == 1 and tracker.failures()[0].exc_type == "CheckpointDirConflict"
+    assert all(tracker.ranks[r].last_progress == 50.0 for r in range(3))

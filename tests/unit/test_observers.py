@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from minitrain.coordinator.observers import AttemptInfo, Observers, RunObserver
+import pytest
+
+from minitrain.coordinator.observers import AttemptInfo, Observers, RankMetrics, RunObserver
 
 
 class Recorder(RunObserver):
@@ -37,3 +39,40 @@ def test_every_observer_is_told_in_order_and_a_failing_one_is_contained(caplog):
 
 def test_no_observers_is_falsy_so_callers_can_skip_building_arguments():
     assert not Observers() and Observers([RunObserver()])
+
+
+def test_a_notifier_calls_every_observer_with_the_method_and_contains_failures(caplog):
+    seen = []
+
+    class Seen:
+        def on_report(self, report):
+            seen.append(report)
+
+    class Raises:
+        def on_report(self, report):
+            raise RuntimeError("observer bug")
+
+    assert Observers([Recorder([])]).notifier("on_report") is None  # nobody listens: the caller skips
+    tell = Observers([Raises(), Seen(), Recorder([])]).notifier("on_report")
+    with caplog.at_level(logging.ERROR, logger="minitrain"):
+        tell("a")
+        tell("b")
+    assert seen == ["a", "b"] and [r.exc_info[1].args for r in caplog.records] == [("observer bug",)] * 2
+
+
+def test_rank_metrics_parse_each_rank_when_first_read():
+    """A round's metrics by rank stay the JSON each rank sent until read: a rank nobody reads is never
+    parsed (here: its text is not JSON, and nothing fails until it is read), a rank read twice is parsed
+    once, and a rank that did not report the round is None."""
+    metrics = RankMetrics({0: '{"loss": 0.5}', 2: "not json"}, 4)
+    assert len(metrics) == 4
+    first = metrics[0]
+    assert first == {"loss": 0.5} and metrics[0] is first and metrics[-4] is first
+    assert metrics[1] is None and metrics[3] is None
+    with pytest.raises(ValueError):
+        metrics[2]
+    with pytest.raises(IndexError, match="rank 4 out of range for 4 ranks"):
+        metrics[4]
+    assert metrics[:2] == ({"loss": 0.5}, None)
+    assert RankMetrics({0: "{}", 1: '{"a": 1}'}, 2) == ({}, {"a": 1}) == RankMetrics({0: "{}", 1: '{"a": 1}'}, 2)
+    assert RankMetrics({}, 1) != (None, None)
