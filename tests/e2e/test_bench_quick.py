@@ -65,8 +65,9 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     assert "report_bookkeeping_us" not in off[0]
     assert 0 < ddp["direct_fraction"] < 1
     measures = [row["measure"] for row in workloads["ddp"]["rows"]]
-    assert len(measures) == 3 and measures[1].startswith("telemetry overhead")
-    assert measures[2].startswith("telemetry cost timed directly")
+    assert len(measures) == 4 and measures[1].startswith("telemetry overhead")
+    assert measures[2].startswith("telemetry on / off in alternating blocks")
+    assert measures[3].startswith("telemetry cost timed directly")
 
 
 @pytest.mark.e2e
