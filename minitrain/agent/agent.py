@@ -29,6 +29,7 @@ from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
 from minitrain.agent.relay import RelayServer, coalesced_requests
+from minitrain.lease import Lease
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -71,12 +72,11 @@ class NodeAgent:
         self._run_id = run_id
         self._token = token
         self._tls_cert = tls_cert  # the run's certificate (PEM) to pin; empty for a loopback coordinator
-        self._lease_timeout_s = lease_timeout_s
         self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
         self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
         self._workers: dict[tuple[int, int], WorkerProcess] = {}
         self._lock = threading.Lock()
-        self._last_heard = time.monotonic()
+        self._lease = Lease(lease_timeout_s)  # the coordinator's (see minitrain.lease)
         self._finished = threading.Event()
         self._signalled: Optional[str] = None  # set by a signal handler, without any lock (see note_signal)
         self._shutdown_requested = False
@@ -212,8 +212,8 @@ class NodeAgent:
     def _receive(self) -> None:
         try:
             for command in self._call:
-                self._last_heard = time.monotonic()
                 kind = command.WhichOneof("body")
+                self._lease.heard(command.heartbeat.sent_at if kind == "heartbeat" else None)
                 if kind == "shutdown":
                     self._shutdown_requested = True
                     break
@@ -232,9 +232,8 @@ class NodeAgent:
 
     def _heartbeat(self) -> None:
         while not self._finished.wait(HEARTBEAT_INTERVAL_S):
-            silent = time.monotonic() - self._last_heard
-            if silent > self._lease_timeout_s:
-                self._end_reason = f"no word from the coordinator for {silent:.1f} s"
+            if self._lease.expired():
+                self._end_reason = f"the coordinator sent {self._lease.describe()}"
                 self._finished.set()
                 return
             self._outbox.put(self._message(heartbeat=pb.Heartbeat(sent_at=time.time())))

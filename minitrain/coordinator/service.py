@@ -23,6 +23,7 @@ from typing import Callable, Optional, Protocol
 
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.observers import GpuSample, TelemetrySample
+from minitrain.lease import Lease
 from minitrain.records import Phase, ReportRecord
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -146,7 +147,8 @@ def _peer_host(peer: str) -> str:
 class CoordinatorService(pb_grpc.CoordinatorServicer):
     """Turns stream messages into controller events; see the module docstring.
 
-    `lease_timeout_s`: an agent silent for this long is reported lost (its stream is closed too).
+    `lease_timeout_s`: an agent silent for this long (plus its heartbeats' delay, see `minitrain.lease`)
+    is reported lost (its stream is closed too).
     """
 
     def __init__(self, run_id: str, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub,
@@ -158,7 +160,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._log_sink = log_sink
         self._lease_timeout_s = lease_timeout_s
         self._clock = clock
-        self._last_seen: dict[str, float] = {}
+        self._leases: dict[str, Lease] = {}  # node_id -> its agent's lease (see minitrain.lease)
+        self._verdicts: dict[str, str] = {}  # node_id -> why its lease ended, for its AgentLost
         self._node_names: dict[str, str] = {}
         self._streams = itertools.count(1)
 
@@ -181,8 +184,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             node_id = state["node_id"]
             if node_id:
                 self._hub.unregister_agent(node_id, outbox)
-                self._last_seen.pop(node_id, None)
-                self._events.put(ev.AgentLost(node_id, state["reason"], state["stream"]))
+                self._leases.pop(node_id, None)
+                reason = self._verdicts.pop(node_id, state["reason"])
+                self._events.put(ev.AgentLost(node_id, reason, state["stream"]))
 
     async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
         try:
@@ -191,8 +195,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     state["reason"] = f"the agent belongs to run {message.run_id!r}"
                     break
                 node_id = message.node_id
-                self._last_seen[node_id] = self._clock()
                 kind = message.WhichOneof("body")
+                lease = self._leases.get(node_id)
+                if lease is None:
+                    lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
+                lease.heard(message.heartbeat.sent_at if kind == "heartbeat" else None)
                 if kind == "hello" and not state["node_id"]:
                     state["node_id"] = node_id
                     node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
@@ -227,18 +234,20 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def watch_leases(self, interval_s: float) -> None:
         """Heartbeat every agent and report the ones that went silent; runs on the server loop."""
-        heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
         while True:
             await asyncio.sleep(interval_s)
-            now = self._clock()
+            # One message a tick, never changed once queued: an agent judges the coordinator's backlog
+            # from its sent_at (a stamp rewritten while the message waited would hide the wait).
+            heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
             for node_id in self._hub.agent_ids():
-                last = self._last_seen.get(node_id, now)
-                if now - last > self._lease_timeout_s:
-                    logger.warning("node %s sent nothing for %.1f s; treating it as lost", node_id, now - last)
-                    self._last_seen.pop(node_id, None)
+                lease = self._leases.get(node_id)
+                if lease is not None and lease.expired():
+                    verdict = f"it sent {lease.describe()}"
+                    logger.warning("node %s: %s; treating it as lost", node_id, verdict)
+                    self._verdicts[node_id] = verdict
+                    self._leases.pop(node_id, None)
                     self._hub.send_to_agent(node_id, _CLOSE)
                 else:
-                    heartbeat.heartbeat.sent_at = time.time()
                     self._hub.send_to_agent(node_id, heartbeat)
 
     # ------------------------------------------------------------------ workers

@@ -39,7 +39,7 @@ def _kinds(messages) -> list[str]:
 
 
 def test_heartbeats_flow_while_the_coordinator_is_heard_and_the_lease_ends_after_its_silence(agent):
-    agent._last_heard = time.monotonic()
+    agent._lease.heard()
     beating = threading.Thread(target=agent._heartbeat, daemon=True)
     beating.start()
     # It beats while heard (every message carries the run and node), then the 0.5 s lease runs out.
@@ -48,7 +48,7 @@ def test_heartbeats_flow_while_the_coordinator_is_heard_and_the_lease_ends_after
     sent = _drain(agent._outbox)
     assert sent and set(_kinds(sent)) == {"heartbeat"}
     assert {(m.run_id, m.node_id) for m in sent} == {("run-1", "node-a")}
-    assert agent._end_reason.startswith("no word from the coordinator for ")
+    assert agent._end_reason.startswith("the coordinator sent nothing for ")
 
 
 class _Commands:
@@ -73,9 +73,9 @@ def test_commands_are_queued_heartbeats_renew_the_lease_and_shutdown_ends_the_st
     agent._call = _Commands([pb.AgentCommand(heartbeat=pb.Heartbeat()), start,
                              pb.AgentCommand(shutdown=pb.Shutdown(reason="done")),
                              pb.AgentCommand(stop=pb.StopWorkers(attempt=0))])  # after Shutdown: never read
-    agent._last_heard = 0.0
+    agent._lease.last_heard = 0.0
     agent._receive()
-    assert agent._last_heard > 0.0 and agent._shutdown_requested and agent._finished.is_set()
+    assert agent._lease.last_heard > 0.0 and agent._shutdown_requested and agent._finished.is_set()
     queued = _drain(agent._commands)
     # The start, then an empty command that wakes the command loop at once (not at its next poll).
     assert queued == [start, pb.AgentCommand()]
@@ -125,3 +125,17 @@ def test_commands_that_do_not_apply_are_ignored(agent):
     assert agent._fork_server.pids() == [] and agent._fork_server.key is None
     agent._execute(pb.AgentCommand())  # the wake-up command
     assert _drain(agent._outbox) == []
+
+
+def test_a_late_heartbeat_extends_the_lease_by_its_delay(agent):
+    """A coordinator heartbeat read 2 s after it was stamped (its stream backlogged behind commands):
+    the 0.5 s lease then allows 2.5 s of silence, so a busy coordinator is not taken for a dead one;
+    an unstamped heartbeat changes nothing."""
+    agent._call = _Commands([pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time() - 2.0)),
+                             pb.AgentCommand(heartbeat=pb.Heartbeat())])
+    agent._receive()
+    assert 1.9 < agent._lease.backlog_s < 3.0
+    agent._lease.last_heard -= 1.0  # 1 s of silence: past the 0.5 s lease, within lease + delay
+    assert not agent._lease.expired()
+    agent._lease.last_heard -= 2.0
+    assert agent._lease.expired()

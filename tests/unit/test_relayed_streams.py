@@ -40,7 +40,8 @@ class _NullLogs:
 class FakeAgent:
     """An agent's stream to the coordinator, driven by the test."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, node: str = NODE) -> None:
+        self.node = node
         self.channel = client_channel(address)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
@@ -58,7 +59,7 @@ class FakeAgent:
             pass
 
     def send(self, **body) -> None:
-        self.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=NODE, **body))
+        self.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=self.node, **body))
 
     def relay(self, *items: pb.RelayedMessage) -> None:
         self.send(relayed=pb.RelayedUp(items=list(items)))
@@ -89,14 +90,23 @@ def report(stream: int, rank: int, round_: int) -> pb.RelayedMessage:
 
 @pytest.fixture
 def coordinator():
+    yield from _serve(lease_timeout_s=60.0)
+
+
+@pytest.fixture
+def short_lease_coordinator():
+    yield from _serve(lease_timeout_s=1.0)
+
+
+def _serve(lease_timeout_s: float):
     events: queue.SimpleQueue = queue.SimpleQueue()
     hub = Hub()
-    service = CoordinatorService(RUN_ID, events, hub, _NullLogs(), lease_timeout_s=60.0)
+    service = CoordinatorService(RUN_ID, events, hub, _NullLogs(), lease_timeout_s=lease_timeout_s)
     server = CoordinatorServer(service, hub, TOKEN).start()
     agents: list[FakeAgent] = []
 
-    def agent() -> FakeAgent:
-        agents.append(FakeAgent(server.address))
+    def agent(node: str = NODE) -> FakeAgent:
+        agents.append(FakeAgent(server.address, node))
         return agents[-1]
 
     try:
@@ -258,3 +268,28 @@ def test_an_unknown_minitrain_relay_value_is_refused_with_the_fix(monkeypatch, t
     with pytest.raises(ConfigError, match=r"MINITRAIN_RELAY='sometimes'.*auto.*1 \(always relay\).*0"):
         trainer.fit()
     assert list(tmp_path.iterdir()) == []  # refused before anything was created
+
+
+def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(short_lease_coordinator):
+    """The coordinator's lease on an agent allows its latest heartbeat's delay: heartbeats queue behind the
+    agent's relayed reports in one stream, and a coordinator that reads them late (saturated) declared
+    healthy nodes lost. Here the 1 s lease ends for an agent whose heartbeat came on time, and only about
+    3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why."""
+    events, hub, agent = short_lease_coordinator
+    late, prompt = agent("node-late"), agent("node-prompt")
+    late.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))
+    prompt.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+    started = time.monotonic()
+    lost = {}
+    deadline = started + DEADLINE_S
+    while len(lost) < 2 and time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if isinstance(event, ev.AgentLost):
+            lost[event.node_id] = (time.monotonic() - started, event.reason)
+    assert list(lost) == ["node-prompt", "node-late"], lost
+    assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
+    assert "lease 1 s, plus 0.0 s" in lost["node-prompt"][1]
+    assert "lease 1 s, plus 3.0 s" in lost["node-late"][1] and lost["node-late"][1].startswith("it sent nothing for")

@@ -1,0 +1,54 @@
+"""A lease on a peer whose heartbeats share an ordered stream with its data (L0, stdlib only).
+
+Both ends of an agent's stream hold one: the coordinator on each agent, each agent on the coordinator.
+The peer is silent when nothing of it was read for `timeout_s` plus its backlog: how long its latest
+heartbeat took from being stamped (`sent_at`, the peer's wall clock) to being read here. Heartbeats
+travel in the same stream as the data, behind whatever the peer queued before them, so when the reader
+falls behind (a coordinator saturated by reports) they arrive late. Judged by read times alone, a peer
+that is alive and sending looked silent, and the coordinator declared healthy nodes lost (README, "Past
+saturation"). A dead or frozen peer is still found by gRPC's keepalive pings, which the transport
+answers outside this queue; a peer that stops while backlogged is declared silent that much later.
+Clocks of different hosts may differ: a peer whose clock is ahead reads as no backlog (the plain
+timeout), one whose clock is behind as more (a later verdict, never an earlier one). The allowance is
+capped at MAX_BACKLOG_S, so a badly skewed clock cannot switch the lease off.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+MAX_BACKLOG_S = 60.0  # the most a heartbeat's delay extends the lease
+
+class Lease:
+    """Silence of one peer: `heard()` at every message read from it, with `sent_at` for a heartbeat."""
+
+    __slots__ = ("timeout_s", "_clock", "_wall", "last_heard", "backlog_s")
+
+    def __init__(self, timeout_s: float, clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time):
+        self.timeout_s = timeout_s
+        self._clock = clock
+        self._wall = wall
+        self.last_heard = clock()
+        self.backlog_s = 0.0  # how late the latest heartbeat was read (never negative)
+
+    def heard(self, sent_at: Optional[float] = None) -> None:
+        """A message of the peer was read now; `sent_at`: the peer's wall-clock stamp on a heartbeat
+        (None or 0: not stamped, the backlog stays as it was)."""
+        self.last_heard = self._clock()
+        if sent_at:
+            self.backlog_s = min(max(0.0, self._wall() - sent_at), MAX_BACKLOG_S)
+
+    def silent_s(self) -> float:
+        """Seconds since anything of the peer was read."""
+        return self._clock() - self.last_heard
+
+    def expired(self) -> bool:
+        """Nothing read for longer than the timeout plus the peer's backlog."""
+        return self.silent_s() > self.timeout_s + self.backlog_s
+
+    def describe(self) -> str:
+        """Why it expired, for logs and failure messages."""
+        return (f"nothing for {self.silent_s():.1f} s (lease {self.timeout_s:g} s, plus {self.backlog_s:.1f} s "
+                "for its latest heartbeat's delay)")
