@@ -311,9 +311,7 @@ class _WorkerIntake:
                 reports.append(record)
             return True
         put = self._put
-        if reports:
-            put(ev.ReportsReceived(tuple(reports)))
-            reports.clear()
+        _send_reports(put, reports)
         if kind == "telemetry":
             put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
         elif kind == "hello" and self.key is None:
@@ -337,9 +335,7 @@ class _WorkerIntake:
 
     def closed(self, reports: Optional[list] = None) -> None:
         """The stream ended (idempotent); `reports` as for `handle` (sent first, in any case)."""
-        if reports:
-            self._put(ev.ReportsReceived(tuple(reports)))
-            reports.clear()
+        _send_reports(self._put, reports)
         if self._closed:
             return
         self._closed = True
@@ -398,8 +394,7 @@ class _RelayedStreams:
                 self._open[number] = intake
             if item.closed or not item.HasField("message") or not intake.handle(item.message, reports):
                 self._end(number, reports)
-        if reports:
-            self._service._events.put(ev.ReportsReceived(tuple(reports)))
+        _send_reports(self._service._events.put, reports)
 
     def _end(self, number: int, reports: Optional[list] = None) -> None:
         intake = self._open.pop(number)
@@ -446,6 +441,13 @@ async def _drain_agent(outbox: asyncio.Queue):
             if merged is not None:
                 command = merged
         yield command
+
+
+def _send_reports(put: Callable[[ev.RunEvent], None], reports: Optional[list]) -> None:
+    """Hand a batch's reports gathered so far to the controller as one event, and start a new batch."""
+    if reports:
+        put(ev.ReportsReceived(tuple(reports)))
+        reports.clear()
 
 
 def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
