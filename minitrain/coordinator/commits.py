@@ -156,10 +156,9 @@ class Commits:
             index = self._base + done.round
             self.checkpoints.advance_report_index(index + 1)
             record = None
+            by_rank = RankMetrics(done.metrics_by_rank, self._world_size)  # parsed when read, once
             if done.checkpoint_dir_name:
-                rank0 = done.metrics_by_rank.get(0)
-                record = CheckpointRecord(dir_name=done.checkpoint_dir_name,
-                                          metrics=json.loads(rank0) if rank0 is not None else {},
+                record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=by_rank[0] or {},
                                           report_index=index, attempt=tracker.attempt,
                                           committed_at=self._clock())
                 staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
@@ -171,7 +170,6 @@ class Commits:
                     return
                 logger.debug("committed %s (round %d)", record.dir_name, index)
             if self._observers:
-                by_rank = RankMetrics(done.metrics_by_rank, self._world_size)
                 self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
                                                              self._clock()))
             for rank in done.ack_ranks:
