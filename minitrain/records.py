@@ -144,6 +144,7 @@ class ReportRecord(NamedTuple):
     checkpoint_dir_name: str = ""
     wants_ack: bool = False
     staged: bool = False  # uploaded to the staging area (minitrain.storage.layout.staged_dir), moved at commit
+    wants_receipt: bool = False  # the rank waits for a ReportReceipt once this report is recorded
 
     @property
     def metrics(self) -> dict:

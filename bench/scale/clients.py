@@ -36,6 +36,12 @@ reordered, a report never acknowledged as lost. With `telemetry` in the configur
 sends one Telemetry message a second (with its report of that tick), as a real worker's sampler does.
 (The coordinator process checks every report's order and timing itself: see `coordinator.ReportTap`.)
 
+Backpressure, as a real worker's report() has it (`minitrain.worker.session.REPORT_WINDOW`): every
+RECEIPT_EVERY-th report asks for a receipt, and a rank with REPORT_WINDOW reports in flight that the
+coordinator has not recorded (no receipt, no commit ack for them) skips its tick, as a real training loop
+would wait in report(); it puts that report at a later tick (`held_back` counts the skipped ticks), and
+the ticker goes on past `reports` periods until every rank that can report has put all of its reports.
+
 Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faults` in the configuration
 lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attempt the rank either fails
 ("exception": a WorkerFailure, then its agent reports exit code 1, as a real worker that raised) or
@@ -80,6 +86,7 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc.channel import CLIENT_OPTIONS
+from minitrain.worker.session import RECEIPT_EVERY, REPORT_WINDOW
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)
@@ -189,6 +196,7 @@ class Stats:
         self.acked = 0
         self.reordered = 0
         self.reopened = 0  # streams opened again after breaking during start-up
+        self.held_back = 0  # ticks a rank skipped because its report window was full
         self.messages_up = 0  # gRPC messages written towards the coordinator (agents' and workers')
         self.items_up = 0  # worker and agent messages in them (a RelayedUp counts its items)
         self.acks_per_second: dict[int, int] = {}
@@ -305,6 +313,7 @@ class FakeWorker:
         self.reporting_over = asyncio.Event()  # every report put, or failed, or frozen
         self.sent_at: list[float] = []
         self.next_ack = self._next_acked(0)
+        self.recorded = -1  # the highest round the coordinator recorded (a receipt or an ack says so)
         self.fault = sim.fault_for(attempt, rank)
         self.failed = self.frozen = self.closed = False
         sim.workers.append(self)
@@ -319,6 +328,9 @@ class FakeWorker:
             return False  # a DDP peer of a frozen rank blocks in its next collective
         i = len(self.sent_at)
         if i >= self.sim.reports:
+            return False
+        if i - REPORT_WINDOW > self.recorded:
+            self.sim.stats.held_back += 1  # a real report() waits here for the receipt
             return False
         if self.fault is not None and i == self.fault["after"]:
             if self.fault["kind"] == "freeze":
@@ -338,6 +350,7 @@ class FakeWorker:
         message.run_id, message.attempt, message.rank = sim.run_id, self.attempt, self.rank
         report = message.report
         report.round, report.wants_ack = i, self._acked(i)
+        report.wants_receipt = i % RECEIPT_EVERY == RECEIPT_EVERY - 1
         report.metrics_json = f'{{"step": {i}, "loss": {1.0 / (i + 1)!r}, "rank": {self.rank}, "lr": 0.001}}'
         self.sent_at.append(time.perf_counter())
         report.reported_at = time.time()
@@ -354,6 +367,11 @@ class FakeWorker:
         if i + 1 >= self.sim.reports:
             self.reporting_over.set()
         return True
+
+    def can_report(self) -> bool:
+        """True while this rank has reports left to put and nothing stops it for good."""
+        return not (self.failed or self.frozen or self.closed or self.attempt in self.sim.frozen_attempts
+                    or len(self.sent_at) >= self.sim.reports)
 
     def _next_acked(self, start: int) -> int:
         """The first round >= start that asks for an ack (self.sim.reports when none does)."""
@@ -372,10 +390,13 @@ class FakeWorker:
     def handle(self, command: pb.WorkerCommand) -> None:
         """One command from the coordinator (read from its own stream, or routed by its agent)."""
         kind = command.WhichOneof("body")
-        if kind == "report_ack":
+        if kind == "report_receipt":
+            self.recorded = max(self.recorded, command.report_receipt.round)
+        elif kind == "report_ack":
             stats = self.sim.stats
             now = time.perf_counter()
             acked = command.report_ack.round
+            self.recorded = max(self.recorded, acked)
             if acked != self.next_ack:
                 stats.reordered += 1  # not the next acknowledged round of this rank
             elif acked >= stats.warmup_rounds:
@@ -667,7 +688,9 @@ class Simulation:
         stats = self.stats
         start = loop.time()
         stats.first_report_at = stats.first_report_at or time.time()
-        for round_ in range(self.reports):
+        round_ = 0
+        # Every rank puts its reports by the last period, unless its window held some back.
+        while round_ < self.reports or any(w.can_report() for workers in slots for w in workers):
             for offset, workers in zip(self.offsets, slots):
                 if not workers:
                     continue
@@ -677,6 +700,7 @@ class Simulation:
                 for worker in workers:
                     if worker.report():
                         stats.sent += 1
+            round_ += 1
         stats.last_report_at = time.time()
 
     async def run(self) -> None:
@@ -697,6 +721,7 @@ def _results(sim: Simulation, out: str) -> dict:
     return {"pid": os.getpid(), "workers": sim.expected_workers, "training": sim.training, "sent": stats.sent,
             "transport": sim.transport, "phase": sim.phase,
             "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
+            "held_back": stats.held_back,
             "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
             "messages_up": stats.messages_up, "items_up": stats.items_up,
             "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest

@@ -92,8 +92,10 @@ class Commits:
 
     def on_reports(self, tracker: AttemptTracker, reports: Sequence[ReportRecord]) -> None:
         """Record reports of the current attempt, in order: each one is told to the observers, marks its
-        rank's progress, and commits and acknowledges what it completes. Only rank 0's metrics are
-        parsed here (the other ranks' stay JSON text until an observer reads them)."""
+        rank's progress, is given its receipt when it asks for one (the worker's report window,
+        `minitrain.worker.session.REPORT_WINDOW`), and commits and acknowledges what it completes.
+        Only rank 0's metrics are parsed here (the other ranks' stay JSON text until an observer reads
+        them)."""
         tell = self._tell_report
         ranks = tracker.ranks
         now = self._clock()
@@ -117,6 +119,9 @@ class Commits:
             except RoundConflict as exc:
                 self._fail_rank(tracker, rank, "CheckpointDirConflict", str(exc))
                 continue
+            if report.wants_receipt:
+                receipt = pb.WorkerCommand(report_receipt=pb.ReportReceipt(round=report.round))
+                self._hub.send_to_worker(tracker.attempt, rank, receipt)
             if completed:
                 self._commit(tracker, completed)
 

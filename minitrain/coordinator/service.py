@@ -304,7 +304,8 @@ class _WorkerIntake:
         if kind == "report":
             report = message.report
             record = ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
-                                  report.checkpoint_dir_name, report.wants_ack, report.staged)
+                                  report.checkpoint_dir_name, report.wants_ack, report.staged,
+                                  report.wants_receipt)
             if reports is None:
                 self._put(ev.ReportsReceived((record,)))
             else:

@@ -38,6 +38,15 @@ logger = logging.getLogger("minitrain")
 # A checkpoint report waits for the round's commit, i.e. for the slowest rank's report: like a
 # collective, it has no deadline of its own (hang detection names a rank that never comes).
 ACK_TIMEOUT_S = 7 * 24 * 3600.0
+# Backpressure: a rank has at most REPORT_WINDOW reports in flight that the coordinator has not
+# recorded. Every RECEIPT_EVERY-th report asks for a receipt, so the coordinator answers one report in
+# 64 (a few bytes a rank every several seconds at 10 Hz). Past the window, report() waits for the
+# receipt: a saturated coordinator slows the training loop down, instead of the reports queueing without
+# bound in the worker, its agent and the coordinator (memory, and latency that only grows). 256 reports
+# are 25 s of a 10 Hz loop, so a coordinator that keeps up, or that pauses for a few seconds (a slow
+# checkpoint commit), never makes report() wait.
+REPORT_WINDOW = 256
+RECEIPT_EVERY = 64
 
 
 class UploadFailed(RuntimeError):
@@ -103,7 +112,8 @@ class WorkerSession:
     """Implements `minitrain._session.Session` for one rank of one attempt.
 
     `phase_seconds` is an exported seam for benchmarks and telemetry: the seconds this rank spent in
-    report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s"}.
+    report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s", "window_wait_s"} (the last: waiting
+    for the coordinator to record old reports, REPORT_WINDOW).
     """
 
     def __init__(self, client: WorkerClient, context: TrainContext, storage: Any, *,
@@ -124,7 +134,7 @@ class WorkerSession:
         self._collective_address: Optional[tuple] = None
         self._collective_store: Any = None
         self._collective_lock = threading.Lock()
-        self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0}
+        self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0, "window_wait_s": 0.0}
 
     # ------------------------------------------------------------------ public contract
 
@@ -142,6 +152,9 @@ class WorkerSession:
         if validation:
             raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
                              "ValidationConfig. Evaluate in the training function and report the metrics.")
+        oldest = self._round - REPORT_WINDOW
+        if oldest > self._client.recorded_round():
+            self._wait_for_window(oldest)
         if checkpoint is None:
             message = self._message(self._round, text, "", staged=False)
             self._round += 1
@@ -205,12 +218,19 @@ class WorkerSession:
 
     # ------------------------------------------------------------------ checkpoints
 
+    def _wait_for_window(self, oldest: int) -> None:
+        """Backpressure (see REPORT_WINDOW): wait until the coordinator recorded report `oldest`."""
+        started = time.perf_counter()
+        self._client.wait_recorded(oldest, ACK_TIMEOUT_S)
+        self.phase_seconds["window_wait_s"] += time.perf_counter() - started
+
     def _message(self, round_: int, text: str, dir_name: str, staged: bool) -> pb.WorkerMessage:
         client = self._client
         return pb.WorkerMessage(
             run_id=client.run_id, attempt=client.attempt, rank=client.rank,
             report=pb.Report(round=round_, metrics_json=text, reported_at=time.time(),
-                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged))
+                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged,
+                             wants_receipt=round_ % RECEIPT_EVERY == RECEIPT_EVERY - 1))
 
     def _staged(self, dir_name: str) -> str:
         return staged_dir(self._client.attempt, self._client.rank, dir_name)

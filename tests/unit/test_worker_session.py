@@ -37,6 +37,9 @@ class FakeClient:
     def wait_report_ack(self, round_, timeout_s):
         self.acked.append(round_)
 
+    def recorded_round(self):
+        return len(self.sent) - 1  # the coordinator records each report at once
+
     def list_checkpoints(self, request_id, rounds, timeout_s):
         return []
 

@@ -320,20 +320,22 @@ class PhaseChange(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack", "staged")
+    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack", "staged", "wants_receipt")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_DIR_NAME_FIELD_NUMBER: _ClassVar[int]
     WANTS_ACK_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
+    WANTS_RECEIPT_FIELD_NUMBER: _ClassVar[int]
     round: int
     metrics_json: str
     reported_at: float
     checkpoint_dir_name: str
     wants_ack: bool
     staged: bool
-    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ..., staged: _Optional[bool] = ...) -> None: ...
+    wants_receipt: bool
+    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ..., staged: _Optional[bool] = ..., wants_receipt: _Optional[bool] = ...) -> None: ...
 
 class WorkerDone(_message.Message):
     __slots__ = ("finished_at", "reports", "return_value")
@@ -370,7 +372,7 @@ class WorkerFailure(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list", "release")
+    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list", "release", "report_receipt")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
@@ -378,6 +380,7 @@ class WorkerCommand(_message.Message):
     REPORT_ACK_FIELD_NUMBER: _ClassVar[int]
     CHECKPOINT_LIST_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    REPORT_RECEIPT_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     rendezvous: Rendezvous
     abort: Abort
@@ -385,13 +388,20 @@ class WorkerCommand(_message.Message):
     report_ack: ReportAck
     checkpoint_list: CheckpointList
     release: Release
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ...) -> None: ...
+    report_receipt: ReportReceipt
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., report_receipt: _Optional[_Union[ReportReceipt, _Mapping]] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class ReportAck(_message.Message):
+    __slots__ = ("round",)
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    def __init__(self, round: _Optional[int] = ...) -> None: ...
+
+class ReportReceipt(_message.Message):
     __slots__ = ("round",)
     ROUND_FIELD_NUMBER: _ClassVar[int]
     round: int
