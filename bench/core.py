@@ -61,14 +61,16 @@ def report_train_func(config: dict) -> None:
     rank = minitrain.get_context().get_world_rank()
     clock = time.perf_counter_ns
     samples = []
+    loop_start = clock()
     for i in range(config["calls"]):
         metrics = {"loss": 1.0 / (i + 1), "accuracy": i / (i + 1.0), "lr": 1e-3}
         start = clock()
         minitrain.report(metrics)
         samples.append(clock() - start)
+    loop_ns = clock() - loop_start
     samples.sort()
     write_json(os.path.join(config["out_dir"], f"report_rank{rank}.json"),
-               {"rank": rank, "calls": len(samples), "median_ns": samples[len(samples) // 2],
+               {"rank": rank, "calls": len(samples), "loop_ns": loop_ns, "median_ns": samples[len(samples) // 2],
                 "p99_ns": samples[max(0, math.ceil(0.99 * len(samples)) - 1)],
                 "mean_ns": sum(samples) / len(samples), "max_ns": samples[-1]})
 
@@ -229,13 +231,21 @@ def bench_report(tmp: str, calls: int) -> WorkloadResult:
             f"mean {r['mean_ns'] / 1e3:6.2f} us   max {r['max_ns'] / 1e3:9.1f} us   ({r['calls']} calls)")
     median_us = max(r["median_ns"] for r in ranks) / 1e3
     p99_us = max(r["p99_ns"] for r in ranks) / 1e3
+    # The loop reports back to back, faster than the driver records reports: once a rank has
+    # REPORT_WINDOW unrecorded reports, report() waits (backpressure), so the p99 and this rate show
+    # what the driver sustains, and the median what a call costs.
+    rate = min(r["calls"] / (r["loop_ns"] / 1e9) for r in ranks)
     result = WorkloadResult("report", figures={"calls": calls, "workers": NUM_WORKERS, "job_wall_s": wall,
-                                               "per_rank": ranks, "median_us": median_us, "p99_us": p99_us})
+                                               "per_rank": ranks, "median_us": median_us, "p99_us": p99_us,
+                                               "sustained_per_rank_per_s": rate})
     result.rows += [
         Row("report", f"`report()` without checkpoint, per call, median ({calls:,} calls x {NUM_WORKERS} ranks)",
             f"{median_us:.1f} us", RAY_REPORT_NOTE, "-", f"<= {TARGET_REPORT_MEDIAN_US:g} us",
             median_us <= TARGET_REPORT_MEDIAN_US),
-        Row("report", "`report()` without checkpoint, per call, p99", f"{p99_us:.1f} us"),
+        Row("report", "`report()` without checkpoint, per call, p99 (back to back: includes waits for the "
+            "report window)", f"{p99_us:.1f} us"),
+        Row("report", "back-to-back `report()` calls a rank sustains (the driver's intake, backpressure)",
+            f"{rate:,.0f} /s"),
     ]
     return result
 

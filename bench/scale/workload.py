@@ -170,6 +170,7 @@ def _merge_clients(out_dir: str) -> dict:
             "sent": sum(c["sent"] for c in clients), "acked": sum(c["acked"] for c in clients),
             "expected": sum(c["expected"] for c in clients), "reordered": sum(c["reordered"] for c in clients),
             "reopened": sum(c.get("reopened", 0) for c in clients),
+            "held_back": sum(c.get("held_back", 0) for c in clients),
             "errors": [e for c in clients for e in c["errors"]], "clients_cpu_s": sum(c["cpu_s"] for c in clients),
             "tick_lag_p99_s": max((c["tick_lag_p99_s"] or 0.0) for c in clients)}
 
@@ -252,7 +253,7 @@ def _figures(workers: int, spec: dict, coord: dict, clients: dict, sampler: Proc
         "sent": clients["sent"], "recorded": coord["recorded"], "expected": expected,
         "lost": expected - coord["recorded"] + (clients["expected"] - clients["acked"]),
         "reordered": coord["reordered"] + clients["reordered"], "client_errors": clients["errors"][:10],
-        "streams_reopened": clients["reopened"],
+        "streams_reopened": clients["reopened"], "held_back": clients["held_back"],
         "state": coord["state"], "coordinator_error": coord["error"], "rank0_reports": coord["rank0_reports"],
         "rank0_in_order": coord["rank0_in_order"], "rounds_completed": coord["rounds_completed"],
         "all_recorded": (coord["state"] == "SUCCEEDED" and coord["rank0_in_order"]
@@ -310,7 +311,7 @@ def print_run(run: dict) -> None:
         f"{_fmt(run['round_trip_p99_ms'], '.2f')} ms ({run['round_trip_samples']} samples, 1 report in "
         f"{run['ack_every']})")
     say(f"    lost {run['lost']}, reordered {run['reordered']}, fake workers' streams re-opened during start-up "
-        f"{run['streams_reopened']}; coordinator recorded all: {run['all_recorded']} "
+        f"{run['streams_reopened']}, ticks held back by the report window {run['held_back']}; coordinator recorded all: {run['all_recorded']} "
         f"({run['state']}, {run['recorded']}/{run['expected']} reports, rank 0 history {run['rank0_reports']} in "
         f"order: {run['rank0_in_order']}, rounds {run['rounds_completed']})")
     say(f"    coordinator CPU {_fmt(run['coordinator_cores'], '.2f')} cores ({_fmt(run['cpu_us_per_report'], '.0f')} us "

@@ -1,7 +1,8 @@
 """The training session inside a worker: what `minitrain.report()` and friends talk to.
 
 Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
-microseconds and never waits for other ranks. A report with a checkpoint uploads the directory into
+microseconds and never waits for other ranks, only for the coordinator when this rank has REPORT_WINDOW
+reports in flight that it has not recorded (backpressure; see REPORT_WINDOW). A report with a checkpoint uploads the directory into
 this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
 waits until the coordinator has committed the round (every rank reported it; the ranks' staged files
 are moved into `<run>/<dir>/`), as Ray's report with a checkpoint waits for every rank. ASYNC uploads

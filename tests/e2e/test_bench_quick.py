@@ -42,6 +42,7 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     assert {r["workload"] for r in workloads["job"]["rows"]} == {"job", "memory"}
     report = workloads["report"]["figures"]
     assert report["calls"] == cli.QUICK.calls and report["median_us"] > 0 and report["p99_us"] >= report["median_us"]
+    assert report["sustained_per_rank_per_s"] > 0 and len(workloads["report"]["rows"]) == 3
     ddp = workloads["ddp"]["figures"]
     assert ddp["minitrain_steps_per_s"] > 0 and ddp["torchrun_steps_per_s"] > 0
     assert ddp["runs"]["minitrain"][0]["threads"] == ddp["runs"]["torchrun"][0]["threads"]
