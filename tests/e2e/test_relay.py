@@ -87,3 +87,31 @@ def test_a_small_run_left_to_auto_keeps_direct_streams(tmp_path, monkeypatch):
     assert result.error is None
     for rank in (0, 1):
         assert json.loads((tmp_path / f"relayed_rank{rank}_from0.json").read_text())["to_driver"]
+
+
+def train_reports_back_to_back(config):
+    from minitrain import _session
+
+    rank = minitrain.get_context().get_world_rank()
+    for step in range(config["reports"]):
+        minitrain.report({"step": step, "rank": rank})
+    waited = _session.current("report").phase_seconds["window_wait_s"]
+    with open(os.path.join(config["out"], f"window_rank{rank}.json"), "w") as handle:
+        json.dump({"window_wait_s": waited}, handle)
+
+
+def test_reports_past_the_report_window_wait_and_all_arrive_in_order(tmp_path, monkeypatch):
+    """A loop that reports back to back, far faster than the coordinator records reports, runs into
+    the report window (backpressure) and waits for receipts through the relay; nothing is lost or
+    reordered on the way."""
+    monkeypatch.setenv("MINITRAIN_RELAY", "1")
+    reports = 5000  # 20 windows: back to back, no coordinator records them as fast as they are made
+    result = TorchTrainer(
+        train_reports_back_to_back, train_loop_config={"out": str(tmp_path), "reports": reports},
+        scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name="window", storage_path=str(tmp_path / "runs"))).fit()
+    assert result.error is None and result.metrics == {"step": reports - 1, "rank": 0}
+    history = [row["step"] for row in result.metrics_dataframe.to_dict("records")]
+    assert history == list(range(reports))
+    waits = [json.loads((tmp_path / f"window_rank{rank}.json").read_text())["window_wait_s"] for rank in (0, 1)]
+    assert max(waits) > 0, "no rank ever waited for a receipt: the window did not hold"
