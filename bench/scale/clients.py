@@ -36,7 +36,7 @@ reordered, a report never acknowledged as lost. With `telemetry` in the configur
 sends one Telemetry message a second (with its report of that tick), as a real worker's sampler does.
 (The coordinator process checks every report's order and timing itself: see `coordinator.ReportTap`.)
 
-Backpressure, as a real worker's report() has it (`minitrain.worker.session.REPORT_WINDOW`): every
+Backpressure, as a real worker's report() has it (`minitrain.rpc.report_window`): every
 RECEIPT_EVERY-th report asks for a receipt, and a rank with REPORT_WINDOW reports in flight that the
 coordinator has not recorded (no receipt, no commit ack for them) skips its tick, as a real training loop
 would wait in report(); it puts that report at a later tick (`held_back` counts the skipped ticks), and
@@ -86,7 +86,7 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc.channel import CLIENT_OPTIONS
-from minitrain.worker.session import RECEIPT_EVERY, REPORT_WINDOW
+from minitrain.rpc import report_window
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)
@@ -329,7 +329,7 @@ class FakeWorker:
         i = len(self.sent_at)
         if i >= self.sim.reports:
             return False
-        if i - REPORT_WINDOW > self.recorded:
+        if report_window.must_wait(i, self.recorded):
             self.sim.stats.held_back += 1  # a real report() waits here for the receipt
             return False
         if self.fault is not None and i == self.fault["after"]:
@@ -350,7 +350,7 @@ class FakeWorker:
         message.run_id, message.attempt, message.rank = sim.run_id, self.attempt, self.rank
         report = message.report
         report.round, report.wants_ack = i, self._acked(i)
-        report.wants_receipt = i % RECEIPT_EVERY == RECEIPT_EVERY - 1
+        report.wants_receipt = report_window.wants_receipt(i)
         report.metrics_json = f'{{"step": {i}, "loss": {1.0 / (i + 1)!r}, "rank": {self.rank}, "lr": 0.001}}'
         self.sent_at.append(time.perf_counter())
         report.reported_at = time.time()

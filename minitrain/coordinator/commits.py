@@ -93,7 +93,7 @@ class Commits:
     def on_reports(self, tracker: AttemptTracker, reports: Sequence[ReportRecord]) -> None:
         """Record reports of the current attempt, in order: each one is told to the observers, marks its
         rank's progress, is given its receipt when it asks for one (the worker's report window,
-        `minitrain.worker.session.REPORT_WINDOW`), and commits and acknowledges what it completes.
+        `minitrain.rpc.report_window`), and commits and acknowledges what it completes.
         Only rank 0's metrics are parsed here (the other ranks' stay JSON text until an observer reads
         them)."""
         tell = self._tell_report

@@ -1,8 +1,8 @@
 """The training session inside a worker: what `minitrain.report()` and friends talk to.
 
 Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
-microseconds and never waits for other ranks, only for the coordinator when this rank has REPORT_WINDOW
-reports in flight that it has not recorded (backpressure; see REPORT_WINDOW). A report with a checkpoint uploads the directory into
+microseconds and never waits for other ranks, only for the coordinator when this rank has 256 reports
+in flight that it has not recorded (backpressure; see minitrain.rpc.report_window). A report with a checkpoint uploads the directory into
 this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
 waits until the coordinator has committed the round (every rank reported it; the ranks' staged files
 are moved into `<run>/<dir>/`), as Ray's report with a checkpoint waits for every rank. ASYNC uploads
@@ -31,6 +31,7 @@ from minitrain.storage.layout import RESERVED_NAMES, staged_dir
 from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.records import Phase
+from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker.client import WorkerClient
 
@@ -39,15 +40,6 @@ logger = logging.getLogger("minitrain")
 # A checkpoint report waits for the round's commit, i.e. for the slowest rank's report: like a
 # collective, it has no deadline of its own (hang detection names a rank that never comes).
 ACK_TIMEOUT_S = 7 * 24 * 3600.0
-# Backpressure: a rank has at most REPORT_WINDOW reports in flight that the coordinator has not
-# recorded. Every RECEIPT_EVERY-th report asks for a receipt, so the coordinator answers one report in
-# 64 (a few bytes a rank every several seconds at 10 Hz). Past the window, report() waits for the
-# receipt: a saturated coordinator slows the training loop down, instead of the reports queueing without
-# bound in the worker, its agent and the coordinator (memory, and latency that only grows). 256 reports
-# are 25 s of a 10 Hz loop, so a coordinator that keeps up, or that pauses for a few seconds (a slow
-# checkpoint commit), never makes report() wait.
-REPORT_WINDOW = 256
-RECEIPT_EVERY = 64
 
 
 class UploadFailed(RuntimeError):
@@ -114,7 +106,7 @@ class WorkerSession:
 
     `phase_seconds` is an exported seam for benchmarks and telemetry: the seconds this rank spent in
     report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s", "window_wait_s"} (the last: waiting
-    for the coordinator to record old reports, REPORT_WINDOW).
+    for the coordinator to record old reports, minitrain.rpc.report_window).
     """
 
     def __init__(self, client: WorkerClient, context: TrainContext, storage: Any, *,
@@ -153,9 +145,8 @@ class WorkerSession:
         if validation:
             raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
                              "ValidationConfig. Evaluate in the training function and report the metrics.")
-        oldest = self._round - REPORT_WINDOW
-        if oldest > self._client.recorded_round():
-            self._wait_for_window(oldest)
+        if report_window.must_wait(self._round, self._client.recorded_round()):
+            self._wait_for_window(report_window.oldest_allowed(self._round))
         if checkpoint is None:
             message = self._message(self._round, text, "", staged=False)
             self._round += 1
@@ -220,7 +211,7 @@ class WorkerSession:
     # ------------------------------------------------------------------ checkpoints
 
     def _wait_for_window(self, oldest: int) -> None:
-        """Backpressure (see REPORT_WINDOW): wait until the coordinator recorded report `oldest`."""
+        """Backpressure (minitrain.rpc.report_window): wait until the coordinator recorded report `oldest`."""
         started = time.perf_counter()
         self._client.wait_recorded(oldest, ACK_TIMEOUT_S)
         self.phase_seconds["window_wait_s"] += time.perf_counter() - started
@@ -231,7 +222,7 @@ class WorkerSession:
             run_id=client.run_id, attempt=client.attempt, rank=client.rank,
             report=pb.Report(round=round_, metrics_json=text, reported_at=time.time(),
                              checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged,
-                             wants_receipt=round_ % RECEIPT_EVERY == RECEIPT_EVERY - 1))
+                             wants_receipt=report_window.wants_receipt(round_)))
 
     def _staged(self, dir_name: str) -> str:
         return staged_dir(self._client.attempt, self._client.rank, dir_name)

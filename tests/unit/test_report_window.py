@@ -1,5 +1,5 @@
 """Backpressure of report(): a rank keeps at most REPORT_WINDOW reports in flight that the coordinator
-has not recorded (minitrain.worker.session), and the coordinator sends a receipt for each report that
+has not recorded (minitrain.rpc.report_window, applied by minitrain.worker.session), and the coordinator sends a receipt for each report that
 asks for one as soon as it recorded it (minitrain.coordinator.commits).
 
 The worker side runs the real WorkerSession and WorkerClient over real gRPC, through the agent's real
@@ -20,7 +20,7 @@ from minitrain.coordinator import events as ev
 from minitrain.records import Phase, ReportRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
-from minitrain.worker import session as session_module
+from minitrain.rpc import report_window
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import WorkerSession
 from minitrain.config import FailureConfig
@@ -82,8 +82,8 @@ class Reporter:
 
 @pytest.fixture
 def window(monkeypatch):
-    monkeypatch.setattr(session_module, "REPORT_WINDOW", WINDOW)
-    monkeypatch.setattr(session_module, "RECEIPT_EVERY", EVERY)
+    monkeypatch.setattr(report_window, "REPORT_WINDOW", WINDOW)
+    monkeypatch.setattr(report_window, "RECEIPT_EVERY", EVERY)
 
 
 @pytest.fixture
@@ -152,11 +152,18 @@ def test_report_waiting_on_a_stream_that_ends_raises_stream_closed(window, relay
     assert len(upward.reports) == WINDOW
 
 
+def test_which_reports_ask_for_a_receipt_and_which_wait():
+    assert [r for r in range(300) if report_window.wants_receipt(r)] == [63, 127, 191, 255]
+    assert not report_window.must_wait(255, -1) and report_window.must_wait(256, -1)
+    assert report_window.oldest_allowed(256) == 0 and not report_window.must_wait(256, 0)
+    assert report_window.must_wait(320, 63) and not report_window.must_wait(319, 63)
+
+
 def test_the_defaults_ask_for_a_receipt_well_inside_the_window():
     # A receipt asked for every EVERY reports, at least two per window: a rank never waits while the
     # coordinator keeps up.
-    assert session_module.REPORT_WINDOW % session_module.RECEIPT_EVERY == 0
-    assert session_module.REPORT_WINDOW >= 2 * session_module.RECEIPT_EVERY
+    assert report_window.REPORT_WINDOW % report_window.RECEIPT_EVERY == 0
+    assert report_window.REPORT_WINDOW >= 2 * report_window.RECEIPT_EVERY
 
 
 # ---------------------------------------------------------------------------------- coordinator side
