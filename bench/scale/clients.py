@@ -41,6 +41,9 @@ RECEIPT_EVERY-th report asks for a receipt, and a rank with REPORT_WINDOW report
 coordinator has not recorded (no receipt, no commit ack for them) skips its tick, as a real training loop
 would wait in report(); it puts that report at a later tick (`held_back` counts the skipped ticks), and
 the ticker goes on past `reports` periods until every rank that can report has put all of its reports.
+In "lockstep" one rank held back holds every rank of the process (a DDP step ends in an all_reduce that
+no rank leaves before the waiting one joins), so the ranks stay on the same round; in "random" each rank
+is held alone.
 
 Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faults` in the configuration
 lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attempt the rank either fails
@@ -688,9 +691,24 @@ class Simulation:
         stats = self.stats
         start = loop.time()
         stats.first_report_at = stats.first_report_at or time.time()
+        everyone = [w for workers in slots for w in workers]
         round_ = 0
+        stepped = 0  # periods the group reported in (lockstep: the round every rank reports next)
+        recorded_floor = -1  # lockstep: at most the lowest round the coordinator recorded of any live rank
         # Every rank puts its reports by the last period, unless its window held some back.
-        while round_ < self.reports or any(w.can_report() for workers in slots for w in workers):
+        while round_ < self.reports or any(w.can_report() for w in everyone):
+            if self.phase == "lockstep" and report_window.must_wait(stepped, recorded_floor):
+                # DDP couples the ranks: one rank waiting in report() for its window holds every rank
+                # in the next step's all_reduce, so the whole group skips the period (lockstep only;
+                # "random" ranks are held one by one in FakeWorker.report).
+                live = [w.recorded for w in everyone if w.can_report()]
+                recorded_floor = min(live, default=stepped)
+                if report_window.must_wait(stepped, recorded_floor):
+                    stats.held_back += len(live)
+                    due = start + round_ * period
+                    await asyncio.sleep(max(0.0, due - loop.time()))
+                    round_ += 1
+                    continue
             for offset, workers in zip(self.offsets, slots):
                 if not workers:
                     continue
@@ -701,6 +719,7 @@ class Simulation:
                     if worker.report():
                         stats.sent += 1
             round_ += 1
+            stepped += 1
         stats.last_report_at = time.time()
 
     async def run(self) -> None:

@@ -16,6 +16,7 @@ import pytest
 from bench import cli
 from bench.scale import clients
 from minitrain.agent import relay
+from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 
@@ -149,3 +150,46 @@ def test_scale_command_line_transport_and_phase():
     for bad in (["scale", "--transport", "grpc"], ["scale", "--phase", "sync"]):
         with pytest.raises(SystemExit):
             cli.parser().parse_args(bad)
+
+
+def test_in_lockstep_one_rank_held_by_its_report_window_holds_the_group(tmp_path, monkeypatch):
+    """The fake workers keep the real report window; in lockstep a rank waiting for its receipt holds
+    every rank (DDP's all_reduce couples them), so their rounds never drift apart."""
+    monkeypatch.setattr(report_window, "REPORT_WINDOW", 4)
+    monkeypatch.setattr(report_window, "RECEIPT_EVERY", 2)
+
+    def receipt(worker, round_):
+        worker.handle(pb.WorkerCommand(report_receipt=pb.ReportReceipt(round=round_)))
+
+    async def until(condition, what):
+        deadline = asyncio.get_running_loop().time() + 30.0
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, what
+            await asyncio.sleep(0.005)
+
+    async def scenario():
+        sim = _simulation(tmp_path, reports=12, rate_hz=500.0)
+        agent = sim.agents[0]
+        first, second = (clients.FakeWorker(sim, agent, attempt=0, rank=r) for r in (0, 1))
+        for worker in (first, second):
+            worker.link = agent.open_link(worker)
+        slots = [[first, second]] + [[] for _ in sim.offsets[1:]]
+        ticker = asyncio.ensure_future(sim._ticker(slots))
+        await until(lambda: sim.stats.held_back > 0, "the window held the group")
+        assert [len(w.sent_at) for w in (first, second)] == [4, 4]
+        receipt(first, 1)  # only one rank may go on: the group may not
+        held = sim.stats.held_back
+        await until(lambda: sim.stats.held_back >= held + 4, "the group still held")
+        assert [len(w.sent_at) for w in (first, second)] == [4, 4]
+        receipt(second, 1)
+        await until(lambda: sim.stats.held_back >= held + 8 and len(second.sent_at) == 6, "two more rounds")
+        assert [len(w.sent_at) for w in (first, second)] == [6, 6]
+        for worker in (first, second):
+            receipt(worker, 11)
+        await asyncio.wait_for(ticker, 30.0)
+        sent = [item.message.report for item in agent.upstream._items if item.message.HasField("report")]
+        return [(r.round, r.wants_receipt) for r in sent]
+
+    sent = asyncio.run(scenario())
+    assert [round_ for round_, _ in sent] == sorted(list(range(12)) * 2)
+    assert {round_ for round_, wants in sent if wants} == {1, 3, 5, 7, 9, 11}
