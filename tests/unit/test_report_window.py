@@ -150,6 +150,7 @@ def test_report_waiting_on_a_stream_that_ends_raises_stream_closed(window, relay
     assert not reporter.thread.is_alive()
     assert isinstance(reporter.error, StreamClosed) and "receipt for report 0" in str(reporter.error)
     assert len(upward.reports) == WINDOW
+    reporter.client.close(DEADLINE_S)
 
 
 def test_which_reports_ask_for_a_receipt_and_which_wait():
