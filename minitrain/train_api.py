@@ -23,9 +23,9 @@ def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[
     Without a checkpoint the call returns at once: it never waits for the other ranks (unlike Ray,
     where every report is a barrier). It waits only when this rank has 256 reports in flight that the
     coordinator has not recorded yet (backpressure: a coordinator that cannot keep up slows the loop
-    down instead of the reports queueing without bound). Metrics must be JSON-safe; a value that is not (a tensor, say)
-    raises ValueError naming its key. Rank 0's reports form the run's metrics history (also in
-    `<run>/metrics.jsonl`), and `Result.metrics` is rank 0's last report.
+    down instead of the reports queueing without bound). Metrics must be JSON-safe; a value that is
+    not (a tensor, say) raises ValueError naming its key. Rank 0's reports form the run's metrics
+    history (also in `<run>/metrics.jsonl`), and `Result.metrics` is rank 0's last report.
 
     With a checkpoint, this rank's directory is uploaded into `<run>/<checkpoint_dir_name>/` (every
     rank of the round merges into that one directory; the default name comes from the round number,

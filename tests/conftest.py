@@ -3,6 +3,9 @@
 ``s3``: a real S3-compatible HTTP server (moto's ThreadedMotoServer on 127.0.0.1, see tests/s3server.py)
 with a fresh, uniquely named bucket per test. One server per test module (per xdist worker); buckets
 are unique so tests never see each other's keys. Skipped when s3fs or moto[server] is missing.
+
+``relay``: a started agent relay for the modules that test worker streams through it (each module gives
+its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 """
 
 from __future__ import annotations
@@ -16,6 +19,17 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # the default "prepend" import mode already does this; importlib doesn't
     sys.path.insert(0, _TESTS_DIR)
+
+
+@pytest.fixture
+def relay(request, upward):
+    """A started agent relay (minitrain.agent.relay.RelayServer) that takes the test module's `TOKEN` and
+    hands every relayed item to the module's `upward` fixture's `send_up`; stopped after the test."""
+    from minitrain.agent.relay import RelayServer
+
+    server = RelayServer(request.module.TOKEN, upward.send_up).start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture(scope="module")

@@ -23,12 +23,12 @@ def wants_receipt(round_: int) -> bool:
     return round_ % RECEIPT_EVERY == RECEIPT_EVERY - 1
 
 
-def must_wait(round_: int, recorded_round: int) -> bool:
-    """Whether report `round_` must wait, the coordinator having recorded rounds up to `recorded_round`
-    (-1: none); it may go once `recorded_round` reaches `oldest_allowed(round_)`."""
-    return round_ - REPORT_WINDOW > recorded_round
-
-
 def oldest_allowed(round_: int) -> int:
     """The round the coordinator must have recorded before report `round_` may go."""
     return round_ - REPORT_WINDOW
+
+
+def must_wait(round_: int, recorded_round: int) -> bool:
+    """Whether report `round_` must wait, the coordinator having recorded rounds up to `recorded_round`
+    (-1: none); it may go once `recorded_round` reaches `oldest_allowed(round_)`."""
+    return oldest_allowed(round_) > recorded_round

@@ -26,7 +26,11 @@ class StreamClosed(RuntimeError):
 
 
 class WorkerClient:
-    """One worker's bidirectional stream; every message carries run_id, attempt and rank."""
+    """One worker's bidirectional stream; every message carries run_id, attempt and rank.
+
+    `recorded_round`: the highest round of this worker's reports the coordinator is known to have
+    recorded (-1 before any), as its receipts and commit acknowledgements say; read by report()'s window.
+    """
 
     def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int,
                  tls_cert: bytes = b""):
@@ -43,7 +47,9 @@ class WorkerClient:
         self._rendezvous: Optional[pb.Rendezvous] = None
         self._acked_phase = 0
         self._acked_round = -1
-        self._receipted_round = -1
+        # The highest round of this worker's reports the coordinator is known to have recorded: a
+        # receipt says so, and so does a commit acknowledgement (a round commits only once recorded).
+        self.recorded_round = -1
         self._released = False
         self._checkpoint_lists: dict[int, list] = {}
         self._closed = False
@@ -66,8 +72,9 @@ class WorkerClient:
                         self._released = True
                     elif kind == "report_ack":
                         self._acked_round = max(self._acked_round, command.report_ack.round)
+                        self.recorded_round = max(self.recorded_round, command.report_ack.round)
                     elif kind == "report_receipt":
-                        self._receipted_round = max(self._receipted_round, command.report_receipt.round)
+                        self.recorded_round = max(self.recorded_round, command.report_receipt.round)
                     elif kind == "checkpoint_list":
                         listing = command.checkpoint_list
                         self._checkpoint_lists[listing.request_id] = [
@@ -137,17 +144,10 @@ class WorkerClient:
         """Block until the coordinator recorded report `round_` of this worker."""
         self._wait_until(lambda: self._acked_round >= round_, timeout_s, f"acknowledgement of report {round_}")
 
-    def recorded_round(self) -> int:
-        """The highest round of this worker's reports the coordinator is known to have recorded (by a
-        receipt, or by a commit acknowledgement, which comes only after the round was recorded); -1
-        before any."""
-        return max(self._receipted_round, self._acked_round)
-
     def wait_recorded(self, round_: int, timeout_s: float) -> None:
-        """Block until the coordinator recorded this worker's reports up to `round_`; StreamClosed
-        or TimeoutError otherwise."""
-        self._wait_until(lambda: self.recorded_round() >= round_, timeout_s,
-                         f"receipt for report {round_}")
+        """Block until `recorded_round` reaches `round_` (the coordinator recorded this worker's
+        reports up to it); StreamClosed or TimeoutError otherwise."""
+        self._wait_until(lambda: self.recorded_round >= round_, timeout_s, f"receipt for report {round_}")
 
     def list_checkpoints(self, request_id: int, rounds: int, timeout_s: float) -> list[tuple[str, dict]]:
         """Ask for the run's committed checkpoints, [(dir_name, metrics)] in retention order, as they

@@ -2,8 +2,8 @@
 
 Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
 microseconds and never waits for other ranks, only for the coordinator when this rank has 256 reports
-in flight that it has not recorded (backpressure; see minitrain.rpc.report_window). A report with a checkpoint uploads the directory into
-this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
+in flight that it has not recorded (backpressure; see minitrain.rpc.report_window). A report with a
+checkpoint uploads the directory into this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
 waits until the coordinator has committed the round (every rank reported it; the ranks' staged files
 are moved into `<run>/<dir>/`), as Ray's report with a checkpoint waits for every rank. ASYNC uploads
 run in order on one background thread, and reports made meanwhile queue behind them so every rank's
@@ -145,7 +145,7 @@ class WorkerSession:
         if validation:
             raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
                              "ValidationConfig. Evaluate in the training function and report the metrics.")
-        if report_window.must_wait(self._round, self._client.recorded_round()):
+        if report_window.must_wait(self._round, self._client.recorded_round):
             self._wait_for_window(report_window.oldest_allowed(self._round))
         if checkpoint is None:
             message = self._message(self._round, text, "", staged=False)

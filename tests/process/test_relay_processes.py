@@ -48,13 +48,6 @@ def upward():
 
 
 @pytest.fixture
-def relay(upward):
-    server = RelayServer(TOKEN, upward.send_up).start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 def start_worker(relay):
     started = []
 

@@ -56,13 +56,6 @@ def upward():
     return Upward()
 
 
-@pytest.fixture
-def relay(upward):
-    server = RelayServer(TOKEN, upward.send_up).start()
-    yield server
-    server.stop()
-
-
 def _client(relay: RelayServer, rank: int, token: str = TOKEN) -> WorkerClient:
     return WorkerClient(relay.address, token, "run-1", 0, rank)
 

@@ -91,13 +91,6 @@ def upward():
     return Upward()
 
 
-@pytest.fixture
-def relay(upward):
-    server = RelayServer(TOKEN, upward.send_up).start()
-    yield server
-    server.stop()
-
-
 def _down(relay: RelayServer, stream: int, command: pb.WorkerCommand) -> None:
     relay.deliver(pb.RelayedDown(items=[pb.RelayedCommand(stream=stream, command=command)]))
 

@@ -37,6 +37,7 @@ class FakeClient:
     def wait_report_ack(self, round_, timeout_s):
         self.acked.append(round_)
 
+    @property
     def recorded_round(self):
         return len(self.sent) - 1  # the coordinator records each report at once
 
