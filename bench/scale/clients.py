@@ -88,8 +88,8 @@ from grpc import aio
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
-from minitrain.rpc.channel import CLIENT_OPTIONS
 from minitrain.rpc import report_window
+from minitrain.rpc.channel import CLIENT_OPTIONS
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)

@@ -1,6 +1,6 @@
 """Backpressure of report(): a rank keeps at most REPORT_WINDOW reports in flight that the coordinator
-has not recorded (minitrain.rpc.report_window, applied by minitrain.worker.session), and the coordinator sends a receipt for each report that
-asks for one as soon as it recorded it (minitrain.coordinator.commits).
+has not recorded (minitrain.rpc.report_window, applied by minitrain.worker.session), and the coordinator
+sends a receipt for each report that asks for one as soon as it recorded it (minitrain.coordinator.commits).
 
 The worker side runs the real WorkerSession and WorkerClient over real gRPC, through the agent's real
 relay on its Unix socket; the test plays the coordinator (it sees what the relay sends up, and sends
@@ -15,15 +15,15 @@ import threading
 import pytest
 
 from minitrain.agent.relay import RelayServer
+from minitrain.config import FailureConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator import events as ev
 from minitrain.records import Phase, ReportRecord
+from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
-from minitrain.rpc import report_window
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import WorkerSession
-from minitrain.config import FailureConfig
 
 from test_coordinator_scale import _training_controller
 
