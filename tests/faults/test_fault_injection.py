@@ -492,7 +492,7 @@ def check_acknowledged_checkpoints_survive(outcome: Outcome) -> None:
 
 
 # A rank that fails this way sends its queued reports before its failure (SIGKILL, os._exit and a
-# frozen process cannot: the README states that window).
+# frozen process cannot: docs/guarantees.md states that window).
 FLUSHING_KINDS = ("exception", "upload_fails") + AFTER_REPORT_KINDS
 
 

@@ -1,4 +1,4 @@
-"""LiveConsole.owning_log_handlers across overlapping runs in one process (docs/architecture.md section 7,
+"""LiveConsole.owning_log_handlers across overlapping runs in one process (docs/internals/tune.md,
 "Concurrent runs in one driver"): a handler's stream is a console's until the last overlapping owner
 leaves, in either order of leaving and when a run raises, and then exactly the original again; while
 owned, a log line goes around the status block of whichever run draws one. On a real pseudo-terminal

@@ -1,4 +1,4 @@
-"""What keeps the coordinator responsive with thousands of workers (see README, "Control-plane scale"):
+"""What keeps the coordinator responsive with thousands of workers (see docs/benchmarks/scale.md):
 round bookkeeping that does not rescan the ranks at every report, commands handed to the server loop
 in batches (in order), the GC threshold raised only while a server runs, a straggler rule
 that does not compare every rank with every other at every telemetry sample, and per-event costs that
