@@ -10,22 +10,21 @@ processed (Ray's `get_all_reported_checkpoints` blocks the same way).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Protocol, Sequence
 
+from minitrain.commands import CheckpointEntry, CheckpointList, ReportAck, ReportReceipt
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, RankMetrics, RoundInfo
 from minitrain.coordinator.rounds import CompletedRound, RoundConflict, RoundTracker
-from minitrain.coordinator.service import Hub
+from minitrain.coordinator.outbox import Outbox
 from minitrain.storage.layout import staged_dir
 from minitrain.records import FailureKind, Phase, ReportRecord, WorkerFailure
 from minitrain.storage.retention import CheckpointRecord
-from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import StorageError
 
 logger = logging.getLogger("minitrain")
@@ -64,7 +63,7 @@ class History:
 class Commits:
     """Report handling for the run; `start_attempt` before each attempt's first report."""
 
-    def __init__(self, checkpoints: CheckpointBook, metrics_log: MetricsLog, hub: Hub,
+    def __init__(self, checkpoints: CheckpointBook, metrics_log: MetricsLog, outbox: Outbox,
                  clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
         self.checkpoints = checkpoints
         self._observers = observers if observers is not None else Observers()
@@ -72,7 +71,7 @@ class Commits:
         self._world_size = 0
         self.history = History()
         self._metrics_log = metrics_log
-        self._hub = hub
+        self._outbox = outbox
         self._clock = clock
         self._rounds: Optional[RoundTracker] = None
         self._base = 0
@@ -120,8 +119,7 @@ class Commits:
                 self._fail_rank(tracker, rank, "CheckpointDirConflict", str(exc))
                 continue
             if report.wants_receipt:
-                receipt = pb.WorkerCommand(report_receipt=pb.ReportReceipt(round=report.round))
-                self._hub.send_to_worker(tracker.attempt, rank, receipt)
+                self._outbox.to_worker(tracker.attempt, rank, ReportReceipt(report.round))
             if completed:
                 self._commit(tracker, completed)
 
@@ -144,11 +142,8 @@ class Commits:
             if event.rounds > processed:
                 waiting.append(event)
                 continue
-            entries = [pb.CheckpointEntry(dir_name=r.dir_name, metrics_json=json.dumps(r.metrics))
-                       for r in self.checkpoints.records]
-            command = pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=event.request_id,
-                                                                         checkpoints=entries))
-            self._hub.send_to_worker(event.attempt, event.rank, command)
+            entries = tuple(CheckpointEntry(r.dir_name, r.metrics) for r in self.checkpoints.records)
+            self._outbox.to_worker(event.attempt, event.rank, CheckpointList(event.request_id, entries))
         self._list_requests = waiting
 
     def persist(self) -> None:
@@ -178,8 +173,7 @@ class Commits:
                 self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
                                                              self._clock()))
             for rank in done.ack_ranks:
-                ack = pb.WorkerCommand(report_ack=pb.ReportAck(round=done.round))
-                self._hub.send_to_worker(tracker.attempt, rank, ack)
+                self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
         if completed and self._list_requests:
             self._answer_list_requests()
 

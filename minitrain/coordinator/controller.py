@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
+from minitrain.commands import Shutdown
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker, RankState
 from minitrain.coordinator.commits import CheckpointBook, Commits
@@ -36,12 +37,11 @@ from minitrain.coordinator.observers import (
 )
 from minitrain.coordinator.policy import HostBackoff
 from minitrain.coordinator.ranks import assign_ranks
-from minitrain.coordinator.service import Hub
+from minitrain.coordinator.outbox import Outbox
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
 from minitrain.records import NodeInfo, Phase, RunOutcome
-from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain")
 
@@ -100,7 +100,7 @@ class RunSpec:
 class Controller:
     """Runs attempts until the run succeeds, fails past its budget, or is aborted."""
 
-    def __init__(self, spec: RunSpec, hub: Hub, events: "queue.SimpleQueue[ev.RunEvent]",
+    def __init__(self, spec: RunSpec, hub: Outbox, events: "queue.SimpleQueue[ev.RunEvent]",
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
                  clock: Callable[[], float] = time.time, observers: Sequence[RunObserver] = ()):
         self._spec = spec
@@ -377,7 +377,7 @@ class Controller:
 
     def _shutdown_agents(self) -> None:
         for node_id in list(self._nodes):
-            self._hub.send_to_agent(node_id, pb.AgentCommand(shutdown=pb.Shutdown(reason="run ended")))
+            self._hub.to_agent(node_id, Shutdown(reason="run ended"))
 
     # ------------------------------------------------------------------ events
 

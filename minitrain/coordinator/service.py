@@ -21,6 +21,7 @@ import threading
 import time
 from typing import Callable, Optional, Protocol
 
+from minitrain.commands import AgentCommand, WorkerCommand
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.observers import GpuSample, TelemetrySample
 from minitrain.lease import Lease
@@ -45,7 +46,8 @@ class LogSinkProtocol(Protocol):
 
 
 class Hub:
-    """Thread-safe routing of commands to the open agent and worker streams.
+    """Thread-safe routing of commands to the open agent and worker streams: the gRPC `Outbox`
+    (`minitrain.coordinator.outbox`), which converts each command record to its message.
 
     Each stream registers an asyncio queue (its outbox) on the server loop; `send_*` may be called from
     any thread. Sending to a stream that is gone returns False. Commands reach each outbox in the
@@ -102,11 +104,16 @@ class Hub:
             if self._agents.get(node_id) is outbox:
                 del self._agents[node_id]
 
-    def send_to_agent(self, node_id: str, command: pb.AgentCommand) -> bool:
-        """Queue a command for an agent; False when its stream is gone."""
+    def to_agent(self, node_id: str, command: AgentCommand) -> bool:
+        """Queue a command record for an agent, as its message; False when its stream is gone."""
+        return self._queue_for_agent(node_id, convert.agent_command_message(command))
+
+    def _queue_for_agent(self, node_id: str, message) -> bool:
+        """Queue a message (or _CLOSE) for an agent; False when its stream is gone. The servicer's own
+        messages (heartbeats, the close of an expired lease) take this way: they are not commands."""
         with self._lock:
             outbox = self._agents.get(node_id)
-        return self._put(outbox, command)
+        return self._put(outbox, message)
 
     def agent_ids(self) -> list[str]:
         """The node ids with an open stream."""
@@ -124,11 +131,13 @@ class Hub:
             if self._workers.get((attempt, rank)) is outbox:
                 del self._workers[(attempt, rank)]
 
-    def send_to_worker(self, attempt: int, rank: int, command: pb.WorkerCommand) -> bool:
-        """Queue a command for a worker; False when its stream is gone."""
+    def to_worker(self, attempt: int, rank: int, command: WorkerCommand) -> bool:
+        """Queue a command record for a worker, as its message; False when its stream is gone. The
+        message is built here, on the caller's thread, so the loop only moves it."""
+        message = convert.worker_command_message(command)
         with self._lock:
             outbox = self._workers.get((attempt, rank))
-        return self._put(outbox, command)
+        return self._put(outbox, message)
 
     def close_worker(self, attempt: int, rank: int) -> None:
         """End a worker's response stream (it sees the stream finish)."""
@@ -246,9 +255,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     logger.warning("node %s: %s; treating it as lost", node_id, verdict)
                     self._verdicts[node_id] = verdict
                     self._leases.pop(node_id, None)
-                    self._hub.send_to_agent(node_id, _CLOSE)
+                    self._hub._queue_for_agent(node_id, _CLOSE)
                 else:
-                    self._hub.send_to_agent(node_id, heartbeat)
+                    self._hub._queue_for_agent(node_id, heartbeat)
 
     # ------------------------------------------------------------------ workers
 

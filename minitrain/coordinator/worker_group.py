@@ -12,13 +12,12 @@ import logging
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from minitrain import commands as cmd
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.hangs import waits_in_collective
-from minitrain.coordinator.service import Hub
+from minitrain.coordinator.outbox import Outbox
 from minitrain.records import FailureKind, NodeInfo, WorkerAssignment, WorkerFailure
-from minitrain.rpc import convert
-from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain")
 
@@ -49,10 +48,10 @@ class ResumePoint:
 class WorkerGroup:
     """One attempt's workers. Build it with `start()`; feed it the attempt's events with `handle()`."""
 
-    def __init__(self, tracker: AttemptTracker, hub: Hub, nodes: Mapping[str, NodeInfo],
+    def __init__(self, tracker: AttemptTracker, outbox: Outbox, nodes: Mapping[str, NodeInfo],
                  settings: LaunchSettings, resume: ResumePoint, clock: Callable[[], float]):
         self.tracker = tracker
-        self._hub = hub
+        self._outbox = outbox
         self._nodes = dict(nodes)
         self._settings = settings
         self._resume = resume
@@ -67,23 +66,23 @@ class WorkerGroup:
 
     @classmethod
     def start(cls, attempt: int, assignments: list[WorkerAssignment], nodes: Mapping[str, NodeInfo],
-              hub: Hub, settings: LaunchSettings, resume: ResumePoint,
+              outbox: Outbox, settings: LaunchSettings, resume: ResumePoint,
               clock: Callable[[], float]) -> "WorkerGroup":
         """Send each node its ranks of `attempt`. A node whose stream is already closed counts as lost."""
         names = {node_id: node.hostname for node_id, node in nodes.items()}
-        group = cls(AttemptTracker.create(attempt, assignments, names), hub, nodes, settings, resume, clock)
+        group = cls(AttemptTracker.create(attempt, assignments, names), outbox, nodes, settings, resume, clock)
         by_node: dict[str, list[WorkerAssignment]] = {}
         for assignment in assignments:
             by_node.setdefault(assignment.node_id, []).append(assignment)
         for node_id, node_assignments in by_node.items():
-            command = pb.AgentCommand(start=pb.StartWorkers(
+            command = cmd.StartWorkers(
                 attempt=attempt,
-                workers=[pb.WorkerLaunch(rank=a.rank, local_rank=a.local_rank) for a in node_assignments],
+                workers=tuple(cmd.WorkerLaunch(rank=a.rank, local_rank=a.local_rank) for a in node_assignments),
                 cwd=settings.cwd,
                 env=node_env(settings.worker_env, nodes[node_id], node_assignments),
                 relay=settings.relay,
-            ))
-            if not hub.send_to_agent(node_id, command):
+            )
+            if not outbox.to_agent(node_id, command):
                 group.tracker.on_node_lost(node_id, "its stream closed before the workers started", clock())
         logger.info("attempt %d: starting %d worker(s) on %d node(s)", attempt, len(assignments), len(by_node))
         return group
@@ -104,8 +103,7 @@ class WorkerGroup:
             tracker.on_phase(event)
             if event.rank in tracker.ranks:
                 tracker.ranks[event.rank].last_progress = self._clock()
-            self._hub.send_to_worker(event.attempt, event.rank,
-                                     pb.WorkerCommand(phase_ack=pb.PhaseAck(phase=int(event.phase))))
+            self._outbox.to_worker(event.attempt, event.rank, cmd.PhaseAck(event.phase))
         elif isinstance(event, ev.WorkerSpawned):
             tracker.on_spawned(event)
         elif isinstance(event, ev.WorkerDone):
@@ -122,28 +120,27 @@ class WorkerGroup:
     def _on_connected(self, event: ev.WorkerConnected) -> None:
         tracker = self.tracker
         if event.rank not in tracker.ranks or tracker.stop_requested:
-            self._hub.close_worker(event.attempt, event.rank)
+            self._outbox.close_worker(event.attempt, event.rank)
             return
         tracker.on_connected(event)
         state = tracker.ranks[event.rank]
         rank0_node = self._nodes[tracker.ranks[0].assignment.node_id]
         settings = self._settings
-        message = convert.assignment_message(
-            state.assignment, experiment_name=settings.experiment_name, backend=settings.backend,
+        resume = self._resume
+        assignment = cmd.Assignment(
+            worker=state.assignment, experiment_name=settings.experiment_name, backend=settings.backend,
             dist_timeout_s=settings.dist_timeout_s, payload=settings.payload,
             store_address=rank0_node.address, storage_path=settings.run_path,
+            initial_checkpoint_dir=resume.checkpoint_dir, report_index_base=resume.report_index_base,
+            committed_dir_names=resume.committed_dir_names,
         )
-        message.initial_checkpoint_dir = self._resume.checkpoint_dir
-        message.report_index_base = self._resume.report_index_base
-        message.committed_dir_names.extend(self._resume.committed_dir_names)
-        self._hub.send_to_worker(self.attempt, event.rank, pb.WorkerCommand(assignment=message))
+        self._outbox.to_worker(self.attempt, event.rank, assignment)
         if tracker.rendezvous is not None:
             self._send_rendezvous(event.rank)
 
     def _send_rendezvous(self, rank: int) -> None:
         address, port = self.tracker.rendezvous
-        command = pb.WorkerCommand(rendezvous=pb.Rendezvous(master_addr=address, master_port=port))
-        self._hub.send_to_worker(self.attempt, rank, command)
+        self._outbox.to_worker(self.attempt, rank, cmd.Rendezvous(address, port))
 
     # ------------------------------------------------------------------ commands
 
@@ -151,7 +148,7 @@ class WorkerGroup:
         """Once every rank's function returned (and its last rounds were committed), let rank 0 exit:
         it holds the TCPStore the others may still read from."""
         if self.tracker.all_done():
-            self._hub.send_to_worker(self.attempt, 0, pb.WorkerCommand(release=pb.Release()))
+            self._outbox.to_worker(self.attempt, 0, cmd.Release())
 
     def prepare_fork_servers(self) -> None:
         """Ask each node to keep a fork server warm for as many workers as it runs now."""
@@ -159,14 +156,14 @@ class WorkerGroup:
         for state in self.tracker.ranks.values():
             per_node[state.assignment.node_id] = per_node.get(state.assignment.node_id, 0) + 1
         for node_id, count in per_node.items():
-            self._hub.send_to_agent(node_id, pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(count=count)))
+            self._outbox.to_agent(node_id, cmd.PrepareForkServers(count))
 
     def collect_stacks(self) -> None:
         """Ask every node for the stacks of its workers; `stacks_answered()` says when all are in."""
         self._stacks = {}
         self._stacks_asked = {r for r, s in self.tracker.ranks.items() if not s.exited}
         for node_id in self.tracker.nodes():
-            self._hub.send_to_agent(node_id, pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=self.attempt)))
+            self._outbox.to_agent(node_id, cmd.DumpStacks(self.attempt))
 
     def ask_stacks(self, rank: int) -> bool:
         """Ask the node of `rank` for its workers' stacks (its agent dumps every worker of the attempt
@@ -174,8 +171,7 @@ class WorkerGroup:
         state = self.tracker.ranks.get(rank)
         if state is None or state.exited:
             return False
-        return self._hub.send_to_agent(state.assignment.node_id,
-                                       pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=self.attempt)))
+        return self._outbox.to_agent(state.assignment.node_id, cmd.DumpStacks(self.attempt))
 
     def stacks_answered(self) -> bool:
         """Every rank asked for that is still alive sent its stacks."""
@@ -223,8 +219,7 @@ class WorkerGroup:
         is lost, and so are its ranks."""
         self.tracker.stop_requested = True
         for node_id in self.tracker.nodes():
-            command = pb.AgentCommand(stop=pb.StopWorkers(attempt=self.attempt, grace_s=grace_s))
-            if not self._hub.send_to_agent(node_id, command):
+            if not self._outbox.to_agent(node_id, cmd.StopWorkers(self.attempt, grace_s)):
                 self.tracker.on_node_lost(node_id, "its stream is closed", self._clock())
 
     def close_streams(self) -> None:
@@ -232,7 +227,7 @@ class WorkerGroup:
         sends later is read."""
         for rank, state in self.tracker.ranks.items():
             if state.connected:
-                self._hub.close_worker(self.attempt, rank)
+                self._outbox.close_worker(self.attempt, rank)
 
 
 def node_env(worker_env: Mapping[str, str], node: NodeInfo, assignments: list[WorkerAssignment]) -> dict[str, str]:

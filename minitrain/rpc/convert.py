@@ -1,11 +1,15 @@
 """The only translation between protobuf messages and minitrain records (L1).
 
 Servicers and clients call these functions at the edge; everything past them works with the frozen
-dataclasses of `minitrain.records`.
+dataclasses of `minitrain.records` and the commands of `minitrain.commands`.
 """
 
 from __future__ import annotations
 
+import json
+from typing import Callable, Optional
+
+from minitrain import commands as cmd
 from minitrain.records import FailureKind, NodeInfo, Phase, WorkerAssignment, WorkerFailure
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -36,27 +40,6 @@ def hello_from_node(node: NodeInfo) -> pb.AgentHello:
     )
 
 
-def assignment_message(assignment: WorkerAssignment, *, experiment_name: str, backend: str,
-                       dist_timeout_s: float, payload: bytes, store_address: str,
-                       storage_path: str) -> pb.Assignment:
-    """The Assignment a worker receives after its hello."""
-    return pb.Assignment(
-        rank=assignment.rank,
-        local_rank=assignment.local_rank,
-        world_size=assignment.world_size,
-        local_world_size=assignment.local_world_size,
-        node_rank=assignment.node_rank,
-        node_id=assignment.node_id,
-        experiment_name=experiment_name,
-        backend=backend,
-        dist_timeout_s=dist_timeout_s,
-        payload=payload,
-        store_address=store_address,
-        gpu_ids=list(assignment.gpu_ids),
-        storage_path=storage_path,
-    )
-
-
 def failure_from_message(rank: int, node: str, pid: int, message: pb.WorkerFailure) -> WorkerFailure:
     """A WorkerFailure from the exception a worker reported (exit code/signal are added later): a
     worker only ever reports FailureKind.EXCEPTION."""
@@ -73,3 +56,118 @@ def failure_message(failure: WorkerFailure, exc_pickle: bytes = b"") -> pb.Worke
         phase=int(failure.phase), exc_type=failure.exc_type, message=failure.message,
         traceback=failure.traceback, exc_pickle=exc_pickle, failed_at=failure.time,
     )
+
+
+# ---------------------------------------------------------------------------- commands to agents
+
+
+def _start_workers(c: cmd.StartWorkers) -> pb.AgentCommand:
+    return pb.AgentCommand(start=pb.StartWorkers(
+        attempt=c.attempt, workers=[pb.WorkerLaunch(rank=w.rank, local_rank=w.local_rank) for w in c.workers],
+        cwd=c.cwd, env=dict(c.env), relay=c.relay, coordinator_address=c.coordinator_address))
+
+
+_AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
+    cmd.StartWorkers: _start_workers,
+    cmd.StopWorkers: lambda c: pb.AgentCommand(stop=pb.StopWorkers(attempt=c.attempt, grace_s=c.grace_s)),
+    cmd.DumpStacks: lambda c: pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=c.attempt)),
+    cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(count=c.count)),
+    cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason)),
+}
+
+
+def agent_command_message(command: cmd.AgentCommand) -> pb.AgentCommand:
+    """The AgentCommand message of a command record (KeyError for anything else)."""
+    return _AGENT_COMMANDS[type(command)](command)
+
+
+def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCommand]:
+    """The command record an AgentCommand carries; None for the transport's own messages (heartbeat,
+    relayed worker streams) and for an empty one."""
+    kind = message.WhichOneof("body")
+    if kind == "start":
+        s = message.start
+        return cmd.StartWorkers(
+            attempt=s.attempt, workers=tuple(cmd.WorkerLaunch(w.rank, w.local_rank) for w in s.workers),
+            cwd=s.cwd, env=dict(s.env), relay=s.relay, coordinator_address=s.coordinator_address)
+    if kind == "stop":
+        return cmd.StopWorkers(attempt=message.stop.attempt, grace_s=message.stop.grace_s)
+    if kind == "dump_stacks":
+        return cmd.DumpStacks(attempt=message.dump_stacks.attempt)
+    if kind == "prepare_fork_servers":
+        return cmd.PrepareForkServers(count=message.prepare_fork_servers.count)
+    if kind == "shutdown":
+        return cmd.Shutdown(reason=message.shutdown.reason)
+    return None
+
+
+# ---------------------------------------------------------------------------- commands to workers
+
+
+def _assignment(c: cmd.Assignment) -> pb.WorkerCommand:
+    w = c.worker
+    return pb.WorkerCommand(assignment=pb.Assignment(
+        rank=w.rank, local_rank=w.local_rank, world_size=w.world_size, local_world_size=w.local_world_size,
+        node_rank=w.node_rank, node_id=w.node_id, gpu_ids=list(w.gpu_ids),
+        experiment_name=c.experiment_name, backend=c.backend, dist_timeout_s=c.dist_timeout_s,
+        payload=c.payload, store_address=c.store_address, storage_path=c.storage_path,
+        initial_checkpoint_dir=c.initial_checkpoint_dir, report_index_base=c.report_index_base,
+        committed_dir_names=list(c.committed_dir_names)))
+
+
+def _checkpoint_list(c: cmd.CheckpointList) -> pb.WorkerCommand:
+    entries = [pb.CheckpointEntry(dir_name=e.dir_name, metrics_json=json.dumps(e.metrics)) for e in c.checkpoints]
+    return pb.WorkerCommand(checkpoint_list=pb.CheckpointList(request_id=c.request_id, checkpoints=entries))
+
+
+# The two commands sent per report (receipts, commit acknowledgements) come first: the lookup is by
+# exact type, so order does not matter for speed, only for reading.
+_WORKER_COMMANDS: dict[type, Callable[..., pb.WorkerCommand]] = {
+    cmd.ReportReceipt: lambda c: pb.WorkerCommand(report_receipt=pb.ReportReceipt(round=c.round)),
+    cmd.ReportAck: lambda c: pb.WorkerCommand(report_ack=pb.ReportAck(round=c.round)),
+    cmd.Assignment: _assignment,
+    cmd.Rendezvous: lambda c: pb.WorkerCommand(rendezvous=pb.Rendezvous(master_addr=c.address, master_port=c.port)),
+    cmd.PhaseAck: lambda c: pb.WorkerCommand(phase_ack=pb.PhaseAck(phase=int(c.phase))),
+    cmd.CheckpointList: _checkpoint_list,
+    cmd.Release: lambda c: pb.WorkerCommand(release=pb.Release()),
+}
+
+
+def worker_command_message(command: cmd.WorkerCommand) -> pb.WorkerCommand:
+    """The WorkerCommand message of a command record (KeyError for anything else)."""
+    return _WORKER_COMMANDS[type(command)](command)
+
+
+def assignment_from_message(a: pb.Assignment) -> cmd.Assignment:
+    """The Assignment record of an Assignment message."""
+    worker = WorkerAssignment(rank=a.rank, local_rank=a.local_rank, world_size=a.world_size,
+                              local_world_size=a.local_world_size, node_rank=a.node_rank, node_id=a.node_id,
+                              gpu_ids=tuple(a.gpu_ids))
+    return cmd.Assignment(
+        worker=worker, experiment_name=a.experiment_name, backend=a.backend, dist_timeout_s=a.dist_timeout_s,
+        payload=a.payload, store_address=a.store_address, storage_path=a.storage_path,
+        initial_checkpoint_dir=a.initial_checkpoint_dir, report_index_base=a.report_index_base,
+        committed_dir_names=tuple(a.committed_dir_names))
+
+
+def worker_command_from_message(message: pb.WorkerCommand) -> Optional[cmd.WorkerCommand]:
+    """The command record a WorkerCommand carries; None for an empty one (or an Abort, which the
+    coordinator never sends)."""
+    kind = message.WhichOneof("body")
+    if kind == "report_receipt":
+        return cmd.ReportReceipt(message.report_receipt.round)
+    if kind == "report_ack":
+        return cmd.ReportAck(message.report_ack.round)
+    if kind == "assignment":
+        return assignment_from_message(message.assignment)
+    if kind == "rendezvous":
+        return cmd.Rendezvous(message.rendezvous.master_addr, message.rendezvous.master_port)
+    if kind == "phase_ack":
+        return cmd.PhaseAck(Phase(message.phase_ack.phase))
+    if kind == "checkpoint_list":
+        listing = message.checkpoint_list
+        return cmd.CheckpointList(listing.request_id, tuple(
+            cmd.CheckpointEntry(e.dir_name, json.loads(e.metrics_json)) for e in listing.checkpoints))
+    if kind == "release":
+        return cmd.Release()
+    return None

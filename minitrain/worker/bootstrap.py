@@ -19,8 +19,8 @@ from typing import Any
 
 from minitrain import _session
 from minitrain.context import TrainContext
-from minitrain.records import Phase, RunPayload
-from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.commands import Assignment
+from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
@@ -83,23 +83,26 @@ def _user_traceback(exc: BaseException) -> str:
     return "".join(traceback.format_exception(type(exc), exc, tb))
 
 
-def failure_message(phase: Phase, exc: BaseException) -> tuple[pb.WorkerFailure, str]:
-    """The record of a captured exception, its message and traceback cut to MAX_MESSAGE_CHARS and
-    MAX_TRACEBACK_CHARS, and the full traceback (for the rank's log)."""
+def capture_failure(rank: int, phase: Phase, exc: BaseException) -> tuple[WorkerFailure, bytes, str]:
+    """(the record of a captured exception, with its message and traceback cut to MAX_MESSAGE_CHARS
+    and MAX_TRACEBACK_CHARS; the exception pickled, b"" past MAX_EXCEPTION_PICKLE_BYTES; the full
+    traceback, for the rank's log)."""
     full = _user_traceback(exc)
-    failure = pb.WorkerFailure(
-        phase=int(phase), exc_type=_qualified_name(exc), message=truncated(str(exc), MAX_MESSAGE_CHARS),
-        traceback=truncated(full, MAX_TRACEBACK_CHARS), exc_pickle=_pickle_exception(exc), failed_at=time.time(),
+    failure = WorkerFailure(
+        rank=rank, node=socket.gethostname(), pid=os.getpid(), phase=phase, time=time.time(),
+        exc_type=_qualified_name(exc), message=truncated(str(exc), MAX_MESSAGE_CHARS),
+        traceback=truncated(full, MAX_TRACEBACK_CHARS), kind=FailureKind.EXCEPTION,
     )
-    return failure, full
+    return failure, _pickle_exception(exc), full
 
 
-def _context(assignment: pb.Assignment) -> TrainContext:
+def _context(assignment: Assignment) -> TrainContext:
+    worker = assignment.worker
     return TrainContext(
-        experiment_name=assignment.experiment_name, world_size=assignment.world_size,
-        world_rank=assignment.rank, local_rank=assignment.local_rank,
-        local_world_size=assignment.local_world_size, node_rank=assignment.node_rank,
-        device_indices=tuple(assignment.gpu_ids), storage_path=assignment.storage_path,
+        experiment_name=assignment.experiment_name, world_size=worker.world_size,
+        world_rank=worker.rank, local_rank=worker.local_rank,
+        local_world_size=worker.local_world_size, node_rank=worker.node_rank,
+        device_indices=worker.gpu_ids, storage_path=assignment.storage_path,
     )
 
 
@@ -153,7 +156,7 @@ class WorkerRun:
 
     def _enter(self, phase: Phase) -> None:
         self._phase = phase
-        self._client.send(phase=pb.PhaseChange(phase=int(phase)))
+        self._client.send_phase(phase)
 
     def execute(self) -> int:
         """Run the phases; capture any failure; flush everything to the coordinator."""
@@ -161,7 +164,7 @@ class WorkerRun:
         try:
             self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"],
                                         tls_cert=b.get("tls_cert", "").encode("ascii"))
-            self._client.send(hello=pb.WorkerHello(pid=os.getpid(), hostname=socket.gethostname()))
+            self._client.send_hello(os.getpid(), socket.gethostname())
             _flush_on_sigterm(self._client)
             self._enter(Phase.STARTUP)
             # Importing torch takes most of a worker's start-up. Do it while gRPC's own threads carry
@@ -180,7 +183,7 @@ class WorkerRun:
                                             assignment.dist_timeout_s, b["run_id"], b["attempt"], b["token"])
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
-            sampling = telemetry.start(assignment.gpu_ids, self._client.send)
+            sampling = telemetry.start(assignment.worker.gpu_ids, self._client.send_telemetry)
             try:
                 if payload.takes_config:
                     value = payload.train_fn(payload.config)
@@ -191,7 +194,7 @@ class WorkerRun:
                     sampling.stop()
             self._session.finish()  # pending ASYNC uploads belong to the training
             self._enter(Phase.FINISHING)
-            returned = _pickle_return_value(value) if assignment.rank == 0 else b""
+            returned = _pickle_return_value(value) if assignment.worker.rank == 0 else b""
             del store
         except StreamClosed:
             # The coordinator ended this attempt (stale or stopping); there is nobody to tell.
@@ -199,9 +202,7 @@ class WorkerRun:
         except BaseException as exc:  # noqa: BLE001 - every failure is reported, SystemExit included
             self._report_failure(exc)
             return 1
-        done = pb.WorkerDone(finished_at=time.time(), reports=self._session.rounds_reported,
-                             return_value=returned)
-        self._client.send(done=done)
+        self._client.send_done(self._session.rounds_reported, returned)
         if b["rank"] == 0:
             # Rank 0 hosts the TCPStore: stay until every rank is done with it (an exit barrier).
             self._client.wait_release(RELEASE_TIMEOUT_S)
@@ -217,25 +218,25 @@ class WorkerRun:
 
     def _report_failure(self, exc: BaseException) -> None:
         phase = Phase.CHECKPOINT_UPLOAD if isinstance(exc, UploadFailed) else self._failure_phase()
-        failure, full_traceback = failure_message(phase, exc)
+        failure, exc_pickle, full_traceback = capture_failure(self._bootstrap["rank"], phase, exc)
         sys.stderr.write(full_traceback)
         if self._client is not None:
-            self._client.send(failure=failure)
+            self._client.send_failure(failure, exc_pickle)
             self._client.close(CLOSE_TIMEOUT_S)
 
-    def _make_session(self, assignment: pb.Assignment, storage: Any) -> WorkerSession:
+    def _make_session(self, assignment: Assignment, storage: Any) -> WorkerSession:
         session = WorkerSession(
             self._client, _context(assignment), storage, report_index_base=assignment.report_index_base,
             initial_checkpoint_dir=assignment.initial_checkpoint_dir,
-            committed_dir_names=tuple(assignment.committed_dir_names))
+            committed_dir_names=assignment.committed_dir_names)
         session.on_async_failure(self._fail_from_upload_thread)
         return session
 
     def _fail_from_upload_thread(self, exc: BaseException) -> None:
         """An ASYNC upload failed on the upload thread: that is this worker's failure; end now."""
-        failure, full_traceback = failure_message(Phase.CHECKPOINT_UPLOAD, exc)
+        failure, exc_pickle, full_traceback = capture_failure(self._bootstrap["rank"], Phase.CHECKPOINT_UPLOAD, exc)
         sys.stderr.write(full_traceback)
-        self._client.send(failure=failure)
+        self._client.send_failure(failure, exc_pickle)
         self._client.close(CLOSE_TIMEOUT_S)
         sys.stderr.flush()
         os._exit(1)

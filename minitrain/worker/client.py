@@ -1,24 +1,29 @@
-"""The worker's stream with the coordinator.
+"""The worker's stream with the coordinator: the worker's transport edge.
 
-Outgoing messages are queued and sent by gRPC's own thread, so `send()` never waits on the network;
+Outgoing messages are queued and sent by gRPC's own thread, so no `send_*` waits on the network;
 that is what keeps `report()` without a checkpoint in the microseconds. Incoming commands (the
-assignment, the rendezvous) are picked up by a reader thread and awaited with deadlines.
+assignment, the rendezvous) are picked up by a reader thread, converted to the records of
+`minitrain.commands`, and awaited with deadlines. The rest of the worker never sees protobuf: it calls
+the typed `send_*` methods, and a report's message is built here (`report_message`) directly, without
+an intermediate record, because `report()` is the worker's hot path.
 """
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
+import time
 from typing import Optional
 
 import grpc
 
+from minitrain import commands as cmd
+from minitrain.records import Phase, WorkerFailure
+from minitrain.rpc import convert, report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
-
 
 
 class StreamClosed(RuntimeError):
@@ -43,8 +48,8 @@ class WorkerClient:
         self._call = stub.WorkerStream(queued_requests(self._outbox), metadata=call_metadata(token),
                                        wait_for_ready=True)
         self._cond = threading.Condition()
-        self._assignment: Optional[pb.Assignment] = None
-        self._rendezvous: Optional[pb.Rendezvous] = None
+        self._assignment: Optional[cmd.Assignment] = None
+        self._rendezvous: Optional[cmd.Rendezvous] = None
         self._acked_phase = 0
         self._acked_round = -1
         # The highest round of this worker's reports the coordinator is known to have recorded: a
@@ -59,26 +64,10 @@ class WorkerClient:
 
     def _read(self) -> None:
         try:
-            for command in self._call:
-                kind = command.WhichOneof("body")
+            for message in self._call:
+                command = convert.worker_command_from_message(message)
                 with self._cond:
-                    if kind == "assignment":
-                        self._assignment = command.assignment
-                    elif kind == "rendezvous":
-                        self._rendezvous = command.rendezvous
-                    elif kind == "phase_ack":
-                        self._acked_phase = max(self._acked_phase, command.phase_ack.phase)
-                    elif kind == "release":
-                        self._released = True
-                    elif kind == "report_ack":
-                        self._acked_round = max(self._acked_round, command.report_ack.round)
-                        self.recorded_round = max(self.recorded_round, command.report_ack.round)
-                    elif kind == "report_receipt":
-                        self.recorded_round = max(self.recorded_round, command.report_receipt.round)
-                    elif kind == "checkpoint_list":
-                        listing = command.checkpoint_list
-                        self._checkpoint_lists[listing.request_id] = [
-                            (entry.dir_name, json.loads(entry.metrics_json)) for entry in listing.checkpoints]
+                    self._apply(command)
                     self._cond.notify_all()
             reason = "the coordinator closed the stream"
         except grpc.RpcError as exc:
@@ -88,16 +77,65 @@ class WorkerClient:
             self._close_reason = reason
             self._cond.notify_all()
 
-    def message(self, **body) -> pb.WorkerMessage:
-        """A message of this worker with the given body field."""
-        return pb.WorkerMessage(run_id=self.run_id, attempt=self.attempt, rank=self.rank, **body)
+    def _apply(self, command: Optional[cmd.WorkerCommand]) -> None:
+        """Take in one command (under the condition's lock)."""
+        if isinstance(command, cmd.ReportReceipt):
+            self.recorded_round = max(self.recorded_round, command.round)
+        elif isinstance(command, cmd.ReportAck):
+            self._acked_round = max(self._acked_round, command.round)
+            self.recorded_round = max(self.recorded_round, command.round)
+        elif isinstance(command, cmd.Assignment):
+            self._assignment = command
+        elif isinstance(command, cmd.Rendezvous):
+            self._rendezvous = command
+        elif isinstance(command, cmd.PhaseAck):
+            self._acked_phase = max(self._acked_phase, command.phase)
+        elif isinstance(command, cmd.Release):
+            self._released = True
+        elif isinstance(command, cmd.CheckpointList):
+            self._checkpoint_lists[command.request_id] = [(e.dir_name, e.metrics) for e in command.checkpoints]
 
-    def send(self, **body) -> None:
-        """Queue a message; returns at once."""
+    def _send(self, **body) -> None:
+        """Queue a message with the given body field; returns at once."""
         self._outbox.put(pb.WorkerMessage(run_id=self.run_id, attempt=self.attempt, rank=self.rank, **body))
 
+    def send_hello(self, pid: int, hostname: str) -> None:
+        """Say which process this is (the coordinator answers with the assignment)."""
+        self._send(hello=pb.WorkerHello(pid=pid, hostname=hostname))
+
+    def send_phase(self, phase: Phase) -> None:
+        """Say this worker entered `phase`."""
+        self._send(phase=pb.PhaseChange(phase=int(phase)))
+
+    def send_store_ready(self, address: str, port: int) -> None:
+        """(Rank 0) say where its TCPStore listens."""
+        self._send(store_ready=pb.StoreReady(address=address, port=port))
+
+    def send_done(self, reports: int, return_value: bytes) -> None:
+        """Say the training function returned after `reports` report() calls (`return_value`: rank 0's,
+        pickled; b"" on the other ranks)."""
+        self._send(done=pb.WorkerDone(finished_at=time.time(), reports=reports, return_value=return_value))
+
+    def send_failure(self, failure: WorkerFailure, exc_pickle: bytes) -> None:
+        """Report the exception this worker fails with (`exc_pickle`: b"" when it could not be pickled)."""
+        self._send(failure=convert.failure_message(failure, exc_pickle))
+
+    def send_telemetry(self, sample: pb.Telemetry) -> None:
+        """Send one telemetry sample (built by `minitrain.worker.telemetry`)."""
+        self._send(telemetry=sample)
+
+    def report_message(self, round_: int, metrics_json: str, dir_name: str, staged: bool) -> pb.WorkerMessage:
+        """The message of this worker's report `round_` (sent with `put`, maybe later, in order): it waits
+        for a commit acknowledgement when it carries a checkpoint (`dir_name`), and for a receipt when
+        the report window asks for one."""
+        return pb.WorkerMessage(
+            run_id=self.run_id, attempt=self.attempt, rank=self.rank,
+            report=pb.Report(round=round_, metrics_json=metrics_json, reported_at=time.time(),
+                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged,
+                             wants_receipt=report_window.wants_receipt(round_)))
+
     def put(self, message: pb.WorkerMessage) -> None:
-        """Queue a prepared message; returns at once."""
+        """Queue a message made by `report_message`; returns at once."""
         self._outbox.put(message)
 
     def _wait_for(self, attribute: str, timeout_s: float, what: str):
@@ -112,11 +150,11 @@ class WorkerClient:
         assert not ready
         raise TimeoutError(f"no {what} from the coordinator within {timeout_s:g} s")
 
-    def wait_assignment(self, timeout_s: float) -> pb.Assignment:
+    def wait_assignment(self, timeout_s: float) -> cmd.Assignment:
         """The assignment sent after hello; StreamClosed / TimeoutError otherwise."""
         return self._wait_for("_assignment", timeout_s, "assignment")
 
-    def wait_rendezvous(self, timeout_s: float) -> pb.Rendezvous:
+    def wait_rendezvous(self, timeout_s: float) -> cmd.Rendezvous:
         """Rank 0's TCPStore address; StreamClosed / TimeoutError otherwise."""
         return self._wait_for("_rendezvous", timeout_s, "rendezvous")
 
@@ -152,7 +190,7 @@ class WorkerClient:
     def list_checkpoints(self, request_id: int, rounds: int, timeout_s: float) -> list[tuple[str, dict]]:
         """Ask for the run's committed checkpoints, [(dir_name, metrics)] in retention order, as they
         are once this rank's first `rounds` reports are processed (the coordinator answers then)."""
-        self.send(list_checkpoints=pb.ListCheckpoints(request_id=request_id, rounds=rounds))
+        self._send(list_checkpoints=pb.ListCheckpoints(request_id=request_id, rounds=rounds))
         self._wait_until(lambda: request_id in self._checkpoint_lists, timeout_s, "checkpoint list")
         with self._cond:
             return self._checkpoint_lists.pop(request_id)

@@ -14,19 +14,20 @@ import os
 import socket
 from datetime import timedelta
 
-from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.commands import Assignment
 from minitrain.worker.client import WorkerClient
 
 
-def set_rank_environment(assignment: pb.Assignment) -> None:
+def set_rank_environment(assignment: Assignment) -> None:
     """RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE and NODE_RANK, as torchrun and Ray set them."""
+    worker = assignment.worker
     os.environ.update({
-        "RANK": str(assignment.rank),
-        "LOCAL_RANK": str(assignment.local_rank),
-        "WORLD_SIZE": str(assignment.world_size),
-        "LOCAL_WORLD_SIZE": str(assignment.local_world_size),
-        "NODE_RANK": str(assignment.node_rank),
-        "GROUP_RANK": str(assignment.node_rank),
+        "RANK": str(worker.rank),
+        "LOCAL_RANK": str(worker.local_rank),
+        "WORLD_SIZE": str(worker.world_size),
+        "LOCAL_WORLD_SIZE": str(worker.local_world_size),
+        "NODE_RANK": str(worker.node_rank),
+        "GROUP_RANK": str(worker.node_rank),
     })
 
 
@@ -44,7 +45,7 @@ def listening_socket(host: str) -> int:
     return sock.detach()
 
 
-def init_process_group(assignment: pb.Assignment, client: WorkerClient):
+def init_process_group(assignment: Assignment, client: WorkerClient):
     """Open (rank 0) or join the run's TCPStore and initialise the default process group.
 
     Rank 0's store listens on `assignment.store_address` only (`listening_socket`).
@@ -58,16 +59,17 @@ def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     import torch.distributed as dist
 
     timeout = timedelta(seconds=assignment.dist_timeout_s)
-    world_size = assignment.world_size
-    if assignment.rank == 0:
+    worker = assignment.worker
+    world_size = worker.world_size
+    if worker.rank == 0:
         store = dist.TCPStore(assignment.store_address, 0, world_size, is_master=True,
                               timeout=timeout, wait_for_workers=False,
                               master_listen_fd=listening_socket(assignment.store_address))
         address, port = assignment.store_address, store.port
-        client.send(store_ready=pb.StoreReady(address=address, port=port))
+        client.send_store_ready(address, port)
     else:
         rendezvous = client.wait_rendezvous(assignment.dist_timeout_s)
-        address, port = rendezvous.master_addr, rendezvous.master_port
+        address, port = rendezvous.address, rendezvous.port
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)
@@ -75,12 +77,12 @@ def init_process_group(assignment: pb.Assignment, client: WorkerClient):
     if backend == "nccl":
         if "TORCH_NCCL_BLOCKING_WAIT" not in os.environ:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-        if assignment.gpu_ids:
-            torch.cuda.set_device(assignment.gpu_ids[0])
-    if assignment.gpu_ids:
-        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", f"cuda:{assignment.gpu_ids[0]}")
+        if worker.gpu_ids:
+            torch.cuda.set_device(worker.gpu_ids[0])
+    if worker.gpu_ids:
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", f"cuda:{worker.gpu_ids[0]}")
     else:
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
-    dist.init_process_group(backend, store=store, rank=assignment.rank, world_size=world_size,
+    dist.init_process_group(backend, store=store, rank=worker.rank, world_size=world_size,
                             timeout=timeout)
     return store

@@ -32,7 +32,6 @@ from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.records import Phase
 from minitrain.rpc import report_window
-from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker.client import WorkerClient
 
 logger = logging.getLogger("minitrain")
@@ -148,7 +147,7 @@ class WorkerSession:
         if report_window.must_wait(self._round, self._client.recorded_round):
             self._wait_for_window(report_window.oldest_allowed(self._round))
         if checkpoint is None:
-            message = self._message(self._round, text, "", staged=False)
+            message = self._client.report_message(self._round, text, "", staged=False)
             self._round += 1
             if self._async is not None and self._async.busy:
                 self._async.submit(lambda: self._client.put(message))
@@ -216,14 +215,6 @@ class WorkerSession:
         self._client.wait_recorded(oldest, ACK_TIMEOUT_S)
         self.phase_seconds["window_wait_s"] += time.perf_counter() - started
 
-    def _message(self, round_: int, text: str, dir_name: str, staged: bool) -> pb.WorkerMessage:
-        client = self._client
-        return pb.WorkerMessage(
-            run_id=client.run_id, attempt=client.attempt, rank=client.rank,
-            report=pb.Report(round=round_, metrics_json=text, reported_at=time.time(),
-                             checkpoint_dir_name=dir_name, wants_ack=bool(dir_name), staged=staged,
-                             wants_receipt=report_window.wants_receipt(round_)))
-
     def _staged(self, dir_name: str) -> str:
         return staged_dir(self._client.attempt, self._client.rank, dir_name)
 
@@ -277,7 +268,7 @@ class WorkerSession:
         # names the checkpoint-upload phase.
         self.upload_in_progress = True
         # The coordinator's hang clock gives an upload its own allowance (FailureConfig docs).
-        self._client.send(phase=pb.PhaseChange(phase=int(Phase.CHECKPOINT_UPLOAD)))
+        self._client.send_phase(Phase.CHECKPOINT_UPLOAD)
         started = time.perf_counter()
         try:
             if upload_fn is not None:
@@ -288,13 +279,13 @@ class WorkerSession:
                     self.storage.upload_dir(local_dir, self._staged(dir_name))
                 result = dir_name, True
         finally:  # also when it failed: user code that catches the error trains on under the normal clock
-            self._client.send(phase=pb.PhaseChange(phase=int(Phase.TRAINING)))
+            self._client.send_phase(Phase.TRAINING)
         self.upload_in_progress = False
         self.phase_seconds["upload_s"] += time.perf_counter() - started
         return result
 
     def _send_and_wait(self, round_: int, text: str, dir_name: str, staged: bool) -> None:
-        self._client.put(self._message(round_, text, dir_name, staged))
+        self._client.put(self._client.report_message(round_, text, dir_name, staged))
         started = time.perf_counter()
         self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
         self.phase_seconds["ack_wait_s"] += time.perf_counter() - started

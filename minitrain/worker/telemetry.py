@@ -163,7 +163,7 @@ class Sampler:
 
 
 class TelemetryThread:
-    """Sends `sampler.sample()` through `send(telemetry=...)` every `interval_s` until `stop()`, except
+    """Sends `sampler.sample()` through `send(sample)` every `interval_s` until `stop()`, except
     while `minitrain.waits.ENABLED` is False."""
 
     def __init__(self, sampler: Sampler, send: Callable[..., None], interval_s: float = INTERVAL_S):
@@ -183,7 +183,7 @@ class TelemetryThread:
                 # Recording can be switched off while the rank runs (`waits.ENABLED`, read at each tick:
                 # the ddp benchmark alternates blocks with telemetry on and off in one job): no sample then.
                 if waits.ENABLED:
-                    self._send(telemetry=self._sampler.sample())
+                    self._send(self._sampler.sample())
         except Exception as exc:  # noqa: BLE001 - telemetry never fails the worker
             logger.debug("telemetry stopped: %s", exc)
 

@@ -66,7 +66,7 @@ def _command(number: int, world_size: int) -> pb.RelayedCommand:
 
 def _hello_from(client: WorkerClient, upward: Upward) -> int:
     """Send hello and return the stream number the relay gave the client's stream."""
-    client.send(hello=pb.WorkerHello(pid=1000 + client.rank))
+    client.send_hello(1000 + client.rank, "")
     upward.wait_for(lambda items: any(i.message.rank == client.rank for i in items), f"rank {client.rank}'s hello")
     return upward.stream_of_rank(client.rank)
 
@@ -74,7 +74,7 @@ def _hello_from(client: WorkerClient, upward: Upward) -> int:
 def test_two_concurrent_streams_arrive_in_their_order_with_distinct_numbers_and_close_once(relay, upward):
     clients = [_client(relay, rank) for rank in (0, 1)]
     count = 200
-    senders = [threading.Thread(target=lambda c=c: [c.send(phase=pb.PhaseChange(phase=i)) for i in range(count)])
+    senders = [threading.Thread(target=lambda c=c: [c.send_phase(i) for i in range(count)])
                for c in clients]
     for sender in senders:
         sender.start()
@@ -101,13 +101,13 @@ def test_commands_reach_their_own_stream_and_close_ends_it(relay, upward):
         _command(second_number, 22), _command(first_number, 11),
         _command(999, 33),  # no such stream: dropped
     ]))
-    assert first.wait_assignment(DEADLINE_S).world_size == 11
-    assert second.wait_assignment(DEADLINE_S).world_size == 22
+    assert first.wait_assignment(DEADLINE_S).worker.world_size == 11
+    assert second.wait_assignment(DEADLINE_S).worker.world_size == 22
     # A close ends only that worker's response stream, after the commands routed before it.
     relay.deliver(pb.RelayedDown(items=[
         pb.RelayedCommand(stream=first_number, command=pb.WorkerCommand(rendezvous=pb.Rendezvous(master_port=7))),
         pb.RelayedCommand(stream=first_number, close=True)]))
-    assert first.wait_rendezvous(DEADLINE_S).master_port == 7
+    assert first.wait_rendezvous(DEADLINE_S).port == 7
     with pytest.raises(StreamClosed, match="closed the stream"):
         first.wait_phase_ack(1, DEADLINE_S)
     upward.wait_for(lambda items: any(i.closed and i.stream == first_number for i in items), "the closed item")
@@ -115,7 +115,7 @@ def test_commands_reach_their_own_stream_and_close_ends_it(relay, upward):
     relay.deliver(pb.RelayedDown(items=[_command(first_number, 44),
                                         pb.RelayedCommand(stream=second_number, command=pb.WorkerCommand(
                                             rendezvous=pb.Rendezvous(master_port=8)))]))
-    assert second.wait_rendezvous(DEADLINE_S).master_port == 8
+    assert second.wait_rendezvous(DEADLINE_S).port == 8
     assert second.close(DEADLINE_S)
     upward.wait_for(lambda items: any(i.closed and i.stream == second_number for i in items), "the second end")
     assert upward.closed(first_number) == 1 and upward.closed(second_number) == 1
@@ -153,7 +153,7 @@ def test_a_caller_without_the_run_token_is_refused_before_any_message_is_relayed
         channel.close()
         intruder = None
     if intruder is not None:
-        intruder.send(hello=pb.WorkerHello(pid=5))
+        intruder.send_hello(5, "")
         with pytest.raises(StreamClosed, match="UNAUTHENTICATED"):
             intruder.wait_assignment(DEADLINE_S)
         intruder.close(DEADLINE_S)
@@ -296,7 +296,7 @@ def test_the_agent_relays_its_workers_messages_on_its_outbox_and_delivers_relaye
     agent._relay.start()
     try:
         client = WorkerClient(agent._relay.address, TOKEN, "run-1", 0, 0)
-        client.send(hello=pb.WorkerHello(pid=1))
+        client.send_hello(1, "")
         item = agent._outbox.get(timeout=DEADLINE_S)
         assert isinstance(item, pb.RelayedMessage) and item.message.hello.pid == 1
         agent._outbox.put(item)
@@ -312,7 +312,7 @@ def test_the_agent_relays_its_workers_messages_on_its_outbox_and_delivers_relaye
 
         agent._call = _Call()
         agent._receive()
-        assert client.wait_assignment(DEADLINE_S).world_size == 9
+        assert client.wait_assignment(DEADLINE_S).worker.world_size == 9
         assert agent._commands.get_nowait() == pb.AgentCommand()  # only the wake-up: not a command
         assert client.close(DEADLINE_S)
     finally:

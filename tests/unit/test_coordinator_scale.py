@@ -31,6 +31,7 @@ from minitrain.coordinator.monitor import (
 from minitrain.coordinator.hangs import PACE_MIN_INTERVALS, PACE_WINDOW, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
+from minitrain.commands import ReportAck
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,
@@ -77,7 +78,7 @@ def test_hub_delivers_every_command_in_order_across_threads():
 
     def send(rank):
         for i in range(2000):
-            assert hub.send_to_worker(0, rank, (rank, i))
+            assert hub.to_worker(0, rank, ReportAck(rank * 10_000 + i))
 
     threads = [threading.Thread(target=send, args=(rank,)) for rank in range(senders)]
     for t in threads:
@@ -88,8 +89,9 @@ def test_hub_delivers_every_command_in_order_across_threads():
     loop.call_soon_threadsafe(loop.stop)
     thread.join(10)
     loop.close()
-    assert drained == {rank: [(rank, i) for i in range(2000)] for rank in range(senders)}
-    assert not hub.send_to_worker(0, 0, "late")  # the loop is closed: nothing is queued
+    rounds = {rank: [message.report_ack.round for message in messages] for rank, messages in drained.items()}
+    assert rounds == {rank: [rank * 10_000 + i for i in range(2000)] for rank in range(senders)}
+    assert not hub.to_worker(0, 0, ReportAck(0))  # the loop is closed: nothing is queued
 
 
 async def _drain(outboxes, count):

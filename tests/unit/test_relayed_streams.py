@@ -17,6 +17,7 @@ import time
 import grpc
 import pytest
 
+from minitrain.commands import ReportAck
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub
@@ -172,7 +173,7 @@ def test_commands_for_a_relayed_worker_come_down_its_agents_stream(coordinator):
     a.relay(worker_message(7, 3, hello=pb.WorkerHello(pid=1, hostname="h")))
     next_events(events, 1)
     for round_ in range(3):
-        assert hub.send_to_worker(1, 3, pb.WorkerCommand(report_ack=pb.ReportAck(round=round_)))
+        assert hub.to_worker(1, 3, ReportAck(round_))
     items = a.relayed_commands(3)
     assert [(i.stream, i.command.report_ack.round, i.close) for i in items] == [(7, 0, False), (7, 1, False),
                                                                                 (7, 2, False)]
@@ -189,7 +190,7 @@ def test_a_closed_relayed_stream_is_one_stream_closed_and_takes_no_more_commands
     connected, closed = next_events(events, 2)
     assert isinstance(connected, ev.WorkerConnected) and isinstance(closed, ev.WorkerStreamClosed)
     assert (closed.attempt, closed.rank) == (1, 0)
-    assert not hub.send_to_worker(1, 0, pb.WorkerCommand(report_ack=pb.ReportAck(round=0)))
+    assert not hub.to_worker(1, 0, ReportAck(0))
     a.relay(worker_message(2, 1, hello=pb.WorkerHello(pid=2, hostname="h")))
     (later,) = next_events(events, 1)
     assert isinstance(later, ev.WorkerConnected) and later.rank == 1  # nothing from the dropped report
@@ -220,7 +221,7 @@ def test_the_agents_stream_ending_closes_its_relayed_streams_before_the_node_is_
     got = next_events(events, 3)
     assert [type(e).__name__ for e in got] == ["WorkerStreamClosed", "WorkerStreamClosed", "AgentLost"]
     assert sorted(e.rank for e in got[:2]) == [0, 1] and got[2].node_id == NODE
-    assert not hub.send_to_worker(1, 0, pb.WorkerCommand(report_ack=pb.ReportAck(round=0)))
+    assert not hub.to_worker(1, 0, ReportAck(0))
 
 
 def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
@@ -230,7 +231,7 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     next_events(events, 4)
     # From one thread, in one go: the hub hands them to the loop in one flush, so they queue together.
     for rank in range(4):
-        hub.send_to_worker(1, rank, pb.WorkerCommand(report_ack=pb.ReportAck(round=rank)))
+        hub.to_worker(1, rank, ReportAck(rank))
     messages = []
     deadline = time.monotonic() + DEADLINE_S
     while sum(len(m.relayed.items) for m in messages) < 4:

@@ -218,7 +218,7 @@ def test_gpu_samples_map_cuda_indices_through_visible_devices():
 def test_the_thread_sends_samples_until_stopped():
     sent = []
     thread = telemetry.TelemetryThread(telemetry.Sampler(telemetry.GpuProbe([])),
-                                       lambda **body: sent.append(body["telemetry"]), interval_s=0.0)
+                                       sent.append, interval_s=0.0)
     thread._interval_s = 0.01  # the floor of one a second is for real workers; the loop is what is tested
     thread.start()
     deadline = time.monotonic() + 30
@@ -249,7 +249,7 @@ def test_the_thread_sends_nothing_while_recording_is_switched_off(monkeypatch):
             ticks.append(waits.ENABLED)
             return pb.Telemetry()
 
-    thread = telemetry.TelemetryThread(CountingSampler(), lambda **body: sent.append(body["telemetry"]))
+    thread = telemetry.TelemetryThread(CountingSampler(), sent.append)
     thread._interval_s = 0.005
     monkeypatch.setattr(waits, "ENABLED", False)
     thread.start()

@@ -15,6 +15,7 @@ from minitrain.context import TrainContext
 from minitrain.records import Phase
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import staged_dir
+from minitrain.worker.client import WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 
@@ -26,13 +27,16 @@ class FakeClient:
     def __init__(self):
         self.sent = []
         self.acked = []
-        self.phases = []  # PhaseChange messages, in order
+        self.phases = []  # the phases sent, in order
+
+    def report_message(self, round_, metrics_json, dir_name, staged):
+        return WorkerClient.report_message(self, round_, metrics_json, dir_name, staged)  # the real message
 
     def put(self, message):
         self.sent.append(message)
 
-    def send(self, phase):
-        self.phases.append(Phase(phase.phase))
+    def send_phase(self, phase):
+        self.phases.append(Phase(phase))
 
     def wait_report_ack(self, round_, timeout_s):
         self.acked.append(round_)

@@ -1,0 +1,148 @@
+"""The coordinator's commands to node agents and workers, as frozen records (L0, stdlib only).
+
+The coordinator's core (`WorkerGroup`, `Commits`, the controller) says what it wants done in these
+records and hands them to its `minitrain.coordinator.outbox.Outbox`; the gRPC `Hub` converts them to
+protobuf in `minitrain.rpc.convert`. On the other side, the agent and the worker get the same records
+back from `minitrain.rpc.convert`, so no runtime's core reads protobuf. They live below all three
+runtimes because all three use them (runtimes never import each other).
+
+Transport-only messages (heartbeats, relayed stream items, stream ends) are not commands: the
+transport modules make and read them themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+from minitrain.records import Phase, WorkerAssignment
+
+# ---------------------------------------------------------------------------- to node agents
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLaunch:
+    """One worker an agent starts: its global and node-local rank."""
+
+    rank: int
+    local_rank: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartWorkers:
+    """Start these workers of `attempt` in `cwd`, with `env` on top of the agent's environment (never
+    secrets); `relay`: their streams go through the agent's relay, not straight to the coordinator.
+    `coordinator_address`: the host:port they dial, "" for the agent's own coordinator address."""
+
+    attempt: int
+    workers: tuple[WorkerLaunch, ...]
+    cwd: str
+    env: Mapping[str, str]
+    relay: bool = False
+    coordinator_address: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class StopWorkers:
+    """Stop the node's workers of `attempt`: SIGTERM, then SIGKILL after `grace_s` seconds."""
+
+    attempt: int
+    grace_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class DumpStacks:
+    """Send every thread's stack of each of the node's workers of `attempt` (faulthandler)."""
+
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareForkServers:
+    """Keep a fork server warm for the last start's environment, for the next attempt's `count` workers."""
+
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    """The run is over: stop every worker and exit."""
+
+    reason: str
+
+
+AgentCommand = Union[StartWorkers, StopWorkers, DumpStacks, PrepareForkServers, Shutdown]
+
+# ---------------------------------------------------------------------------- to workers
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """What a worker is told after its hello: where it runs, how to reach its peers, and where the run
+    stands (`initial_checkpoint_dir`: the latest committed checkpoint relative to the run directory, ""
+    for none; `report_index_base`: the run-wide number of this attempt's round 0;
+    `committed_dir_names`: names a new checkpoint must not reuse)."""
+
+    worker: WorkerAssignment
+    experiment_name: str
+    backend: str  # gloo | nccl
+    dist_timeout_s: float
+    payload: bytes  # cloudpickle of (train function, config); see minitrain.worker.bootstrap
+    store_address: str  # the address rank 0 binds its TCPStore to
+    storage_path: str  # the run directory, as a URL or local path
+    initial_checkpoint_dir: str = ""
+    report_index_base: int = 0
+    committed_dir_names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rendezvous:
+    """Where rank 0's TCPStore listens."""
+
+    address: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseAck:
+    """The coordinator recorded the worker's `phase` (it waits for this before running user code)."""
+
+    phase: Phase
+
+
+@dataclass(frozen=True, slots=True)
+class ReportReceipt:
+    """The coordinator recorded this worker's reports up to `round` (the report window's backpressure)."""
+
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReportAck:
+    """Report `round` of this worker is recorded and its round committed (a checkpoint report waits)."""
+
+    round: int
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointEntry:
+    """One committed checkpoint: its directory name in the run directory and its metrics."""
+
+    dir_name: str
+    metrics: dict
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointList:
+    """The answer to request `request_id`: the committed checkpoints kept, in retention order."""
+
+    request_id: int
+    checkpoints: tuple[CheckpointEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Every rank of the attempt finished: rank 0 (which holds the TCPStore) may exit."""
+
+
+WorkerCommand = Union[Assignment, Rendezvous, PhaseAck, ReportReceipt, ReportAck, CheckpointList, Release]
