@@ -57,7 +57,7 @@ def trial_rows(header: dict, trials: list[tr.Trial]) -> list[dict]:
     rows = []
     for trial in trials:
         last = trial.last_result or {}
-        error = trial.error or {}
+        error = trial.error
         rows.append({
             "trial_id": trial.trial_id,
             "name": trial.name,
@@ -71,7 +71,7 @@ def trial_rows(header: dict, trials: list[tr.Trial]) -> list[dict]:
             "last_result": last,
             "time_total_s": trial.time_total_s,
             "num_failures": trial.num_failures,
-            "error": f"{error.get('exc_type')}: {(error.get('message') or '').splitlines()[:1]}" if error else None,
+            "error": f"{error.exc_type}: {error.message.splitlines()[:1]}" if error else None,
             "checkpoint": trial.checkpoint,
         })
     return rows

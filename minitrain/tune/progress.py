@@ -105,7 +105,7 @@ class ProgressReporter:
         if not self._lines:
             return
         line = f"Trial {trial.name} {trial.status}"
-        if trial.status == tr.RUNNING:
+        if trial.status == tr.TrialStatus.RUNNING:
             line += f" with config {trial.config}"
             if trial.iteration:
                 line += f" (resumed at iteration {trial.iteration})"
@@ -115,10 +115,10 @@ class ProgressReporter:
                 line += f", {self.metric}={_cell(trial.last_result[self.metric])}"
             if trial.stop_reason:
                 line += f" ({trial.stop_reason})"
-            if trial.error and trial.status == tr.ERROR:
-                line += f": {trial.error.get('exc_type')}: {trial.error.get('message', '').splitlines()[:1]}"
-            elif trial.error and trial.status == tr.PENDING:
-                line += f" (failed: {trial.error.get('exc_type')}; retry {trial.num_failures})"
+            if trial.error and trial.status == tr.TrialStatus.ERROR:
+                line += f": {trial.error.exc_type}: {trial.error.message.splitlines()[:1]}"
+            elif trial.error and trial.status == tr.TrialStatus.PENDING:
+                line += f" (failed: {trial.error.exc_type}; retry {trial.num_failures})"
         self.console.line(line)
 
     def finish(self, trials: list[tr.Trial]) -> None:

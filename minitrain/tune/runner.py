@@ -114,7 +114,7 @@ class Runner:
     def _pending(self) -> list[tr.Trial]:
         if self.stopping:
             return []
-        return [t for t in self.trials if t.status == tr.PENDING and t.trial_id not in self.running]
+        return [t for t in self.trials if t.status == tr.TrialStatus.PENDING and t.trial_id not in self.running]
 
     def _start_trials(self) -> None:
         """Start trials while max_concurrent_trials and the hosts allow; the rest wait (queue) for a
@@ -142,8 +142,8 @@ class Runner:
         trial = pending[0] if pending else None if (self.exhausted or self.stopping) else self._new_trial()
         if trial is None:
             return False
-        trial.error = {"exc_type": "minitrain.errors.ConfigError", "message": self.unplaceable, "traceback": ""}
-        trial.status = tr.ERROR
+        trial.error = tr.TrialError("minitrain.errors.ConfigError", self.unplaceable)
+        trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
         self.reporter.trial_changed(trial)
@@ -203,7 +203,7 @@ class Runner:
         self.running[trial.trial_id] = running
         logger.debug("trial %s runs on %s", trial.name, reservation.describe())
         self.max_running_seen = max(self.max_running_seen, len(self.running))
-        trial.status = tr.RUNNING
+        trial.status = tr.TrialStatus.RUNNING
         threading.Thread(target=self._read, args=(trial.trial_id, read_fd), daemon=True,
                          name=f"minitrain-tune-{trial.trial_id}").start()
         self.reporter.trial_changed(trial)
@@ -279,7 +279,7 @@ class Runner:
         self.room.release(running.reservation)
         ended = running.ended or {}
         if ended.get("type") == "done":
-            trial.status = tr.TERMINATED
+            trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
                 trial.last_result = {**trial.last_result, "done": True}
             if not ended.get("stopped"):
@@ -287,12 +287,11 @@ class Runner:
             self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
         elif ended.get("type") == "interrupted" or (self.stopping and running.stop_sent and not ended):
-            trial.status = tr.PENDING  # Ctrl-C: resumable
+            trial.status = tr.TrialStatus.PENDING  # Ctrl-C: resumable
         else:
-            trial.error = ended if ended.get("type") == "error" else {
-                "exc_type": "TrialProcessDied", "traceback": "",
-                "message": f"the trial process {_describe_exit(returncode)} without reporting why; see "
-                           f"{tr.log_path(self.path, trial)}"}
+            trial.error = tr.TrialError.from_record(ended) if ended.get("type") == "error" else tr.TrialError(
+                "TrialProcessDied", f"the trial process {_describe_exit(returncode)} without reporting why; see "
+                                    f"{tr.log_path(self.path, trial)}")
             self._failed(trial)
         self.reporter.trial_changed(trial)
         self._save()
@@ -300,13 +299,12 @@ class Runner:
     def _failed(self, trial: tr.Trial) -> None:
         if self.max_failures < 0 or trial.num_failures < self.max_failures:
             trial.num_failures += 1
-            trial.status = tr.PENDING
-            logger.warning("trial %s failed (%s: %s); retrying it (%d of %s) from %s", trial.name,
-                           trial.error["exc_type"], trial.error["message"].splitlines()[0] if trial.error["message"]
-                           else "", trial.num_failures, "inf" if self.max_failures < 0 else self.max_failures,
+            trial.status = tr.TrialStatus.PENDING
+            logger.warning("trial %s failed (%s); retrying it (%d of %s) from %s", trial.name,
+                           trial.error.summary, trial.num_failures, "inf" if self.max_failures < 0 else self.max_failures,
                            trial.checkpoint or "the start")
             return
-        trial.status = tr.ERROR
+        trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
 
@@ -342,12 +340,12 @@ class Runner:
         for running in list(self.running.values()):
             _kill_group(running.proc)
             running.proc.wait()
-            running.trial.status = tr.PENDING
+            running.trial.status = tr.TrialStatus.PENDING
             del self.running[running.trial.trial_id]
             self.room.release(running.reservation)
         for trial in self.trials:
-            if trial.status == tr.RUNNING:
-                trial.status = tr.PENDING
+            if trial.status == tr.TrialStatus.RUNNING:
+                trial.status = tr.TrialStatus.PENDING
 
     def _save(self) -> None:
         tr.write_state(self.path, self.header, self.trials)

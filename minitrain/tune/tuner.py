@@ -251,18 +251,18 @@ class Tuner:
         path = os.path.abspath(os.path.expanduser(str(path)))
         header, trials = tr.read_state(path)
         for trial in trials:
-            if trial.status == tr.ERROR and (resume_errored or restart_errored):
-                trial.status, trial.error, trial.num_failures = tr.PENDING, None, 0
+            if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
+                trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
                 if restart_errored:
                     trial.checkpoint, trial.checkpoint_iteration = None, 0
             elif not trial.finished:
                 if not resume_unfinished:
-                    trial.status, trial.stop_reason = tr.TERMINATED, "not resumed (resume_unfinished=False)"
+                    trial.status, trial.stop_reason = tr.TrialStatus.TERMINATED, "not resumed (resume_unfinished=False)"
                     continue
                 if not trial.config_is_json:
                     raise ConfigError(f"Tuner.restore: trial {trial.name} was unfinished but its config is not JSON "
                                       "(it was saved as text), so it cannot be resumed. Keep configs to plain values.")
-                trial.status = tr.PENDING
+                trial.status = tr.TrialStatus.PENDING
         if len(trials) < header["total_trials"] and not param_space:
             raise ConfigError(f"Tuner.restore({path!r}): {header['total_trials'] - len(trials)} trial(s) were not "
                               "created yet; pass the same param_space (and tune_config) again to create them.")
@@ -288,7 +288,7 @@ def _replay(searcher: Any, scheduler: Any, experiment_path: str, trials: list) -
         scheduler.on_trial_add(trial.trial_id)
         for result in history:
             scheduler.on_trial_result(trial.trial_id, result)
-        if trial.status == tr.TERMINATED:
+        if trial.status == tr.TrialStatus.TERMINATED:
             scheduler.on_trial_complete(trial.trial_id, trial.last_result)
         if trial.finished:
-            searcher.restore_finished(trial.trial_id, trial.config, trial.last_result, trial.status == tr.ERROR)
+            searcher.restore_finished(trial.trial_id, trial.config, trial.last_result, trial.status == tr.TrialStatus.ERROR)
