@@ -9,7 +9,6 @@ the searcher; the state file is replaced after every change, so a killed tuner r
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -26,8 +25,11 @@ import cloudpickle
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
+from minitrain.tune import messages
 from minitrain.tune import trials as tr
 from minitrain.tune.dashboard import ENV_VAR as DASHBOARD_ENV, trials_address_value
+from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
+                                     TrialReported)
 from minitrain.tune.placement import Demand
 from minitrain.tune.resources import ClusterRoom, Reservation
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
@@ -41,19 +43,27 @@ INTERRUPT_WAIT_S = 60.0  # how long Ctrl-C waits for the trials' fit()s to stop 
 EXIT_WAIT_S = 30.0  # a trial process that closed its pipe exits within this
 
 
+class _PipeClosed:
+    """The loop's own event after a trial's last message: its report pipe reached EOF (the process
+    exits now, or did). Never on the wire."""
+
+
+_PIPE_CLOSED = _PipeClosed()
+
+
 class _Running:
     """A trial process and what the loop has heard from it."""
 
     def __init__(self, trial: tr.Trial, proc: subprocess.Popen, reservation: Reservation):
         self.trial, self.proc, self.reservation = trial, proc, reservation
-        self.ended: Optional[dict] = None  # the last message: done, error or interrupted
+        self.ended: Optional[TrialMessage] = None  # the last message: TrialFinished, TrialFailed or TrialInterrupted
         self.last_report = time.monotonic()
         self.stop_sent = False
         self.since_restore = 0
 
-    def answer(self, decision: str) -> None:
+    def answer(self, decision: Decision) -> None:
         try:
-            self.proc.stdin.write((decision + "\n").encode())
+            self.proc.stdin.write(messages.encode_decision(decision))
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the trial is gone; its end arrives as an event
@@ -213,40 +223,40 @@ class Runner:
         with os.fdopen(fd, "r") as stream:
             for line in stream:
                 try:
-                    message = json.loads(line)
-                except ValueError:
+                    message = messages.decode(line)
+                except messages.MalformedMessage as exc:  # a torn line of a dying process, or a bug
+                    logger.debug("trial %s: ignored a report-pipe line: %s", trial_id, exc)
                     continue
                 self.events.put((trial_id, message))
-        self.events.put((trial_id, {"type": "eof"}))
+        self.events.put((trial_id, _PIPE_CLOSED))
 
     # ------------------------------------------------------------------ events
 
-    def _handle(self, trial_id: str, message: dict) -> None:
+    def _handle(self, trial_id: str, message: "TrialMessage | _PipeClosed") -> None:
         running = self.running.get(trial_id)
         if running is None:
             return
-        kind = message.get("type")
-        if kind == "result":
+        if isinstance(message, TrialReported):
             self._on_result(running, message)
-        elif kind in ("done", "error", "interrupted"):
-            running.ended = message
-        elif kind == "eof":
+        elif isinstance(message, _PipeClosed):
             self._on_exit(running)
+        else:  # TrialFinished, TrialFailed or TrialInterrupted: how the trial ended, acted on at its exit
+            running.ended = message
 
-    def _on_result(self, running: _Running, message: dict) -> None:
+    def _on_result(self, running: _Running, message: TrialReported) -> None:
         trial, now = running.trial, time.monotonic()
         trial.iteration += 1
         running.since_restore += 1
         this_iter = now - running.last_report
         running.last_report = now
         trial.time_total_s += this_iter
-        result = dict(message.get("metrics") or {})
+        result = dict(message.metrics)
         result.update(training_iteration=trial.iteration, time_this_iter_s=this_iter,
                       time_total_s=trial.time_total_s, timestamp=int(time.time()), trial_id=trial.trial_id,
                       iterations_since_restore=running.since_restore, done=False)
-        if message.get("checkpoint"):
-            trial.checkpoint, trial.checkpoint_iteration = message["checkpoint"], trial.iteration
-            trial.checkpoints.append((message["checkpoint"], result))
+        if message.checkpoint:
+            trial.checkpoint, trial.checkpoint_iteration = message.checkpoint, trial.iteration
+            trial.checkpoints.append((message.checkpoint, result))
         trial.last_result = result
         tr.append_history(self.path, trial, result)
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
@@ -255,9 +265,9 @@ class Runner:
             trial.stop_reason = self._stop_reason(result)
         if decision == STOP or self.stopping:
             running.stop_sent = True
-            running.answer("stop")
+            running.answer(Decision.STOP)
         else:
-            running.answer("continue")
+            running.answer(Decision.CONTINUE)
         self._save()
 
     def _stop_reason(self, result: dict) -> str:
@@ -277,19 +287,19 @@ class Runner:
         running.proc.stdin.close()
         del self.running[trial.trial_id]
         self.room.release(running.reservation)
-        ended = running.ended or {}
-        if ended.get("type") == "done":
+        ended = running.ended
+        if isinstance(ended, TrialFinished):
             trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
                 trial.last_result = {**trial.last_result, "done": True}
-            if not ended.get("stopped"):
+            if not ended.stopped:
                 trial.stop_reason = trial.stop_reason if running.stop_sent else None
             self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
-        elif ended.get("type") == "interrupted" or (self.stopping and running.stop_sent and not ended):
+        elif isinstance(ended, TrialInterrupted) or (self.stopping and running.stop_sent and ended is None):
             trial.status = tr.TrialStatus.PENDING  # Ctrl-C: resumable
         else:
-            trial.error = tr.TrialError.from_record(ended) if ended.get("type") == "error" else tr.TrialError(
+            trial.error = ended.error if isinstance(ended, TrialFailed) else tr.TrialError(
                 "TrialProcessDied", f"the trial process {_describe_exit(returncode)} without reporting why; see "
                                     f"{tr.log_path(self.path, trial)}")
             self._failed(trial)
@@ -331,8 +341,8 @@ class Runner:
                     trial_id, message = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                if message.get("type") == "result" and trial_id in self.running:
-                    self.running[trial_id].answer("stop")
+                if isinstance(message, TrialReported) and trial_id in self.running:
+                    self.running[trial_id].answer(Decision.STOP)
                     continue
                 self._handle(trial_id, message)
         except KeyboardInterrupt:
