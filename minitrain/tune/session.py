@@ -61,7 +61,8 @@ class TuneContext:
 
 
 class TrialSession:
-    """The running trial's link to the tuner: `report` sends a result and returns the decision."""
+    """The running trial's link to the tuner: `report` sends a result and returns the decision. It is
+    also the process's `minitrain._session.TrialLink`: each fit() in the trial gets a `run_observer()`."""
 
     def __init__(self, context: TuneContext, channel_out: Any, channel_in: Any,
                  checkpoint: Optional[str], iteration: int):
@@ -96,6 +97,10 @@ class TrialSession:
         if decision is Decision.STOP:
             self.stop_requested = True
         return decision
+
+    def run_observer(self) -> "ForwardingObserver":
+        """A new observer for one fit() run in this trial (the `minitrain._session.TrialLink` seam)."""
+        return ForwardingObserver(self)
 
     @property
     def iteration(self) -> int:

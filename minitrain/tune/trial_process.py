@@ -73,7 +73,7 @@ def main(argv: list[str]) -> int:
         use_cluster(payload.cluster)
     session = tune_session.TrialSession(payload.context, out, stdin, payload.checkpoint, payload.iteration)
     tune_session.set_session(session)
-    _session.add_run_observer_maker(lambda: tune_session.ForwardingObserver(session))
+    _session.link_trial(session)  # every fit() the trainable runs forwards its rounds to the tuner
     os.makedirs(payload.context.trial_dir, exist_ok=True)
     trainer_module = sys.modules.get("minitrain.trainer")  # loaded by the payload when it holds a trainer
     try:
