@@ -2,7 +2,7 @@
 
 A trial process (minitrain.tune.trial_process) writes `TrialMessage`s on its report pipe, one JSON
 object a line: a `TrialReported` per result, then exactly one of `TrialFinished`, `TrialFailed`,
-`TrialInterrupted` before it exits. The sweep loop (minitrain.tune.runner) answers each
+`TrialInterrupted` before it exits. The sweep loop (minitrain.tune.sweep_loop) answers each
 `TrialReported` with one `Decision` line on the trial's stdin. Only this module turns these records
 into text and back: `encode`/`decode` for the report pipe, `encode_decision`/`decode_decision` for
 the answers. Nothing read from a trial is unpickled: the pipe carries JSON only.

@@ -25,7 +25,7 @@ from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.resources import ClusterRoom, trial_demand
-from minitrain.tune.runner import Runner
+from minitrain.tune.sweep_loop import SweepLoop
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
@@ -177,7 +177,7 @@ class Tuner:
         # The trial table, in the driver's live console (the status block if no other run holds it).
         reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
         try:
-            runner = Runner(
+            runner = SweepLoop(
                 experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
                 trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
                 demand=demand, searcher=searcher,

@@ -69,7 +69,7 @@ class _Running:
             pass  # the trial is gone; its end arrives as an event
 
 
-class Runner:
+class SweepLoop:
     """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials)."""
 
     def __init__(self, *, experiment_path: str, experiment_name: str, trainable: Any, trainable_name: str,
