@@ -25,7 +25,7 @@ from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.resources import ClusterRoom, trial_demand
-from minitrain.tune.sweep_loop import SweepLoop
+from minitrain.tune.sweep_loop import SweepLimits, SweepLoop, SweepSpec
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
@@ -177,24 +177,26 @@ class Tuner:
         # The trial table, in the driver's live console (the status block if no other run holds it).
         reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
         try:
-            runner = SweepLoop(
-                experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
-                trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
-                demand=demand, searcher=searcher,
-                scheduler=scheduler, total_trials=header["total_trials"],
-                max_concurrent=config.max_concurrent_trials or 0,
-                max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
-                trials=trials, id_prefix=header["id_prefix"], name_trial=self._namer(header["trainable"]),
-                header=header, reporter=reporter, pythonpath=_driver_pythonpath())
-            self._runner = runner
+            loop = SweepLoop(self._spec(header, demand), trials, room=room, searcher=searcher, scheduler=scheduler,
+                             reporter=reporter)
             # The trial table as a web page while it runs; minitrain's log lines go through the console too.
             with live_sweep_dashboard(self.experiment_path), reporter.console.owning_log_handlers(logger):
-                runner.run()
+                loop.run()
         finally:
             reporter.release()  # however the sweep ended, a later run's console may draw the status block
-        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in runner.trials],
+        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in loop.trials],
                                    self.experiment_path, config.metric, config.mode)
         return self._results
+
+    def _spec(self, header: dict, demand: Any) -> SweepSpec:
+        """The sweep as SweepLoop runs it: this Tuner's settings and the state file's `header`."""
+        config = self.tune_config
+        limits = SweepLimits(max_concurrent=config.max_concurrent_trials or 0,
+                             max_failures=self.run_config.failure_config.max_failures,
+                             time_budget_s=config.time_budget_s)
+        return SweepSpec(experiment_path=self.experiment_path, experiment_name=self.run_config.name, header=header,
+                         trainable=self.trainable, trial_resources=trial_resources(self.trainable), demand=demand,
+                         name_trial=self._namer(header["trainable"]), pythonpath=_driver_pythonpath(), limits=limits)
 
     def _namer(self, trainable_name: str) -> Callable[[tr.Trial], None]:
         config = self.tune_config
