@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Callable, Optional, Union
 
-from minitrain.tune.trials import TrialError
+from minitrain.storage.sweep_state import TrialError
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ from typing import Any, Iterator, Optional
 from minitrain.checkpoint import Checkpoint
 from minitrain.errors import RemoteWorkerError
 from minitrain.result import Result
+from minitrain.storage import sweep_state as tr
 from minitrain.storage.retention import flatten_metrics
-from minitrain.tune import trials as tr
 
 _SCOPES = ("all", "last", "avg", "last-5-avg", "last-10-avg")
 

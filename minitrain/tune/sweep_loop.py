@@ -26,12 +26,13 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from minitrain.dashboard.settings import ENV_VAR as DASHBOARD_ENV
+from minitrain.dashboard.sweep import trials_address_value
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
+from minitrain.storage import sweep_state as tr
 from minitrain.tune import messages
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import ENV_VAR as DASHBOARD_ENV, trials_address_value
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
                                      TrialReported)
 from minitrain.tune.placement import Demand

@@ -29,9 +29,9 @@ import cloudpickle
 
 from minitrain import _session, procs
 from minitrain.hosts.cluster import ClusterConfig, use_cluster
+from minitrain.storage.sweep_state import TrialError
 from minitrain.tune import session as tune_session
 from minitrain.tune.messages import TrialFailed, TrialFinished, TrialInterrupted
-from minitrain.tune.trials import TrialError
 
 
 @dataclass

@@ -16,19 +16,19 @@ import uuid
 from typing import Any, Callable, Optional
 
 from minitrain.config import CheckpointConfig, RunConfig
+from minitrain.dashboard.sweep import live_sweep_dashboard
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
+from minitrain.storage import sweep_state as tr
 from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
-from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.resources import ClusterRoom, trial_demand
-from minitrain.tune.sweep_loop import SweepLimits, SweepLoop, SweepSpec
+from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
+from minitrain.tune.sweep_loop import SweepLimits, SweepLoop, SweepSpec
 from minitrain.tune.tune_config import TuneConfig, _WithResources
 
 logger = logging.getLogger("minitrain")

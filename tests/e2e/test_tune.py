@@ -23,8 +23,8 @@ import pytest
 import minitrain
 from minitrain import tune
 from minitrain.procs import wait_until_gone
+from minitrain.storage import sweep_state as tr
 from minitrain.torch import TorchTrainer
-from minitrain.tune import trials as tr
 from minitrain.tune.schedulers import ASHAScheduler
 from minitrain.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from minitrain.tune.search.optuna import OptunaSearch

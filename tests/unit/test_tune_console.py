@@ -16,7 +16,7 @@ import pytest
 from minitrain import console as console_module
 from minitrain.console import LiveConsole
 from minitrain.logs import LogSink
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
 from test_console import Terminal
 

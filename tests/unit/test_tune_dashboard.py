@@ -1,4 +1,4 @@
-"""The sweep on the dashboard (minitrain.tune.dashboard): its JSON and page from a real state file,
+"""The sweep on the dashboard (minitrain.dashboard.sweep): its JSON and page from a real state file,
 served by the real dashboard server on 127.0.0.1 (its access rules included), live and post hoc."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import pytest
 from minitrain.dashboard import serve
 from minitrain.dashboard.__main__ import main
 from minitrain.dashboard.settings import DashboardAddress
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import (is_sweep_dir, page_html, read_sweep, sweep_routes, trial_rows,
+from minitrain.dashboard.sweep import (is_sweep_dir, page_html, read_sweep, sweep_routes, trial_rows,
                                       trials_address_value)
+from minitrain.storage import sweep_state as tr
 
 HEADER = {"name": "sweep<1>", "trainable": "train_func", "metric": "eval_loss", "mode": "min", "total_trials": 3}
 

@@ -9,10 +9,10 @@ import math
 
 import pytest
 
+from minitrain.storage.sweep_state import TrialError
 from minitrain.tune import messages
 from minitrain.tune.messages import (Decision, MalformedMessage, TrialFailed, TrialFinished, TrialInterrupted,
                                      TrialReported)
-from minitrain.tune.trials import TrialError
 
 EVERY_MESSAGE = [
     TrialReported({"loss": 0.25, "nested": {"a": [1, 2]}, "name": "x"}, "/tmp/trial/checkpoint_000001"),

@@ -10,7 +10,7 @@ import pytest
 import minitrain
 from minitrain.console import LiveConsole
 from minitrain.errors import ConfigError, RemoteWorkerError
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
 from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.schedulers import ASHAScheduler

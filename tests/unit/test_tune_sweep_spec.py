@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from minitrain.config import FailureConfig, RunConfig
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 from minitrain.tune.resources import trial_demand
 from minitrain.tune.sweep_loop import SweepLimits, SweepSpec
 from minitrain.tune.tune_config import TuneConfig

@@ -1,12 +1,12 @@
-"""A trial's vocabulary (minitrain.tune.trials): `TrialStatus` speaks Ray's words as plain strings,
+"""A trial's vocabulary (minitrain.storage.sweep_state): `TrialStatus` speaks Ray's words as plain strings,
 `TrialError` is a record, and the state file keeps both as the plain JSON it always held."""
 
 from __future__ import annotations
 
 import json
 
-from minitrain.tune import trials as tr
-from minitrain.tune.trials import TrialError, TrialStatus
+from minitrain.storage import sweep_state as tr
+from minitrain.storage.sweep_state import TrialError, TrialStatus
 
 
 def test_statuses_are_rays_words_and_compare_print_and_serialise_as_plain_strings():

@@ -1,10 +1,14 @@
-"""Trials as the tuner keeps them, and the tuning run's state file (L3).
+"""A sweep's state on disk: trials as minitrain.tune keeps them, and the files that hold them (L1).
 
 `<storage_path>/<name>/` holds one directory per trial (a TorchTrainer trial's is fit()'s run directory;
 a function trial's holds the checkpoints it reported), `tuner_state.json` (this module: every trial's
 id, name, config, status, failures, latest checkpoint and last result; replaced atomically after every
 change) and `.tune/<trial dirname>.jsonl` (every result of the trial, in order) and `.log` (the
 trial process's output).
+
+It sits below minitrain.tune and minitrain.dashboard because both read it: the tuner (its sweep loop
+changes trials, `Tuner.restore` reads them back) and the dashboard (the sweep's page, live or from
+storage), which must not import tune. The standard library and storage.retention only, so a trial process stays light.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any, Optional
+
+from minitrain.storage.retention import flatten_metrics
 
 STATE_FILE = "tuner_state.json"
 TUNE_DIR = ".tune"
@@ -182,3 +188,20 @@ def append_history(experiment_path: str, trial: Trial, result: dict) -> None:
     """Append one result of `trial` to its history file."""
     with open(history_path(experiment_path, trial), "a") as f:
         f.write(json.dumps(result) + "\n")
+
+
+# ---------------------------------------------------------------- how the trial tables show a trial
+# (the console's, minitrain.tune.progress, and the dashboard's, minitrain.dashboard.sweep)
+
+
+def flat_config(config: Any) -> dict:
+    """A trial's config with nested dicts as "a/b" keys; {} for a config that is not a dict."""
+    return flatten_metrics(config) if isinstance(config, dict) else {}
+
+
+def table_cell(value: Any) -> str:
+    """`value` as a table cell: floats to 4 significant digits, long text cut to 24 characters."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."
