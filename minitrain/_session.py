@@ -13,6 +13,9 @@ Two scopes, because a worker owns its process but a driver may run several fit()
   Threads started inside such a function do not inherit it (threading.Thread starts a new context);
   they can be run with `contextvars.copy_context().run(...)` to see it.
 A bound session is found before the process-wide one.
+
+Beside the session, the process may run a tuning trial: `link_trial`/`current_trial` (the seam
+between minitrain.tune and `TorchTrainer.fit()`, see `TrialLink`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import threading
-from typing import Any, Callable, Iterator, Optional, Protocol
+from typing import Any, Iterator, Optional, Protocol
 
 from minitrain.context import TrainContext
 
@@ -75,28 +78,31 @@ def current(function_name: str) -> Session:
     return session
 
 
-# Process-wide makers of extra driver-side run observers (minitrain.coordinator.observers.RunObserver):
-# every TorchTrainer.fit() in this process asks each for one observer. minitrain.tune's trial process
-# registers one so that each report round of any fit() it runs reaches the tuner (Ray's
-# TuneReportCallback, implicit). A tuning trial owns its whole process, so process-wide is its scope.
-_run_observer_makers: list = []
+class TrialLink(Protocol):
+    """A tuning trial's link to its sweep, as `fit()` sees it (the seam between minitrain.tune and
+    TorchTrainer.fit()): a fit() run inside a trial reports each of its report rounds to the trial
+    (Ray's TuneReportCallback, implicit)."""
+
+    def run_observer(self) -> Any:
+        """A new driver-side observer (minitrain.coordinator.observers.RunObserver) for one fit()."""
 
 
-def add_run_observer_maker(maker: Callable[[], Any]) -> None:
-    """Give every later `fit()` in this process an observer made by `maker()`."""
+_trial: Optional[TrialLink] = None  # the trial this process runs, if it runs one
+
+
+def link_trial(link: Optional[TrialLink]) -> None:
+    """Make `link` the trial of this process (None unlinks it).
+
+    Who sets it: minitrain.tune's trial process (tune/trial_process.py), once, before it runs the
+    trainable. Who reads it: `TorchTrainer.fit()`, through `current_trial()`, so that fit() forwards
+    its rounds without importing minitrain.tune. Why process-wide: a trial owns its whole process, so
+    every fit() in it, on whatever thread the trainable starts it, belongs to that trial."""
+    global _trial
     with _lock:
-        _run_observer_makers.append(maker)
+        _trial = link
 
 
-def remove_run_observer_maker(maker: Callable[[], Any]) -> None:
-    """Undo `add_run_observer_maker(maker)` (nothing when it is not registered)."""
+def current_trial() -> Optional[TrialLink]:
+    """The tuning trial this process runs, or None outside a trial (see `link_trial`)."""
     with _lock:
-        if maker in _run_observer_makers:
-            _run_observer_makers.remove(maker)
-
-
-def new_run_observers() -> list:
-    """One new observer from each registered maker, for one `fit()`."""
-    with _lock:
-        makers = list(_run_observer_makers)
-    return [maker() for maker in makers]
+        return _trial

@@ -221,8 +221,10 @@ class TorchTrainer:
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
-        order they are told of each event: the run monitor first (always on), then the console status."""
-        return [self._monitor, self._console_status, *_session.new_run_observers(),  # a tuning trial's report forwarding (minitrain.tune)
+        order they are told of each event: the run monitor first (always on), then the console status,
+        the tuning trial's forwarding when this process runs one (minitrain.tune), the callbacks."""
+        trial = _session.current_trial()
+        return [self._monitor, self._console_status, *([trial.run_observer()] if trial is not None else []),
                 *self._callback_runners(spec, storage)]
 
     def _callback_runners(self, spec: RunSpec, storage: Storage) -> list:

@@ -3,7 +3,7 @@
 RUN_PATH is the run directory `<storage_path>/<name>` (a local path or an fsspec URL). The page
 shows what the run wrote there (events.jsonl, telemetry.jsonl, metrics.jsonl, the checkpoint index)
 as the run monitor rebuilds it; nothing is written. A sweep's directory (a minitrain.tune experiment,
-holding tuner_state.json) is shown as its trial table (minitrain.tune.dashboard); each trial's own
+holding tuner_state.json) is shown as its trial table (minitrain.dashboard.sweep); each trial's own
 directory is a run directory again. Serves until Ctrl-C. Exits 2 with a message when
 RUN_PATH holds no run or the address is refused.
 """
@@ -18,10 +18,10 @@ from typing import Optional, Sequence
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.dashboard import serve
 from minitrain.dashboard.settings import DashboardAddress, parse_address
+from minitrain.dashboard.sweep import is_sweep_dir, sweep_routes
 from minitrain.errors import ConfigError
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME
-from minitrain.tune.dashboard import is_sweep_dir, sweep_routes
 
 
 def _parser() -> argparse.ArgumentParser:

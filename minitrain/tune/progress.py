@@ -13,25 +13,12 @@ from __future__ import annotations
 
 import shutil
 import time
-from typing import Any, Optional
+from typing import Optional
 
 from minitrain.console import LiveConsole
-from minitrain.storage.retention import flatten_metrics
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 
 MAX_ROWS = 30
-
-
-def _flat(values: Any) -> dict:
-    """A trial's config with nested dicts as "a/b" keys; {} for a config that is not a dict."""
-    return flatten_metrics(values) if isinstance(values, dict) else {}
-
-
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    text = str(value)
-    return text if len(text) <= 24 else text[:21] + "..."
 
 
 def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Optional[list[str]] = None,
@@ -44,18 +31,18 @@ def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Opti
     if param_keys is None:
         keys: dict[str, None] = {}
         for trial in trials:
-            for key in _flat(trial.config):
+            for key in tr.flat_config(trial.config):
                 keys.setdefault(key, None)
         param_keys = list(keys)[:6]
     header = ["Trial name", "status", *param_keys, "iter", "total time (s)"] + ([metric] if metric else [])
     rows = []
     for trial in trials[:max_rows]:
-        config = _flat(trial.config)
+        config = tr.flat_config(trial.config)
         status = trial.status + (" (stopped early)" if trial.stop_reason and "early" in trial.stop_reason else "")
-        row = [trial.name, status, *(_cell(config.get(k, "")) for k in param_keys), str(trial.iteration),
+        row = [trial.name, status, *(tr.table_cell(config.get(k, "")) for k in param_keys), str(trial.iteration),
                f"{trial.time_total_s:.1f}"]
         if metric:
-            row.append(_cell((trial.last_result or {}).get(metric, "")))
+            row.append(tr.table_cell((trial.last_result or {}).get(metric, "")))
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"Trial status: {summary or 'no trials yet'}",
@@ -105,20 +92,20 @@ class ProgressReporter:
         if not self._lines:
             return
         line = f"Trial {trial.name} {trial.status}"
-        if trial.status == tr.RUNNING:
+        if trial.status == tr.TrialStatus.RUNNING:
             line += f" with config {trial.config}"
             if trial.iteration:
                 line += f" (resumed at iteration {trial.iteration})"
         else:
             line += f" after {trial.iteration} iterations"
             if self.metric and trial.last_result and self.metric in trial.last_result:
-                line += f", {self.metric}={_cell(trial.last_result[self.metric])}"
+                line += f", {self.metric}={tr.table_cell(trial.last_result[self.metric])}"
             if trial.stop_reason:
                 line += f" ({trial.stop_reason})"
-            if trial.error and trial.status == tr.ERROR:
-                line += f": {trial.error.get('exc_type')}: {trial.error.get('message', '').splitlines()[:1]}"
-            elif trial.error and trial.status == tr.PENDING:
-                line += f" (failed: {trial.error.get('exc_type')}; retry {trial.num_failures})"
+            if trial.error and trial.status == tr.TrialStatus.ERROR:
+                line += f": {trial.error.exc_type}: {trial.error.message.splitlines()[:1]}"
+            elif trial.error and trial.status == tr.TrialStatus.PENDING:
+                line += f" (failed: {trial.error.exc_type}; retry {trial.num_failures})"
         self.console.line(line)
 
     def finish(self, trials: list[tr.Trial]) -> None:

@@ -10,8 +10,8 @@ from typing import Any, Iterator, Optional
 from minitrain.checkpoint import Checkpoint
 from minitrain.errors import RemoteWorkerError
 from minitrain.result import Result
+from minitrain.storage import sweep_state as tr
 from minitrain.storage.retention import flatten_metrics
-from minitrain.tune import trials as tr
 
 _SCOPES = ("all", "last", "avg", "last-5-avg", "last-10-avg")
 
@@ -26,7 +26,7 @@ class TrialResult(Result):
 
     trial_id: str = ""
     trial_name: str = ""
-    status: str = ""
+    status: Optional[tr.TrialStatus] = None
     stop_reason: Optional[str] = None
     _config: Any = None
 
@@ -39,9 +39,8 @@ class TrialResult(Result):
 def trial_result(experiment_path: str, trial: tr.Trial) -> TrialResult:
     """The `TrialResult` of a trial, its history read from the tuning run's files."""
     error = None
-    if trial.status == tr.ERROR and trial.error:
-        error = RemoteWorkerError(trial.error.get("exc_type", "Error"), trial.error.get("message", ""),
-                                  trial.error.get("traceback", ""))
+    if trial.status == tr.TrialStatus.ERROR and trial.error:
+        error = RemoteWorkerError(trial.error.exc_type, trial.error.message, trial.error.traceback)
     checkpoints = [(Checkpoint(path), metrics) for path, metrics in trial.checkpoints if os.path.exists(path)]
     latest = Checkpoint(trial.checkpoint) if trial.checkpoint and os.path.exists(trial.checkpoint) else None
     return TrialResult(metrics=trial.last_result, checkpoint=latest, error=error,
@@ -86,7 +85,7 @@ class ResultGrid:
     @property
     def num_terminated(self) -> int:
         """Trials that ended without error (finished, or stopped early by a scheduler)."""
-        return sum(1 for r in self._results if r.status == tr.TERMINATED)
+        return sum(1 for r in self._results if r.status == tr.TrialStatus.TERMINATED)
 
     def get_best_result(self, metric: Optional[str] = None, mode: Optional[str] = None, scope: str = "last",
                         filter_nan_and_inf: bool = True) -> TrialResult:

@@ -20,6 +20,8 @@ from typing import Any, Optional
 
 from minitrain.checkpoint import Checkpoint
 from minitrain.metrics import encode_metrics
+from minitrain.tune import messages
+from minitrain.tune.messages import Decision, TrialMessage, TrialReported
 
 
 class TrialStopped(BaseException):
@@ -59,7 +61,8 @@ class TuneContext:
 
 
 class TrialSession:
-    """The running trial's link to the tuner: `report` sends a result and returns the decision."""
+    """The running trial's link to the tuner: `report` sends a result and returns the decision. It is
+    also the process's `minitrain._session.TrialLink`: each fit() in the trial gets a `run_observer()`."""
 
     def __init__(self, context: TuneContext, channel_out: Any, channel_in: Any,
                  checkpoint: Optional[str], iteration: int):
@@ -70,31 +73,34 @@ class TrialSession:
         self._iteration = iteration  # reports so far, over the trial's life (restores included)
         self.stop_requested = False
 
-    def send(self, message: dict) -> None:
-        """One message to the tuner (a JSON line)."""
+    def send(self, message: TrialMessage) -> None:
+        """One message to the tuner (a line of the report pipe, see minitrain.tune.messages)."""
+        line = messages.encode(message)
         with self._lock:
-            self._out.write(json.dumps(message) + "\n")
+            self._out.write(line)
             self._out.flush()
 
-    def report(self, metrics: dict, checkpoint_path: Optional[str]) -> str:
-        """Send one result; returns the tuner's decision, 'continue' or 'stop' (also when the tuner is
-        gone: a trial never outlives its sweep)."""
+    def report(self, metrics: dict, checkpoint_path: Optional[str]) -> Decision:
+        """Send one result; returns the tuner's decision (STOP also when the tuner is gone: a trial
+        never outlives its sweep)."""
+        line = messages.encode(TrialReported(metrics, checkpoint_path))
         with self._lock:
             self._iteration += 1
             if checkpoint_path:
                 self._checkpoint = checkpoint_path
-            line = json.dumps({"type": "result", "metrics": metrics, "checkpoint": checkpoint_path})
             try:
-                self._out.write(line + "\n")
+                self._out.write(line)
                 self._out.flush()
-                answer = self._in.readline()
-                answer = (answer.decode() if isinstance(answer, bytes) else answer).strip()
+                decision = messages.decode_decision(self._in.readline())
             except (BrokenPipeError, OSError, ValueError):
-                answer = ""
-        if answer != "continue":
+                decision = Decision.STOP
+        if decision is Decision.STOP:
             self.stop_requested = True
-            return "stop"
-        return "continue"
+        return decision
+
+    def run_observer(self) -> "ForwardingObserver":
+        """A new observer for one fit() run in this trial (the `minitrain._session.TrialLink` seam)."""
+        return ForwardingObserver(self)
 
     @property
     def iteration(self) -> int:
@@ -140,7 +146,7 @@ def report(metrics: dict, *, checkpoint: Optional[Checkpoint] = None, checkpoint
         if os.path.exists(saved):
             shutil.rmtree(saved)
         checkpoint.to_directory(saved)
-    if session.report(encoded, saved) == "stop":
+    if session.report(encoded, saved) is Decision.STOP:
         raise TrialStopped(f"trial {session.context.trial_id} was stopped by the scheduler")
 
 
@@ -172,6 +178,6 @@ class ForwardingObserver:
         checkpoint = None
         if round_.checkpoint is not None:
             checkpoint = f"{self._run_path.rstrip('/')}/{round_.checkpoint.dir_name}"
-        if self._session.report(metrics, checkpoint) == "stop":
+        if self._session.report(metrics, checkpoint) is Decision.STOP:
             # Ctrl-C's path: the controller notes the signal and stops the workers with their grace period.
             os.kill(os.getpid(), signal.SIGINT)

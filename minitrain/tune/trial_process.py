@@ -2,8 +2,8 @@
 
 The tuner writes the trial's payload on stdin (an 8-byte length, then cloudpickle bytes: the
 trainable, its config and the trial's facts), then one decision line ('continue' or 'stop') for each
-result this process sends on the report pipe (JSON lines). The process ends with one last message:
-{"type": "done", "stopped": bool} or {"type": "error", ...}. It gets SIGINT when the tuner dies, so a
+result this process sends on the report pipe. The process ends with one last message: TrialFinished,
+TrialFailed or TrialInterrupted (records and wire codec: minitrain.tune.messages). It gets SIGINT when the tuner dies, so a
 `fit()` it runs stops its workers as on Ctrl-C, and it runs in its own session (the tuner forwards
 Ctrl-C itself).
 
@@ -29,7 +29,9 @@ import cloudpickle
 
 from minitrain import _session, procs
 from minitrain.hosts.cluster import ClusterConfig, use_cluster
+from minitrain.storage.sweep_state import TrialError
 from minitrain.tune import session as tune_session
+from minitrain.tune.messages import TrialFailed, TrialFinished, TrialInterrupted
 
 
 @dataclass
@@ -71,7 +73,7 @@ def main(argv: list[str]) -> int:
         use_cluster(payload.cluster)
     session = tune_session.TrialSession(payload.context, out, stdin, payload.checkpoint, payload.iteration)
     tune_session.set_session(session)
-    _session.add_run_observer_maker(lambda: tune_session.ForwardingObserver(session))
+    _session.link_trial(session)  # every fit() the trainable runs forwards its rounds to the tuner
     os.makedirs(payload.context.trial_dir, exist_ok=True)
     trainer_module = sys.modules.get("minitrain.trainer")  # loaded by the payload when it holds a trainer
     try:
@@ -80,19 +82,19 @@ def main(argv: list[str]) -> int:
         else:
             payload.trainable(payload.config)
     except tune_session.TrialStopped:
-        session.send({"type": "done", "stopped": True})
+        session.send(TrialFinished(stopped=True))
         return 0
     except KeyboardInterrupt:
         if session.stop_requested:  # our own STOP reached a fit() as Ctrl-C
-            session.send({"type": "done", "stopped": True})
+            session.send(TrialFinished(stopped=True))
             return 0
-        session.send({"type": "interrupted"})
+        session.send(TrialInterrupted())
         return 130
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the tuner as a record
-        session.send({"type": "error", "exc_type": f"{type(exc).__module__}.{type(exc).__qualname__}",
-                      "message": str(exc)[:16384], "traceback": traceback.format_exc()[-65536:]})
+        session.send(TrialFailed(TrialError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)[:16384],
+                                            traceback.format_exc()[-65536:])))
         return 1
-    session.send({"type": "done", "stopped": session.stop_requested})
+    session.send(TrialFinished(stopped=session.stop_requested))
     return 0
 
 

@@ -16,19 +16,19 @@ import uuid
 from typing import Any, Callable, Optional
 
 from minitrain.config import CheckpointConfig, RunConfig
+from minitrain.dashboard.sweep import live_sweep_dashboard
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
+from minitrain.storage import sweep_state as tr
 from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import live_sweep_dashboard
 from minitrain.tune.progress import ProgressReporter
-from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.resources import ClusterRoom, trial_demand
-from minitrain.tune.runner import Runner
+from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
+from minitrain.tune.sweep_loop import SweepLimits, SweepLoop, SweepSpec
 from minitrain.tune.tune_config import TuneConfig, _WithResources
 
 logger = logging.getLogger("minitrain")
@@ -177,24 +177,26 @@ class Tuner:
         # The trial table, in the driver's live console (the status block if no other run holds it).
         reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
         try:
-            runner = Runner(
-                experiment_path=self.experiment_path, experiment_name=self.run_config.name, trainable=self.trainable,
-                trainable_name=header["trainable"], resources=trial_resources(self.trainable), room=room,
-                demand=demand, searcher=searcher,
-                scheduler=scheduler, total_trials=header["total_trials"],
-                max_concurrent=config.max_concurrent_trials or 0,
-                max_failures=self.run_config.failure_config.max_failures, time_budget_s=config.time_budget_s,
-                trials=trials, id_prefix=header["id_prefix"], name_trial=self._namer(header["trainable"]),
-                header=header, reporter=reporter, pythonpath=_driver_pythonpath())
-            self._runner = runner
+            loop = SweepLoop(self._spec(header, demand), trials, room=room, searcher=searcher, scheduler=scheduler,
+                             reporter=reporter)
             # The trial table as a web page while it runs; minitrain's log lines go through the console too.
             with live_sweep_dashboard(self.experiment_path), reporter.console.owning_log_handlers(logger):
-                runner.run()
+                loop.run()
         finally:
             reporter.release()  # however the sweep ended, a later run's console may draw the status block
-        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in runner.trials],
+        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in loop.trials],
                                    self.experiment_path, config.metric, config.mode)
         return self._results
+
+    def _spec(self, header: dict, demand: Any) -> SweepSpec:
+        """The sweep as SweepLoop runs it: this Tuner's settings and the state file's `header`."""
+        config = self.tune_config
+        limits = SweepLimits(max_concurrent=config.max_concurrent_trials or 0,
+                             max_failures=self.run_config.failure_config.max_failures,
+                             time_budget_s=config.time_budget_s)
+        return SweepSpec(experiment_path=self.experiment_path, experiment_name=self.run_config.name, header=header,
+                         trainable=self.trainable, trial_resources=trial_resources(self.trainable), demand=demand,
+                         name_trial=self._namer(header["trainable"]), pythonpath=_driver_pythonpath(), limits=limits)
 
     def _namer(self, trainable_name: str) -> Callable[[tr.Trial], None]:
         config = self.tune_config
@@ -251,18 +253,18 @@ class Tuner:
         path = os.path.abspath(os.path.expanduser(str(path)))
         header, trials = tr.read_state(path)
         for trial in trials:
-            if trial.status == tr.ERROR and (resume_errored or restart_errored):
-                trial.status, trial.error, trial.num_failures = tr.PENDING, None, 0
+            if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
+                trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
                 if restart_errored:
                     trial.checkpoint, trial.checkpoint_iteration = None, 0
             elif not trial.finished:
                 if not resume_unfinished:
-                    trial.status, trial.stop_reason = tr.TERMINATED, "not resumed (resume_unfinished=False)"
+                    trial.status, trial.stop_reason = tr.TrialStatus.TERMINATED, "not resumed (resume_unfinished=False)"
                     continue
                 if not trial.config_is_json:
                     raise ConfigError(f"Tuner.restore: trial {trial.name} was unfinished but its config is not JSON "
                                       "(it was saved as text), so it cannot be resumed. Keep configs to plain values.")
-                trial.status = tr.PENDING
+                trial.status = tr.TrialStatus.PENDING
         if len(trials) < header["total_trials"] and not param_space:
             raise ConfigError(f"Tuner.restore({path!r}): {header['total_trials'] - len(trials)} trial(s) were not "
                               "created yet; pass the same param_space (and tune_config) again to create them.")
@@ -288,7 +290,7 @@ def _replay(searcher: Any, scheduler: Any, experiment_path: str, trials: list) -
         scheduler.on_trial_add(trial.trial_id)
         for result in history:
             scheduler.on_trial_result(trial.trial_id, result)
-        if trial.status == tr.TERMINATED:
+        if trial.status == tr.TrialStatus.TERMINATED:
             scheduler.on_trial_complete(trial.trial_id, trial.last_result)
         if trial.finished:
-            searcher.restore_finished(trial.trial_id, trial.config, trial.last_result, trial.status == tr.ERROR)
+            searcher.restore_finished(trial.trial_id, trial.config, trial.last_result, trial.status == tr.TrialStatus.ERROR)

@@ -23,8 +23,8 @@ import pytest
 import minitrain
 from minitrain import tune
 from minitrain.procs import wait_until_gone
+from minitrain.storage import sweep_state as tr
 from minitrain.torch import TorchTrainer
-from minitrain.tune import trials as tr
 from minitrain.tune.schedulers import ASHAScheduler
 from minitrain.tune.search import BasicVariantGenerator, ConcurrencyLimiter
 from minitrain.tune.search.optuna import OptunaSearch
@@ -208,8 +208,8 @@ def test_restore_after_the_tuner_is_killed_finishes_every_trial_once(tmp_path):
             _, trials = tr.read_state(experiment)
         except (OSError, ValueError):
             return False
-        done = [t for t in trials if t.status == tr.TERMINATED]
-        running = [t for t in trials if t.status == tr.RUNNING and t.checkpoint_iteration >= 2]
+        done = [t for t in trials if t.status == tr.TrialStatus.TERMINATED]
+        running = [t for t in trials if t.status == tr.TrialStatus.RUNNING and t.checkpoint_iteration >= 2]
         return done and running
 
     try:
@@ -219,7 +219,7 @@ def test_restore_after_the_tuner_is_killed_finishes_every_trial_once(tmp_path):
         driver.wait()
     assert wait_until_gone(_trial_pids(experiment), 30) == []  # the orphaned trials stopped themselves
     _, before = tr.read_state(experiment)
-    finished_before = {t.trial_id for t in before if t.status == tr.TERMINATED}
+    finished_before = {t.trial_id for t in before if t.status == tr.TrialStatus.TERMINATED}
 
     assert tune.Tuner.can_restore(experiment)
     results = tune.Tuner.restore(experiment, resumable, param_space=restore_space(out)).fit()
@@ -248,7 +248,7 @@ def test_ctrl_c_stops_the_trials_and_restore_resumes_them(tmp_path):
 
     def half_way():
         try:
-            return any(t.checkpoint_iteration >= 2 for t in tr.read_state(experiment)[1] if t.status == tr.RUNNING)
+            return any(t.checkpoint_iteration >= 2 for t in tr.read_state(experiment)[1] if t.status == tr.TrialStatus.RUNNING)
         except (OSError, ValueError):
             return False
 
@@ -258,7 +258,7 @@ def test_ctrl_c_stops_the_trials_and_restore_resumes_them(tmp_path):
     assert driver.returncode != 0 and "KeyboardInterrupt" in output and "Tuner.restore" in output, output[-3000:]
     assert _trial_pids(experiment) == []  # the tuner waited for its trials
     _, trials = tr.read_state(experiment)
-    assert any(t.status == tr.PENDING and t.checkpoint_iteration >= 2 for t in trials)
+    assert any(t.status == tr.TrialStatus.PENDING and t.checkpoint_iteration >= 2 for t in trials)
     results = tune.Tuner.restore(experiment, resumable, param_space=restore_space(out)).fit()
     assert len(results) == 4 and results.num_terminated == 4
     assert all([m["i"] for m in r._metrics_history] == list(range(6)) for r in results)

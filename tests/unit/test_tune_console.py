@@ -16,7 +16,7 @@ import pytest
 from minitrain import console as console_module
 from minitrain.console import LiveConsole
 from minitrain.logs import LogSink
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
 from test_console import Terminal
 
@@ -56,7 +56,7 @@ def make_trials(n: int, iteration: int = 0) -> list[tr.Trial]:
     trials = []
     for index in range(n):
         trial = tr.new_trial(f"abcde_{index:05d}", f"f_{index:05d}", f"f_{index:05d}", {"lr": 0.1 * (index + 1)}, index)
-        trial.status = tr.RUNNING
+        trial.status = tr.TrialStatus.RUNNING
         trial.iteration, trial.last_result = iteration, {"loss": 1.0 / (iteration + 1)}
         trials.append(trial)
     return trials
@@ -78,7 +78,7 @@ def test_on_a_terminal_the_table_is_the_status_block_redrawn_in_place(terminal, 
         assert screen_ending_with(terminal, expected[-1]) == expected  # the first copy was erased
         done = make_trials(2, iteration=3)
         for trial in done:
-            trial.status = tr.TERMINATED
+            trial.status = tr.TrialStatus.TERMINATED
         reporter.finish(done)
         later = LiveConsole.for_driver()
         later.release()
@@ -160,7 +160,7 @@ def test_while_a_fit_draws_the_block_the_sweep_writes_lines_above_it(terminal, m
         reporter.trial_changed(trial)
         reporter.update([trial])  # no table until the end
         fit_console.show(["minitrain: run A | step 2"])
-        trial.status, trial.iteration, trial.last_result = tr.TERMINATED, 3, {"loss": 0.25}
+        trial.status, trial.iteration, trial.last_result = tr.TrialStatus.TERMINATED, 3, {"loss": 0.25}
         reporter.trial_changed(trial)
         reporter.finish([trial])
         assert screen_ending_with(terminal, "minitrain: run A | step 2") == [

@@ -1,4 +1,4 @@
-"""The sweep on the dashboard (minitrain.tune.dashboard): its JSON and page from a real state file,
+"""The sweep on the dashboard (minitrain.dashboard.sweep): its JSON and page from a real state file,
 served by the real dashboard server on 127.0.0.1 (its access rules included), live and post hoc."""
 
 from __future__ import annotations
@@ -14,21 +14,21 @@ import pytest
 from minitrain.dashboard import serve
 from minitrain.dashboard.__main__ import main
 from minitrain.dashboard.settings import DashboardAddress
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import (is_sweep_dir, page_html, read_sweep, sweep_routes, trial_rows,
+from minitrain.dashboard.sweep import (is_sweep_dir, page_html, read_sweep, sweep_routes, trial_rows,
                                       trials_address_value)
+from minitrain.storage import sweep_state as tr
 
 HEADER = {"name": "sweep<1>", "trainable": "train_func", "metric": "eval_loss", "mode": "min", "total_trials": 3}
 
 
 def _sweep(tmp_path) -> str:
     done = tr.new_trial("t_00000", "train_func_00000", "train_func_00000", {"train_loop_config": {"lr": 1e-3}}, 0)
-    done.status, done.iteration, done.last_result = tr.TERMINATED, 10, {"eval_loss": 0.25, "training_iteration": 10}
+    done.status, done.iteration, done.last_result = tr.TrialStatus.TERMINATED, 10, {"eval_loss": 0.25, "training_iteration": 10}
     early = tr.new_trial("t_00001", "train_func_00001", "train_func_00001", {"train_loop_config": {"lr": 1e-5}}, 1)
-    early.status, early.iteration, early.last_result = tr.TERMINATED, 1, {"eval_loss": 9.5}
+    early.status, early.iteration, early.last_result = tr.TrialStatus.TERMINATED, 1, {"eval_loss": 9.5}
     early.stop_reason = "stopped early by AsyncHyperBandScheduler at iteration 1"
     failed = tr.new_trial("t_00002", "<b>bad</b>", "bad", {"train_loop_config": {"lr": 5e-3}}, 2)
-    failed.status, failed.error = tr.ERROR, {"exc_type": "ValueError", "message": "boom\nmore", "traceback": ""}
+    failed.status, failed.error = tr.TrialStatus.ERROR, tr.TrialError("ValueError", "boom\nmore")
     tr.write_state(str(tmp_path), HEADER, [done, early, failed])
     return str(tmp_path)
 
@@ -89,7 +89,7 @@ def test_the_server_serves_the_sweep_under_the_dashboards_rules(tmp_path):
         assert _get(server.port, "/api/trials", host="evil.example")[0] == 403  # DNS rebinding
         # The state file is read at each request: a change shows at once.
         header, trials = tr.read_state(path)
-        trials[2].status = tr.RUNNING
+        trials[2].status = tr.TrialStatus.RUNNING
         tr.write_state(path, header, trials)
         assert json.loads(_get(server.port, "/api/trials")[2])[2]["status"] == "RUNNING"
     finally:
@@ -137,7 +137,7 @@ def test_python_m_dashboard_recognises_a_sweep_directory(tmp_path, capsys):
 
 def test_the_metric_set_on_the_scheduler_only_is_the_one_shown(tmp_path):
     trial = tr.new_trial("t_0", "t0", "t0", {"lr": 0.1}, 0)
-    trial.status, trial.iteration, trial.last_result = tr.RUNNING, 2, {"eval_loss": 0.5, "acc": 0.9}
+    trial.status, trial.iteration, trial.last_result = tr.TrialStatus.RUNNING, 2, {"eval_loss": 0.5, "acc": 0.9}
     tr.write_state(str(tmp_path), {**HEADER, "metric": None, "mode": None, "shown_metric": "eval_loss",
                                    "shown_mode": "min"}, [trial])
     (row,) = trial_rows(*read_sweep(str(tmp_path)))

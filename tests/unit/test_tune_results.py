@@ -10,7 +10,7 @@ import pytest
 import minitrain
 from minitrain.console import LiveConsole
 from minitrain.errors import ConfigError, RemoteWorkerError
-from minitrain.tune import trials as tr
+from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
 from minitrain.tune.result_grid import ResultGrid, trial_result
 from minitrain.tune.schedulers import ASHAScheduler
@@ -18,7 +18,7 @@ from minitrain.tune.tune_config import TuneConfig, with_resources
 from minitrain.tune.tuner import Tuner, trial_resources
 
 
-def make_trial(tmp_path, index, losses, status=tr.TERMINATED, error=None):
+def make_trial(tmp_path, index, losses, status=tr.TrialStatus.TERMINATED, error=None):
     trial = tr.new_trial(f"abcde_{index:05d}", f"f_abcde_{index:05d}", f"f_abcde_{index:05d}", {"x": index}, index)
     (tmp_path / tr.TUNE_DIR).mkdir(exist_ok=True)
     for i, loss in enumerate(losses, start=1):
@@ -32,8 +32,8 @@ def make_trial(tmp_path, index, losses, status=tr.TERMINATED, error=None):
 def grid(tmp_path):
     trials = [make_trial(tmp_path, 0, [5.0, 1.0, 4.0]), make_trial(tmp_path, 1, [3.0, 2.0, 2.0]),
               make_trial(tmp_path, 2, [float("nan")]),
-              make_trial(tmp_path, 3, [9.0], status=tr.ERROR,
-                         error={"exc_type": "ValueError", "message": "boom", "traceback": "tb"})]
+              make_trial(tmp_path, 3, [9.0], status=tr.TrialStatus.ERROR,
+                         error=tr.TrialError("ValueError", "boom", "tb"))]
     return ResultGrid([trial_result(str(tmp_path), t) for t in trials], str(tmp_path), "loss", "min")
 
 
@@ -64,7 +64,7 @@ def test_errors_counts_indexing_and_dataframe(tmp_path):
 
 
 def test_state_file_round_trip_and_history_cut(tmp_path):
-    trial = make_trial(tmp_path, 0, [3.0, 2.0, 1.0], status=tr.RUNNING)
+    trial = make_trial(tmp_path, 0, [3.0, 2.0, 1.0], status=tr.TrialStatus.RUNNING)
     trial.checkpoint, trial.checkpoint_iteration = str(tmp_path / "c"), 2
     odd = tr.new_trial("abcde_00001", "n", "n", {"obj": object()}, 1)
     tr.write_state(str(tmp_path), {"total_trials": 2}, [trial, odd])
@@ -82,7 +82,7 @@ def test_state_file_round_trip_and_history_cut(tmp_path):
 
 
 def test_table_and_plain_lines(tmp_path):
-    trials = [make_trial(tmp_path, 0, [0.5]), make_trial(tmp_path, 1, [0.25], status=tr.RUNNING)]
+    trials = [make_trial(tmp_path, 0, [0.5]), make_trial(tmp_path, 1, [0.25], status=tr.TrialStatus.RUNNING)]
     trials[0].stop_reason = "stopped early by ASHAScheduler at training_iteration=1"
     table = render_table(trials, "loss")
     assert "1 RUNNING, 1 TERMINATED" in table and "TERMINATED (stopped early)" in table and "0.25" in table

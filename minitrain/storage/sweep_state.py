@@ -1,10 +1,14 @@
-"""Trials as the tuner keeps them, and the tuning run's state file (L3).
+"""A sweep's state on disk: trials as minitrain.tune keeps them, and the files that hold them (L1).
 
 `<storage_path>/<name>/` holds one directory per trial (a TorchTrainer trial's is fit()'s run directory;
 a function trial's holds the checkpoints it reported), `tuner_state.json` (this module: every trial's
 id, name, config, status, failures, latest checkpoint and last result; replaced atomically after every
 change) and `.tune/<trial dirname>.jsonl` (every result of the trial, in order) and `.log` (the
 trial process's output).
+
+It sits below minitrain.tune and minitrain.dashboard because both read it: the tuner (its sweep loop
+changes trials, `Tuner.restore` reads them back) and the dashboard (the sweep's page, live or from
+storage), which must not import tune. The standard library and storage.retention only, so a trial process stays light.
 """
 
 from __future__ import annotations
@@ -13,28 +17,72 @@ import json
 import os
 import tempfile
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any, Optional
+
+from minitrain.storage.retention import flatten_metrics
 
 STATE_FILE = "tuner_state.json"
 TUNE_DIR = ".tune"
 STATE_VERSION = 1
 
-PENDING, RUNNING, TERMINATED, ERROR = "PENDING", "RUNNING", "TERMINATED", "ERROR"
+
+
+class TrialStatus(str, Enum):
+    """Where a trial is, in Ray Tune's words. A `str`: `Trial.status` and `Result.status` compare
+    equal to the plain strings Ray scripts use (`result.status == "TERMINATED"`), print as them, and
+    are written as them to the state file and the dashboard's JSON. Ray's PAUSED is not among them:
+    no minitrain scheduler pauses a trial."""
+
+    PENDING = "PENDING"  # not started yet, or waiting to go on: retried after a failure, or stopped by Ctrl-C
+    RUNNING = "RUNNING"  # its process runs
+    TERMINATED = "TERMINATED"  # finished, or stopped early (then `Trial.stop_reason` says by whom and when)
+    ERROR = "ERROR"  # failed more often than max_failures allows (`Trial.error` holds the last failure)
+
+    # Printed and formatted as the bare word on every Python (3.12 would print "TrialStatus.PENDING").
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    @property
+    def finished(self) -> bool:
+        """True for the statuses a trial never leaves (TERMINATED, ERROR)."""
+        return self in (TrialStatus.TERMINATED, TrialStatus.ERROR)
+
+
+@dataclass(frozen=True)
+class TrialError:
+    """Why a trial's run failed: the exception's qualified type name, its message and its traceback
+    as text (the trial process reports them; minitrain never unpickles an exception from a trial)."""
+
+    exc_type: str
+    message: str
+    traceback: str = ""
+
+    @classmethod
+    def from_record(cls, record: dict) -> "TrialError":
+        """The error as the state file holds it (older files also hold a "type" key, ignored)."""
+        return cls(str(record.get("exc_type", "Error")), str(record.get("message", "")),
+                   str(record.get("traceback", "")))
+
+    @property
+    def summary(self) -> str:
+        """`exc_type: first line of the message`, for one-line displays."""
+        first = self.message.splitlines()[0] if self.message else ""
+        return f"{self.exc_type}: {first}"
 
 
 @dataclass
 class Trial:
-    """One trial. `status` is PENDING, RUNNING, TERMINATED (finished, or stopped early: then
-    `stop_reason` says by whom and when) or ERROR (`error` holds the failure)."""
+    """One trial, as the sweep loop changes it and the state file keeps it (see `TrialStatus`)."""
 
     trial_id: str
     name: str
     dirname: str
     config: Any
     index: int
-    status: str = PENDING
+    status: TrialStatus = TrialStatus.PENDING
     stop_reason: Optional[str] = None
-    error: Optional[dict] = None  # {"exc_type", "message", "traceback"}
+    error: Optional[TrialError] = None  # the last failure (also kept while a retried trial is PENDING)
     num_failures: int = 0
     checkpoint: Optional[str] = None  # the latest reported checkpoint's path
     checkpoint_iteration: int = 0  # the training_iteration that reported it
@@ -47,7 +95,7 @@ class Trial:
     @property
     def finished(self) -> bool:
         """True once the trial ended for good (TERMINATED or ERROR)."""
-        return self.status in (TERMINATED, ERROR)
+        return TrialStatus(self.status).finished
 
 
 def _is_json(value: Any) -> bool:
@@ -93,6 +141,8 @@ def read_state(experiment_path: str) -> tuple[dict, list[Trial]]:
     trials = []
     for record in data.pop("trials"):
         record["checkpoints"] = [tuple(c) for c in record.get("checkpoints", [])]
+        record["status"] = TrialStatus(record.get("status", TrialStatus.PENDING))
+        record["error"] = TrialError.from_record(record["error"]) if record.get("error") else None
         trials.append(Trial(**record))
     return data, trials
 
@@ -138,3 +188,20 @@ def append_history(experiment_path: str, trial: Trial, result: dict) -> None:
     """Append one result of `trial` to its history file."""
     with open(history_path(experiment_path, trial), "a") as f:
         f.write(json.dumps(result) + "\n")
+
+
+# ---------------------------------------------------------------- how the trial tables show a trial
+# (the console's, minitrain.tune.progress, and the dashboard's, minitrain.dashboard.sweep)
+
+
+def flat_config(config: Any) -> dict:
+    """A trial's config with nested dicts as "a/b" keys; {} for a config that is not a dict."""
+    return flatten_metrics(config) if isinstance(config, dict) else {}
+
+
+def table_cell(value: Any) -> str:
+    """`value` as a table cell: floats to 4 significant digits, long text cut to 24 characters."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    text = str(value)
+    return text if len(text) <= 24 else text[:21] + "..."

@@ -3,13 +3,15 @@
 One loop on the caller's thread. Each trial is a process (minitrain.tune.trial_process); a reader
 thread per trial turns its report pipe into events on one queue, and the loop is the only code that
 changes a trial. A trial starts only once `ClusterRoom` reserved hosts for it (the rest queue); its
-process is handed those hosts alone, and they are released when it ends. Each result goes to the scheduler (CONTINUE/STOP, answered to the waiting trial) and
-the searcher; the state file is replaced after every change, so a killed tuner resumes from it.
+process is handed those hosts alone, and they are released when it ends. Each result goes to the
+scheduler (CONTINUE/STOP, answered to the waiting trial) and the searcher; the state file is replaced
+after every change, so a killed tuner resumes from it. What the sweep is (`SweepSpec`) is fixed
+before the loop starts; the loop owns only what changes: the trials, the running processes, why it
+stops. Its messages with the trial processes are records of minitrain.tune.messages.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
@@ -19,15 +21,20 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from minitrain.dashboard.settings import ENV_VAR as DASHBOARD_ENV
+from minitrain.dashboard.sweep import trials_address_value
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
-from minitrain.tune import trials as tr
-from minitrain.tune.dashboard import ENV_VAR as DASHBOARD_ENV, trials_address_value
+from minitrain.storage import sweep_state as tr
+from minitrain.tune import messages
+from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
+                                     TrialReported)
 from minitrain.tune.placement import Demand
 from minitrain.tune.resources import ClusterRoom, Reservation
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
@@ -41,59 +48,94 @@ INTERRUPT_WAIT_S = 60.0  # how long Ctrl-C waits for the trials' fit()s to stop 
 EXIT_WAIT_S = 30.0  # a trial process that closed its pipe exits within this
 
 
+class _PipeClosed:
+    """The loop's own event after a trial's last message: its report pipe reached EOF (the process
+    exits now, or did). Never on the wire."""
+
+
+_PIPE_CLOSED = _PipeClosed()
+
+
 class _Running:
     """A trial process and what the loop has heard from it."""
 
     def __init__(self, trial: tr.Trial, proc: subprocess.Popen, reservation: Reservation):
         self.trial, self.proc, self.reservation = trial, proc, reservation
-        self.ended: Optional[dict] = None  # the last message: done, error or interrupted
+        self.ended: Optional[TrialMessage] = None  # the last message: TrialFinished, TrialFailed or TrialInterrupted
         self.last_report = time.monotonic()
         self.stop_sent = False
         self.since_restore = 0
 
-    def answer(self, decision: str) -> None:
+    def answer(self, decision: Decision) -> None:
         try:
-            self.proc.stdin.write((decision + "\n").encode())
+            self.proc.stdin.write(messages.encode_decision(decision))
             self.proc.stdin.flush()
         except (BrokenPipeError, OSError, ValueError):
             pass  # the trial is gone; its end arrives as an event
 
 
-class Runner:
-    """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials)."""
+@dataclass(frozen=True)
+class SweepLimits:
+    """How far a sweep goes: trials in all, at once, retries of each, and its time."""
 
-    def __init__(self, *, experiment_path: str, experiment_name: str, trainable: Any, trainable_name: str,
-                 resources: dict, room: ClusterRoom, demand: Demand, searcher: Searcher, scheduler: TrialScheduler,
-                 total_trials: int, max_concurrent: int, max_failures: int, time_budget_s: Optional[float],
-                 trials: list[tr.Trial], id_prefix: str, name_trial: Callable[[tr.Trial], None],
-                 header: dict, reporter: Any, pythonpath: tuple[str, ...]):
-        self.path, self.name = experiment_path, experiment_name
-        self.trainable, self.trainable_name = trainable, trainable_name
-        self.resources, self.room, self.demand = resources, room, demand
-        self.unplaceable = room.never_fits(demand)  # every trial then ends as ERROR with this message
-        self.searcher, self.scheduler = searcher, scheduler
-        self.total, self.max_concurrent, self.max_failures = total_trials, max_concurrent, max_failures
-        self.time_budget_s = time_budget_s
+    max_concurrent: int = 0  # trials running at once (TuneConfig.max_concurrent_trials); 0: as the hosts allow
+    max_failures: int = 0  # retries of a failing trial (FailureConfig.max_failures); -1: forever
+    time_budget_s: Optional[float] = None  # no trial starts after this (TuneConfig.time_budget_s)
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """What a sweep is, fixed for its whole run; `Tuner.fit()` builds it once (a restore from the
+    state file's header), `SweepLoop` only reads it."""
+
+    experiment_path: str  # <storage_path>/<name>: the state file, the .tune/ files, the trials' directories
+    experiment_name: str  # RunConfig.name, what TuneContext.experiment_name says
+    header: dict  # the state file's header (name, trainable, metric, mode, id_prefix, total_trials, ...)
+    trainable: Any  # what each trial runs (pickled into its payload)
+    trial_resources: dict  # what one trial reserves in all: {'CPU': n, 'GPU': m} (TuneContext's)
+    demand: Demand  # how one trial's resources spread over hosts (what ClusterRoom reserves)
+    name_trial: Callable[[tr.Trial], None]  # sets a new trial's name and dirname (TuneConfig's creators)
+    pythonpath: tuple[str, ...]  # the trial processes' PYTHONPATH: the driver's (so the trainable unpickles)
+    limits: SweepLimits = SweepLimits()
+
+    @property
+    def total_trials(self) -> int:
+        """How many trials the sweep creates in all (the searcher's count, kept in the header)."""
+        return self.header["total_trials"]
+
+    @property
+    def id_prefix(self) -> str:
+        """The sweep's random prefix of trial ids (kept in the header, so a restore goes on with it)."""
+        return self.header["id_prefix"]
+
+
+class SweepLoop:
+    """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials): `spec` says
+    what the sweep is; `room` reserves hosts, `searcher` suggests configs, `scheduler` decides on
+    results, `reporter` shows the trial table; `trials` (those of a restored sweep, else empty) grows
+    as trials are created and is what the state file holds."""
+
+    def __init__(self, spec: SweepSpec, trials: list[tr.Trial], *, room: ClusterRoom, searcher: Searcher,
+                 scheduler: TrialScheduler, reporter: Any):
+        self.spec = spec
+        self.room, self.searcher, self.scheduler, self.reporter = room, searcher, scheduler, reporter
+        self.unplaceable = room.never_fits(spec.demand)  # every trial then ends as ERROR with this message
         self.trials = trials
-        self.id_prefix, self.name_trial, self.header = id_prefix, name_trial, header
-        self.reporter, self.pythonpath = reporter, pythonpath
         self.events: "queue.Queue" = queue.Queue()
         self.running: dict[str, _Running] = {}
-        self.exhausted = len(trials) >= total_trials
+        self.exhausted = len(trials) >= spec.total_trials
         self.stopping = ""  # why no new trial starts (the time budget)
-        self.max_running_seen = 0
 
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> None:
         """Run the sweep until every trial ended (or the time budget is spent); Ctrl-C stops the
         trials and raises KeyboardInterrupt after the state file was written."""
-        started = time.monotonic()
+        started, budget = time.monotonic(), self.spec.limits.time_budget_s
         try:
             while True:
-                if self.time_budget_s is not None and not self.stopping and \
-                        time.monotonic() - started > self.time_budget_s:
-                    self._stop_all(f"time_budget_s={self.time_budget_s} reached")
+                if budget is not None and not self.stopping and time.monotonic() - started > budget:
+                    self._stop_all(f"time_budget_s={budget} reached")
                 self._start_trials()
                 if not self.running and (self.exhausted or self.stopping) and not self._pending():
                     break
@@ -114,18 +156,19 @@ class Runner:
     def _pending(self) -> list[tr.Trial]:
         if self.stopping:
             return []
-        return [t for t in self.trials if t.status == tr.PENDING and t.trial_id not in self.running]
+        return [t for t in self.trials if t.status == tr.TrialStatus.PENDING and t.trial_id not in self.running]
 
     def _start_trials(self) -> None:
         """Start trials while max_concurrent_trials and the hosts allow; the rest wait (queue) for a
         running trial to end. Hosts are reserved before a new trial is drawn from the searcher, so a
         trial is created only when it can start."""
-        while not (self.max_concurrent and len(self.running) >= self.max_concurrent):
+        at_most = self.spec.limits.max_concurrent
+        while not (at_most and len(self.running) >= at_most):
             if self.unplaceable:
                 if not self._fail_unplaceable():
                     return
                 continue
-            reservation = self.room.reserve(self.demand)
+            reservation = self.room.reserve(self.spec.demand)
             if reservation is None:
                 return  # queued: a running trial's end frees room
             pending = self._pending()
@@ -142,8 +185,8 @@ class Runner:
         trial = pending[0] if pending else None if (self.exhausted or self.stopping) else self._new_trial()
         if trial is None:
             return False
-        trial.error = {"exc_type": "minitrain.errors.ConfigError", "message": self.unplaceable, "traceback": ""}
-        trial.status = tr.ERROR
+        trial.error = tr.TrialError("minitrain.errors.ConfigError", self.unplaceable)
+        trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
         self.reporter.trial_changed(trial)
@@ -151,11 +194,11 @@ class Runner:
         return True
 
     def _new_trial(self) -> Optional[tr.Trial]:
-        if len(self.trials) >= self.total:
+        if len(self.trials) >= self.spec.total_trials:
             self.exhausted = True
             return None
         index = len(self.trials)
-        trial_id = f"{self.id_prefix}_{index:05d}"
+        trial_id = f"{self.spec.id_prefix}_{index:05d}"
         config = self.searcher.suggest(trial_id)
         if config is None:  # a concurrency limit: ask again when a trial ends
             return None
@@ -163,7 +206,7 @@ class Runner:
             self.exhausted = True
             return None
         trial = tr.new_trial(trial_id, "", "", config, index)
-        self.name_trial(trial)
+        self.spec.name_trial(trial)
         self.trials.append(trial)
         self.scheduler.on_trial_add(trial_id)
         self._save()
@@ -175,21 +218,22 @@ class Runner:
         if trial.iteration > trial.checkpoint_iteration:  # it reports again from its checkpoint on
             trial.iteration = trial.checkpoint_iteration
             trial.checkpoints = [c for c in trial.checkpoints if os.path.exists(c[0])]
-        os.makedirs(os.path.join(self.path, tr.TUNE_DIR), exist_ok=True)
-        tr.cut_history(self.path, trial, trial.iteration)
-        trial_dir = os.path.join(self.path, trial.dirname)
-        context = TuneContext(trial.trial_id, trial.name, trial_dir, self.name, self.path, dict(self.resources))
-        payload = cloudpickle.dumps(TrialPayload(self.trainable, trial.config, context, trial.checkpoint,
+        os.makedirs(os.path.join(self.spec.experiment_path, tr.TUNE_DIR), exist_ok=True)
+        tr.cut_history(self.spec.experiment_path, trial, trial.iteration)
+        trial_dir = os.path.join(self.spec.experiment_path, trial.dirname)
+        context = TuneContext(trial.trial_id, trial.name, trial_dir, self.spec.experiment_name,
+                              self.spec.experiment_path, dict(self.spec.trial_resources))
+        payload = cloudpickle.dumps(TrialPayload(self.spec.trainable, trial.config, context, trial.checkpoint,
                                                  trial.iteration, reservation.cluster))
         read_fd, write_fd = os.pipe()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.spec.pythonpath),
                "MINITRAIN_TUNE_PARENT": str(os.getpid()), **reservation.env,
                # the trial's own subprocesses see only its hosts too (its fit()s get them in the payload)
                HOSTS_ENV_VAR: reservation.host_list()}
         env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
-        with open(tr.log_path(self.path, trial), "ab") as log:
+        with open(tr.log_path(self.spec.experiment_path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(write_fd,), start_new_session=True, env=env)
@@ -202,8 +246,7 @@ class Runner:
         running = _Running(trial, proc, reservation)
         self.running[trial.trial_id] = running
         logger.debug("trial %s runs on %s", trial.name, reservation.describe())
-        self.max_running_seen = max(self.max_running_seen, len(self.running))
-        trial.status = tr.RUNNING
+        trial.status = tr.TrialStatus.RUNNING
         threading.Thread(target=self._read, args=(trial.trial_id, read_fd), daemon=True,
                          name=f"minitrain-tune-{trial.trial_id}").start()
         self.reporter.trial_changed(trial)
@@ -213,51 +256,51 @@ class Runner:
         with os.fdopen(fd, "r") as stream:
             for line in stream:
                 try:
-                    message = json.loads(line)
-                except ValueError:
+                    message = messages.decode(line)
+                except messages.MalformedMessage as exc:  # a torn line of a dying process, or a bug
+                    logger.debug("trial %s: ignored a report-pipe line: %s", trial_id, exc)
                     continue
                 self.events.put((trial_id, message))
-        self.events.put((trial_id, {"type": "eof"}))
+        self.events.put((trial_id, _PIPE_CLOSED))
 
     # ------------------------------------------------------------------ events
 
-    def _handle(self, trial_id: str, message: dict) -> None:
+    def _handle(self, trial_id: str, message: "TrialMessage | _PipeClosed") -> None:
         running = self.running.get(trial_id)
         if running is None:
             return
-        kind = message.get("type")
-        if kind == "result":
+        if isinstance(message, TrialReported):
             self._on_result(running, message)
-        elif kind in ("done", "error", "interrupted"):
-            running.ended = message
-        elif kind == "eof":
+        elif isinstance(message, _PipeClosed):
             self._on_exit(running)
+        else:  # TrialFinished, TrialFailed or TrialInterrupted: how the trial ended, acted on at its exit
+            running.ended = message
 
-    def _on_result(self, running: _Running, message: dict) -> None:
+    def _on_result(self, running: _Running, message: TrialReported) -> None:
         trial, now = running.trial, time.monotonic()
         trial.iteration += 1
         running.since_restore += 1
         this_iter = now - running.last_report
         running.last_report = now
         trial.time_total_s += this_iter
-        result = dict(message.get("metrics") or {})
+        result = dict(message.metrics)
         result.update(training_iteration=trial.iteration, time_this_iter_s=this_iter,
                       time_total_s=trial.time_total_s, timestamp=int(time.time()), trial_id=trial.trial_id,
                       iterations_since_restore=running.since_restore, done=False)
-        if message.get("checkpoint"):
-            trial.checkpoint, trial.checkpoint_iteration = message["checkpoint"], trial.iteration
-            trial.checkpoints.append((message["checkpoint"], result))
+        if message.checkpoint:
+            trial.checkpoint, trial.checkpoint_iteration = message.checkpoint, trial.iteration
+            trial.checkpoints.append((message.checkpoint, result))
         trial.last_result = result
-        tr.append_history(self.path, trial, result)
+        tr.append_history(self.spec.experiment_path, trial, result)
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
         self.searcher.on_trial_result(trial.trial_id, result)
         if decision == STOP and not running.stop_sent:
             trial.stop_reason = self._stop_reason(result)
         if decision == STOP or self.stopping:
             running.stop_sent = True
-            running.answer("stop")
+            running.answer(Decision.STOP)
         else:
-            running.answer("continue")
+            running.answer(Decision.CONTINUE)
         self._save()
 
     def _stop_reason(self, result: dict) -> str:
@@ -277,36 +320,35 @@ class Runner:
         running.proc.stdin.close()
         del self.running[trial.trial_id]
         self.room.release(running.reservation)
-        ended = running.ended or {}
-        if ended.get("type") == "done":
-            trial.status = tr.TERMINATED
+        ended = running.ended
+        if isinstance(ended, TrialFinished):
+            trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
                 trial.last_result = {**trial.last_result, "done": True}
-            if not ended.get("stopped"):
+            if not ended.stopped:
                 trial.stop_reason = trial.stop_reason if running.stop_sent else None
             self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
-        elif ended.get("type") == "interrupted" or (self.stopping and running.stop_sent and not ended):
-            trial.status = tr.PENDING  # Ctrl-C: resumable
+        elif isinstance(ended, TrialInterrupted) or (self.stopping and running.stop_sent and ended is None):
+            trial.status = tr.TrialStatus.PENDING  # Ctrl-C: resumable
         else:
-            trial.error = ended if ended.get("type") == "error" else {
-                "exc_type": "TrialProcessDied", "traceback": "",
-                "message": f"the trial process {_describe_exit(returncode)} without reporting why; see "
-                           f"{tr.log_path(self.path, trial)}"}
+            trial.error = ended.error if isinstance(ended, TrialFailed) else tr.TrialError(
+                "TrialProcessDied", f"the trial process {_describe_exit(returncode)} without reporting why; see "
+                                    f"{tr.log_path(self.spec.experiment_path, trial)}")
             self._failed(trial)
         self.reporter.trial_changed(trial)
         self._save()
 
     def _failed(self, trial: tr.Trial) -> None:
-        if self.max_failures < 0 or trial.num_failures < self.max_failures:
+        max_failures = self.spec.limits.max_failures
+        if max_failures < 0 or trial.num_failures < max_failures:
             trial.num_failures += 1
-            trial.status = tr.PENDING
-            logger.warning("trial %s failed (%s: %s); retrying it (%d of %s) from %s", trial.name,
-                           trial.error["exc_type"], trial.error["message"].splitlines()[0] if trial.error["message"]
-                           else "", trial.num_failures, "inf" if self.max_failures < 0 else self.max_failures,
+            trial.status = tr.TrialStatus.PENDING
+            logger.warning("trial %s failed (%s); retrying it (%d of %s) from %s", trial.name, trial.error.summary,
+                           trial.num_failures, "inf" if max_failures < 0 else max_failures,
                            trial.checkpoint or "the start")
             return
-        trial.status = tr.ERROR
+        trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
 
@@ -322,7 +364,7 @@ class Runner:
         """Ctrl-C: every trial process gets SIGINT (a fit() in it stops its workers cleanly), then the
         loop waits for them (a second Ctrl-C kills them); unfinished trials stay PENDING."""
         logger.warning("interrupted: stopping %d running trial(s); resume with Tuner.restore(%r, trainable)",
-                       len(self.running), self.path)
+                       len(self.running), self.spec.experiment_path)
         self.stopping = "interrupted"
         for running in list(self.running.values()):
             _signal(running.proc, signal.SIGINT)
@@ -333,8 +375,8 @@ class Runner:
                     trial_id, message = self.events.get(timeout=0.5)
                 except queue.Empty:
                     continue
-                if message.get("type") == "result" and trial_id in self.running:
-                    self.running[trial_id].answer("stop")
+                if isinstance(message, TrialReported) and trial_id in self.running:
+                    self.running[trial_id].answer(Decision.STOP)
                     continue
                 self._handle(trial_id, message)
         except KeyboardInterrupt:
@@ -342,15 +384,15 @@ class Runner:
         for running in list(self.running.values()):
             _kill_group(running.proc)
             running.proc.wait()
-            running.trial.status = tr.PENDING
+            running.trial.status = tr.TrialStatus.PENDING
             del self.running[running.trial.trial_id]
             self.room.release(running.reservation)
         for trial in self.trials:
-            if trial.status == tr.RUNNING:
-                trial.status = tr.PENDING
+            if trial.status == tr.TrialStatus.RUNNING:
+                trial.status = tr.TrialStatus.PENDING
 
     def _save(self) -> None:
-        tr.write_state(self.path, self.header, self.trials)
+        tr.write_state(self.spec.experiment_path, self.spec.header, self.trials)
 
 
 def _signal(proc: subprocess.Popen, sig: int) -> None:

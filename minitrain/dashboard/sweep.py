@@ -1,4 +1,4 @@
-"""The sweep on the web dashboard (L3): the live trial table as a page and as JSON.
+"""A minitrain.tune sweep on the web dashboard (L3): the trial table as a page and as JSON.
 
 Served by `minitrain.dashboard`'s server (same access rules: loopback without a token by default,
 any other address only with the viewer token) through extra routes:
@@ -8,10 +8,13 @@ any other address only with the viewer token) through extra routes:
     GET /api/trials       the same rows as JSON, one object per trial
     GET /api/sweep        the sweep: name, metric, mode, trial counts by status
 
-Both read the sweep's `tuner_state.json`, which the tuner replaces atomically after every change, so
-the live page (`Tuner.fit()` serves it at `MINITRAIN_DASHBOARD`'s address while the sweep runs) and
-the post-hoc one (`python -m minitrain.dashboard SWEEP_PATH`) are the same code. Each trial's own
+Both read the sweep's `tuner_state.json` (minitrain.storage.sweep_state), which the tuner replaces
+atomically after every change, so the live page (`Tuner.fit()` serves it at `MINITRAIN_DASHBOARD`'s
+address while the sweep runs) and the post-hoc one (`python -m minitrain.dashboard SWEEP_PATH`) are
+the same code. Each trial's own
 fit() serves its own run dashboard on a free port (its URL is in the trial's `.tune/<trial>.log`).
+This module imports nothing of minitrain.tune: the tuner uses it (`live_sweep_dashboard`,
+`trials_address_value`), and the dashboard's CLI serves a finished sweep with it.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ from typing import Any, Iterator, Optional
 
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.server import DashboardServer, Route, to_json
-from minitrain.dashboard.settings import ENV_VAR, parse_address
-from minitrain.tune import trials as tr
-from minitrain.tune.progress import _cell, _flat
+from minitrain.dashboard.settings import parse_address
+from minitrain.storage import sweep_state as tr
 
 REFRESH_S = 2
 _HTML = "text/html; charset=utf-8"
@@ -57,21 +59,21 @@ def trial_rows(header: dict, trials: list[tr.Trial]) -> list[dict]:
     rows = []
     for trial in trials:
         last = trial.last_result or {}
-        error = trial.error or {}
+        error = trial.error
         rows.append({
             "trial_id": trial.trial_id,
             "name": trial.name,
             "status": trial.status,
             "stopped_early": bool(trial.stop_reason and "early" in trial.stop_reason),
             "stop_reason": trial.stop_reason,
-            "params": _flat(trial.config) if isinstance(trial.config, dict) else {"config": trial.config},
+            "params": tr.flat_config(trial.config) if isinstance(trial.config, dict) else {"config": trial.config},
             "iterations": trial.iteration,
             "metric": metric,
             "latest": last.get(metric) if metric else None,
             "last_result": last,
             "time_total_s": trial.time_total_s,
             "num_failures": trial.num_failures,
-            "error": f"{error.get('exc_type')}: {(error.get('message') or '').splitlines()[:1]}" if error else None,
+            "error": f"{error.exc_type}: {error.message.splitlines()[:1]}" if error else None,
             "checkpoint": trial.checkpoint,
         })
     return rows
@@ -106,8 +108,8 @@ def page_html(header: dict, trials: list[tr.Trial], live: bool) -> str:
     for row in rows:
         status = row["status"] + (" (stopped early)" if row["stopped_early"] else "")
         note = row["error"] or row["stop_reason"] or ""
-        cells = [row["name"], status, *(_cell(row["params"].get(k, "")) for k in param_keys), row["iterations"],
-                 f"{row['time_total_s']:.1f}"] + ([_cell(row["latest"]) if row["latest"] is not None else ""]
+        cells = [row["name"], status, *(tr.table_cell(row["params"].get(k, "")) for k in param_keys), row["iterations"],
+                 f"{row['time_total_s']:.1f}"] + ([tr.table_cell(row["latest"]) if row["latest"] is not None else ""]
                                                    if metric else []) + [note]
         body.append(f'<tr class="trial status-{_e(row["status"])}">' + "".join(f"<td>{_e(c)}</td>" for c in cells)
                     + "</tr>")
