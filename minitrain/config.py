@@ -443,10 +443,11 @@ class FailureConfig:
     stopped. `controller_failure_limit`: only -1 (the default) is accepted; any other value raises
     `ConfigError`, because minitrain has no separate controller budget: a failed worker-group
     start-up is a worker failure and counts against `max_failures` (set that instead).
-    `max_preemption_failures` (as Ray: an int >= -1, default -1 = unlimited): the budget for node
-    preemptions, counted apart from `max_failures` (see `preemption_retries_left`). minitrain does
-    not detect preemptions yet, so today no failure is counted as a preemption: every failure, a
-    preempted node's included, counts against `max_failures`.
+    `max_preemption_failures` (as Ray: an int >= -1, default -1 = unlimited): in Ray the budget for
+    node preemptions, counted apart from `max_failures`. minitrain does not detect preemptions yet, so
+    it validates the value and uses it nowhere: every failure, a preempted node's included, counts
+    against `max_failures`. The run's one failure budget is the controller's `Rules`
+    (`minitrain.coordinator.decide`), built from this config.
     """
 
     max_failures: int = 0
@@ -502,40 +503,6 @@ class FailureConfig:
                     f"FailureConfig.worker_hang_floor_s={self.worker_hang_floor_s:g} only applies to "
                     f"worker_hang_timeout_s='auto', but worker_hang_timeout_s={self.worker_hang_timeout_s!r}. "
                     "Remove worker_hang_floor_s, or set worker_hang_timeout_s='auto'.")
-
-    def retries_left(self, failures_so_far: int) -> Optional[int]:
-        """Retries still unused after `failures_so_far` failures; None when unlimited (-1), never < 0."""
-        _check_count(failures_so_far)
-        if self.max_failures == -1:
-            return None
-        return max(0, self.max_failures - failures_so_far)
-
-    def preemption_retries_left(self, preemptions_so_far: int) -> Optional[int]:
-        """Restarts still unused after `preemptions_so_far` preemptions; None when unlimited (-1), never < 0.
-
-        The controller counts preemptions apart from failures, against `max_preemption_failures`, once
-        a preemption is detected. minitrain does not detect preemptions yet (Slurm/SIGTERM preemption
-        detection is a later issue), so today it never calls this: every failure counts against
-        `max_failures` through `retries_left`/`allows_retry`.
-        """
-        _check_count(preemptions_so_far, "preemptions_so_far")
-        if self.max_preemption_failures == -1:
-            return None
-        return max(0, self.max_preemption_failures - preemptions_so_far)
-
-    def allows_retry(self, failures_so_far: int) -> bool:
-        """Whether the run is retried after its `failures_so_far`-th failure (this one included).
-
-        As Ray: retry while `failures_so_far <= max_failures`, so `max_failures=1` retries the first
-        failure and the second one is fatal.
-        """
-        _check_count(failures_so_far)
-        return self.max_failures == -1 or failures_so_far <= self.max_failures
-
-
-def _check_count(count: Any, name: str = "failures_so_far") -> None:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {count!r}")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -413,52 +413,6 @@ def test_total_resources_is_per_worker_times_num_workers(n, use_gpu, cpus):
     assert s.num_cpus_per_worker == (1.0 if cpus is None and not use_gpu else float(cpus or 0.0))
 
 
-# --- FailureConfig retry arithmetic --------------------------------------------------------------
-
-
-def test_max_failures_zero_never_retries():
-    f = FailureConfig(max_failures=0)
-    assert not f.allows_retry(1)
-    assert f.retries_left(0) == 0
-
-
-def test_max_failures_one_retries_once():
-    f = FailureConfig(max_failures=1)
-    assert f.retries_left(0) == 1
-    assert f.allows_retry(1) and f.retries_left(1) == 0
-    assert not f.allows_retry(2) and f.retries_left(2) == 0
-
-
-def test_preemption_budget_mirrors_retries_left():
-    assert FailureConfig().preemption_retries_left(10**9) is None  # default -1: unlimited, as Ray
-    f = FailureConfig(max_preemption_failures=2)
-    assert [f.preemption_retries_left(n) for n in range(4)] == [2, 1, 0, 0]
-    assert FailureConfig(max_preemption_failures=0).preemption_retries_left(0) == 0
-    # the preemption budget is apart from max_failures
-    both = FailureConfig(max_failures=0, max_preemption_failures=3)
-    assert (both.retries_left(0), both.preemption_retries_left(0)) == (0, 3)
-
-
-@pytest.mark.parametrize("bad", [-1, 1.0, None, True])
-def test_preemption_counts_are_checked(bad):
-    with pytest.raises(ValueError, match=r"preemptions_so_far must be an int >= 0, got " + re.escape(repr(bad))):
-        FailureConfig().preemption_retries_left(bad)
-
-
-def test_max_failures_minus_one_is_unlimited():
-    f = FailureConfig(max_failures=-1)
-    assert all(f.allows_retry(n) for n in (1, 10, 10**9))
-    assert f.retries_left(10**9) is None
-
-
-@pytest.mark.parametrize("bad", [-1, 1.0, None, True])
-def test_failure_counts_are_checked(bad):
-    with pytest.raises(ValueError, match=re.escape(repr(bad))):
-        FailureConfig().allows_retry(bad)
-    with pytest.raises(ValueError):
-        FailureConfig().retries_left(bad)
-
-
 # --- RunConfig paths -----------------------------------------------------------------------------
 
 
