@@ -25,20 +25,8 @@ fill-in); mappings are stored as `ReadOnlyDict`; `worker_runtime_env` supports o
 `working_dir`; `FailureConfig.worker_hang_timeout_s`, `worker_hang_floor_s` and `worker_stop_grace_s`
 are minitrain extensions.
 
-Environment variables
----------------------
-These are the only ``MINITRAIN_*`` variables minitrain reads; `ENV_VARS` holds the same list and
-`env_var()` refuses any other name, so this list cannot go stale silently.
-
-- ``MINITRAIN_HOSTS``: comma-separated hosts for a multi-node run (reserved for multi-node).
-- ``MINITRAIN_HOSTFILE``: path of a file naming one host per line (reserved for multi-node).
-- ``MINITRAIN_LOG_LEVEL``: level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have
-  no `LoggingConfig`; a run's `RunConfig(logging_config=...)` takes precedence for that run.
-- ``MINITRAIN_DASHBOARD``: where `fit()` serves the run's web dashboard and `/metrics`: unset for
-  127.0.0.1 on a free port, ``HOST:PORT``, ``HOST`` or ``PORT``, or ``0`` to turn it off
-  (`minitrain.dashboard.settings`).
-- ``MINITRAIN_RELAY``: whether workers' streams go through their node agent's relay (`relays_workers`):
-  ``auto`` (default: from RELAY_AUTO_FROM_WORKERS workers on), ``1`` (always) or ``0`` (never).
+The environment variables (``MINITRAIN_*``) are listed, parsed and read in one place:
+`minitrain.knobs`.
 """
 
 from __future__ import annotations
@@ -54,55 +42,21 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Optional, Union
 
+from minitrain import knobs
 from minitrain.errors import ConfigError
-
-ENV_VARS: dict[str, str] = {
-    "MINITRAIN_HOSTS": "Comma-separated hosts for a multi-node run (reserved for multi-node).",
-    "MINITRAIN_HOSTFILE": "Path of a file naming one host per line (reserved for multi-node).",
-    "MINITRAIN_LOG_LEVEL": (
-        "Level of minitrain's own loggers (DEBUG, INFO, ...) in processes that have no LoggingConfig; "
-        "a run's RunConfig(logging_config=...) takes precedence for that run."
-    ),
-    "MINITRAIN_DASHBOARD": (
-        "Where fit() serves the run's web dashboard and /metrics: unset for 127.0.0.1 on a free port, "
-        "HOST:PORT, HOST or PORT, or 0 to turn it off."
-    ),
-    "MINITRAIN_RELAY": (
-        "Whether workers' streams go through their node agent's relay: auto (default: from 128 workers on), "
-        "1 (always) or 0 (never)."
-    ),
-}
 
 # From this many workers on, "auto" relays the workers' streams through their agents: one connection and
 # batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
 # stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
 # (README, "Control-plane scale").
 RELAY_AUTO_FROM_WORKERS = 128
-_RELAY_VALUES = {"auto": None, "1": True, "on": True, "true": True, "yes": True,
-                 "0": False, "off": False, "false": False, "no": False}
 
 
 def relays_workers(num_workers: int) -> bool:
     """Whether a run of `num_workers` workers relays their streams through the node agents, as
-    ``MINITRAIN_RELAY`` says (see the module docstring); ConfigError names a value it does not know."""
-    raw = env_var("MINITRAIN_RELAY", "auto")
-    value = raw.strip().lower()
-    if value not in _RELAY_VALUES:
-        raise ConfigError(f"MINITRAIN_RELAY={raw!r} is not a known value; use auto (the default: relay from "
-                          f"{RELAY_AUTO_FROM_WORKERS} workers on), 1 (always relay) or 0 (never relay)")
-    choice = _RELAY_VALUES[value]
+    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`); ConfigError names a value it does not know."""
+    choice = knobs.RELAY.get()
     return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
-
-
-def env_var(name: str, default: Optional[str] = None) -> Optional[str]:
-    """The value of the listed environment variable `name`, or `default` when it is unset.
-
-    Raises `KeyError` for a name not in `ENV_VARS`: every ``MINITRAIN_*`` variable is read through here.
-    """
-    if name not in ENV_VARS:
-        raise KeyError(f"{name!r} is not a documented minitrain environment variable; add it to "
-                       f"minitrain.config.ENV_VARS and the module docstring first.")
-    return os.environ.get(name, default)
 
 
 class _Deprecated(enum.Enum):

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session
+from minitrain import __version__, _session, knobs
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
@@ -134,7 +134,8 @@ class TorchTrainer:
     def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
-        relay = relays_workers(self.scaling_config.num_workers)  # a bad MINITRAIN_RELAY fails before anything
+        knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
+        relay = relays_workers(self.scaling_config.num_workers)
         cluster = current_cluster()
         storage = _prepare_storage(self.run_config, cluster)
         with _locked(storage, self.run_config):  # one fit() per run directory

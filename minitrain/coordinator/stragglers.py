@@ -20,24 +20,21 @@ When the data wait explains at least `data_share` of the excess the cause is "da
 "compute" (time spent elsewhere, including other data loaders, counts as compute).
 
 Defaults: factor 1.5, window 10, min_samples 5, data_share 0.5; the environment variables
-MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW and MINITRAIN_STRAGGLER_MIN_SAMPLES (read by
-the driver) change the first three.
+MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW and MINITRAIN_STRAGGLER_MIN_SAMPLES
+(`minitrain.knobs`, read by the driver) change the first three.
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
 from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from minitrain import knobs
 from minitrain.errors import ConfigError
 
-FACTOR_ENV = "MINITRAIN_STRAGGLER_FACTOR"
-WINDOW_ENV = "MINITRAIN_STRAGGLER_WINDOW"
-MIN_SAMPLES_ENV = "MINITRAIN_STRAGGLER_MIN_SAMPLES"
 MIN_WORK_S = 1e-3  # the others' median work time is taken as at least this (no division by ~0)
 
 
@@ -45,38 +42,31 @@ MIN_WORK_S = 1e-3  # the others' median work time is taken as at least this (no 
 class StragglerRule:
     """When a rank counts as a straggler (see the module doc)."""
 
-    factor: float = 1.5
-    window: int = 10
+    factor: float = knobs.STRAGGLER_FACTOR.default
+    window: int = knobs.STRAGGLER_WINDOW.default
     min_samples: int = 5
     data_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0:
-            raise ConfigError(f"{FACTOR_ENV}={self.factor!r}: the straggler factor must be a number above 1 "
-                              "(1.5 flags a rank 50% slower than the others).")
+            raise ConfigError(f"{knobs.STRAGGLER_FACTOR.name}={self.factor!r}: the straggler factor must be a "
+                              "number above 1 (1.5 flags a rank 50% slower than the others).")
         if self.window < 1:
-            raise ConfigError(f"{WINDOW_ENV}={self.window!r}: the window must be a positive number of samples.")
+            raise ConfigError(f"{knobs.STRAGGLER_WINDOW.name}={self.window!r}: the window must be a positive "
+                              "number of samples.")
         if not 1 <= self.min_samples <= self.window:
-            raise ConfigError(f"{MIN_SAMPLES_ENV}={self.min_samples!r}: the minimum number of samples must be "
-                              f"between 1 and the window ({self.window}).")
+            raise ConfigError(f"{knobs.STRAGGLER_MIN_SAMPLES.name}={self.min_samples!r}: the minimum number of "
+                              f"samples must be between 1 and the window ({self.window}).")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "StragglerRule":
-        """The defaults, changed by the MINITRAIN_STRAGGLER_* variables; ConfigError naming a bad one."""
-        values: dict = {}
-        for name, field, kind in ((FACTOR_ENV, "factor", float), (WINDOW_ENV, "window", int),
-                                  (MIN_SAMPLES_ENV, "min_samples", int)):
-            text = environ.get(name)
-            if text is None or not text.strip():
-                continue
-            try:
-                values[field] = kind(text)
-            except ValueError:
-                raise ConfigError(f"{name}={text!r} is not a {'number' if kind is float else 'whole number'}; "
-                                  f"unset it for the default ({getattr(cls, field)}).") from None
-        window = values.get("window", cls.window)
-        values.setdefault("min_samples", min(cls.min_samples, window))
-        return cls(**values)
+    def from_env(cls, environ: Optional[Mapping[str, str]] = None) -> "StragglerRule":
+        """The defaults, changed by the MINITRAIN_STRAGGLER_FACTOR, _WINDOW and _MIN_SAMPLES variables in
+        `environ` (default: os.environ); ConfigError naming a bad one. An unset minimum is the default
+        one, or the window when that is smaller."""
+        window = knobs.STRAGGLER_WINDOW.get(environ)
+        min_samples = knobs.STRAGGLER_MIN_SAMPLES.get(environ)
+        return cls(factor=knobs.STRAGGLER_FACTOR.get(environ), window=window,
+                   min_samples=min(cls.min_samples, window) if min_samples is None else min_samples)
 
 
 def work_time(step_time_s: Optional[float], report_wait_s: Optional[float] = None,

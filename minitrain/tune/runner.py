@@ -23,6 +23,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from minitrain import knobs
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
@@ -183,7 +184,7 @@ class Runner:
                                                  trial.iteration, reservation.cluster))
         read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.pythonpath),
-               "MINITRAIN_TUNE_PARENT": str(os.getpid()), **reservation.env,
+               knobs.TUNE_PARENT.name: str(os.getpid()), **reservation.env,
                # the trial's own subprocesses see only its hosts too (its fit()s get them in the payload)
                HOSTS_ENV_VAR: reservation.host_list()}
         env.pop(HOSTFILE_ENV_VAR, None)

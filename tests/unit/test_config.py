@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 
 from minitrain import config as config_module
 from minitrain.config import (
-    ENV_VARS,
     CheckpointConfig,
     DataConfig,
     FailureConfig,
@@ -24,7 +23,6 @@ from minitrain.config import (
     RunConfig,
     ScalingConfig,
     TorchConfig,
-    env_var,
 )
 from minitrain.errors import ConfigError
 
@@ -476,29 +474,10 @@ def test_data_config_should_split():
     assert not DataConfig(datasets_to_split=[]).should_split("train")
 
 
-# --- environment variables -----------------------------------------------------------------------
-
-
-def test_env_vars_are_documented_in_the_module_docstring():
-    assert set(ENV_VARS) == {"MINITRAIN_HOSTS", "MINITRAIN_HOSTFILE", "MINITRAIN_LOG_LEVEL", "MINITRAIN_DASHBOARD",
-                             "MINITRAIN_RELAY"}
-    for name in ENV_VARS:
-        assert f"``{name}``" in config_module.__doc__
-
-
-def test_env_var_reads_only_listed_names(monkeypatch):
-    monkeypatch.setenv("MINITRAIN_LOG_LEVEL", "DEBUG")
-    assert env_var("MINITRAIN_LOG_LEVEL") == "DEBUG"
-    monkeypatch.delenv("MINITRAIN_HOSTS", raising=False)
-    assert env_var("MINITRAIN_HOSTS", "localhost") == "localhost"
-    with pytest.raises(KeyError, match="MINITRAIN_SECRET_KNOB"):
-        env_var("MINITRAIN_SECRET_KNOB")
-
-
 # --- house rules ---------------------------------------------------------------------------------
 
 
-def test_config_module_imports_only_stdlib_and_errors():
+def test_config_module_imports_only_stdlib_errors_and_knobs():
     import ast
     import sys
 
@@ -508,8 +487,9 @@ def test_config_module_imports_only_stdlib_and_errors():
         if isinstance(node, ast.Import):
             imported.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
-            imported.add(node.module)
-    allowed = set(sys.stdlib_module_names) | {"minitrain.errors"}
+            imported.update({f"minitrain.{alias.name}" for alias in node.names} if node.module == "minitrain"
+                            else {node.module})
+    allowed = set(sys.stdlib_module_names) | {"minitrain.errors", "minitrain.knobs"}
     assert {name for name in imported if name.split(".")[0] not in allowed and name not in allowed} == set()
 
 

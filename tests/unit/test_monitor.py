@@ -68,7 +68,7 @@ def test_the_rule_comes_from_the_environment_and_bad_values_name_the_variable():
     assert StragglerRule.from_env({}) == StragglerRule()
     with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR='fast'"):
         StragglerRule.from_env({"MINITRAIN_STRAGGLER_FACTOR": "fast"})
-    with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR=0.9"):
+    with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR='0.9'"):
         StragglerRule.from_env({"MINITRAIN_STRAGGLER_FACTOR": "0.9"})
     with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_MIN_SAMPLES=11"):
         StragglerRule.from_env({"MINITRAIN_STRAGGLER_MIN_SAMPLES": "11"})
