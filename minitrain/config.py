@@ -22,8 +22,8 @@ Deliberate differences from Ray: the default run name is `minitrain_run-<local t
 storage is `~/minitrain_results`; elastic `num_workers=(min, max)` and TPUs are rejected; configs are
 never mutated after construction (`TorchConfig.resolved_backend` replaces Ray's in-place backend
 fill-in); mappings are stored as `ReadOnlyDict`; `worker_runtime_env` supports only `env_vars` and
-`working_dir`; `FailureConfig.worker_hang_timeout_s`, `worker_hang_floor_s` and `worker_stop_grace_s`
-are minitrain extensions.
+`working_dir`; `FailureConfig.worker_hang_timeout_s`, `worker_hang_floor_s` and `worker_stop_grace_s`,
+and `RunConfig.monitoring_config` (`MonitoringConfig`) are minitrain extensions.
 
 The environment variables (``MINITRAIN_*``) are listed, parsed and read in one place:
 `minitrain.knobs`.
@@ -478,6 +478,53 @@ class LoggingConfig:
         return logging.getLevelName(self.log_level)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class MonitoringConfig:
+    """How the driver watches a run: its straggler rule and its status line (a minitrain extension:
+    Ray's RunConfig has no such field).
+
+    A rank is a straggler while the median of its last `straggler_window` work times per step (about
+    one telemetry sample a second) is at least `straggler_factor` times the other ranks' median, once
+    it has `straggler_min_samples` samples (`minitrain.coordinator.stragglers`). Off a terminal the
+    status is one summary line every `status_interval_s` seconds. A field left None takes its
+    environment variable (`minitrain.knobs`: MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW,
+    MINITRAIN_STRAGGLER_MIN_SAMPLES, MINITRAIN_STATUS_INTERVAL_S) when the config is built, else the
+    default: 1.5, 10, 5 (or the window when that is smaller) and 30 s. The stored config holds the
+    values in force; a bad one raises `ConfigError` naming the field (and its variable), the value
+    and the fix.
+    """
+
+    straggler_factor: Optional[float] = None
+    straggler_window: Optional[int] = None
+    straggler_min_samples: Optional[int] = None
+    status_interval_s: Optional[float] = None
+
+    def __post_init__(self) -> None:
+        owner = "MonitoringConfig"
+        factor = knobs.STRAGGLER_FACTOR.get() if self.straggler_factor is None else _number(
+            self.straggler_factor, owner, "straggler_factor", above=1,
+            fix="Use e.g. 1.5 to flag a rank whose steps take 50% longer than the others'.")
+        window = knobs.STRAGGLER_WINDOW.get() if self.straggler_window is None else _int(
+            self.straggler_window, owner, "straggler_window", 1,
+            "Use the number of telemetry samples (about one a second) whose median judges a rank, e.g. 10.")
+        min_samples, knob = self.straggler_min_samples, knobs.STRAGGLER_MIN_SAMPLES
+        if min_samples is None:  # unset everywhere: the default, or the window when that is smaller
+            min_samples = min(knob.default, window) if knob.text() is None else knob.get()
+        min_samples = _int(min_samples, owner, "straggler_min_samples", 1,
+                           "Use the samples a rank needs before it is judged, at most straggler_window.")
+        if min_samples > window:
+            raise ConfigError(
+                f"{owner}.straggler_min_samples (default: {knobs.STRAGGLER_MIN_SAMPLES.name}) must be at most "
+                f"straggler_window ({window}; default: {knobs.STRAGGLER_WINDOW.name}), got {min_samples}. "
+                f"Lower straggler_min_samples or raise straggler_window.")
+        interval = knobs.STATUS_INTERVAL_S.get() if self.status_interval_s is None else _number(
+            self.status_interval_s, owner, "status_interval_s", above=0,
+            fix="Use the seconds between status lines off a terminal, e.g. 30.")
+        for name, value in (("straggler_factor", factor), ("straggler_window", window),
+                            ("straggler_min_samples", min_samples), ("status_interval_s", interval)):
+            object.__setattr__(self, name, value)
+
+
 _DEFAULT_STORAGE_PATH = "~/minitrain_results"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _RUNTIME_ENV_KEYS = ("env_vars", "working_dir")
@@ -617,6 +664,8 @@ class RunConfig:
     and `working_dir` (str). `callbacks` is None or a list of driver-side callbacks (stored as a
     tuple): `minitrain.UserCallback`s, the trackers of `minitrain.callbacks`, or any object with at
     least one of their hooks (`CALLBACK_HOOKS`); anything else raises `ConfigError` naming its index.
+    `monitoring_config` (a minitrain extension, `MonitoringConfig`) sets the driver's straggler rule
+    and status interval.
     """
 
     name: Optional[str] = None
@@ -627,6 +676,7 @@ class RunConfig:
     callbacks: Optional[tuple[Any, ...]] = None
     worker_runtime_env: Optional[Mapping[str, Any]] = None
     logging_config: Optional[LoggingConfig] = None
+    monitoring_config: Optional[MonitoringConfig] = None
     sync_config: Any = _deprecated_field()
     verbose: Any = _deprecated_field()
     stop: Any = _deprecated_field()
@@ -656,7 +706,7 @@ class RunConfig:
             os.path.expanduser(_DEFAULT_STORAGE_PATH) if self.storage_path is None else self.storage_path,
             self.storage_filesystem is not None))
         for name, cls in (("failure_config", FailureConfig), ("checkpoint_config", CheckpointConfig),
-                          ("logging_config", LoggingConfig)):
+                          ("logging_config", LoggingConfig), ("monitoring_config", MonitoringConfig)):
             object.__setattr__(self, name, _instance(getattr(self, name), cls, name))
         object.__setattr__(self, "callbacks", _callbacks(self.callbacks))
         object.__setattr__(self, "worker_runtime_env", _runtime_env(self.worker_runtime_env))

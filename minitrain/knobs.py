@@ -167,10 +167,10 @@ STRAGGLER_WINDOW: Knob[int] = Knob(
     "MINITRAIN_STRAGGLER_WINDOW", 10, _count("telemetry samples per rank the straggler rule takes the median of"),
     "Telemetry samples per rank whose median the straggler rule judges: the default of "
     "MonitoringConfig.straggler_window.")
-STRAGGLER_MIN_SAMPLES: Knob[Optional[int]] = Knob(
-    "MINITRAIN_STRAGGLER_MIN_SAMPLES", None, _count("samples a rank needs before it is judged"),
-    "Samples a rank needs before the straggler rule judges it (unset: 5, or the window if smaller): the "
-    "default of MonitoringConfig.straggler_min_samples.")
+STRAGGLER_MIN_SAMPLES: Knob[int] = Knob(
+    "MINITRAIN_STRAGGLER_MIN_SAMPLES", 5, _count("samples a rank needs before it is judged"),
+    "Samples a rank needs before the straggler rule judges it (unset: 5, or the window when that is "
+    "smaller): the default of MonitoringConfig.straggler_min_samples.")
 TUNE_PARENT: Knob[Optional[int]] = Knob(
     "MINITRAIN_TUNE_PARENT", None, _pid,
     "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",

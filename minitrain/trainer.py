@@ -31,6 +31,7 @@ from minitrain.console import LiveConsole
 from minitrain.coordinator.console_status import ConsoleStatus
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
+from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
 from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError
@@ -194,10 +195,12 @@ class TorchTrainer:
             relay=relay,
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
-        self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)
+        monitoring = self.run_config.monitoring_config
+        self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names,
+                                   rule=StragglerRule.of(monitoring))
         # The live status on the console; worker output and log lines are written through it.
         live = LiveConsole.for_driver()
-        self._console_status = ConsoleStatus(self._monitor, live)
+        self._console_status = ConsoleStatus(self._monitor, live, line_every_s=monitoring.status_interval_s)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir, live=live)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button

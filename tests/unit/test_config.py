@@ -19,6 +19,7 @@ from minitrain.config import (
     DataConfig,
     FailureConfig,
     LoggingConfig,
+    MonitoringConfig,
     ReadOnlyDict,
     RunConfig,
     ScalingConfig,
@@ -26,7 +27,8 @@ from minitrain.config import (
 )
 from minitrain.errors import ConfigError
 
-ALL_CONFIGS = [ScalingConfig, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, TorchConfig, DataConfig]
+ALL_CONFIGS = [ScalingConfig, CheckpointConfig, FailureConfig, LoggingConfig, MonitoringConfig, RunConfig, TorchConfig,
+               DataConfig]
 
 
 # --- defaults ------------------------------------------------------------------------------------
@@ -249,6 +251,15 @@ BAD = [
      {"locality_with_output": True}),
     (DataConfig, {"enable_shard_locality": "yes"}, ConfigError, "enable_shard_locality", "yes"),
     (DataConfig, {"enable_shard_locality": None}, ConfigError, "enable_shard_locality", None),
+    (MonitoringConfig, {"straggler_factor": 1}, ConfigError, "straggler_factor", 1),
+    (MonitoringConfig, {"straggler_factor": "1.5"}, ConfigError, "straggler_factor", "1.5"),
+    (MonitoringConfig, {"straggler_window": 0}, ConfigError, "straggler_window", 0),
+    (MonitoringConfig, {"straggler_window": 2.0}, ConfigError, "straggler_window", 2.0),
+    (MonitoringConfig, {"straggler_min_samples": 0}, ConfigError, "straggler_min_samples", 0),
+    (MonitoringConfig, {"status_interval_s": 0}, ConfigError, "status_interval_s", 0),
+    (MonitoringConfig, {"status_interval_s": float("inf")}, ConfigError, "status_interval_s", float("inf")),
+    (RunConfig, {"monitoring_config": {"straggler_factor": 2}}, ConfigError, "monitoring_config",
+     {"straggler_factor": 2}),
 ]
 
 
@@ -409,6 +420,56 @@ def test_total_resources_is_per_worker_times_num_workers(n, use_gpu, cpus):
     assert s.total_resources == {key: amount * n for key, amount in per_worker.items()}
     assert s.total_resources.get("GPU", 0.0) == (float(n) if use_gpu else 0.0)
     assert s.num_cpus_per_worker == (1.0 if cpus is None and not use_gpu else float(cpus or 0.0))
+
+
+# --- MonitoringConfig: fields with environment defaults ------------------------------------------
+
+_MONITORING_VARS = ("MINITRAIN_STRAGGLER_FACTOR", "MINITRAIN_STRAGGLER_WINDOW", "MINITRAIN_STRAGGLER_MIN_SAMPLES",
+                    "MINITRAIN_STATUS_INTERVAL_S")
+
+
+@pytest.fixture
+def no_monitoring_env(monkeypatch):
+    for name in _MONITORING_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_monitoring_defaults(no_monitoring_env):
+    m = MonitoringConfig()
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (1.5, 10, 5, 30.0)
+    assert RunConfig(name="r").monitoring_config == m
+    assert MonitoringConfig(straggler_window=3).straggler_min_samples == 3  # the default 5, capped by the window
+
+
+def test_monitoring_fields_default_to_their_environment_variables(no_monitoring_env):
+    for name, value in zip(_MONITORING_VARS, ("2", "4", "2", "5")):
+        no_monitoring_env.setenv(name, value)
+    m = RunConfig(name="r").monitoring_config
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (2.0, 4, 2, 5.0)
+    no_monitoring_env.delenv("MINITRAIN_STRAGGLER_MIN_SAMPLES")
+    assert MonitoringConfig().straggler_min_samples == 4  # the default 5, capped by the environment's window
+
+
+def test_monitoring_fields_override_the_environment(no_monitoring_env):
+    for name, value in zip(_MONITORING_VARS, ("2", "4", "2", "5")):
+        no_monitoring_env.setenv(name, value)
+    m = MonitoringConfig(straggler_factor=3, straggler_window=20, straggler_min_samples=8, status_interval_s=0.5)
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (3, 20, 8, 0.5)
+    no_monitoring_env.setenv("MINITRAIN_STATUS_INTERVAL_S", "soon")  # a bad variable under a set field is not read
+    assert MonitoringConfig(status_interval_s=1).status_interval_s == 1
+
+
+def test_a_bad_monitoring_variable_names_the_variable(no_monitoring_env):
+    no_monitoring_env.setenv("MINITRAIN_STATUS_INTERVAL_S", "soon")
+    with pytest.raises(ConfigError, match="MINITRAIN_STATUS_INTERVAL_S='soon'.*above 0"):
+        RunConfig(name="r")
+
+
+def test_min_samples_above_the_window_names_both_fields_and_variables(no_monitoring_env):
+    with pytest.raises(ConfigError, match=r"straggler_min_samples .*MINITRAIN_STRAGGLER_MIN_SAMPLES.*straggler_window "
+                                          r"\(4; default: MINITRAIN_STRAGGLER_WINDOW\), got 6"):
+        MonitoringConfig(straggler_window=4, straggler_min_samples=6)
 
 
 # --- RunConfig paths -----------------------------------------------------------------------------
