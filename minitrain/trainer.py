@@ -23,7 +23,7 @@ from minitrain.callbacks.runner import CallbackRunner
 from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
-from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig, relays_workers
+from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
@@ -386,6 +386,21 @@ class _LocalSession:
     def get_checkpoint(self) -> Any:
         """The last reported checkpoint argument (None after a metrics-only report), as Ray's local mode."""
         return self.last_checkpoint
+
+
+# From this many workers on, "auto" relays the workers' streams through their agents: one connection and
+# batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
+# stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
+# (README, "Control-plane scale").
+RELAY_AUTO_FROM_WORKERS = 128
+
+
+def relays_workers(num_workers: int) -> bool:
+    """Whether a run of `num_workers` workers relays their streams through the node agents, as
+    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`); ConfigError names a value it does not know.
+    Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
+    choice = knobs.RELAY.get()
+    return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
 
 
 def _driver_pythonpath() -> tuple[str, ...]:

@@ -92,7 +92,7 @@ class RunSpec:
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
     local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
-    relay: bool = False  # workers' streams go through their agents' relays (config.relays_workers)
+    relay: bool = False  # workers' streams go through their agents' relays (trainer.relays_workers)
 
 
 class Controller:

@@ -538,20 +538,39 @@ def test_data_config_should_split():
 # --- house rules ---------------------------------------------------------------------------------
 
 
-def test_config_module_imports_only_stdlib_errors_and_knobs():
+def test_config_package_imports_only_stdlib_errors_knobs_and_itself():
     import ast
     import sys
 
-    tree = ast.parse(pathlib.Path(config_module.__file__).read_text())
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.update({f"minitrain.{alias.name}" for alias in node.names} if node.module == "minitrain"
-                            else {node.module})
+    for path in pathlib.Path(config_module.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.update({f"minitrain.{alias.name}" for alias in node.names} if node.module == "minitrain"
+                                else {node.module})
     allowed = set(sys.stdlib_module_names) | {"minitrain.errors", "minitrain.knobs"}
-    assert {name for name in imported if name.split(".")[0] not in allowed and name not in allowed} == set()
+    outside = {name for name in imported if name.split(".")[0] not in allowed and name not in allowed
+               and not name.startswith("minitrain.config.")}
+    assert outside == set()
+
+
+def test_the_package_exports_every_public_config_name():
+    import minitrain.config._validate
+    import minitrain.config.data
+    import minitrain.config.run
+    import minitrain.config.scaling
+    import minitrain.config.torch_config
+
+    for module in (minitrain.config._validate, minitrain.config.data, minitrain.config.run,
+                   minitrain.config.scaling, minitrain.config.torch_config):
+        public = {name for name, value in vars(module).items() if not name.startswith("_")
+                  and getattr(value, "__module__", module.__name__) == module.__name__
+                  and not isinstance(value, type(pathlib))}
+        public -= {"annotations", "logger", "T"}
+        assert public <= set(config_module.__all__), (module.__name__, public - set(config_module.__all__))
+        assert all(getattr(config_module, name) is getattr(module, name) for name in public)
 
 
 def test_configs_are_frozen_kw_only_slotted_and_documented():

@@ -143,3 +143,11 @@ def test_the_environment_is_read_when_asked(monkeypatch):
     assert knobs.STATUS_INTERVAL_S.get() == 7.0
     monkeypatch.delenv("MINITRAIN_STATUS_INTERVAL_S")
     assert knobs.STATUS_INTERVAL_S.get() == 30.0
+
+
+def test_the_relay_threshold_in_the_docs_is_the_one_in_force():
+    from minitrain.trainer import RELAY_AUTO_FROM_WORKERS
+
+    assert f"from {RELAY_AUTO_FROM_WORKERS} workers on" in knobs.RELAY.doc
+    with pytest.raises(ConfigError, match=f"from {RELAY_AUTO_FROM_WORKERS} workers on"):
+        knobs.RELAY.get({"MINITRAIN_RELAY": "sometimes"})
