@@ -88,13 +88,6 @@ def add_run_observer_maker(maker: Callable[[], Any]) -> None:
         _run_observer_makers.append(maker)
 
 
-def remove_run_observer_maker(maker: Callable[[], Any]) -> None:
-    """Undo `add_run_observer_maker(maker)` (nothing when it is not registered)."""
-    with _lock:
-        if maker in _run_observer_makers:
-            _run_observer_makers.remove(maker)
-
-
 def new_run_observers() -> list:
     """One new observer from each registered maker, for one `fit()`."""
     with _lock:

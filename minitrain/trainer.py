@@ -20,7 +20,6 @@ from minitrain import __version__, _session, knobs
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
-from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
@@ -34,7 +33,7 @@ from minitrain.coordinator.run import run_coordinator
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError
+from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
@@ -528,7 +527,7 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
     if outcome.state != "SUCCEEDED":
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
-        exceptions = {f.rank: _rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
+        exceptions = {f.rank: rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
         raise WorkerGroupError(outcome.error_message, exceptions)
 
     def checkpoint(record) -> Checkpoint:
