@@ -18,6 +18,7 @@ _EXPORTS = {
     "FailureConfig": "minitrain.config",
     "DataConfig": "minitrain.config",
     "LoggingConfig": "minitrain.config",
+    "MonitoringConfig": "minitrain.config",  # a minitrain extension (RunConfig.monitoring_config)
     "TrainContext": "minitrain.context",
     "report": "minitrain.train_api",
     "get_checkpoint": "minitrain.train_api",

@@ -7,7 +7,7 @@ torn by the status. Off a terminal (CI, `| tee`, a file) there is no block: the 
 summary line written now and then (`line()`; the caller chooses how often).
 
 Environment: `MINITRAIN_STATUS=0` (or off/false/no) turns the status off; `MINITRAIN_STATUS=lines`
-forces the summary lines even on a terminal.
+forces the summary lines even on a terminal (`minitrain.knobs.STATUS`).
 
 Several runs at once in one process (fit()s on several threads) share one terminal: only one console
 at a time draws a status block (the first to ask, `for_driver`); a console made while it does is in
@@ -25,23 +25,24 @@ status off for good at their first failure.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Optional, TextIO
+from typing import Iterator, Mapping, Optional, TextIO
 
-STATUS_ENV = "MINITRAIN_STATUS"
+from minitrain import knobs
+
 _ERASE_LINE_UP = "\x1b[1A\x1b[2K"  # cursor up one line, clear it
 
 
-def status_mode(environ=os.environ, stream: Optional[TextIO] = None) -> Optional[str]:
-    """"block" (a terminal), "lines" (not a terminal, or MINITRAIN_STATUS=lines) or None (off)."""
-    value = environ.get(STATUS_ENV, "").strip().lower()
-    if value in ("0", "off", "false", "no"):
+def status_mode(environ: Optional[Mapping[str, str]] = None, stream: Optional[TextIO] = None) -> Optional[str]:
+    """"block" (`stream` is a terminal), "lines" (it is not, or MINITRAIN_STATUS=lines) or None
+    (MINITRAIN_STATUS=0), from `environ` (default: os.environ); ConfigError for an unknown value."""
+    mode = knobs.STATUS.get(environ)
+    if mode == "off":
         return None
-    if value == "lines":
+    if mode == "lines":
         return "lines"
     try:
         tty = bool(stream is not None and stream.isatty())
@@ -70,7 +71,7 @@ class LiveConsole:
         While another run's console draws a status block, the new one is in lines mode (or off) and
         writes through that one (see the module doc). Call `finish` or `release` when the run ends."""
         global _block_owner
-        mode = status_mode(os.environ, sys.stderr)
+        mode = status_mode(None, sys.stderr)
         with _owner_lock:
             owner = _block_owner
             if owner is not None and owner.mode == "block":

@@ -7,9 +7,11 @@ configuration raise `ConfigError`, a `ValueError`, before any process starts.
 
 from __future__ import annotations
 
+import pickle
 import re
+from typing import Optional
 
-from minitrain.records import WorkerFailure
+from minitrain.records import FailureKind, WorkerFailure
 
 # Long tracebacks keep their head and tail (Ray keeps 500 characters of each); the end carries the error.
 _SNIPPET_HEAD = 600
@@ -184,3 +186,28 @@ def render_failures(failures: list[WorkerFailure], attempt: int, remaining_hint:
         lines.append("")
         lines.append(remaining_hint)
     return "\n".join(lines)
+
+
+def rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
+    """The exception a rank failed with, as the user sees it (`WorkerGroupError.worker_failures`,
+    callbacks' `after_exception`): its own, unpickled from the bytes the worker sent over the
+    authenticated channel, when that works in the driver; otherwise a minitrain error describing it
+    (`RemoteWorkerError` for an exception, `WorkerHangError`, `NodeLostError`, `WorkerProcessError`)."""
+    if exc_pickle:
+        try:
+            # The worker pickled it with cloudpickle, whose bytes the standard library reads
+            # (cloudpickle.loads is pickle.loads), so this module stays stdlib-only.
+            rebuilt = pickle.loads(exc_pickle)
+            if isinstance(rebuilt, BaseException):
+                return rebuilt
+        except Exception:  # the type does not exist in the driver: fall back below
+            pass
+    if failure.kind is FailureKind.HANG:
+        return WorkerHangError(failure.message, failure.traceback)
+    if failure.kind is FailureKind.NODE_LOST:
+        return NodeLostError(failure.message)
+    if failure.kind in (FailureKind.EXCEPTION, FailureKind.COMMIT) and failure.exc_type:
+        return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
+    return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
+                              f"{failure.phase.description}: {failure.cause}",
+                              exit_code=failure.exit_code, signal=failure.signal)

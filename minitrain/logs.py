@@ -126,14 +126,6 @@ class LogSink:
             self._files.clear()
 
 
-def configure_driver_logging(level: str = "INFO") -> None:
-    """Give the `minitrain` logger a stderr handler unless the application configured logging, and
-    set its level. For one call outside any run; a run uses `driver_logging` (several at once)."""
-    with _levels_lock:
-        _ensure_driver_handler()
-        logger.setLevel(level)
-
-
 def _ensure_driver_handler() -> None:
     root_configured = bool(logging.getLogger().handlers)
     if not logger.handlers and not root_configured:

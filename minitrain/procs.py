@@ -154,21 +154,6 @@ def signal_orphans(keep: Iterable[int], sig: Optional[int]) -> list[int]:
     return living
 
 
-def die_of_signal(signum: int) -> None:
-    """End this process by signal `signum` with its default action, from any thread.
-
-    Python lets only the main thread change a signal's handler; a thread that must make the process
-    die of SIGTERM as if no handler were installed (so its parent sees "killed by SIGTERM") resets
-    the disposition in libc directly. Falls back to `os._exit(128 + signum)` where that fails."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.signal.restype = ctypes.c_void_p
-        if libc.signal(int(signum), ctypes.c_void_p(0)) != ctypes.c_void_p(-1).value:  # SIG_DFL is 0
-            os.kill(os.getpid(), signum)
-            time.sleep(1.0)  # delivery is asynchronous when another thread takes it
-    os._exit(128 + signum)
-
-
 class AdoptedChild:
     """A child process this process did not fork itself (a subreaper adopted it), with the part of
     `subprocess.Popen`'s interface the agent uses: `pid`, `returncode`, `poll()`, `wait(timeout)`

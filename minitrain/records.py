@@ -79,7 +79,7 @@ class WorkerAssignment:
 
 class FailureKind(enum.Enum):
     """What failed. Set once where the failure is learned and carried, typed, to the error class the
-    user catches (`trainer._rebuild_exception`); protobuf never carries it (a worker only ever reports
+    user catches (`errors.rebuild_exception`); protobuf never carries it (a worker only ever reports
     EXCEPTION, and rpc/convert.py says so)."""
 
     EXCEPTION = "exception"  # code in the worker raised; `exc_type` names the class -> that exception

@@ -16,14 +16,13 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session
+from minitrain import __version__, _session, knobs
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
-from minitrain.callbacks.runner import rebuild_exception as _rebuild_exception  # also the Result's errors
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
-from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig, relays_workers
+from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
 from minitrain.coordinator.controller import RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
@@ -31,9 +30,10 @@ from minitrain.console import LiveConsole
 from minitrain.coordinator.console_status import ConsoleStatus
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
+from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError
+from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
@@ -134,7 +134,8 @@ class TorchTrainer:
     def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
             return self._fit_local()
-        relay = relays_workers(self.scaling_config.num_workers)  # a bad MINITRAIN_RELAY fails before anything
+        knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
+        relay = relays_workers(self.scaling_config.num_workers)
         cluster = current_cluster()
         storage = _prepare_storage(self.run_config, cluster)
         with _locked(storage, self.run_config):  # one fit() per run directory
@@ -193,10 +194,12 @@ class TorchTrainer:
             relay=relay,
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
-        self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names)
+        monitoring = self.run_config.monitoring_config
+        self._monitor = RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names,
+                                   rule=StragglerRule.of(monitoring))
         # The live status on the console; worker output and log lines are written through it.
         live = LiveConsole.for_driver()
-        self._console_status = ConsoleStatus(self._monitor, live)
+        self._console_status = ConsoleStatus(self._monitor, live, line_every_s=monitoring.status_interval_s)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir, live=live)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button
@@ -386,6 +389,21 @@ class _LocalSession:
         return self.last_checkpoint
 
 
+# From this many workers on, "auto" relays the workers' streams through their agents: one connection and
+# batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
+# stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
+# (README, "Control-plane scale").
+RELAY_AUTO_FROM_WORKERS = 128
+
+
+def relays_workers(num_workers: int) -> bool:
+    """Whether a run of `num_workers` workers relays their streams through the node agents, as
+    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`); ConfigError names a value it does not know.
+    Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
+    choice = knobs.RELAY.get()
+    return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
+
+
 def _driver_pythonpath() -> tuple[str, ...]:
     """The driver's import path, so workers import the same minitrain and user modules."""
     package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -511,7 +529,7 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
     if outcome.state != "SUCCEEDED":
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
-        exceptions = {f.rank: _rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
+        exceptions = {f.rank: rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
         raise WorkerGroupError(outcome.error_message, exceptions)
 
     def checkpoint(record) -> Checkpoint:

@@ -13,27 +13,29 @@ the wait totals (`Totals.at_last_report`), so a reader can give each step exactl
 fell between its two report() ends, whichever sample windows they straddled. One clock for
 everything: time.monotonic().
 
-`MINITRAIN_TELEMETRY=0` in the environment turns recording off (`ENABLED` is False): every call
-below returns at once and the telemetry thread never starts. `ENABLED` is read at each call, so setting
-it while a rank runs switches recording (and the telemetry thread's samples) off and on; the ddp
-benchmark does so to time telemetry in alternating blocks of one job.
+`MINITRAIN_TELEMETRY=0` in the environment (`minitrain.knobs.TELEMETRY`, read once at import) turns
+recording off (`ENABLED` is False): every call below returns at once and the telemetry thread never
+starts. `ENABLED` is read at each call on purpose, so setting it while a rank runs switches recording
+(and the telemetry thread's samples) off and on; the ddp benchmark does so to time telemetry in
+alternating blocks of one job.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
+from collections.abc import Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
-ENV_SWITCH = "MINITRAIN_TELEMETRY"
+from minitrain import knobs
 
 
-def telemetry_enabled(environ=os.environ) -> bool:
-    """False when `MINITRAIN_TELEMETRY` is "0", "false", "no" or "off" (any case)."""
-    return environ.get(ENV_SWITCH, "1").strip().lower() not in ("0", "false", "no", "off")
+def telemetry_enabled(environ: Optional[Mapping[str, str]] = None) -> bool:
+    """False when `MINITRAIN_TELEMETRY` in `environ` (default: os.environ) is "0", "false", "no" or "off"
+    (any case); ConfigError for a value that is neither on nor off."""
+    return knobs.TELEMETRY.get(environ)
 
 
 ENABLED = telemetry_enabled()

@@ -20,41 +20,17 @@ import queue
 import threading
 from typing import Any, Callable, Optional, Sequence
 
-import cloudpickle
-
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.checkpoint import Checkpoint
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver
-from minitrain.errors import NodeLostError, RemoteWorkerError, WorkerHangError, WorkerProcessError
-from minitrain.records import FailureKind, RunOutcome, WorkerFailure
+from minitrain.errors import rebuild_exception
+from minitrain.records import RunOutcome, WorkerFailure
 
 logger = logging.getLogger("minitrain")
 
 DRAIN_TIMEOUT_S = 120.0
 LOGGED_FAILURES = 3
 _STOP = object()
-
-
-def rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:
-    """The exception a rank failed with: its own, unpickled from the bytes the worker sent over the
-    authenticated channel, when that works in the driver; otherwise a minitrain error describing it
-    (`RemoteWorkerError` for an exception, `WorkerHangError`, `NodeLostError`, `WorkerProcessError`)."""
-    if exc_pickle:
-        try:
-            rebuilt = cloudpickle.loads(exc_pickle)
-            if isinstance(rebuilt, BaseException):
-                return rebuilt
-        except Exception:  # the type does not exist in the driver: fall back below
-            pass
-    if failure.kind is FailureKind.HANG:
-        return WorkerHangError(failure.message, failure.traceback)
-    if failure.kind is FailureKind.NODE_LOST:
-        return NodeLostError(failure.message)
-    if failure.kind in (FailureKind.EXCEPTION, FailureKind.COMMIT) and failure.exc_type:
-        return RemoteWorkerError(failure.exc_type, failure.message, failure.traceback)
-    return WorkerProcessError(f"rank {failure.rank} on {failure.node} (pid {failure.pid}) "
-                              f"{failure.phase.description}: {failure.cause}",
-                              exit_code=failure.exit_code, signal=failure.signal)
 
 
 def _name(callback: object) -> str:

@@ -17,37 +17,25 @@ run in the last status.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from typing import Callable, Mapping, Optional
 
+from minitrain import knobs
 from minitrain.console import LiveConsole
 from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import RunInfo, RunObserver
-from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
 
 logger = logging.getLogger("minitrain")
 
 REFRESH_S = 0.5
-INTERVAL_ENV = "MINITRAIN_STATUS_INTERVAL_S"
-DEFAULT_LINE_INTERVAL_S = 30.0
 
 
-def line_interval_s(environ: Mapping[str, str] = os.environ) -> float:
-    """Seconds between summary lines off a terminal (MINITRAIN_STATUS_INTERVAL_S, default 30)."""
-    text = environ.get(INTERVAL_ENV, "").strip()
-    if not text:
-        return DEFAULT_LINE_INTERVAL_S
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise ConfigError(f"{INTERVAL_ENV}={text!r} must be a positive number of seconds (default "
-                          f"{DEFAULT_LINE_INTERVAL_S:g}).")
-    return value
+def line_interval_s(environ: Optional[Mapping[str, str]] = None) -> float:
+    """Seconds between summary lines off a terminal: MINITRAIN_STATUS_INTERVAL_S in `environ` (default:
+    os.environ), else 30; ConfigError naming a value that is not a positive number."""
+    return knobs.STATUS_INTERVAL_S.get(environ)
 
 
 def _duration(seconds: Optional[float]) -> str:

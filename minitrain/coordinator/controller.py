@@ -49,15 +49,13 @@ POLL_S = 0.05  # the longest the loop waits for an event before it looks at its 
 
 
 class FailurePolicy(Protocol):
-    """The part of FailureConfig the controller uses."""
+    """The part of FailureConfig the controller uses: the budget and stop grace (through
+    `Rules.from_config`, the run's one failure budget) and the hang deadlines (through `HangRule`)."""
 
     max_failures: int
     worker_stop_grace_s: float
     worker_hang_timeout_s: Union[float, str, None]
     worker_hang_floor_s: Optional[float]
-
-    def allows_retry(self, failures_so_far: int) -> bool:
-        """True when one more attempt may start after `failures_so_far` failures."""
 
 
 class AgentHandles(Protocol):
@@ -94,7 +92,7 @@ class RunSpec:
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
     local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
-    relay: bool = False  # workers' streams go through their agents' relays (config.relays_workers)
+    relay: bool = False  # workers' streams go through their agents' relays (trainer.relays_workers)
 
 
 class Controller:
@@ -112,8 +110,7 @@ class Controller:
         self._agents = agents
         self._clock = clock
         policy = spec.failure_policy
-        self._rules = Rules(max_failures=policy.max_failures, stop_grace_s=policy.worker_stop_grace_s,
-                            agent_start_timeout_s=spec.agent_start_timeout_s)
+        self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s)
         self._hang_rule = HangRule(timeout_s=policy.worker_hang_timeout_s,
                                    floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S)
         self._pace = Pace()  # every rank's report intervals, across attempts
@@ -265,7 +262,7 @@ class Controller:
         if move.state is RunState.STARTING and self._machine.state is RunState.RESTARTING:
             self._end_attempt(restarting=True)
             # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
-            left = self._spec.failure_policy.retries_left(loop.failures)
+            left = self._rules.retries_left(loop.failures)
             logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
                            group.attempt, _root_cause_text(group.tracker), loop.attempt, loop.failures,
                            self._rules.max_failures, "unlimited retries" if left is None else f"{left} retries left")

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Mapping, Optional, Union
+from typing import TYPE_CHECKING, Mapping, Optional, Union
 
 from minitrain.coordinator.states import RunState
+
+if TYPE_CHECKING:
+    from minitrain.config import FailureConfig
 
 STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
 STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
@@ -45,7 +48,9 @@ class Stage(enum.Enum):
 
 @dataclass(frozen=True)
 class Rules:
-    """The limits `decide` applies; built from the run's FailureConfig and ScalingConfig."""
+    """The limits `decide` applies, and the run's one failure budget (`allows_retry`, `retries_left`).
+
+    Built from the run's FailureConfig by `from_config`."""
 
     max_failures: int  # -1: unlimited
     stop_grace_s: float
@@ -54,9 +59,23 @@ class Rules:
     stop_margin_s: float = STOP_MARGIN_S
     drain_s: float = DRAIN_S
 
+    @classmethod
+    def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
+        """The rules of a run whose failure settings are `failure` (its `max_failures` and
+        `worker_stop_grace_s`), waiting up to `agent_start_timeout_s` for its node agents."""
+        return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
+                   agent_start_timeout_s=agent_start_timeout_s)
+
     def allows_retry(self, failures: int) -> bool:
-        """As Ray: retry while `failures <= max_failures`; -1 retries forever."""
+        """Whether the run restarts after its `failures`-th failure (this one included).
+
+        As Ray: retry while `failures <= max_failures`, so `max_failures=1` retries the first failure and
+        the second one is fatal; -1 retries forever."""
         return self.max_failures == -1 or failures <= self.max_failures
+
+    def retries_left(self, failures: int) -> Optional[int]:
+        """Restarts still allowed after `failures` failures: None when unlimited (-1), never below 0."""
+        return None if self.max_failures == -1 else max(0, self.max_failures - failures)
 
 
 @dataclass(frozen=True)

@@ -19,25 +19,24 @@ The cause: the rank's excess work time over the others' median, compared with it
 When the data wait explains at least `data_share` of the excess the cause is "data wait", otherwise
 "compute" (time spent elsewhere, including other data loaders, counts as compute).
 
-Defaults: factor 1.5, window 10, min_samples 5, data_share 0.5; the environment variables
-MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW and MINITRAIN_STRAGGLER_MIN_SAMPLES (read by
-the driver) change the first three.
+Defaults: factor 1.5, window 10, min_samples 5, data_share 0.5; a run's
+`RunConfig(monitoring_config=MonitoringConfig(...))` sets the first three, and its unset fields take the
+environment variables MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW and
+MINITRAIN_STRAGGLER_MIN_SAMPLES (`minitrain.knobs`).
 """
 
 from __future__ import annotations
 
 import bisect
-import os
 import statistics
 from collections import deque
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
+from minitrain import knobs
+from minitrain.config import MonitoringConfig
 from minitrain.errors import ConfigError
 
-FACTOR_ENV = "MINITRAIN_STRAGGLER_FACTOR"
-WINDOW_ENV = "MINITRAIN_STRAGGLER_WINDOW"
-MIN_SAMPLES_ENV = "MINITRAIN_STRAGGLER_MIN_SAMPLES"
 MIN_WORK_S = 1e-3  # the others' median work time is taken as at least this (no division by ~0)
 
 
@@ -45,38 +44,33 @@ MIN_WORK_S = 1e-3  # the others' median work time is taken as at least this (no 
 class StragglerRule:
     """When a rank counts as a straggler (see the module doc)."""
 
-    factor: float = 1.5
-    window: int = 10
-    min_samples: int = 5
+    factor: float = knobs.STRAGGLER_FACTOR.default
+    window: int = knobs.STRAGGLER_WINDOW.default
+    min_samples: int = knobs.STRAGGLER_MIN_SAMPLES.default
     data_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not self.factor > 1.0:
-            raise ConfigError(f"{FACTOR_ENV}={self.factor!r}: the straggler factor must be a number above 1 "
-                              "(1.5 flags a rank 50% slower than the others).")
+            raise ConfigError(f"MonitoringConfig.straggler_factor={self.factor!r}: the straggler factor must be a "
+                              "number above 1 (1.5 flags a rank 50% slower than the others).")
         if self.window < 1:
-            raise ConfigError(f"{WINDOW_ENV}={self.window!r}: the window must be a positive number of samples.")
+            raise ConfigError(f"MonitoringConfig.straggler_window={self.window!r}: the window must be a positive "
+                              "number of samples.")
         if not 1 <= self.min_samples <= self.window:
-            raise ConfigError(f"{MIN_SAMPLES_ENV}={self.min_samples!r}: the minimum number of samples must be "
-                              f"between 1 and the window ({self.window}).")
+            raise ConfigError(f"MonitoringConfig.straggler_min_samples={self.min_samples!r}: the minimum number "
+                              f"of samples must be between 1 and the window ({self.window}).")
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> "StragglerRule":
-        """The defaults, changed by the MINITRAIN_STRAGGLER_* variables; ConfigError naming a bad one."""
-        values: dict = {}
-        for name, field, kind in ((FACTOR_ENV, "factor", float), (WINDOW_ENV, "window", int),
-                                  (MIN_SAMPLES_ENV, "min_samples", int)):
-            text = environ.get(name)
-            if text is None or not text.strip():
-                continue
-            try:
-                values[field] = kind(text)
-            except ValueError:
-                raise ConfigError(f"{name}={text!r} is not a {'number' if kind is float else 'whole number'}; "
-                                  f"unset it for the default ({getattr(cls, field)}).") from None
-        window = values.get("window", cls.window)
-        values.setdefault("min_samples", min(cls.min_samples, window))
-        return cls(**values)
+    def of(cls, monitoring: MonitoringConfig) -> "StragglerRule":
+        """The rule `monitoring` (a run's `RunConfig.monitoring_config`) sets."""
+        return cls(factor=monitoring.straggler_factor, window=monitoring.straggler_window,
+                   min_samples=monitoring.straggler_min_samples)
+
+    @classmethod
+    def from_env(cls) -> "StragglerRule":
+        """The rule of a default `MonitoringConfig`: the defaults, changed by the MINITRAIN_STRAGGLER_FACTOR,
+        _WINDOW and _MIN_SAMPLES variables; ConfigError naming a bad one."""
+        return cls.of(MonitoringConfig())
 
 
 def work_time(step_time_s: Optional[float], report_wait_s: Optional[float] = None,

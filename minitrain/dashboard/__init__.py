@@ -14,7 +14,7 @@ import logging
 import threading
 from typing import Iterator, Optional
 
-from minitrain.config import env_var
+from minitrain import knobs
 from minitrain.dashboard.api import RunView
 from minitrain.dashboard.server import DashboardServer, Route, StackDumper
 from minitrain.dashboard.settings import ENV_VAR, DashboardAddress, parse_address
@@ -28,7 +28,7 @@ __all__ = ["DashboardServer", "live_dashboard", "serve", "dashboard_address"]
 def dashboard_address() -> Optional[DashboardAddress]:
     """Where `MINITRAIN_DASHBOARD` asks the live dashboard to listen; None when it is turned off.
     Raises ConfigError for a value that names no address."""
-    return parse_address(env_var(ENV_VAR))
+    return parse_address(knobs.DASHBOARD.get())
 
 
 def serve(view: Optional[RunView], address: DashboardAddress, live: bool, dump_stacks: Optional[StackDumper] = None,

@@ -17,9 +17,10 @@ import ipaddress
 from dataclasses import dataclass
 from typing import Optional
 
+from minitrain import knobs
 from minitrain.errors import ConfigError
 
-ENV_VAR = "MINITRAIN_DASHBOARD"
+ENV_VAR = knobs.DASHBOARD.name
 LOOPBACK = "127.0.0.1"
 _OFF = {"0", "off", "false", "no"}
 

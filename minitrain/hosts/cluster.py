@@ -27,12 +27,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Optional, Union
 
+from minitrain import knobs
 from minitrain.errors import ConfigError
 
-# The environment variables read here (both listed in minitrain.config.ENV_VARS). `config.env_var`
-# reads only os.environ, and `cluster_from_environment` takes any mapping, so the names live here once.
-HOSTS_ENV_VAR = "MINITRAIN_HOSTS"
-HOSTFILE_ENV_VAR = "MINITRAIN_HOSTFILE"
+# The names of the environment variables read here (their table is minitrain.knobs); minitrain.tune
+# sets them for its trial processes.
+HOSTS_ENV_VAR = knobs.HOSTS.name
+HOSTFILE_ENV_VAR = knobs.HOSTFILE.name
 
 LOCAL_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -370,13 +371,14 @@ def load_hostfile(path: Union[str, os.PathLike]) -> tuple[HostSpec, ...]:
     return parse_hostfile(text, source=expanded)
 
 
-def cluster_from_environment(environ: Mapping[str, str] = os.environ) -> Optional[ClusterConfig]:
-    """The cluster named by ``MINITRAIN_HOSTS`` or ``MINITRAIN_HOSTFILE`` in `environ`, else None.
+def cluster_from_environment(environ: Optional[Mapping[str, str]] = None) -> Optional[ClusterConfig]:
+    """The cluster named by ``MINITRAIN_HOSTS`` or ``MINITRAIN_HOSTFILE`` in `environ` (default:
+    os.environ), else None.
 
     Empty values count as unset. Both set is a `ConfigError`. SSH options and the rest are defaults.
     """
-    hosts = environ.get(HOSTS_ENV_VAR, "").strip()
-    hostfile = environ.get(HOSTFILE_ENV_VAR, "").strip()
+    hosts = knobs.HOSTS.get(environ)
+    hostfile = knobs.HOSTFILE.get(environ)
     if hosts and hostfile:
         raise ConfigError(f"both {HOSTS_ENV_VAR}={hosts!r} and {HOSTFILE_ENV_VAR}={hostfile!r} are set; "
                           f"set only one of them.")

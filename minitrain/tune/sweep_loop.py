@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional
 
 import cloudpickle
 
+from minitrain import knobs
 from minitrain.dashboard.settings import ENV_VAR as DASHBOARD_ENV
 from minitrain.dashboard.sweep import trials_address_value
 from minitrain.errors import ConfigError
@@ -227,7 +228,7 @@ class SweepLoop:
                                                  trial.iteration, reservation.cluster))
         read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.spec.pythonpath),
-               "MINITRAIN_TUNE_PARENT": str(os.getpid()), **reservation.env,
+               knobs.TUNE_PARENT.name: str(os.getpid()), **reservation.env,
                # the trial's own subprocesses see only its hosts too (its fit()s get them in the payload)
                HOSTS_ENV_VAR: reservation.host_list()}
         env.pop(HOSTFILE_ENV_VAR, None)

@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 import cloudpickle
 
-from minitrain import _session, procs
+from minitrain import _session, knobs, procs
 from minitrain.hosts.cluster import ClusterConfig, use_cluster
 from minitrain.storage.sweep_state import TrialError
 from minitrain.tune import session as tune_session
@@ -65,7 +65,7 @@ def _read_payload(stream: Any) -> TrialPayload:
 def main(argv: list[str]) -> int:
     """Run one trial: read its payload on stdin, write results as JSON lines to fd argv[0], obey the
     tuner's continue/stop answers; dies by SIGINT with the tuner. Returns the exit code."""
-    procs.die_with_parent(signal.SIGINT, expected_parent=int(os.environ.get("MINITRAIN_TUNE_PARENT", "0")) or None)
+    procs.die_with_parent(signal.SIGINT, expected_parent=knobs.TUNE_PARENT.get())
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     stdin = sys.stdin.buffer
     payload = _read_payload(stdin)

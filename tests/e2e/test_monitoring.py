@@ -14,7 +14,7 @@ import time
 import pytest
 
 import minitrain
-from minitrain import RunConfig, ScalingConfig
+from minitrain import MonitoringConfig, RunConfig, ScalingConfig
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer
@@ -42,14 +42,18 @@ def _train(config: dict) -> None:
 
 def test_the_slow_rank_is_named_the_straggler_not_the_ranks_waiting_for_it(tmp_path, monkeypatch, caplog,
                                                                            capsys):
-    # A short window so the test stays short: 3 samples (about 3 s of training) decide.
+    # A short window so the test stays short: 3 samples (about 3 s of training) decide. The window comes
+    # from the environment; the minimum and the status interval are MonitoringConfig fields, which win
+    # over their variables (set here to values that would never flag a rank or print a line in time).
     monkeypatch.setenv("MINITRAIN_STRAGGLER_WINDOW", "5")
-    monkeypatch.setenv("MINITRAIN_STRAGGLER_MIN_SAMPLES", "3")
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_MIN_SAMPLES", "50")
+    monkeypatch.setenv("MINITRAIN_STATUS_INTERVAL_S", "3600")
+    monitoring = MonitoringConfig(straggler_min_samples=3, status_interval_s=1.0)
     trainer = TorchTrainer(
         _train, train_loop_config={"slow_rank": 2, "step_s": 0.05, "slow_step_s": 0.25, "train_s": 7.0,
                                    "checkpoint_every": 5},
         scaling_config=ScalingConfig(num_workers=3),
-        run_config=RunConfig(name="straggle", storage_path=str(tmp_path)))
+        run_config=RunConfig(name="straggle", storage_path=str(tmp_path), monitoring_config=monitoring))
     with caplog.at_level(logging.WARNING, logger="minitrain"):
         result = trainer.fit()
 
@@ -77,6 +81,9 @@ def test_the_slow_rank_is_named_the_straggler_not_the_ranks_waiting_for_it(tmp_p
     run = monitor.run()
     assert run["total"] == 1000 and 0 < run["progress"] < 1 and 0 < run["steps_per_s"] < 20
 
-    # Off a terminal (pytest captures stderr) the console's last status is one summary line.
-    [summary] = [line for line in capsys.readouterr().err.splitlines() if line.startswith("minitrain: straggle")]
+    # Off a terminal (pytest captures stderr) the status is a summary line every status_interval_s, and
+    # a last one at the end.
+    *during, summary = [line for line in capsys.readouterr().err.splitlines()
+                        if line.startswith("minitrain: straggle")]
+    assert len(during) >= 3  # about one a second over 7 s of training
     assert "attempt 0 FINISHED" in summary and "/1000 steps" in summary and "(slowest: rank 2)" in summary

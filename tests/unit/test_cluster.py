@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from minitrain import config
+from minitrain import knobs
 from minitrain.hosts import cluster
 from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions, parse_host_list, parse_hostfile
 from minitrain.errors import ConfigError
@@ -222,7 +222,7 @@ def test_cluster_config_validation(tmp_path):
 
 
 def test_env_var_names_are_documented():
-    assert cluster.HOSTS_ENV_VAR in config.ENV_VARS and cluster.HOSTFILE_ENV_VAR in config.ENV_VARS
+    assert (cluster.HOSTS_ENV_VAR, cluster.HOSTFILE_ENV_VAR) == (knobs.HOSTS.name, knobs.HOSTFILE.name)
 
 
 def test_cluster_from_environment(tmp_path):

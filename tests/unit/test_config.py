@@ -15,20 +15,20 @@ from hypothesis import strategies as st
 
 from minitrain import config as config_module
 from minitrain.config import (
-    ENV_VARS,
     CheckpointConfig,
     DataConfig,
     FailureConfig,
     LoggingConfig,
+    MonitoringConfig,
     ReadOnlyDict,
     RunConfig,
     ScalingConfig,
     TorchConfig,
-    env_var,
 )
 from minitrain.errors import ConfigError
 
-ALL_CONFIGS = [ScalingConfig, CheckpointConfig, FailureConfig, LoggingConfig, RunConfig, TorchConfig, DataConfig]
+ALL_CONFIGS = [ScalingConfig, CheckpointConfig, FailureConfig, LoggingConfig, MonitoringConfig, RunConfig, TorchConfig,
+               DataConfig]
 
 
 # --- defaults ------------------------------------------------------------------------------------
@@ -251,6 +251,15 @@ BAD = [
      {"locality_with_output": True}),
     (DataConfig, {"enable_shard_locality": "yes"}, ConfigError, "enable_shard_locality", "yes"),
     (DataConfig, {"enable_shard_locality": None}, ConfigError, "enable_shard_locality", None),
+    (MonitoringConfig, {"straggler_factor": 1}, ConfigError, "straggler_factor", 1),
+    (MonitoringConfig, {"straggler_factor": "1.5"}, ConfigError, "straggler_factor", "1.5"),
+    (MonitoringConfig, {"straggler_window": 0}, ConfigError, "straggler_window", 0),
+    (MonitoringConfig, {"straggler_window": 2.0}, ConfigError, "straggler_window", 2.0),
+    (MonitoringConfig, {"straggler_min_samples": 0}, ConfigError, "straggler_min_samples", 0),
+    (MonitoringConfig, {"status_interval_s": 0}, ConfigError, "status_interval_s", 0),
+    (MonitoringConfig, {"status_interval_s": float("inf")}, ConfigError, "status_interval_s", float("inf")),
+    (RunConfig, {"monitoring_config": {"straggler_factor": 2}}, ConfigError, "monitoring_config",
+     {"straggler_factor": 2}),
 ]
 
 
@@ -413,50 +422,54 @@ def test_total_resources_is_per_worker_times_num_workers(n, use_gpu, cpus):
     assert s.num_cpus_per_worker == (1.0 if cpus is None and not use_gpu else float(cpus or 0.0))
 
 
-# --- FailureConfig retry arithmetic --------------------------------------------------------------
+# --- MonitoringConfig: fields with environment defaults ------------------------------------------
+
+_MONITORING_VARS = ("MINITRAIN_STRAGGLER_FACTOR", "MINITRAIN_STRAGGLER_WINDOW", "MINITRAIN_STRAGGLER_MIN_SAMPLES",
+                    "MINITRAIN_STATUS_INTERVAL_S")
 
 
-def test_max_failures_zero_never_retries():
-    f = FailureConfig(max_failures=0)
-    assert not f.allows_retry(1)
-    assert f.retries_left(0) == 0
+@pytest.fixture
+def no_monitoring_env(monkeypatch):
+    for name in _MONITORING_VARS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
 
 
-def test_max_failures_one_retries_once():
-    f = FailureConfig(max_failures=1)
-    assert f.retries_left(0) == 1
-    assert f.allows_retry(1) and f.retries_left(1) == 0
-    assert not f.allows_retry(2) and f.retries_left(2) == 0
+def test_monitoring_defaults(no_monitoring_env):
+    m = MonitoringConfig()
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (1.5, 10, 5, 30.0)
+    assert RunConfig(name="r").monitoring_config == m
+    assert MonitoringConfig(straggler_window=3).straggler_min_samples == 3  # the default 5, capped by the window
 
 
-def test_preemption_budget_mirrors_retries_left():
-    assert FailureConfig().preemption_retries_left(10**9) is None  # default -1: unlimited, as Ray
-    f = FailureConfig(max_preemption_failures=2)
-    assert [f.preemption_retries_left(n) for n in range(4)] == [2, 1, 0, 0]
-    assert FailureConfig(max_preemption_failures=0).preemption_retries_left(0) == 0
-    # the preemption budget is apart from max_failures
-    both = FailureConfig(max_failures=0, max_preemption_failures=3)
-    assert (both.retries_left(0), both.preemption_retries_left(0)) == (0, 3)
+def test_monitoring_fields_default_to_their_environment_variables(no_monitoring_env):
+    for name, value in zip(_MONITORING_VARS, ("2", "4", "2", "5")):
+        no_monitoring_env.setenv(name, value)
+    m = RunConfig(name="r").monitoring_config
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (2.0, 4, 2, 5.0)
+    no_monitoring_env.delenv("MINITRAIN_STRAGGLER_MIN_SAMPLES")
+    assert MonitoringConfig().straggler_min_samples == 4  # the default 5, capped by the environment's window
 
 
-@pytest.mark.parametrize("bad", [-1, 1.0, None, True])
-def test_preemption_counts_are_checked(bad):
-    with pytest.raises(ValueError, match=r"preemptions_so_far must be an int >= 0, got " + re.escape(repr(bad))):
-        FailureConfig().preemption_retries_left(bad)
+def test_monitoring_fields_override_the_environment(no_monitoring_env):
+    for name, value in zip(_MONITORING_VARS, ("2", "4", "2", "5")):
+        no_monitoring_env.setenv(name, value)
+    m = MonitoringConfig(straggler_factor=3, straggler_window=20, straggler_min_samples=8, status_interval_s=0.5)
+    assert (m.straggler_factor, m.straggler_window, m.straggler_min_samples, m.status_interval_s) == (3, 20, 8, 0.5)
+    no_monitoring_env.setenv("MINITRAIN_STATUS_INTERVAL_S", "soon")  # a bad variable under a set field is not read
+    assert MonitoringConfig(status_interval_s=1).status_interval_s == 1
 
 
-def test_max_failures_minus_one_is_unlimited():
-    f = FailureConfig(max_failures=-1)
-    assert all(f.allows_retry(n) for n in (1, 10, 10**9))
-    assert f.retries_left(10**9) is None
+def test_a_bad_monitoring_variable_names_the_variable(no_monitoring_env):
+    no_monitoring_env.setenv("MINITRAIN_STATUS_INTERVAL_S", "soon")
+    with pytest.raises(ConfigError, match="MINITRAIN_STATUS_INTERVAL_S='soon'.*above 0"):
+        RunConfig(name="r")
 
 
-@pytest.mark.parametrize("bad", [-1, 1.0, None, True])
-def test_failure_counts_are_checked(bad):
-    with pytest.raises(ValueError, match=re.escape(repr(bad))):
-        FailureConfig().allows_retry(bad)
-    with pytest.raises(ValueError):
-        FailureConfig().retries_left(bad)
+def test_min_samples_above_the_window_names_both_fields_and_variables(no_monitoring_env):
+    with pytest.raises(ConfigError, match=r"straggler_min_samples .*MINITRAIN_STRAGGLER_MIN_SAMPLES.*straggler_window "
+                                          r"\(4; default: MINITRAIN_STRAGGLER_WINDOW\), got 6"):
+        MonitoringConfig(straggler_window=4, straggler_min_samples=6)
 
 
 # --- RunConfig paths -----------------------------------------------------------------------------
@@ -522,41 +535,42 @@ def test_data_config_should_split():
     assert not DataConfig(datasets_to_split=[]).should_split("train")
 
 
-# --- environment variables -----------------------------------------------------------------------
-
-
-def test_env_vars_are_documented_in_the_module_docstring():
-    assert set(ENV_VARS) == {"MINITRAIN_HOSTS", "MINITRAIN_HOSTFILE", "MINITRAIN_LOG_LEVEL", "MINITRAIN_DASHBOARD",
-                             "MINITRAIN_RELAY"}
-    for name in ENV_VARS:
-        assert f"``{name}``" in config_module.__doc__
-
-
-def test_env_var_reads_only_listed_names(monkeypatch):
-    monkeypatch.setenv("MINITRAIN_LOG_LEVEL", "DEBUG")
-    assert env_var("MINITRAIN_LOG_LEVEL") == "DEBUG"
-    monkeypatch.delenv("MINITRAIN_HOSTS", raising=False)
-    assert env_var("MINITRAIN_HOSTS", "localhost") == "localhost"
-    with pytest.raises(KeyError, match="MINITRAIN_SECRET_KNOB"):
-        env_var("MINITRAIN_SECRET_KNOB")
-
-
 # --- house rules ---------------------------------------------------------------------------------
 
 
-def test_config_module_imports_only_stdlib_and_errors():
+def test_config_package_imports_only_stdlib_errors_knobs_and_itself():
     import ast
     import sys
 
-    tree = ast.parse(pathlib.Path(config_module.__file__).read_text())
     imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            imported.add(node.module)
-    allowed = set(sys.stdlib_module_names) | {"minitrain.errors"}
-    assert {name for name in imported if name.split(".")[0] not in allowed and name not in allowed} == set()
+    for path in pathlib.Path(config_module.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                imported.update({f"minitrain.{alias.name}" for alias in node.names} if node.module == "minitrain"
+                                else {node.module})
+    allowed = set(sys.stdlib_module_names) | {"minitrain.errors", "minitrain.knobs"}
+    outside = {name for name in imported if name.split(".")[0] not in allowed and name not in allowed
+               and not name.startswith("minitrain.config.")}
+    assert outside == set()
+
+
+def test_the_package_exports_every_public_config_name():
+    import minitrain.config._validate
+    import minitrain.config.data
+    import minitrain.config.run
+    import minitrain.config.scaling
+    import minitrain.config.torch_config
+
+    for module in (minitrain.config._validate, minitrain.config.data, minitrain.config.run,
+                   minitrain.config.scaling, minitrain.config.torch_config):
+        public = {name for name, value in vars(module).items() if not name.startswith("_")
+                  and getattr(value, "__module__", module.__name__) == module.__name__
+                  and not isinstance(value, type(pathlib))}
+        public -= {"annotations", "logger", "T"}
+        assert public <= set(config_module.__all__), (module.__name__, public - set(config_module.__all__))
+        assert all(getattr(config_module, name) is getattr(module, name) for name in public)
 
 
 def test_configs_are_frozen_kw_only_slotted_and_documented():

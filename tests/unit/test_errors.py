@@ -266,9 +266,9 @@ def _failure(kind, exc_type="", message="m", **fields):
     ("EXCEPTION", "NodeLostError", "RemoteWorkerError"),
 ])
 def test_the_failure_kind_alone_picks_the_error_class(kind, exc_type, expected):
-    from minitrain.trainer import _rebuild_exception
+    from minitrain.errors import rebuild_exception
 
-    rebuilt = _rebuild_exception(_failure(kind, exc_type, exit_code=3), None)
+    rebuilt = rebuild_exception(_failure(kind, exc_type, exit_code=3), None)
     assert type(rebuilt).__name__ == expected
 
 

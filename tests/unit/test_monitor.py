@@ -9,6 +9,7 @@ import logging
 
 import pytest
 
+from minitrain.config import MonitoringConfig
 from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, GpuSample, RoundInfo, RunInfo, TelemetrySample,
@@ -62,16 +63,30 @@ def test_the_cause_is_data_wait_when_the_extra_data_wait_explains_the_excess():
     assert started[0].cause == "compute"
 
 
-def test_the_rule_comes_from_the_environment_and_bad_values_name_the_variable():
-    rule = StragglerRule.from_env({"MINITRAIN_STRAGGLER_FACTOR": "1.2", "MINITRAIN_STRAGGLER_WINDOW": "3"})
+def test_the_rule_comes_from_the_environment_and_bad_values_name_the_variable(monkeypatch):
+    for name in ("MINITRAIN_STRAGGLER_FACTOR", "MINITRAIN_STRAGGLER_WINDOW", "MINITRAIN_STRAGGLER_MIN_SAMPLES"):
+        monkeypatch.delenv(name, raising=False)
+    assert StragglerRule.from_env() == StragglerRule()
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_FACTOR", "1.2")
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_WINDOW", "3")
+    rule = StragglerRule.from_env()
     assert (rule.factor, rule.window, rule.min_samples) == (1.2, 3, 3)
-    assert StragglerRule.from_env({}) == StragglerRule()
+    monkeypatch.delenv("MINITRAIN_STRAGGLER_WINDOW")
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_FACTOR", "fast")
     with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR='fast'"):
-        StragglerRule.from_env({"MINITRAIN_STRAGGLER_FACTOR": "fast"})
-    with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR=0.9"):
-        StragglerRule.from_env({"MINITRAIN_STRAGGLER_FACTOR": "0.9"})
-    with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_MIN_SAMPLES=11"):
-        StragglerRule.from_env({"MINITRAIN_STRAGGLER_MIN_SAMPLES": "11"})
+        StragglerRule.from_env()
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_FACTOR", "0.9")
+    with pytest.raises(ConfigError, match="MINITRAIN_STRAGGLER_FACTOR='0.9'"):
+        StragglerRule.from_env()
+    monkeypatch.delenv("MINITRAIN_STRAGGLER_FACTOR")
+    monkeypatch.setenv("MINITRAIN_STRAGGLER_MIN_SAMPLES", "11")
+    with pytest.raises(ConfigError, match="straggler_min_samples.*MINITRAIN_STRAGGLER_MIN_SAMPLES.* got 11"):
+        StragglerRule.from_env()
+
+
+def test_the_rule_comes_from_the_run_monitoring_config():
+    rule = StragglerRule.of(MonitoringConfig(straggler_factor=2, straggler_window=4, straggler_min_samples=2))
+    assert (rule.factor, rule.window, rule.min_samples) == (2.0, 4, 2)
 
 
 def sample(rank, t, step, attempt=1, total=None, data=None):

@@ -249,7 +249,7 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     (None, 2, False), (None, 127, False), (None, 128, True), ("auto", 4096, True), ("AUTO", 8, False),
     ("1", 2, True), ("on", 2, True), ("0", 4096, False), ("off", 4096, False), (" no ", 4096, False)])
 def test_minitrain_relay_decides_who_relays(monkeypatch, value, workers, relayed):
-    from minitrain.config import relays_workers
+    from minitrain.trainer import relays_workers
 
     if value is None:
         monkeypatch.delenv("MINITRAIN_RELAY", raising=False)

@@ -1,0 +1,187 @@
+"""Every ``MINITRAIN_*`` environment variable minitrain reads, in one table (L0: stdlib only).
+
+This module is the only one that reads ``MINITRAIN_*`` variables from the environment, and `KNOBS`
+lists every one of them (as Ray's ``constants.py`` lists its ``RAY_TRAIN_*`` variables):
+`tests/unit/test_knobs.py` greps the package to prove both. A `Knob` holds the variable's name, its
+default, the parser that turns its text into a value, a one-line doc, and whether users set it
+(`internal` ones are set by minitrain for its own child processes). A module reads a knob with
+`knob.get()` (from `os.environ`) or `knob.get(environ)` (a given mapping: a test's, a child's
+environment), and names it with `knob.name`; a bad value raises `ConfigError` naming the variable, the
+value and the fix. A blank value counts as unset.
+
+Some knobs are the defaults of config fields: the straggler rule and the status interval are
+`RunConfig(monitoring_config=MonitoringConfig(...))` fields, whose unset fields take these variables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable, Generic, Optional, TypeVar
+
+from minitrain.errors import ConfigError
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Knob(Generic[T]):
+    """One environment variable: `parse` turns its (stripped, non-blank) text into the value, or
+    raises ValueError with what is wrong and how to fix it; `default` is the value while it is unset."""
+
+    name: str
+    default: T
+    parse: Callable[[str], T]
+    doc: str
+    internal: bool = False
+
+    def text(self, environ: Optional[Mapping[str, str]] = None) -> Optional[str]:
+        """The variable's text in `environ` (default: `os.environ`), stripped; None when unset or blank."""
+        value = (os.environ if environ is None else environ).get(self.name)
+        if value is None or not value.strip():
+            return None
+        return value.strip()
+
+    def get(self, environ: Optional[Mapping[str, str]] = None) -> T:
+        """The parsed value in `environ` (default: `os.environ`), or `default` when unset or blank.
+
+        Raises ConfigError naming the variable, its value and the fix for a value `parse` refuses."""
+        text = self.text(environ)
+        if text is None:
+            return self.default
+        try:
+            return self.parse(text)
+        except ValueError as exc:
+            default = "" if self.default is None else f" ({_shown(self.default)})"
+            raise ConfigError(f"{self.name}={text!r}: {exc}; or unset {self.name} for the default{default}.") \
+                from None
+
+
+def _shown(default: Any) -> str:
+    if isinstance(default, bool):
+        return "1" if default else "0"
+    return f"{default:g}" if isinstance(default, float) else str(default)
+
+
+# ---------------------------------------------------------------------------------- parsers
+
+_ON = ("1", "on", "true", "yes")
+_OFF = ("0", "off", "false", "no")
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _switch(text: str) -> bool:
+    value = text.lower()
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError(f"use one of {', '.join(_ON)} (on) or {', '.join(_OFF)} (off)")
+
+
+def _relay(text: str) -> Optional[bool]:
+    value = text.lower()
+    if value == "auto":
+        return None
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError("not a known value; use auto (the default: relay from 128 workers on), 1 (always relay) "
+                     "or 0 (never relay)")
+
+
+def _status(text: str) -> str:
+    value = text.lower()
+    if value in ("auto", "lines"):
+        return value
+    if value in _ON or value in _OFF:
+        return "auto" if value in _ON else "off"
+    raise ValueError("use 0 (or off) to turn the status off, lines for summary lines even on a terminal, or "
+                     "auto (a block on a terminal, lines elsewhere)")
+
+
+def _number_above(bound: float, what: str) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not value > bound or value == float("inf"):
+            raise ValueError(f"must be a finite number above {bound:g} ({what})")
+        return value
+    return parse
+
+
+def _count(what: str) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = 0
+        if value < 1:
+            raise ValueError(f"must be a whole number >= 1 ({what})")
+        return value
+    return parse
+
+
+def _pid(text: str) -> Optional[int]:
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError("must be a process id (minitrain sets it for the trial processes of a sweep)")
+    return int(text)
+
+
+# ---------------------------------------------------------------------------------- the table
+
+HOSTS: Knob[Optional[str]] = Knob(
+    "MINITRAIN_HOSTS", None, _text,
+    "Comma-separated hosts (HOST or HOST:SLOTS) of the next run when minitrain.init() named none "
+    "(minitrain.hosts.cluster); not with MINITRAIN_HOSTFILE.")
+HOSTFILE: Knob[Optional[str]] = Knob(
+    "MINITRAIN_HOSTFILE", None, _text,
+    "Path of a file naming one host per line, used as MINITRAIN_HOSTS is (minitrain.hosts.cluster).")
+DASHBOARD: Knob[Optional[str]] = Knob(
+    "MINITRAIN_DASHBOARD", None, _text,
+    "Where fit() and Tuner.fit() serve the live dashboard and /metrics: unset for 127.0.0.1 on a free port, "
+    "HOST:PORT, HOST or PORT, or 0 to turn it off (parsed by minitrain.dashboard.settings).")
+RELAY: Knob[Optional[bool]] = Knob(
+    "MINITRAIN_RELAY", None, _relay,
+    "Whether workers' streams go through their node agent's relay: auto (default: from 128 workers on), "
+    "1 (always) or 0 (never).")
+STATUS: Knob[str] = Knob(
+    "MINITRAIN_STATUS", "auto", _status,
+    "The driver's live status: auto (a block at the bottom of a terminal, summary lines elsewhere), lines "
+    "(summary lines even on a terminal) or 0 (off).")
+STATUS_INTERVAL_S: Knob[float] = Knob(
+    "MINITRAIN_STATUS_INTERVAL_S", 30.0, _number_above(0, "seconds between status lines"),
+    "Seconds between the status summary lines off a terminal: the default of "
+    "MonitoringConfig.status_interval_s.")
+TELEMETRY: Knob[bool] = Knob(
+    "MINITRAIN_TELEMETRY", True, _switch,
+    "0 turns off each rank's telemetry (step and wait times sampled about once a second, minitrain.waits).")
+STRAGGLER_FACTOR: Knob[float] = Knob(
+    "MINITRAIN_STRAGGLER_FACTOR", 1.5, _number_above(1, "1.5 flags a rank 50% slower than the others"),
+    "A rank is a straggler from this many times the others' median work time per step: the default of "
+    "MonitoringConfig.straggler_factor.")
+STRAGGLER_WINDOW: Knob[int] = Knob(
+    "MINITRAIN_STRAGGLER_WINDOW", 10, _count("telemetry samples per rank the straggler rule takes the median of"),
+    "Telemetry samples per rank whose median the straggler rule judges: the default of "
+    "MonitoringConfig.straggler_window.")
+STRAGGLER_MIN_SAMPLES: Knob[int] = Knob(
+    "MINITRAIN_STRAGGLER_MIN_SAMPLES", 5, _count("samples a rank needs before it is judged"),
+    "Samples a rank needs before the straggler rule judges it (unset: 5, or the window when that is "
+    "smaller): the default of MonitoringConfig.straggler_min_samples.")
+TUNE_PARENT: Knob[Optional[int]] = Knob(
+    "MINITRAIN_TUNE_PARENT", None, _pid,
+    "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",
+    internal=True)
+
+KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
+                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, TUNE_PARENT)
+
+
+def check_all(environ: Optional[Mapping[str, str]] = None) -> None:
+    """Parse every knob in `environ` (default: `os.environ`); raises the first ConfigError, so that a run
+    can refuse a bad value before it creates anything."""
+    for knob in KNOBS:
+        knob.get(environ)
