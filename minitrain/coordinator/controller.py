@@ -567,4 +567,4 @@ def _sigint_noted(note: Callable[[], None]):
 
 def _root_cause_text(tracker: AttemptTracker) -> str:
     """One line naming the attempt's root-cause failure, for the log and the run state."""
-    return render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
+    return tracker.root_cause_line()
