@@ -60,8 +60,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     storage = Storage.for_run(out_dir, "run")
     storage.makedirs()
     node_ids = tuple(f"node{i:04d}" for i in range(ranks // SLOTS))
-    spec = RunSpec(run_id="bench", experiment_name="bench", run_path=storage.url(), num_workers=ranks,
-                   node_ids=node_ids, payload=b"", backend="gloo", dist_timeout_s=600.0,
+    settings = LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"", backend="gloo",
+                              dist_timeout_s=600.0, cwd="", worker_env={})
+    spec = RunSpec(run_id="bench", num_workers=ranks, node_ids=node_ids, launch=settings,
                    failure_policy=FailureConfig(max_failures=0), node_slots={n: SLOTS for n in node_ids})
     mon = RunMonitor(storage) if monitor else None
     checkpoints = CheckpointManager.load(storage, CheckpointConfig())
@@ -81,8 +82,7 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     controller._nodes = dict(nodes)
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"",
-                                                   backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
+                                    settings,
                                     ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()),
                                     time.time)
     controller._attempt_ended = False

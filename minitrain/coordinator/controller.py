@@ -75,26 +75,20 @@ class AgentHandles(Protocol):
 
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything the controller needs to run one `fit()`; built by the trainer."""
+    """Everything the controller needs to run one `fit()`; built by the trainer. `launch` is what
+    every worker of every attempt is told (its experiment name and run path name the run too)."""
 
     run_id: str
-    experiment_name: str
-    run_path: str
     num_workers: int
     node_ids: tuple[str, ...]
-    payload: bytes
-    backend: str
-    dist_timeout_s: float
+    launch: LaunchSettings
     failure_policy: FailurePolicy
-    worker_env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str = ""
     gpus_per_worker: float = 0.0
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
     local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
-    relay: bool = False  # workers' streams go through their agents' relays (config.relays_workers)
 
 
 class Controller:
@@ -149,7 +143,7 @@ class Controller:
         raises ConfigError after the teardown.
         """
         spec = self._spec
-        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.experiment_name, spec.run_path,
+        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
                                                        spec.num_workers, self._clock(),
                                                        request_stacks=self.request_stacks))
         try:
@@ -311,11 +305,8 @@ class Controller:
         resume = ResumePoint(checkpoint_dir=latest.dir_name if latest is not None else "",
                              report_index_base=self._commits.report_base,
                              committed_dir_names=tuple(sorted(self._checkpoints.committed_dir_names)))
-        settings = LaunchSettings(experiment_name=spec.experiment_name, run_path=spec.run_path,
-                                  payload=spec.payload, backend=spec.backend, dist_timeout_s=spec.dist_timeout_s,
-                                  cwd=spec.cwd, worker_env=spec.worker_env, relay=spec.relay)
         self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
-                                        settings, resume, self._clock)
+                                        spec.launch, resume, self._clock)
         self._attempt_ended = False
         hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
         self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
@@ -522,7 +513,7 @@ class Controller:
         if failures:
             hint = (f"The failure budget is spent (FailureConfig.max_failures="
                     f"{self._spec.failure_policy.max_failures}); raise it to retry more often. "
-                    f"Worker logs: {self._spec.run_path}/logs/attempt_{tracker.attempt}/")
+                    f"Worker logs: {self._spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
             message = render_failures(list(failures), tracker.attempt, hint)
         if self._start_error:
             message = f"{message}\n\nNo restart was possible: {self._start_error}"

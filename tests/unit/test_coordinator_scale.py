@@ -264,8 +264,8 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     storage.makedirs()
     nodes = {"n0": NodeInfo(node_id="n0", hostname="n0", address="127.0.0.1", agent_pid=1, cpus=ranks,
                             memory_bytes=1 << 30)}
-    spec = RunSpec(run_id="r", experiment_name="e", run_path=storage.url(), num_workers=ranks, node_ids=("n0",),
-                   payload=b"", backend="gloo", dist_timeout_s=60.0, failure_policy=policy)
+    settings = LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {})
+    spec = RunSpec(run_id="r", num_workers=ranks, node_ids=("n0",), launch=settings, failure_policy=policy)
     controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
                             MetricsLog(storage), clock=clock, observers=observers)
     tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
@@ -276,7 +276,7 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     controller._nodes = dict(nodes)
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
+                                    settings,
                                     ResumePoint("", 0, ()), clock)
     return controller, tracker
 
