@@ -91,9 +91,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
         mon.on_run_start(RunInfo("bench", "bench", storage.url(), ranks, now))
         mon.on_attempt_start(AttemptInfo(0, tuple(node_ids[r // SLOTS] for r in range(ranks)), now))
     for rank in range(ranks):  # every rank has a pace (two intervals): its hang deadline is known
-        controller._pace.started(rank)
+        controller._hangs.pace.started(rank)
         for k in range(3):
-            controller._pace.reported(rank, now - 3 + k)
+            controller._hangs.pace.reported(rank, now - 3 + k)
     return controller, mon
 
 

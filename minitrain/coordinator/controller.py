@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import math
 import queue
 import signal
 import threading
@@ -23,13 +22,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker, RankState
+from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
-from minitrain.coordinator.hangs import AUTO, AUTO_FLOOR_S, HangRule, Pace
+from minitrain.coordinator.hang_watch import HangWatch
+from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
@@ -40,7 +40,7 @@ from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
-from minitrain.records import NodeInfo, Phase, RunOutcome
+from minitrain.records import NodeInfo, RunOutcome
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain")
@@ -108,9 +108,8 @@ class Controller:
         policy = spec.failure_policy
         self._rules = Rules(max_failures=policy.max_failures, stop_grace_s=policy.worker_stop_grace_s,
                             agent_start_timeout_s=spec.agent_start_timeout_s)
-        self._hang_rule = HangRule(timeout_s=policy.worker_hang_timeout_s,
-                                   floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S)
-        self._pace = Pace()  # every rank's report intervals, across attempts
+        self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
+                                         floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._machine = RunStateMachine(clock)
         self._loop = Loop()
         self._nodes: dict[str, NodeInfo] = {}
@@ -124,9 +123,6 @@ class Controller:
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
         self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
         self._training_tracker: Optional[AttemptTracker] = None  # the attempt seen with every rank training
-        # The hang watch (_watched): the attempt it was last built for, then, and when it is due again.
-        self._watch_tracker: Optional[AttemptTracker] = None
-        self._watch_from = self._watch_due = 0.0
 
     @property
     def state(self) -> RunState:
@@ -221,7 +217,7 @@ class Controller:
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
             all_training=self._all_training(tracker), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
-            watched=self._watched(tracker, now),
+            watched=self._hangs.watched(tracker, now),
             root_cause=_root_cause_text(tracker) if failed else "")
 
     # ------------------------------------------------------------------ actions
@@ -245,7 +241,7 @@ class Controller:
         elif isinstance(action, CollectStacks):
             group.collect_stacks()
         elif isinstance(action, DeclareHung):
-            group.declare_hung(action.ranks, {r: self._hang_deadline(group.tracker, r) for r in action.ranks})
+            group.declare_hung(action.ranks, {r: self._hangs.deadline(group.tracker, r) for r in action.ranks})
         elif isinstance(action, CloseStreams):
             group.close_streams()
         elif isinstance(action, PrepareForkServers):
@@ -388,9 +384,7 @@ class Controller:
         elif group is None or _attempt_of(event) != group.attempt:
             self._reject_stale(event)
         elif isinstance(event, ev.WorkerPhaseChanged):
-            state = group.tracker.ranks.get(event.rank)
-            if state is not None and state.phase < Phase.TRAINING <= event.phase:
-                self._pace.started(event.rank)  # the interval up to its first report spans a start
+            self._hangs.phase_changed(group.tracker, event)
             group.handle(event)
         elif isinstance(event, ev.TelemetryReceived):
             self._observe_telemetry(group.tracker, event.sample)
@@ -422,9 +416,7 @@ class Controller:
         if not current:
             return
         self._commits.on_reports(group.tracker, current)
-        now, reported = self._clock(), self._pace.reported
-        for report in current:
-            reported(report.rank, now)
+        self._hangs.reported(current, self._clock())
 
     def _observe_telemetry(self, tracker: AttemptTracker, sample: TelemetrySample) -> None:
         """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
@@ -444,45 +436,6 @@ class Controller:
                 return False
             self._training_tracker = tracker
         return True
-
-    def _watched(self, tracker: AttemptTracker, now: float) -> dict[int, Watch]:
-        """The hang clock of every live rank in its training function that has a deadline; empty
-        while no rank can be silent past its deadline at `now`.
-
-        Building it scans every rank: at thousands of ranks, doing that at every turn of the loop was
-        the largest cost per event. So it is built only when the earliest moment a rank could be past
-        its deadline has come (`_watch_due`), and that moment is kept: the minimum over the live
-        training ranks of their last progress plus their deadline. A deadline that can shrink
-        without an event of the rank itself (taken from the group's pace) counts as the rule's
-        shortest one. Every event that changes a rank's own deadline (a report, a phase) also restarts
-        its clock at or after the scan, as does a rank's entry into training, and no deadline is
-        shorter than the rule's shortest: no rank can be silent past its deadline before then."""
-        if tracker is self._watch_tracker and self._watch_from <= now < self._watch_due:
-            return {}
-        rule, pace = self._hang_rule, self._pace
-        shortest = rule.shortest_deadline_s()
-        fixed = rule.timeout_s != AUTO  # the deadline does not depend on a pace
-        watched = {}
-        due = math.inf if shortest is None else now + shortest
-        for rank, state in tracker.ranks.items():
-            if state.phase >= Phase.TRAINING and not state.done and not state.exited:
-                deadline_s = rule.deadline_s(pace.slowest(rank), **self._hang_facts(state))
-                if deadline_s is not None:
-                    watched[rank] = Watch(state.last_progress, deadline_s)
-                if shortest is not None:
-                    own = deadline_s is not None and (fixed or pace.knows(rank))
-                    due = min(due, state.last_progress + (deadline_s if own else shortest))
-        self._watch_tracker, self._watch_from, self._watch_due = tracker, now, due
-        return watched
-
-    def _hang_deadline(self, tracker: AttemptTracker, rank: int) -> tuple[float, str]:
-        """How long hung `rank` could stay silent, and how that was set (for its failure message)."""
-        slowest, facts = self._pace.slowest(rank), self._hang_facts(tracker.ranks[rank])
-        return self._hang_rule.deadline_s(slowest, **facts) or 0.0, self._hang_rule.explain(slowest, **facts)
-
-    @staticmethod
-    def _hang_facts(state: RankState) -> dict[str, bool]:
-        return {"starting": state.last_round is None, "uploading": state.phase is Phase.CHECKPOINT_UPLOAD}
 
     def _reject_stale(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.WorkerConnected):
