@@ -79,7 +79,8 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
         state.last_progress = now
     nodes = {n: NodeInfo(node_id=n, hostname=n, address="127.0.0.1", agent_pid=1, cpus=SLOTS, memory_bytes=1 << 34)
              for n in node_ids}
-    controller._nodes = dict(nodes)
+    for node in nodes.values():
+        controller._membership.connected(ev.AgentConnected(node))
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
                                     settings,

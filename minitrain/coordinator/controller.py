@@ -34,13 +34,13 @@ from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
 )
-from minitrain.coordinator.policy import HostBackoff
+from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
-from minitrain.records import NodeInfo, RunOutcome
+from minitrain.records import RunOutcome
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain")
@@ -58,19 +58,6 @@ class FailurePolicy(Protocol):
 
     def allows_retry(self, failures_so_far: int) -> bool:
         """True when one more attempt may start after `failures_so_far` failures."""
-
-
-class AgentHandles(Protocol):
-    """The launcher's view of the agent processes it started."""
-
-    def dead_agents(self) -> dict[str, str]:
-        """node_id -> why, for agents whose process ended before they should have."""
-
-    def relaunch(self, node_id: str) -> bool:
-        """Start a new agent for a node whose agent died; False when that is not possible."""
-
-    def forget(self, node_id: str) -> None:
-        """Stop waiting for the agent of `node_id` (it failed to come back)."""
 
 
 @dataclass(frozen=True)
@@ -103,7 +90,6 @@ class Controller:
         self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
         self._hub = hub
         self._events = events
-        self._agents = agents
         self._clock = clock
         policy = spec.failure_policy
         self._rules = Rules(max_failures=policy.max_failures, stop_grace_s=policy.worker_stop_grace_s,
@@ -112,11 +98,8 @@ class Controller:
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._machine = RunStateMachine(clock)
         self._loop = Loop()
-        self._nodes: dict[str, NodeInfo] = {}
-        self._streams: dict[str, int] = {}  # node_id -> its agent's current stream
-        self._lost_nodes: dict[str, str] = {}
-        self._relaunched: list[str] = []  # lost nodes given a new agent, not yet back
-        self._backoff = HostBackoff()
+        self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
+        self._nodes = self._membership.nodes  # the connected agents' nodes (Membership's, read only)
         self._group: Optional[WorkerGroup] = None
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
@@ -198,16 +181,11 @@ class Controller:
 
     def _observe(self, now: float) -> Seen:
         """What is true at `now`, for `decide`."""
-        expected = [n for n in self._spec.node_ids if n not in self._lost_nodes]
-        missing = tuple(n for n in expected if n not in self._nodes)
-        agents_failed = ""
-        if missing:
-            dead = {n: why for n, why in self._agents.dead_agents().items() if n in missing}
-            if dead:
-                agents_failed = "node agent(s) failed to start: " + "; ".join(
-                    f"{n}: {why}" for n, why in sorted(dead.items()))
+        membership = self._membership
+        missing = membership.missing()
         interrupted, self._interrupts = self._interrupts > 0, 0
-        seen = Seen(agents_missing=missing, agents_failed=agents_failed, lost_nodes=bool(self._lost_nodes),
+        seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
+                    lost_nodes=bool(membership.lost),
                     start_error=self._start_error, interrupted=interrupted)
         if self._group is None:
             return seen
@@ -229,9 +207,9 @@ class Controller:
         elif isinstance(action, StartAttempt):
             self._start(action.attempt)
         elif isinstance(action, RelaunchAgents):
-            self._relaunch_lost_agents()
+            self._membership.relaunch_lost()
         elif isinstance(action, ForgetAgents):
-            self._forget_relaunched(action.reason)
+            self._membership.forget_relaunched(action.reason)
         elif isinstance(action, LogLate):
             self._log_late(action.stage)
         elif group is None:
@@ -280,17 +258,17 @@ class Controller:
 
     def _start(self, attempt: int) -> None:
         """Place the ranks of `attempt` on the nodes that are in, and start them."""
-        nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes and n in self._nodes]
+        nodes = self._membership.usable()
         spec = self._spec
         try:
             assignments = assign_ranks(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
                                        spec.cpus_per_worker, dict(spec.node_slots))
         except ConfigError as exc:
-            if not self._lost_nodes:  # the request itself is unsatisfiable: never retried
+            if not self._membership.lost:  # the request itself is unsatisfiable: never retried
                 self._config_error = exc
                 self._start_error = str(exc)
                 return
-            lost = "; ".join(f"{n} ({why})" for n, why in sorted(self._lost_nodes.items()))
+            lost = self._membership.lost_text()
             self._start_error = f"the hosts that remain cannot hold the run after losing {lost}: {exc}"
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
@@ -306,30 +284,6 @@ class Controller:
         self._attempt_ended = False
         hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
         self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
-
-    def _relaunch_lost_agents(self) -> None:
-        """Before a new attempt: replace lost agents on this machine at once; re-admit a lost remote
-        host only after its backoff (it may be gone for good)."""
-        now = self._clock()
-        self._relaunched = []
-        for node_id in list(self._lost_nodes):
-            if node_id not in self._spec.local_node_ids and not self._backoff.may_retry(node_id, now):
-                continue
-            if self._agents.relaunch(node_id):
-                logger.warning("node %s: starting a new agent (the old one was lost: %s)", node_id,
-                               self._lost_nodes[node_id])
-                self._nodes.pop(node_id, None)
-                del self._lost_nodes[node_id]
-                self._relaunched.append(node_id)
-
-    def _forget_relaunched(self, reason: str) -> None:
-        """Relaunched agents that did not connect stay out, and their hosts back off longer."""
-        for node_id in self._relaunched:
-            if node_id not in self._nodes:
-                self._agents.forget(node_id)
-                self._lost_nodes[node_id] = f"it did not come back ({reason})"
-                self._backoff.failed(node_id, self._clock())
-        self._relaunched = []
 
     def _delete_garbage(self) -> None:
         """Before an attempt: delete what earlier attempts left that the run created and never
@@ -373,11 +327,9 @@ class Controller:
         if type(event) is ev.ReportsReceived:  # the most frequent event by far: tested first
             self._on_reports(group, event.reports)
         elif isinstance(event, ev.AgentConnected):
-            self._nodes[event.node.node_id] = event.node
-            self._streams[event.node.node_id] = event.stream
+            self._membership.connected(event)
         elif isinstance(event, ev.AgentLost):
-            if event.stream == self._streams.get(event.node_id, event.stream):
-                self._on_agent_lost(event)
+            self._on_agent_lost(event)
         elif isinstance(event, ev.StacksWanted):
             if group is not None:
                 group.ask_stacks(event.rank)
@@ -444,13 +396,12 @@ class Controller:
         logger.debug("ignoring %s of a stale attempt", type(event).__name__)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
-        if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
+        """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
+        if self.state.is_terminal or not self._membership.lose(event):
             return
-        self._lost_nodes[event.node_id] = event.reason
-        self._backoff.failed(event.node_id, self._clock())
         if self._group is not None:
             self._group.tracker.on_node_lost(event.node_id, event.reason, self._clock())
-        if self._machine.state is not RunState.STOPPING:
+        if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
 
     # ------------------------------------------------------------------ outcome

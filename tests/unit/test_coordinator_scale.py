@@ -274,7 +274,7 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     for state in tracker.ranks.values():
         state.connected = state.stream_open = True
         state.phase = Phase.STARTUP
-    controller._nodes = dict(nodes)
+    controller._membership.connected(ev.AgentConnected(nodes["n0"]))
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
                                     settings,
