@@ -46,6 +46,7 @@ class AttemptTracker:
     done_count: int = 0  # ranks whose function returned: `all_done()` without a scan at every WorkerDone
     # root_cause_line(), kept until a failure is recorded or amended (asked at every loop turn once one is)
     _root_line: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    _all_training: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def create(cls, attempt: int, assignments: list[WorkerAssignment],
@@ -183,8 +184,11 @@ class AttemptTracker:
     # ------------------------------------------------------------------ questions
 
     def all_training(self) -> bool:
-        """Every rank reached its training function (or beyond)."""
-        return all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+        """Every rank reached its training function (or beyond). Asked at every loop turn until it is
+        true (decide() leaves STARTING then), so the scan of the ranks stops once it was."""
+        if not self._all_training:
+            self._all_training = all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+        return self._all_training
 
     def all_done(self) -> bool:
         """Every rank's function returned (O(1): scanning the ranks at each of their WorkerDone was

@@ -105,7 +105,7 @@ class Controller:
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
         self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
-        self._training_tracker: Optional[AttemptTracker] = None  # the attempt seen with every rank training
+        self._handlers = self._event_table()
 
     @property
     def state(self) -> RunState:
@@ -121,17 +121,32 @@ class Controller:
         ends ABORTED, and KeyboardInterrupt is raised once they are gone. A request no host can hold
         raises ConfigError after the teardown.
         """
-        spec = self._spec
-        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
-                                                       spec.num_workers, self._clock(),
-                                                       request_stacks=self.request_stacks))
+        self.begin()
         try:
             with _sigint_noted(self._note_interrupt):
                 self._run_loop()
         finally:
-            self._shutdown_agents()
-            self._persist()
-            self._delete_garbage()
+            self._tear_down()
+        return self._conclude()
+
+    def begin(self) -> None:
+        """Tell the observers the run starts (`run()` does; so does a test that steps the loop)."""
+        spec = self._spec
+        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
+                                                       spec.num_workers, self._clock(),
+                                                       request_stacks=self.request_stacks))
+
+    def end(self) -> RunOutcome:
+        """After the last step of a test that steps the loop: what `run()` does once its loop is over."""
+        self._tear_down()
+        return self._conclude()
+
+    def _tear_down(self) -> None:
+        self._shutdown_agents()
+        self._persist()
+        self._delete_garbage()
+
+    def _conclude(self) -> RunOutcome:
         outcome = self._outcome()
         self._end_attempt(restarting=False)
         self._observers.notify("on_run_end", outcome)
@@ -145,17 +160,28 @@ class Controller:
         wait_s = 0.0
         while not self._loop.finished:
             try:
-                self._take_events(wait_s)
-                now = self._clock()  # one instant for what is seen and for the decision on it
-                decision = decide(self._loop, self._observe(now), now, self._rules)
-                self._loop = decision.loop
-                for action in decision.actions:
-                    self._execute(action)
-                # Act again at once after acting (a stage may already be over); otherwise wait for news.
-                wait_s = 0.0 if decision.actions else POLL_S
+                wait_s = self.step(wait_s)
             except KeyboardInterrupt:  # SIGINT while someone else's handler raises it: same meaning
                 self._note_interrupt()
                 wait_s = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """The run reached a terminal state and its loop is over."""
+        return self._loop.finished
+
+    def step(self, wait_s: float = 0.0) -> float:
+        """One turn of the loop: record every queued event (waiting up to `wait_s` for the first), see
+        what is true, ask `decide()` and execute its actions. Returns how long the next turn may wait
+        for an event. `run()` loops on it; tests call it to drive the controller turn by turn."""
+        self._take_events(wait_s)
+        now = self._clock()  # one instant for what is seen and for the decision on it
+        decision = decide(self._loop, self._observe(now), now, self._rules)
+        self._loop = decision.loop
+        for action in decision.actions:
+            self._execute(action)
+        # Act again at once after acting (a stage may already be over); otherwise wait for news.
+        return 0.0 if decision.actions else POLL_S
 
     def request_stacks(self, rank: int) -> None:
         """Any thread: ask `rank` of the current attempt for its stacks; they reach the observers'
@@ -193,10 +219,10 @@ class Controller:
         failed = tracker.failed()
         return dataclasses.replace(
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
-            all_training=self._all_training(tracker), all_exited=tracker.all_exited(),
+            all_training=tracker.all_training(), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
             watched=self._hangs.watched(tracker, now),
-            root_cause=_root_cause_text(tracker) if failed else "")
+            root_cause=tracker.root_cause_line())
 
     # ------------------------------------------------------------------ actions
 
@@ -313,7 +339,7 @@ class Controller:
         tracker = self._group.tracker
         failures = tuple(tracker.failures())
         self._observers.notify("on_attempt_end", AttemptEnd(
-            attempt=tracker.attempt, failures=failures, root_cause=_root_cause_text(tracker) if failures else "",
+            attempt=tracker.attempt, failures=failures, root_cause=tracker.root_cause_line(),
             restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
 
     def _shutdown_agents(self) -> None:
@@ -322,39 +348,41 @@ class Controller:
 
     # ------------------------------------------------------------------ events
 
-    def _handle(self, event: ev.RunEvent) -> None:
-        group = self._group
-        if type(event) is ev.ReportsReceived:  # the most frequent event by far: tested first
-            self._on_reports(group, event.reports)
-        elif isinstance(event, ev.AgentConnected):
-            self._membership.connected(event)
-        elif isinstance(event, ev.AgentLost):
-            self._on_agent_lost(event)
-        elif isinstance(event, ev.StacksWanted):
-            if group is not None:
-                group.ask_stacks(event.rank)
-        elif group is None or _attempt_of(event) != group.attempt:
-            self._reject_stale(event)
-        elif isinstance(event, ev.WorkerPhaseChanged):
-            self._hangs.phase_changed(group.tracker, event)
-            group.handle(event)
-        elif isinstance(event, ev.TelemetryReceived):
-            self._observe_telemetry(group.tracker, event.sample)
-        elif isinstance(event, ev.CheckpointsRequested):
-            self._commits.request_checkpoint_list(event)
-        elif isinstance(event, ev.StackDumped):
-            group.handle(event)
-            self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
-        elif isinstance(event, ev.WorkerDone):
-            group.handle(event)
-            self._commits.on_done(group.tracker, event)
-            group.release_when_all_done()
-        else:
-            group.handle(event)
+    def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
+        """Each event type's handler. Events of an attempt other than the current one are stale
+        (`_of_attempt`), except reports, which are judged one by one (`_on_reports`)."""
+        of_attempt = self._of_attempt
+        return {
+            ev.ReportsReceived: self._on_reports,  # the most frequent event by far
+            ev.TelemetryReceived: of_attempt(self._on_telemetry),
+            ev.AgentConnected: self._membership.connected,
+            ev.AgentLost: self._on_agent_lost,
+            ev.StacksWanted: self._on_stacks_wanted,
+            ev.WorkerPhaseChanged: of_attempt(self._on_phase),
+            ev.CheckpointsRequested: of_attempt(self._on_checkpoints_requested),
+            ev.StackDumped: of_attempt(self._on_stack_dump),
+            ev.WorkerDone: of_attempt(self._on_done),
+            **dict.fromkeys((ev.WorkerSpawned, ev.WorkerConnected, ev.StoreReady, ev.WorkerStreamClosed,
+                             ev.WorkerFailed, ev.WorkerExited), of_attempt(WorkerGroup.handle)),
+        }
 
-    def _on_reports(self, group: Optional[WorkerGroup], reports: tuple) -> None:
+    def _handle(self, event: ev.RunEvent) -> None:
+        self._handlers[type(event)](event)
+
+    def _of_attempt(self, handler: Callable[[WorkerGroup, ev.RunEvent], None]) -> Callable[[ev.RunEvent], None]:
+        """`handler(group, event)` for events of the current attempt; any other event is stale."""
+        def handle(event: ev.RunEvent) -> None:
+            group = self._group
+            if group is None or event.attempt != group.attempt:
+                self._reject_stale(event)
+            else:
+                handler(group, event)
+        return handle
+
+    def _on_reports(self, event: ev.ReportsReceived) -> None:
         """Record a batch of reports; those of another attempt than the current one are stale. Also
         while the attempt is being stopped: a report sent before a peer failed still counts."""
+        group, reports = self._group, event.reports
         if group is None:
             logger.debug("ignoring %d reports: no attempt runs", len(reports))
             return
@@ -370,24 +398,36 @@ class Controller:
         self._commits.on_reports(group.tracker, current)
         self._hangs.reported(current, self._clock())
 
-    def _observe_telemetry(self, tracker: AttemptTracker, sample: TelemetrySample) -> None:
+    def _on_telemetry(self, group: WorkerGroup, event: ev.TelemetryReceived) -> None:
         """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
         hang clock: a rank that only samples is not progressing)."""
-        state = tracker.ranks.get(sample.rank)
+        sample = event.sample
+        state = group.tracker.ranks.get(sample.rank)
         if state is None or not self._observers:
             return
         # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
         self._observers.notify("on_telemetry", TelemetrySample(
             **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
 
-    def _all_training(self, tracker: AttemptTracker) -> bool:
-        """`tracker.all_training()`, asked only until it is true: it only matters until then (decide()
-        leaves STARTING when it is), and it scans every rank."""
-        if self._training_tracker is not tracker:
-            if not tracker.all_training():
-                return False
-            self._training_tracker = tracker
-        return True
+    def _on_stacks_wanted(self, event: ev.StacksWanted) -> None:
+        if self._group is not None:
+            self._group.ask_stacks(event.rank)
+
+    def _on_phase(self, group: WorkerGroup, event: ev.WorkerPhaseChanged) -> None:
+        self._hangs.phase_changed(group.tracker, event)
+        group.handle(event)
+
+    def _on_checkpoints_requested(self, group: WorkerGroup, event: ev.CheckpointsRequested) -> None:
+        self._commits.request_checkpoint_list(event)
+
+    def _on_stack_dump(self, group: WorkerGroup, event: ev.StackDumped) -> None:
+        group.handle(event)
+        self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
+
+    def _on_done(self, group: WorkerGroup, event: ev.WorkerDone) -> None:
+        group.handle(event)
+        self._commits.on_done(group.tracker, event)
+        group.release_when_all_done()
 
     def _reject_stale(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.WorkerConnected):
@@ -413,25 +453,13 @@ class Controller:
                               error_message=self._loop.reason)
         tracker = self._group.tracker
         failures = tuple(tracker.failures())
-        message = ""
-        if failures:
-            hint = (f"The failure budget is spent (FailureConfig.max_failures="
-                    f"{self._spec.failure_policy.max_failures}); raise it to retry more often. "
-                    f"Worker logs: {self._spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
-            message = render_failures(list(failures), tracker.attempt, hint)
-        if self._start_error:
-            message = f"{message}\n\nNo restart was possible: {self._start_error}"
+        message = _failure_message(tracker, self._spec, self._start_error)
         return RunOutcome(
             state=state, attempt=tracker.attempt, last_metrics=self._commits.history.last_metrics,
             metrics_history=tuple(self._commits.history.metrics), failures=failures,
             exceptions=tracker.exc_pickles(), error_message=message,
             return_value=self._commits.history.return_value,
         )
-
-
-def _attempt_of(event: ev.RunEvent) -> Optional[int]:
-    """The attempt an event belongs to (reports are judged one by one, in `_on_reports`)."""
-    return getattr(event, "attempt", None)
 
 
 @contextlib.contextmanager
@@ -458,6 +486,20 @@ def _sigint_noted(note: Callable[[], None]):
         yield
     finally:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _failure_message(tracker: AttemptTracker, spec: RunSpec, start_error: str) -> str:
+    """The outcome's error message: the last attempt's failures (root cause first), and why no
+    restart was possible when none was."""
+    message = ""
+    if tracker.failed():
+        hint = (f"The failure budget is spent (FailureConfig.max_failures="
+                f"{spec.failure_policy.max_failures}); raise it to retry more often. "
+                f"Worker logs: {spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
+        message = render_failures(tracker.failures(), tracker.attempt, hint)
+    if start_error:
+        message = f"{message}\n\nNo restart was possible: {start_error}"
+    return message
 
 
 def _root_cause_text(tracker: AttemptTracker) -> str:
