@@ -123,7 +123,7 @@ class Controller:
         """
         self.begin()
         try:
-            with _sigint_noted(self._note_interrupt):
+            with _sigint_noted(self.interrupt):
                 self._run_loop()
         finally:
             self._tear_down()
@@ -162,7 +162,7 @@ class Controller:
             try:
                 wait_s = self.step(wait_s)
             except KeyboardInterrupt:  # SIGINT while someone else's handler raises it: same meaning
-                self._note_interrupt()
+                self.interrupt()
                 wait_s = 0.0
 
     @property
@@ -188,8 +188,9 @@ class Controller:
         `on_stacks` (and the rank's log). The loop acts on it within one turn."""
         self._events.put(ev.StacksWanted(rank))
 
-    def _note_interrupt(self) -> None:
-        """Called from the SIGINT handler: only counts (the loop acts on it within one turn)."""
+    def interrupt(self) -> None:
+        """What Ctrl-C does (the SIGINT handler calls it): only counts; the loop acts on it within one
+        turn (the workers are stopped gracefully, the run ends ABORTED, `run()` raises KeyboardInterrupt)."""
         self._interrupts += 1
 
     def _take_events(self, wait_s: float) -> None:
