@@ -11,12 +11,9 @@ its own: a stop, a drain, the wait for agents and for stacks are stages of the o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import queue
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
@@ -26,17 +23,18 @@ from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
+    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
+from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
 )
-from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.service import Hub
+from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
@@ -123,7 +121,7 @@ class Controller:
         """
         self.begin()
         try:
-            with _sigint_noted(self.interrupt):
+            with sigint_noted(self.interrupt):
                 self._run_loop()
         finally:
             self._tear_down()
@@ -461,32 +459,6 @@ class Controller:
             exceptions=tracker.exc_pickles(), error_message=message,
             return_value=self._commits.history.return_value,
         )
-
-
-@contextlib.contextmanager
-def _sigint_noted(note: Callable[[], None]):
-    """While the loop runs on the main thread with Python's default SIGINT handling, Ctrl-C only calls
-    `note` (the loop acts on it at its next turn) instead of raising KeyboardInterrupt wherever the
-    thread happens to be, which could cut an action in half. A third press raises at once, for a
-    teardown that is itself stuck."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    presses = 0
-
-    def on_sigint(signum, frame):
-        nonlocal presses
-        presses += 1
-        if presses >= 3:
-            raise KeyboardInterrupt
-        note()
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _failure_message(tracker: AttemptTracker, spec: RunSpec, start_error: str) -> str:
