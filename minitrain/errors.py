@@ -151,6 +151,16 @@ def root_cause(failures: list[WorkerFailure]) -> WorkerFailure:
     return (primary or ordered)[0]
 
 
+def root_cause_line(failures: list[WorkerFailure]) -> str:
+    """One line naming the root cause of `failures` (`root_cause`): its rank, node, pid, phase and cause,
+    as the "Root cause:" line of `render_failures` says it; "" when there are none."""
+    return _describe(root_cause(failures)) if failures else ""
+
+
+def _describe(failure: WorkerFailure) -> str:
+    return f"rank {failure.rank} on {failure.node} (pid {failure.pid}) {failure.phase.description}: {failure.cause}"
+
+
 def _ranks_text(ranks: list[int]) -> str:
     return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ",".join(str(r) for r in ranks)
 
@@ -168,7 +178,7 @@ def render_failures(failures: list[WorkerFailure], attempt: int, remaining_hint:
     root = root_cause(failures)
     lines = [
         f"Training failed due to worker errors (attempt {attempt}).",
-        f"Root cause: rank {root.rank} on {root.node} (pid {root.pid}) {root.phase.description}: {root.cause}",
+        f"Root cause: {_describe(root)}",
     ]
     groups: dict[str, list[WorkerFailure]] = {}
     for failure in ordered:

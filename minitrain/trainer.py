@@ -24,7 +24,7 @@ from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.context import TrainContext
-from minitrain.coordinator.controller import RunSpec
+from minitrain.coordinator.controller import LaunchSettings, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
 from minitrain.console import LiveConsole
 from minitrain.coordinator.console_status import ConsoleStatus
@@ -176,22 +176,24 @@ class TorchTrainer:
             logger.info("leaving alone what minitrain did not create in %s: %s", storage.url(), ", ".join(unknown))
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
-            experiment_name=self.run_config.name,
-            run_path=storage.url(),
             num_workers=self.scaling_config.num_workers,
             node_ids=tuple(host.name for host in cluster.hosts),
-            payload=payload,
-            backend=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
-            dist_timeout_s=float(self.torch_config.timeout_s),
+            launch=LaunchSettings(
+                experiment_name=self.run_config.name,
+                run_path=storage.url(),
+                payload=payload,
+                backend=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
+                dist_timeout_s=float(self.torch_config.timeout_s),
+                cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
+                worker_env=_worker_env(self.run_config, cluster),
+                relay=relay,
+            ),
             failure_policy=self.run_config.failure_config,
-            worker_env=_worker_env(self.run_config, cluster),
-            cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
             node_slots={host.name: host.slots for host in cluster.hosts},
             local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
-            relay=relay,
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config

@@ -60,8 +60,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     storage = Storage.for_run(out_dir, "run")
     storage.makedirs()
     node_ids = tuple(f"node{i:04d}" for i in range(ranks // SLOTS))
-    spec = RunSpec(run_id="bench", experiment_name="bench", run_path=storage.url(), num_workers=ranks,
-                   node_ids=node_ids, payload=b"", backend="gloo", dist_timeout_s=600.0,
+    settings = LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"", backend="gloo",
+                              dist_timeout_s=600.0, cwd="", worker_env={})
+    spec = RunSpec(run_id="bench", num_workers=ranks, node_ids=node_ids, launch=settings,
                    failure_policy=FailureConfig(max_failures=0), node_slots={n: SLOTS for n in node_ids})
     mon = RunMonitor(storage) if monitor else None
     checkpoints = CheckpointManager.load(storage, CheckpointConfig())
@@ -78,11 +79,11 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
         state.last_progress = now
     nodes = {n: NodeInfo(node_id=n, hostname=n, address="127.0.0.1", agent_pid=1, cpus=SLOTS, memory_bytes=1 << 34)
              for n in node_ids}
-    controller._nodes = dict(nodes)
+    for node in nodes.values():
+        controller._membership.connected(ev.AgentConnected(node))
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"",
-                                                   backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
+                                    settings,
                                     ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()),
                                     time.time)
     controller._attempt_ended = False
@@ -91,9 +92,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
         mon.on_run_start(RunInfo("bench", "bench", storage.url(), ranks, now))
         mon.on_attempt_start(AttemptInfo(0, tuple(node_ids[r // SLOTS] for r in range(ranks)), now))
     for rank in range(ranks):  # every rank has a pace (two intervals): its hang deadline is known
-        controller._pace.started(rank)
+        controller._hangs.pace.started(rank)
         for k in range(3):
-            controller._pace.reported(rank, now - 3 + k)
+            controller._hangs.pace.reported(rank, now - 3 + k)
     return controller, mon
 
 

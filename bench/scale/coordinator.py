@@ -178,7 +178,7 @@ def simulate(spec: dict, observers=()):
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager
     from minitrain.config import CheckpointConfig, FailureConfig
-    from minitrain.coordinator.controller import RunSpec
+    from minitrain.coordinator.controller import LaunchSettings, RunSpec
     from minitrain.coordinator.metrics_log import MetricsLog
     from minitrain.coordinator.run import run_coordinator
     from minitrain.logs import LogSink
@@ -195,8 +195,9 @@ def simulate(spec: dict, observers=()):
                            worker_hang_floor_s=spec.get("worker_hang_floor_s"),
                            worker_stop_grace_s=spec.get("stop_grace_s", 5.0))
     run_spec = RunSpec(
-        run_id=uuid.uuid4().hex, experiment_name="scale", run_path=storage.url(), num_workers=workers,
-        node_ids=node_ids, payload=bytes(PAYLOAD_BYTES), backend="gloo", dist_timeout_s=600.0,
+        run_id=uuid.uuid4().hex, num_workers=workers, node_ids=node_ids,
+        launch=LaunchSettings(experiment_name="scale", run_path=storage.url(), payload=bytes(PAYLOAD_BYTES),
+                              backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
         failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0)
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])

@@ -1,7 +1,9 @@
 """Bookkeeping of one attempt: what each rank has done so far (pure; no I/O).
 
 The controller feeds events in and asks questions (`all_training`, `finished`, `failed`); turning an
-exit into a failure, or ignoring it because minitrain stopped that worker, happens here.
+exit into a failure, or ignoring it because minitrain stopped that worker, happens here. This is the
+only module that writes a `RankState`: the worker group and the commits tell the tracker of progress
+(`progressed`, `reported`) and of the failures they judge (`fail`) through its methods.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dataclasses import dataclass, field, replace
 from typing import Optional
 
 from minitrain.coordinator import events as ev
+from minitrain.errors import root_cause_line
 from minitrain.records import FailureKind, Phase, WorkerAssignment, WorkerFailure
 
 
@@ -41,6 +44,9 @@ class AttemptTracker:
     stop_requested: bool = False
     failure_order: list[int] = field(default_factory=list)
     done_count: int = 0  # ranks whose function returned: `all_done()` without a scan at every WorkerDone
+    # root_cause_line(), kept until a failure is recorded or amended (asked at every loop turn once one is)
+    _root_line: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    _all_training: bool = field(default=False, init=False, repr=False, compare=False)
 
     @classmethod
     def create(cls, attempt: int, assignments: list[WorkerAssignment],
@@ -77,6 +83,19 @@ class AttemptTracker:
         if state is not None:
             state.phase = event.phase
 
+    def progressed(self, rank: int, now: float) -> None:
+        """The rank showed progress at `now` other than a report (a phase change): its hang clock restarts."""
+        state = self.ranks.get(rank)
+        if state is not None:
+            state.last_progress = now
+
+    def reported(self, rank: int, round_: int, now: float) -> None:
+        """The rank's report of `round_` was recorded at `now`: its hang clock restarts."""
+        state = self.ranks.get(rank)
+        if state is not None:
+            state.last_progress = now
+            state.last_round = round_
+
     def on_done(self, event: ev.WorkerDone) -> None:
         """The worker's function returned and its reports were flushed."""
         state = self.ranks.get(event.rank)
@@ -86,20 +105,30 @@ class AttemptTracker:
 
     def on_failed(self, event: ev.WorkerFailed) -> None:
         """The worker captured an exception."""
-        state = self.ranks.get(event.failure.rank)
+        self._add_failure(event.failure, event.exc_pickle)
+
+    def fail(self, failure: WorkerFailure) -> None:
+        """The coordinator judged `failure.rank` failed (a hang, a refused report, a failed commit): it
+        counts as that rank's failure, as one the worker reported would (the first one learned stays)."""
+        self._add_failure(failure, b"")
+
+    def _add_failure(self, failure: WorkerFailure, exc_pickle: bytes) -> None:
+        state = self.ranks.get(failure.rank)
         if state is None:
             return
         if state.failure is not None:
             if state.failure.kind is FailureKind.PROCESS and not state.failure.exc_type:
                 # the exit was learned first: add what the worker said
-                state.failure = replace(event.failure, node=state.node_name, pid=state.pid,
+                state.failure = replace(failure, node=state.node_name, pid=state.pid,
                                         time=state.failure.time, exit_code=state.failure.exit_code,
                                         signal=state.failure.signal)
-                state.exc_pickle = event.exc_pickle
+                state.exc_pickle = exc_pickle
+                self._root_line = None
             return
-        state.failure = replace(event.failure, node=state.node_name, pid=state.pid)
-        state.exc_pickle = event.exc_pickle
+        state.failure = replace(failure, node=state.node_name, pid=state.pid)
+        state.exc_pickle = exc_pickle
         self.failure_order.append(state.assignment.rank)
+        self._root_line = None
 
     def on_exited(self, event: ev.WorkerExited) -> None:
         """The process ended: a failure unless it finished cleanly or minitrain stopped it."""
@@ -111,6 +140,7 @@ class AttemptTracker:
         if state.failure is not None:
             state.failure = replace(state.failure, exit_code=event.exit_code, signal=event.signal,
                                     oom_suspected=event.oom_suspected)
+            self._root_line = None
             return
         clean = state.done and event.exit_code == 0
         if clean or event.stopped_by_agent:
@@ -130,6 +160,7 @@ class AttemptTracker:
             kind=FailureKind.PROCESS,
         )
         self.failure_order.append(state.assignment.rank)
+        self._root_line = None
 
     def on_node_lost(self, node_id: str, reason: str, time: float) -> None:
         """Every rank of a lost node that has not exited is gone, and that is a failure of each one that
@@ -148,12 +179,16 @@ class AttemptTracker:
                     message=f"node {state.node_name} was lost: {reason}",
                 )
                 self.failure_order.append(state.assignment.rank)
+                self._root_line = None
 
     # ------------------------------------------------------------------ questions
 
     def all_training(self) -> bool:
-        """Every rank reached its training function (or beyond)."""
-        return all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+        """Every rank reached its training function (or beyond). Asked at every loop turn until it is
+        true (decide() leaves STARTING then), so the scan of the ranks stops once it was."""
+        if not self._all_training:
+            self._all_training = all(s.phase >= Phase.TRAINING for s in self.ranks.values())
+        return self._all_training
 
     def all_done(self) -> bool:
         """Every rank's function returned (O(1): scanning the ranks at each of their WorkerDone was
@@ -179,6 +214,13 @@ class AttemptTracker:
     def failures(self) -> list[WorkerFailure]:
         """The failures, in the order they were learned."""
         return [self.ranks[r].failure for r in self.failure_order]
+
+    def root_cause_line(self) -> str:
+        """One line naming the root-cause failure (`minitrain.errors.root_cause_line`), for the log and
+        the run state; "" while no rank failed. Formatted once per change of the failures."""
+        if self._root_line is None:
+            self._root_line = root_cause_line(self.failures())
+        return self._root_line
 
     def exc_pickles(self) -> dict[int, bytes]:
         """rank -> pickled exception, for ranks that reported one."""

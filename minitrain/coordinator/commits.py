@@ -96,17 +96,14 @@ class Commits:
         Only rank 0's metrics are parsed here (the other ranks' stay JSON text until an observer reads
         them)."""
         tell = self._tell_report
-        ranks = tracker.ranks
+        reported = tracker.reported
         now = self._clock()
         add = self._rounds.add
         for report in reports:
             if tell is not None:
                 tell(report)
             rank = report.rank
-            state = ranks.get(rank)
-            if state is not None:
-                state.last_progress = now
-                state.last_round = report.round
+            reported(rank, report.round, now)
             if rank == 0:
                 metrics = report.metrics
                 self.history.last_metrics = metrics
@@ -179,6 +176,6 @@ class Commits:
 
     def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
         state = tracker.ranks[rank]
-        tracker.on_failed(ev.WorkerFailed(tracker.attempt, WorkerFailure(
+        tracker.fail(WorkerFailure(
             rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
-            exc_type=exc_type, message=message, kind=FailureKind.COMMIT), b""))
+            exc_type=exc_type, message=message, kind=FailureKind.COMMIT))

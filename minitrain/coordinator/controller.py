@@ -11,37 +11,35 @@ its own: a stop, a drain, the wait for agents and for stacks are stages of the o
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
-import math
 import queue
-import signal
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.commands import Shutdown
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker, RankState
+from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
+    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
-from minitrain.coordinator.hangs import AUTO, AUTO_FLOOR_S, HangRule, Pace
+from minitrain.coordinator.hang_watch import HangWatch
+from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
+from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
 )
-from minitrain.coordinator.policy import HostBackoff
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.outbox import Outbox
+from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
-from minitrain.records import NodeInfo, Phase, RunOutcome
+from minitrain.records import RunOutcome
 
 logger = logging.getLogger("minitrain")
 
@@ -58,41 +56,22 @@ class FailurePolicy(Protocol):
     worker_hang_floor_s: Optional[float]
 
 
-class AgentHandles(Protocol):
-    """The launcher's view of the agent processes it started."""
-
-    def dead_agents(self) -> dict[str, str]:
-        """node_id -> why, for agents whose process ended before they should have."""
-
-    def relaunch(self, node_id: str) -> bool:
-        """Start a new agent for a node whose agent died; False when that is not possible."""
-
-    def forget(self, node_id: str) -> None:
-        """Stop waiting for the agent of `node_id` (it failed to come back)."""
-
-
 @dataclass(frozen=True)
 class RunSpec:
-    """Everything the controller needs to run one `fit()`; built by the trainer."""
+    """Everything the controller needs to run one `fit()`; built by the trainer. `launch` is what
+    every worker of every attempt is told (its experiment name and run path name the run too)."""
 
     run_id: str
-    experiment_name: str
-    run_path: str
     num_workers: int
     node_ids: tuple[str, ...]
-    payload: bytes
-    backend: str
-    dist_timeout_s: float
+    launch: LaunchSettings
     failure_policy: FailurePolicy
-    worker_env: Mapping[str, str] = field(default_factory=dict)
-    cwd: str = ""
     gpus_per_worker: float = 0.0
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
     local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
     agent_start_timeout_s: float = 60.0
-    relay: bool = False  # workers' streams go through their agents' relays (trainer.relays_workers)
 
 
 class Controller:
@@ -107,29 +86,20 @@ class Controller:
         self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
         self._hub = hub
         self._events = events
-        self._agents = agents
         self._clock = clock
         policy = spec.failure_policy
         self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s)
-        self._hang_rule = HangRule(timeout_s=policy.worker_hang_timeout_s,
-                                   floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S)
-        self._pace = Pace()  # every rank's report intervals, across attempts
+        self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
+                                         floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._machine = RunStateMachine(clock)
         self._loop = Loop()
-        self._nodes: dict[str, NodeInfo] = {}
-        self._streams: dict[str, int] = {}  # node_id -> its agent's current stream
-        self._lost_nodes: dict[str, str] = {}
-        self._relaunched: list[str] = []  # lost nodes given a new agent, not yet back
-        self._backoff = HostBackoff()
+        self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
         self._group: Optional[WorkerGroup] = None
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
         self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
-        self._training_tracker: Optional[AttemptTracker] = None  # the attempt seen with every rank training
-        # The hang watch (_watched): the attempt it was last built for, then, and when it is due again.
-        self._watch_tracker: Optional[AttemptTracker] = None
-        self._watch_from = self._watch_due = 0.0
+        self._handlers = self._event_table()
 
     @property
     def state(self) -> RunState:
@@ -145,17 +115,32 @@ class Controller:
         ends ABORTED, and KeyboardInterrupt is raised once they are gone. A request no host can hold
         raises ConfigError after the teardown.
         """
-        spec = self._spec
-        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.experiment_name, spec.run_path,
-                                                       spec.num_workers, self._clock(),
-                                                       request_stacks=self.request_stacks))
+        self.begin()
         try:
-            with _sigint_noted(self._note_interrupt):
+            with sigint_noted(self.interrupt):
                 self._run_loop()
         finally:
-            self._shutdown_agents()
-            self._persist()
-            self._delete_garbage()
+            self._tear_down()
+        return self._conclude()
+
+    def begin(self) -> None:
+        """Tell the observers the run starts (`run()` does; so does a test that steps the loop)."""
+        spec = self._spec
+        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
+                                                       spec.num_workers, self._clock(),
+                                                       request_stacks=self.request_stacks))
+
+    def end(self) -> RunOutcome:
+        """After the last step of a test that steps the loop: what `run()` does once its loop is over."""
+        self._tear_down()
+        return self._conclude()
+
+    def _tear_down(self) -> None:
+        self._shutdown_agents()
+        self._persist()
+        self._delete_garbage()
+
+    def _conclude(self) -> RunOutcome:
         outcome = self._outcome()
         self._end_attempt(restarting=False)
         self._observers.notify("on_run_end", outcome)
@@ -169,25 +154,37 @@ class Controller:
         wait_s = 0.0
         while not self._loop.finished:
             try:
-                self._take_events(wait_s)
-                now = self._clock()  # one instant for what is seen and for the decision on it
-                decision = decide(self._loop, self._observe(now), now, self._rules)
-                self._loop = decision.loop
-                for action in decision.actions:
-                    self._execute(action)
-                # Act again at once after acting (a stage may already be over); otherwise wait for news.
-                wait_s = 0.0 if decision.actions else POLL_S
+                wait_s = self.step(wait_s)
             except KeyboardInterrupt:  # SIGINT while someone else's handler raises it: same meaning
-                self._note_interrupt()
+                self.interrupt()
                 wait_s = 0.0
+
+    @property
+    def finished(self) -> bool:
+        """The run reached a terminal state and its loop is over."""
+        return self._loop.finished
+
+    def step(self, wait_s: float = 0.0) -> float:
+        """One turn of the loop: record every queued event (waiting up to `wait_s` for the first), see
+        what is true, ask `decide()` and execute its actions. Returns how long the next turn may wait
+        for an event. `run()` loops on it; tests call it to drive the controller turn by turn."""
+        self._take_events(wait_s)
+        now = self._clock()  # one instant for what is seen and for the decision on it
+        decision = decide(self._loop, self._observe(now), now, self._rules)
+        self._loop = decision.loop
+        for action in decision.actions:
+            self._execute(action)
+        # Act again at once after acting (a stage may already be over); otherwise wait for news.
+        return 0.0 if decision.actions else POLL_S
 
     def request_stacks(self, rank: int) -> None:
         """Any thread: ask `rank` of the current attempt for its stacks; they reach the observers'
         `on_stacks` (and the rank's log). The loop acts on it within one turn."""
         self._events.put(ev.StacksWanted(rank))
 
-    def _note_interrupt(self) -> None:
-        """Called from the SIGINT handler: only counts (the loop acts on it within one turn)."""
+    def interrupt(self) -> None:
+        """What Ctrl-C does (the SIGINT handler calls it): only counts; the loop acts on it within one
+        turn (the workers are stopped gracefully, the run ends ABORTED, `run()` raises KeyboardInterrupt)."""
         self._interrupts += 1
 
     def _take_events(self, wait_s: float) -> None:
@@ -205,16 +202,11 @@ class Controller:
 
     def _observe(self, now: float) -> Seen:
         """What is true at `now`, for `decide`."""
-        expected = [n for n in self._spec.node_ids if n not in self._lost_nodes]
-        missing = tuple(n for n in expected if n not in self._nodes)
-        agents_failed = ""
-        if missing:
-            dead = {n: why for n, why in self._agents.dead_agents().items() if n in missing}
-            if dead:
-                agents_failed = "node agent(s) failed to start: " + "; ".join(
-                    f"{n}: {why}" for n, why in sorted(dead.items()))
+        membership = self._membership
+        missing = membership.missing()
         interrupted, self._interrupts = self._interrupts > 0, 0
-        seen = Seen(agents_missing=missing, agents_failed=agents_failed, lost_nodes=bool(self._lost_nodes),
+        seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
+                    lost_nodes=bool(membership.lost),
                     start_error=self._start_error, interrupted=interrupted)
         if self._group is None:
             return seen
@@ -222,10 +214,10 @@ class Controller:
         failed = tracker.failed()
         return dataclasses.replace(
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
-            all_training=self._all_training(tracker), all_exited=tracker.all_exited(),
+            all_training=tracker.all_training(), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
-            watched=self._watched(tracker, now),
-            root_cause=_root_cause_text(tracker) if failed else "")
+            watched=self._hangs.watched(tracker, now),
+            root_cause=tracker.root_cause_line())
 
     # ------------------------------------------------------------------ actions
 
@@ -236,9 +228,9 @@ class Controller:
         elif isinstance(action, StartAttempt):
             self._start(action.attempt)
         elif isinstance(action, RelaunchAgents):
-            self._relaunch_lost_agents()
+            self._membership.relaunch_lost()
         elif isinstance(action, ForgetAgents):
-            self._forget_relaunched(action.reason)
+            self._membership.forget_relaunched(action.reason)
         elif isinstance(action, LogLate):
             self._log_late(action.stage)
         elif group is None:
@@ -248,7 +240,7 @@ class Controller:
         elif isinstance(action, CollectStacks):
             group.collect_stacks()
         elif isinstance(action, DeclareHung):
-            group.declare_hung(action.ranks, {r: self._hang_deadline(group.tracker, r) for r in action.ranks})
+            group.declare_hung(action.ranks, {r: self._hangs.deadline(group.tracker, r) for r in action.ranks})
         elif isinstance(action, CloseStreams):
             group.close_streams()
         elif isinstance(action, PrepareForkServers):
@@ -287,17 +279,17 @@ class Controller:
 
     def _start(self, attempt: int) -> None:
         """Place the ranks of `attempt` on the nodes that are in, and start them."""
-        nodes = [self._nodes[n] for n in self._spec.node_ids if n not in self._lost_nodes and n in self._nodes]
+        nodes = self._membership.usable()
         spec = self._spec
         try:
             assignments = assign_ranks(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
                                        spec.cpus_per_worker, dict(spec.node_slots))
         except ConfigError as exc:
-            if not self._lost_nodes:  # the request itself is unsatisfiable: never retried
+            if not self._membership.lost:  # the request itself is unsatisfiable: never retried
                 self._config_error = exc
                 self._start_error = str(exc)
                 return
-            lost = "; ".join(f"{n} ({why})" for n, why in sorted(self._lost_nodes.items()))
+            lost = self._membership.lost_text()
             self._start_error = f"the hosts that remain cannot hold the run after losing {lost}: {exc}"
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
@@ -308,38 +300,11 @@ class Controller:
         resume = ResumePoint(checkpoint_dir=latest.dir_name if latest is not None else "",
                              report_index_base=self._commits.report_base,
                              committed_dir_names=tuple(sorted(self._checkpoints.committed_dir_names)))
-        settings = LaunchSettings(experiment_name=spec.experiment_name, run_path=spec.run_path,
-                                  payload=spec.payload, backend=spec.backend, dist_timeout_s=spec.dist_timeout_s,
-                                  cwd=spec.cwd, worker_env=spec.worker_env, relay=spec.relay)
         self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
-                                        settings, resume, self._clock)
+                                        spec.launch, resume, self._clock)
         self._attempt_ended = False
         hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
         self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
-
-    def _relaunch_lost_agents(self) -> None:
-        """Before a new attempt: replace lost agents on this machine at once; re-admit a lost remote
-        host only after its backoff (it may be gone for good)."""
-        now = self._clock()
-        self._relaunched = []
-        for node_id in list(self._lost_nodes):
-            if node_id not in self._spec.local_node_ids and not self._backoff.may_retry(node_id, now):
-                continue
-            if self._agents.relaunch(node_id):
-                logger.warning("node %s: starting a new agent (the old one was lost: %s)", node_id,
-                               self._lost_nodes[node_id])
-                self._nodes.pop(node_id, None)
-                del self._lost_nodes[node_id]
-                self._relaunched.append(node_id)
-
-    def _forget_relaunched(self, reason: str) -> None:
-        """Relaunched agents that did not connect stay out, and their hosts back off longer."""
-        for node_id in self._relaunched:
-            if node_id not in self._nodes:
-                self._agents.forget(node_id)
-                self._lost_nodes[node_id] = f"it did not come back ({reason})"
-                self._backoff.failed(node_id, self._clock())
-        self._relaunched = []
 
     def _delete_garbage(self) -> None:
         """Before an attempt: delete what earlier attempts left that the run created and never
@@ -369,52 +334,50 @@ class Controller:
         tracker = self._group.tracker
         failures = tuple(tracker.failures())
         self._observers.notify("on_attempt_end", AttemptEnd(
-            attempt=tracker.attempt, failures=failures, root_cause=_root_cause_text(tracker) if failures else "",
+            attempt=tracker.attempt, failures=failures, root_cause=tracker.root_cause_line(),
             restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
 
     def _shutdown_agents(self) -> None:
-        for node_id in list(self._nodes):
+        for node_id in list(self._membership.nodes):
             self._hub.to_agent(node_id, Shutdown(reason="run ended"))
 
     # ------------------------------------------------------------------ events
 
-    def _handle(self, event: ev.RunEvent) -> None:
-        group = self._group
-        if type(event) is ev.ReportsReceived:  # the most frequent event by far: tested first
-            self._on_reports(group, event.reports)
-        elif isinstance(event, ev.AgentConnected):
-            self._nodes[event.node.node_id] = event.node
-            self._streams[event.node.node_id] = event.stream
-        elif isinstance(event, ev.AgentLost):
-            if event.stream == self._streams.get(event.node_id, event.stream):
-                self._on_agent_lost(event)
-        elif isinstance(event, ev.StacksWanted):
-            if group is not None:
-                group.ask_stacks(event.rank)
-        elif group is None or _attempt_of(event) != group.attempt:
-            self._reject_stale(event)
-        elif isinstance(event, ev.WorkerPhaseChanged):
-            state = group.tracker.ranks.get(event.rank)
-            if state is not None and state.phase < Phase.TRAINING <= event.phase:
-                self._pace.started(event.rank)  # the interval up to its first report spans a start
-            group.handle(event)
-        elif isinstance(event, ev.TelemetryReceived):
-            self._observe_telemetry(group.tracker, event.sample)
-        elif isinstance(event, ev.CheckpointsRequested):
-            self._commits.request_checkpoint_list(event)
-        elif isinstance(event, ev.StackDumped):
-            group.handle(event)
-            self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
-        elif isinstance(event, ev.WorkerDone):
-            group.handle(event)
-            self._commits.on_done(group.tracker, event)
-            group.release_when_all_done()
-        else:
-            group.handle(event)
+    def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
+        """Each event type's handler. Events of an attempt other than the current one are stale
+        (`_of_attempt`), except reports, which are judged one by one (`_on_reports`)."""
+        of_attempt = self._of_attempt
+        return {
+            ev.ReportsReceived: self._on_reports,  # the most frequent event by far
+            ev.TelemetryReceived: of_attempt(self._on_telemetry),
+            ev.AgentConnected: self._membership.connected,
+            ev.AgentLost: self._on_agent_lost,
+            ev.StacksWanted: self._on_stacks_wanted,
+            ev.WorkerPhaseChanged: of_attempt(self._on_phase),
+            ev.CheckpointsRequested: of_attempt(self._on_checkpoints_requested),
+            ev.StackDumped: of_attempt(self._on_stack_dump),
+            ev.WorkerDone: of_attempt(self._on_done),
+            **dict.fromkeys((ev.WorkerSpawned, ev.WorkerConnected, ev.StoreReady, ev.WorkerStreamClosed,
+                             ev.WorkerFailed, ev.WorkerExited), of_attempt(WorkerGroup.handle)),
+        }
 
-    def _on_reports(self, group: Optional[WorkerGroup], reports: tuple) -> None:
+    def _handle(self, event: ev.RunEvent) -> None:
+        self._handlers[type(event)](event)
+
+    def _of_attempt(self, handler: Callable[[WorkerGroup, ev.RunEvent], None]) -> Callable[[ev.RunEvent], None]:
+        """`handler(group, event)` for events of the current attempt; any other event is stale."""
+        def handle(event: ev.RunEvent) -> None:
+            group = self._group
+            if group is None or event.attempt != group.attempt:
+                self._reject_stale(event)
+            else:
+                handler(group, event)
+        return handle
+
+    def _on_reports(self, event: ev.ReportsReceived) -> None:
         """Record a batch of reports; those of another attempt than the current one are stale. Also
         while the attempt is being stopped: a report sent before a peer failed still counts."""
+        group, reports = self._group, event.reports
         if group is None:
             logger.debug("ignoring %d reports: no attempt runs", len(reports))
             return
@@ -428,67 +391,38 @@ class Controller:
         if not current:
             return
         self._commits.on_reports(group.tracker, current)
-        now, reported = self._clock(), self._pace.reported
-        for report in current:
-            reported(report.rank, now)
+        self._hangs.reported(current, self._clock())
 
-    def _observe_telemetry(self, tracker: AttemptTracker, sample: TelemetrySample) -> None:
+    def _on_telemetry(self, group: WorkerGroup, event: ev.TelemetryReceived) -> None:
         """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
         hang clock: a rank that only samples is not progressing)."""
-        state = tracker.ranks.get(sample.rank)
+        sample = event.sample
+        state = group.tracker.ranks.get(sample.rank)
         if state is None or not self._observers:
             return
         # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
         self._observers.notify("on_telemetry", TelemetrySample(
             **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
 
-    def _all_training(self, tracker: AttemptTracker) -> bool:
-        """`tracker.all_training()`, asked only until it is true: it only matters until then (decide()
-        leaves STARTING when it is), and it scans every rank."""
-        if self._training_tracker is not tracker:
-            if not tracker.all_training():
-                return False
-            self._training_tracker = tracker
-        return True
+    def _on_stacks_wanted(self, event: ev.StacksWanted) -> None:
+        if self._group is not None:
+            self._group.ask_stacks(event.rank)
 
-    def _watched(self, tracker: AttemptTracker, now: float) -> dict[int, Watch]:
-        """The hang clock of every live rank in its training function that has a deadline; empty
-        while no rank can be silent past its deadline at `now`.
+    def _on_phase(self, group: WorkerGroup, event: ev.WorkerPhaseChanged) -> None:
+        self._hangs.phase_changed(group.tracker, event)
+        group.handle(event)
 
-        Building it scans every rank: at thousands of ranks, doing that at every turn of the loop was
-        the largest cost per event. So it is built only when the earliest moment a rank could be past
-        its deadline has come (`_watch_due`), and that moment is kept: the minimum over the live
-        training ranks of their last progress plus their deadline. A deadline that can shrink
-        without an event of the rank itself (taken from the group's pace) counts as the rule's
-        shortest one. Every event that changes a rank's own deadline (a report, a phase) also restarts
-        its clock at or after the scan, as does a rank's entry into training, and no deadline is
-        shorter than the rule's shortest: no rank can be silent past its deadline before then."""
-        if tracker is self._watch_tracker and self._watch_from <= now < self._watch_due:
-            return {}
-        rule, pace = self._hang_rule, self._pace
-        shortest = rule.shortest_deadline_s()
-        fixed = rule.timeout_s != AUTO  # the deadline does not depend on a pace
-        watched = {}
-        due = math.inf if shortest is None else now + shortest
-        for rank, state in tracker.ranks.items():
-            if state.phase >= Phase.TRAINING and not state.done and not state.exited:
-                deadline_s = rule.deadline_s(pace.slowest(rank), **self._hang_facts(state))
-                if deadline_s is not None:
-                    watched[rank] = Watch(state.last_progress, deadline_s)
-                if shortest is not None:
-                    own = deadline_s is not None and (fixed or pace.knows(rank))
-                    due = min(due, state.last_progress + (deadline_s if own else shortest))
-        self._watch_tracker, self._watch_from, self._watch_due = tracker, now, due
-        return watched
+    def _on_checkpoints_requested(self, group: WorkerGroup, event: ev.CheckpointsRequested) -> None:
+        self._commits.request_checkpoint_list(event)
 
-    def _hang_deadline(self, tracker: AttemptTracker, rank: int) -> tuple[float, str]:
-        """How long hung `rank` could stay silent, and how that was set (for its failure message)."""
-        slowest, facts = self._pace.slowest(rank), self._hang_facts(tracker.ranks[rank])
-        return self._hang_rule.deadline_s(slowest, **facts) or 0.0, self._hang_rule.explain(slowest, **facts)
+    def _on_stack_dump(self, group: WorkerGroup, event: ev.StackDumped) -> None:
+        group.handle(event)
+        self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
 
-    @staticmethod
-    def _hang_facts(state: RankState) -> dict[str, bool]:
-        return {"starting": state.last_round is None, "uploading": state.phase is Phase.CHECKPOINT_UPLOAD}
+    def _on_done(self, group: WorkerGroup, event: ev.WorkerDone) -> None:
+        group.handle(event)
+        self._commits.on_done(group.tracker, event)
+        group.release_when_all_done()
 
     def _reject_stale(self, event: ev.RunEvent) -> None:
         if isinstance(event, ev.WorkerConnected):
@@ -497,13 +431,12 @@ class Controller:
         logger.debug("ignoring %s of a stale attempt", type(event).__name__)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
-        if self._machine.state.is_terminal or event.node_id in self._lost_nodes:
+        """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
+        if self.state.is_terminal or not self._membership.lose(event):
             return
-        self._lost_nodes[event.node_id] = event.reason
-        self._backoff.failed(event.node_id, self._clock())
         if self._group is not None:
             self._group.tracker.on_node_lost(event.node_id, event.reason, self._clock())
-        if self._machine.state is not RunState.STOPPING:
+        if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
 
     # ------------------------------------------------------------------ outcome
@@ -515,14 +448,7 @@ class Controller:
                               error_message=self._loop.reason)
         tracker = self._group.tracker
         failures = tuple(tracker.failures())
-        message = ""
-        if failures:
-            hint = (f"The failure budget is spent (FailureConfig.max_failures="
-                    f"{self._spec.failure_policy.max_failures}); raise it to retry more often. "
-                    f"Worker logs: {self._spec.run_path}/logs/attempt_{tracker.attempt}/")
-            message = render_failures(list(failures), tracker.attempt, hint)
-        if self._start_error:
-            message = f"{message}\n\nNo restart was possible: {self._start_error}"
+        message = _failure_message(tracker, self._spec, self._start_error)
         return RunOutcome(
             state=state, attempt=tracker.attempt, last_metrics=self._commits.history.last_metrics,
             metrics_history=tuple(self._commits.history.metrics), failures=failures,
@@ -531,37 +457,20 @@ class Controller:
         )
 
 
-def _attempt_of(event: ev.RunEvent) -> Optional[int]:
-    """The attempt an event belongs to (reports are judged one by one, in `_on_reports`)."""
-    return getattr(event, "attempt", None)
-
-
-@contextlib.contextmanager
-def _sigint_noted(note: Callable[[], None]):
-    """While the loop runs on the main thread with Python's default SIGINT handling, Ctrl-C only calls
-    `note` (the loop acts on it at its next turn) instead of raising KeyboardInterrupt wherever the
-    thread happens to be, which could cut an action in half. A third press raises at once, for a
-    teardown that is itself stuck."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    presses = 0
-
-    def on_sigint(signum, frame):
-        nonlocal presses
-        presses += 1
-        if presses >= 3:
-            raise KeyboardInterrupt
-        note()
-
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+def _failure_message(tracker: AttemptTracker, spec: RunSpec, start_error: str) -> str:
+    """The outcome's error message: the last attempt's failures (root cause first), and why no
+    restart was possible when none was."""
+    message = ""
+    if tracker.failed():
+        hint = (f"The failure budget is spent (FailureConfig.max_failures="
+                f"{spec.failure_policy.max_failures}); raise it to retry more often. "
+                f"Worker logs: {spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
+        message = render_failures(tracker.failures(), tracker.attempt, hint)
+    if start_error:
+        message = f"{message}\n\nNo restart was possible: {start_error}"
+    return message
 
 
 def _root_cause_text(tracker: AttemptTracker) -> str:
     """One line naming the attempt's root-cause failure, for the log and the run state."""
-    return render_failures(tracker.failures(), tracker.attempt).splitlines()[1].removeprefix("Root cause: ")
+    return tracker.root_cause_line()

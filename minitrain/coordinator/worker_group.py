@@ -101,8 +101,7 @@ class WorkerGroup:
                     self._send_rendezvous(rank)
         elif isinstance(event, ev.WorkerPhaseChanged):
             tracker.on_phase(event)
-            if event.rank in tracker.ranks:
-                tracker.ranks[event.rank].last_progress = self._clock()
+            tracker.progressed(event.rank, self._clock())
             self._outbox.to_worker(event.attempt, event.rank, cmd.PhaseAck(event.phase))
         elif isinstance(event, ev.WorkerSpawned):
             tracker.on_spawned(event)
@@ -210,7 +209,7 @@ class WorkerGroup:
                          f"({how}); {last}; {role}. The stacks of every thread of every rank are in the logs"),
                 traceback=f"Stacks of rank {rank} when it was found hung:\n{text}",
                 consequence=consequence)
-            tracker.on_failed(ev.WorkerFailed(self.attempt, failure, b""))
+            tracker.fail(failure)
         logger.error("attempt %d: rank(s) %s stopped making progress past their hang deadline", self.attempt,
                      ",".join(map(str, ranks)))
 

@@ -14,7 +14,7 @@ import pytest
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.ranks import assign_ranks
-from minitrain.errors import root_cause
+from minitrain.errors import root_cause, root_cause_line
 from minitrain.records import NodeInfo, Phase, WorkerFailure
 
 ATTEMPT = 2
@@ -296,3 +296,35 @@ def test_phase_is_recorded_as_sent(phase):
     tracker.on_phase(ev.WorkerPhaseChanged(ATTEMPT, 0, phase))
     exited(tracker, 0, exit_code=2)
     assert tracker.failures()[0].phase is phase
+
+
+def test_the_root_cause_line_follows_every_change_of_the_failures():
+    """It is kept between changes (asked at every loop turn) and formatted anew when a failure is
+    recorded or amended: an exit learned first, then the exception the worker reported, then a peer."""
+    tracker = make_tracker()
+    for rank in range(4):
+        start(tracker, rank)
+    assert tracker.root_cause_line() == ""
+    exited(tracker, 1, exit_code=1, time=40.0)
+    first = tracker.root_cause_line()
+    assert first.startswith("rank 1 on host-a") and tracker.root_cause_line() is first
+    reported(tracker, 1, time=39.0)
+    assert "ValueError: boom" in tracker.root_cause_line()
+    tracker.on_node_lost(node_of(tracker, 2), "lease expired", time=10.0)
+    assert tracker.root_cause_line() == root_cause_line(tracker.failures())
+    assert tracker.root_cause_line().startswith("rank 2 on host-b")
+
+
+def test_progress_and_judged_failures_are_written_through_the_tracker():
+    tracker = make_tracker()
+    start(tracker, 0)
+    tracker.progressed(0, 5.0)
+    assert tracker.ranks[0].last_progress == 5.0 and tracker.ranks[0].last_round is None
+    tracker.reported(0, 3, 7.0)
+    assert (tracker.ranks[0].last_progress, tracker.ranks[0].last_round) == (7.0, 3)
+    tracker.progressed(99, 1.0)
+    tracker.reported(99, 0, 1.0)  # an unknown rank: ignored
+    tracker.fail(WorkerFailure(rank=0, node="", pid=0, phase=Phase.TRAINING, time=8.0, exc_type="WorkerHangError",
+                               message="silent"))
+    (failure,) = tracker.failures()
+    assert failure.node == "host-a" and failure.exc_type == "WorkerHangError" and tracker.exc_pickles() == {}

@@ -28,7 +28,8 @@ from minitrain.coordinator.rounds import RoundTracker
 from minitrain.coordinator.monitor import (
     MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,
 )
-from minitrain.coordinator.hangs import PACE_MIN_INTERVALS, PACE_WINDOW, Pace
+from minitrain.coordinator.hang_watch import HangWatch
+from minitrain.coordinator.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
 from minitrain.commands import ReportAck
@@ -266,8 +267,8 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     storage.makedirs()
     nodes = {"n0": NodeInfo(node_id="n0", hostname="n0", address="127.0.0.1", agent_pid=1, cpus=ranks,
                             memory_bytes=1 << 30)}
-    spec = RunSpec(run_id="r", experiment_name="e", run_path=storage.url(), num_workers=ranks, node_ids=("n0",),
-                   payload=b"", backend="gloo", dist_timeout_s=60.0, failure_policy=policy)
+    settings = LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {})
+    spec = RunSpec(run_id="r", num_workers=ranks, node_ids=("n0",), launch=settings, failure_policy=policy)
     controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
                             MetricsLog(storage), clock=clock, observers=observers)
     tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
@@ -275,78 +276,98 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     for state in tracker.ranks.values():
         state.connected = state.stream_open = True
         state.phase = Phase.STARTUP
-    controller._nodes = dict(nodes)
+    controller._membership.connected(ev.AgentConnected(nodes["n0"]))
     controller._commits.start_attempt(ranks)
     controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
+                                    settings,
                                     ResumePoint("", 0, ()), clock)
     return controller, tracker
 
 
-def _full_watch(controller, tracker):
+def _training_attempt(ranks):
+    """An attempt of `ranks` ranks on one node, every one connected and starting up."""
+    tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
+                                    {"n0": "n0"})
+    for rank in range(ranks):
+        tracker.on_connected(ev.WorkerConnected(0, rank, 1000 + rank, "n0"))
+    return tracker
+
+
+def _phase(watch, tracker, rank, phase, now):
+    """A rank's phase change, told to the hang watch and the tracker as the controller does."""
+    event = ev.WorkerPhaseChanged(0, rank, phase)
+    watch.phase_changed(tracker, event)
+    tracker.on_phase(event)
+    tracker.progressed(rank, now)
+
+
+def _report(watch, tracker, rank, round_, now):
+    """A rank's report, recorded (Commits) and then told to the hang watch, as the controller does."""
+    tracker.reported(rank, round_, now)
+    watch.reported((ReportRecord(0, rank, round_, "{}", now),), now)
+
+
+def _full_watch(watch, tracker):
     """The hang watch built from every rank, as at every turn before (the reference)."""
     watched = {}
     for rank, state in tracker.ranks.items():
         if state.phase >= Phase.TRAINING and not state.done and not state.exited:
-            deadline_s = controller._hang_rule.deadline_s(controller._pace.slowest(rank),
-                                                          **controller._hang_facts(state))
+            deadline_s = watch.deadline_s(rank, state)
             if deadline_s is not None:
                 watched[rank] = Watch(state.last_progress, deadline_s)
     return watched
 
 
 @pytest.mark.parametrize("timeout_s,floor_s", [("auto", 2.0), (3.0, None), (None, None)])
-def test_the_hang_watch_built_only_when_due_finds_every_silent_rank_at_once(tmp_path, timeout_s, floor_s):
-    """The controller scans the ranks for hangs only when the earliest possible deadline has come (an
-    O(ranks) scan at every turn of the loop was its largest cost per event at 4096 ranks): at every
+def test_the_hang_watch_built_only_when_due_finds_every_silent_rank_at_once(timeout_s, floor_s):
+    """The hang watch scans the ranks only when the earliest possible deadline has come (an O(ranks)
+    scan at every turn of the loop was the controller's largest cost per event at 4096 ranks): at every
     turn it finds the same silent ranks as the full scan would, whatever the reports, phases
     (uploads, which lengthen a deadline) and pauses."""
-    now = [100.0]
-    policy = FailureConfig(max_failures=0, worker_hang_timeout_s=timeout_s, worker_hang_floor_s=floor_s)
+    now = 100.0
     ranks = 5
     rng = random.Random(f"{timeout_s}")
     for trial in range(8):
-        controller, tracker = _training_controller(tmp_path / str(trial), ranks, policy, lambda: now[0])
+        watch = HangWatch(HangRule(timeout_s=timeout_s, floor_s=floor_s or AUTO_FLOOR_S))
+        tracker = _training_attempt(ranks)
         rounds = dict.fromkeys(range(ranks), 0)
         scans = 0
         for _ in range(400):
-            now[0] += rng.choice([0.0, 0.01, 0.1, 0.1, 0.5, 1.5]) if rng.random() > 0.02 else 25.0  # a pause
+            now += rng.choice([0.0, 0.01, 0.1, 0.1, 0.5, 1.5]) if rng.random() > 0.02 else 25.0  # a pause
             rank = rng.randrange(ranks)
             state = tracker.ranks[rank]
             kind = rng.choice(["report"] * 6 + ["phase", "done", "none", "none"])
             if kind == "phase" and not state.exited:
                 phase = Phase.TRAINING if state.phase is not Phase.TRAINING else Phase.CHECKPOINT_UPLOAD
-                controller._handle(ev.WorkerPhaseChanged(0, rank, phase))
+                _phase(watch, tracker, rank, phase, now)
             elif kind == "report" and state.phase >= Phase.TRAINING and not state.exited:
-                controller._handle(ev.ReportsReceived((ReportRecord(0, rank, rounds[rank], "{}", now[0]),)))
+                _report(watch, tracker, rank, rounds[rank], now)
                 rounds[rank] += 1
             elif kind == "done" and rng.random() < 0.05:
                 state.done = state.exited = True
-            expected = _silent_ranks(Seen(watched=_full_watch(controller, tracker)), now[0])
-            watched = controller._watched(tracker, now[0])
+            expected = _silent_ranks(Seen(watched=_full_watch(watch, tracker)), now)
+            watched = watch.watched(tracker, now)
             scans += bool(watched)
-            assert _silent_ranks(Seen(watched=watched), now[0]) == expected
+            assert _silent_ranks(Seen(watched=watched), now) == expected
         if timeout_s is None:
             assert scans == 0
 
 
-def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks(tmp_path):
+def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks():
     """A rank with too few intervals of its own is judged by the group's slowest interval, which can
     fall without any event of that rank: the watch must not wait for the deadline it had."""
-    now = [100.0]
-    policy = FailureConfig(max_failures=0, worker_hang_timeout_s="auto", worker_hang_floor_s=2.0)
-    controller, tracker = _training_controller(tmp_path, 2, policy, lambda: now[0])
+    watch = HangWatch(HangRule(timeout_s="auto", floor_s=2.0))
+    tracker = _training_attempt(2)
     rounds = [0, 0]
 
     def at(t, rank, kind="report"):
-        now[0] = t
         if kind == "training":
-            controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))
+            _phase(watch, tracker, rank, Phase.TRAINING, t)
         else:
-            controller._handle(ev.ReportsReceived((ReportRecord(0, rank, rounds[rank], "{}", t),)))
+            _report(watch, tracker, rank, rounds[rank], t)
             rounds[rank] += 1
-        expected = _silent_ranks(Seen(watched=_full_watch(controller, tracker)), t)
-        assert _silent_ranks(Seen(watched=controller._watched(tracker, t)), t) == expected
+        expected = _silent_ranks(Seen(watched=_full_watch(watch, tracker)), t)
+        assert _silent_ranks(Seen(watched=watch.watched(tracker, t)), t) == expected
         return expected
 
     at(100.0, 0, "training")
@@ -356,7 +377,7 @@ def test_a_deadline_taken_from_the_group_s_pace_is_watched_as_it_shrinks(tmp_pat
     at(110.1, 0)
     at(110.2, 0)  # rank 0: intervals 10 s and 0.1 s
     found = [at(110.2 + 0.01 * (k + 1), 0) for k in range(99)]  # the 10 s interval leaves rank 0's window
-    assert controller._pace.slowest(1) == pytest.approx(0.1)
+    assert watch.pace.slowest(1) == pytest.approx(0.1)
     assert found[-1] == (1,) and found[0] == ()  # rank 1, silent since 105, is past 2 s as soon as it shrank
 
 

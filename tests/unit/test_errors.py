@@ -19,6 +19,7 @@ from minitrain.errors import (
     WorkerGroupError,
     WorkerProcessError,
     render_failures,
+    root_cause_line,
 )
 from minitrain.records import Phase, WorkerFailure
 
@@ -52,6 +53,19 @@ def test_root_cause_is_the_earliest_failure_not_the_first_learned():
                         "RuntimeError: NCCL timeout")
     blocks = _blocks(text)
     assert blocks[0].startswith("[rank 3 (root cause)]") and blocks[1].startswith("[rank 0]")
+
+
+@pytest.mark.parametrize("failures", [
+    [failure(0, 20.0, exit_code=1), failure(3, 10.0, exc_type="builtins.RuntimeError", message="NCCL timeout")],
+    [failure(2, 5.0, exit_code=1), failure(1, 5.0, signal=9, oom_suspected=True)],
+    [failure(1, 1.0, exc_type="x.Y", message="Connection reset by peer"), failure(0, 2.0, exit_code=3)],
+])
+def test_the_root_cause_line_is_the_report_s_root_cause_line(failures):
+    assert root_cause_line(failures) == render_failures(failures, 0).splitlines()[1].removeprefix("Root cause: ")
+
+
+def test_no_failures_have_no_root_cause_line():
+    assert root_cause_line([]) == ""
 
 
 def test_equal_times_break_ties_by_rank():

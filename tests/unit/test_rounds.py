@@ -60,17 +60,3 @@ def test_every_round_is_released_once_in_order_whatever_the_interleaving(world, 
     for rank in range(world):
         released += [d.round for d in rounds.finish(rank, counts[rank])]
     assert released == list(range(max(counts, default=0)))
-
-
-def test_host_backoff_doubles_and_is_capped():
-    from minitrain.coordinator.policy import HostBackoff
-
-    backoff = HostBackoff()
-    assert backoff.may_retry("h1", 0.0)
-    backoff.failed("h1", 100.0)
-    assert not backoff.may_retry("h1", 129.0) and backoff.may_retry("h1", 130.0)
-    backoff.failed("h1", 130.0)
-    assert not backoff.may_retry("h1", 189.0) and backoff.may_retry("h1", 190.0)
-    for _ in range(10):
-        backoff.failed("h1", 1000.0)
-    assert backoff.may_retry("h1", 1000.0 + HostBackoff.LONGEST_S)

@@ -1,0 +1,316 @@
+"""The real `Controller`, stepped turn by turn in process (as Ray's test_controller.py steps its control
+loop): a fake hub records the commands the controller sends, fake agent handles stand in for the
+launcher, a fake clock moves only when a test says so, and the tests play the events agents and workers
+would send (coordinator/events.py). They assert on the states the loop reaches, the commands sent and
+what the observers were told. The pure policy is tested on its own in test_decide.py.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+
+import pytest
+
+from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shutdown, StartWorkers, StopWorkers
+from minitrain.config import CheckpointConfig, FailureConfig
+from minitrain.coordinator import events as ev
+from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.observers import TelemetrySample
+from minitrain.coordinator.states import RunState
+from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerFailure
+from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.storage.filesystem import Storage
+
+NODES = ("n0", "n1")
+
+
+# ---------------------------------------------------------------------------------- fakes
+# Commands are the records of minitrain.commands: the fake outbox keeps each one's type.
+
+
+@dataclass
+class FakeHub:
+    """Stands in for `service.Hub` (an `Outbox`): records the type of every command; a node in `down`
+    cannot be reached."""
+
+    to_agents: list = field(default_factory=list)  # (node_id, kind)
+    to_workers: list = field(default_factory=list)  # (attempt, rank, kind)
+    closed: list = field(default_factory=list)  # (attempt, rank)
+    down: set = field(default_factory=set)
+
+    def to_agent(self, node_id, command) -> bool:
+        if node_id in self.down:
+            return False
+        self.to_agents.append((node_id, type(command)))
+        return True
+
+    def to_worker(self, attempt, rank, command) -> bool:
+        self.to_workers.append((attempt, rank, type(command)))
+        return True
+
+    def close_worker(self, attempt, rank) -> None:
+        self.closed.append((attempt, rank))
+
+    def agent_kinds(self, what: type) -> list:
+        return [node_id for node_id, k in self.to_agents if k == what]
+
+
+@dataclass
+class FakeAgents:
+    """Stands in for the launcher's `AgentHandles`."""
+
+    dead: dict = field(default_factory=dict)
+    relaunchable: set = field(default_factory=set)
+    relaunched: list = field(default_factory=list)
+    forgotten: list = field(default_factory=list)
+
+    def dead_agents(self):
+        return dict(self.dead)
+
+    def relaunch(self, node_id):
+        self.relaunched.append(node_id)
+        return node_id in self.relaunchable
+
+    def forget(self, node_id):
+        self.forgotten.append(node_id)
+
+
+class Recorder:
+    """A run observer that keeps what it is told, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __getattr__(self, name):
+        if not name.startswith("on_"):
+            raise AttributeError(name)
+        return lambda payload: self.calls.append((name, payload))
+
+    def named(self, name):
+        return [payload for hook, payload in self.calls if hook == name]
+
+
+class Harness:
+    """One controller over two one-slot nodes (rank r runs on node n<r>), with its fakes."""
+
+    def __init__(self, tmp_path, *, max_failures=0, hang_timeout_s=None, local=()):
+        self.now = 1000.0
+        self.hub, self.agents, self.observer = FakeHub(), FakeAgents(relaunchable=set(local)), Recorder()
+        self.events: queue.SimpleQueue = queue.SimpleQueue()
+        storage = Storage.for_run(str(tmp_path), "run")
+        storage.makedirs()
+        policy = FailureConfig(max_failures=max_failures, worker_hang_timeout_s=hang_timeout_s,
+                               worker_stop_grace_s=1.0)
+        spec = RunSpec(run_id="r", num_workers=len(NODES), node_ids=NODES, failure_policy=policy,
+                       launch=LaunchSettings("e", storage.url(), b"payload", "gloo", 60.0, "", {}),
+                       local_node_ids=frozenset(local))
+        self.controller = Controller(spec, self.hub, self.events, self.agents,
+                                     CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage),
+                                     clock=lambda: self.now, observers=[self.observer])
+        self.controller.begin()
+        self.states = []
+
+    def send(self, *events) -> None:
+        """Events as the servicer threads would queue them, then the loop's turns until it waits."""
+        for event in events:
+            self.events.put(event)
+        self.settle()
+
+    def settle(self) -> None:
+        """Step until turns do nothing (a turn that only moves to a later stage acts on the next one),
+        noting each state reached."""
+        idle = 0
+        for _ in range(100):
+            wait_s = self.controller.step(0.0)
+            if not self.states or self.states[-1] is not self.controller.state:
+                self.states.append(self.controller.state)
+            idle = idle + 1 if wait_s > 0 else 0
+            if idle == 3 or self.controller.finished:
+                return
+        raise AssertionError("the loop did not settle")
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+        self.settle()
+
+    def connect(self, *nodes, stream=0) -> None:
+        self.send(*(ev.AgentConnected(NodeInfo(node_id=n, hostname=f"host-{n}", address="127.0.0.1",
+                                                agent_pid=1, cpus=1, memory_bytes=1 << 30), stream)
+                    for n in nodes))
+
+    def train(self, attempt: int) -> None:
+        """Every rank of `attempt` starts, connects and enters its training function."""
+        for rank, node in enumerate(NODES):
+            self.send(ev.WorkerSpawned(node, attempt, rank, 100 + rank), ev.WorkerConnected(attempt, rank, 100 + rank, "h"))
+        self.send(ev.StoreReady(attempt, "127.0.0.1", 29500))
+        for phase in (Phase.DIST_INIT, Phase.TRAINING):
+            self.send(*(ev.WorkerPhaseChanged(attempt, rank, phase) for rank in range(len(NODES))))
+
+    def report(self, attempt: int, round_: int) -> None:
+        self.send(ev.ReportsReceived(tuple(ReportRecord(attempt, rank, round_, f'{{"round": {round_}}}', self.now)
+                                           for rank in range(len(NODES)))))
+
+    def exit_all(self, attempt: int, *, stopped: bool) -> None:
+        """Every rank's process of `attempt` ends (stopped by its agent, or after its function returned)."""
+        for rank, node in enumerate(NODES):
+            if not stopped:
+                self.send(ev.WorkerDone(attempt, rank, reports=1))
+            self.send(ev.WorkerStreamClosed(attempt, rank),
+                      ev.WorkerExited(node, attempt, rank, 100 + rank, 0 if not stopped else None,
+                                      None if not stopped else 15, stopped, self.now))
+
+    def end(self):
+        return self.controller.end()
+
+
+def _failure(attempt: int, rank: int, message: str, time: float) -> ev.WorkerFailed:
+    return ev.WorkerFailed(attempt, WorkerFailure(rank=rank, node="", pid=0, phase=Phase.TRAINING, time=time,
+                                                  exc_type="builtins.ValueError", message=message,
+                                                  traceback=f"Traceback ...\nValueError: {message}\n"), b"")
+
+
+def _started(h: Harness) -> None:
+    """Agents connected, attempt 0 started and every rank training: RUNNING."""
+    h.settle()
+    h.connect(*NODES)
+    h.train(0)
+    assert h.controller.state is RunState.RUNNING
+
+
+# ---------------------------------------------------------------------------------- tests
+
+
+def test_a_run_goes_from_its_agents_to_success(tmp_path):
+    h = Harness(tmp_path)
+    h.settle()
+    assert h.controller.state is RunState.LAUNCHING
+    assert h.hub.to_agents == []  # nothing starts before every agent is in
+    h.connect("n0")
+    assert h.hub.agent_kinds(StartWorkers) == []
+    h.connect("n1")
+    assert sorted(h.hub.agent_kinds(StartWorkers)) == ["n0", "n1"]  # one StartWorkers per node
+    [attempt] = h.observer.named("on_attempt_start")
+    assert attempt.attempt == 0 and attempt.hosts == ("host-n0", "host-n1")
+    h.train(0)
+    assert h.controller.state is RunState.RUNNING
+    assert [(a, r) for a, r, k in h.hub.to_workers if k == Assignment] == [(0, 0), (0, 1)]
+    assert [(a, r) for a, r, k in h.hub.to_workers if k == Rendezvous] == [(0, 0), (0, 1)]
+    h.report(0, 0)
+    assert [(r.index, r.metrics_by_rank[0]) for r in h.observer.named("on_round")] == [(0, {"round": 0})]
+    h.exit_all(0, stopped=False)
+    assert (0, 0, Release) in h.hub.to_workers  # rank 0 holds the store until every rank is done
+    assert h.controller.state is RunState.SUCCEEDED and h.controller.finished
+    assert h.states[-3:] == [RunState.RUNNING, RunState.STOPPING, RunState.SUCCEEDED]
+    outcome = h.end()
+    assert outcome.state == "SUCCEEDED" and outcome.error_message == "" and outcome.last_metrics == {"round": 0}
+    assert sorted(h.hub.agent_kinds(Shutdown)) == ["n0", "n1"]
+    hooks = [hook for hook, _ in h.observer.calls]
+    assert hooks[0] == "on_run_start" and hooks[-2:] == ["on_attempt_end", "on_run_end"]
+
+
+def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp_path):
+    h = Harness(tmp_path, max_failures=1)
+    _started(h)
+    h.send(_failure(0, 1, "boom", h.now))
+    assert h.controller.state is RunState.RESTARTING
+    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.STARTING
+    [end] = h.observer.named("on_attempt_end")
+    assert end.restarting and end.root_cause == "rank 1 on host-n1 (pid 101) during training: ValueError: boom"
+    assert sorted(h.hub.agent_kinds(StartWorkers)) == ["n0", "n0", "n1", "n1"]  # attempt 1 on both nodes
+    h.send(ev.WorkerConnected(0, 0, 100, "h"))  # a straggler of attempt 0 is sent away
+    assert (0, 0) in h.hub.closed
+    h.train(1)
+    assert h.controller.state is RunState.RUNNING
+    h.exit_all(1, stopped=False)
+    assert h.end().state == "SUCCEEDED"
+
+
+def test_a_spent_budget_fails_the_run_with_the_root_cause(tmp_path):
+    h = Harness(tmp_path, max_failures=0)
+    _started(h)
+    h.send(_failure(0, 0, "Connection reset by peer", h.now), _failure(0, 1, "the real one", h.now + 1))
+    assert h.controller.state is RunState.STOPPING
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.FAILED
+    outcome = h.end()
+    lines = outcome.error_message.splitlines()
+    assert lines[1] == "Root cause: rank 1 on host-n1 (pid 101) during training: ValueError: the real one"
+    assert "FailureConfig.max_failures=0" in outcome.error_message and len(outcome.failures) == 2
+
+
+def test_an_agent_lost_mid_run_fails_its_ranks_and_a_local_one_is_replaced(tmp_path):
+    h = Harness(tmp_path, max_failures=1, local=("n1",))
+    _started(h)
+    h.hub.down.add("n1")
+    h.send(ev.AgentLost("n1", "lease expired"))
+    assert h.controller.state is RunState.RESTARTING
+    h.send(ev.AgentLost("n1", "lease expired"))  # told twice: counted once
+    assert h.hub.agent_kinds(StopWorkers) == ["n0"]
+    h.send(ev.WorkerStreamClosed(0, 0), ev.WorkerExited("n0", 0, 0, 100, None, 15, True, h.now))
+    assert h.agents.relaunched == ["n1"]  # on this machine: replaced at once, and waited for
+    assert h.controller.state is RunState.RESTARTING and h.hub.agent_kinds(StartWorkers) == ["n0", "n1"]
+    h.hub.down.discard("n1")
+    h.connect("n1", stream=1)
+    assert h.controller.state is RunState.STARTING and h.hub.agent_kinds(StartWorkers).count("n1") == 2
+    [end] = h.observer.named("on_attempt_end")
+    assert end.restarting and "node host-n1 was lost: lease expired" in end.root_cause
+    h.train(1)
+    h.exit_all(1, stopped=False)
+    assert h.end().state == "SUCCEEDED"
+
+
+def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
+    h = Harness(tmp_path, hang_timeout_s=30.0)
+    _started(h)
+    h.advance(20.0)
+    h.report(0, 0)  # both ranks progress at +20 s
+    h.advance(25.0)
+    h.send(ev.ReportsReceived((ReportRecord(0, 0, 1, "{}", h.now),)))  # rank 0 goes on; rank 1 is silent
+    assert h.controller.state is RunState.RUNNING and h.hub.agent_kinds(DumpStacks) == []
+    h.advance(10.0)  # rank 1 silent for 35 s > 30 s: the stacks are collected first
+    assert sorted(h.hub.agent_kinds(DumpStacks)) == ["n0", "n1"]
+    h.send(ev.StackDumped(0, 0, "stack of rank 0"), ev.StackDumped(0, 1, "stack of rank 1"))
+    assert h.controller.state is RunState.STOPPING
+    assert [d.rank for d in h.observer.named("on_stacks")] == [0, 1]
+    h.exit_all(0, stopped=True)
+    outcome = h.end()
+    assert outcome.state == "FAILED"
+    [failure] = outcome.failures
+    assert failure.rank == 1 and failure.exc_type == "WorkerHangError"
+    assert "past its hang deadline of 30 s (FailureConfig.worker_hang_timeout_s=30)" in failure.message
+
+
+def test_ctrl_c_stops_the_workers_and_aborts_the_run(tmp_path):
+    h = Harness(tmp_path)
+    _started(h)
+    h.controller.interrupt()
+    h.settle()
+    assert h.controller.state is RunState.STOPPING and sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.ABORTED
+    with pytest.raises(KeyboardInterrupt):
+        h.end()
+    assert h.observer.named("on_run_end")[0].state == "ABORTED"
+
+
+def test_telemetry_reaches_the_observers_with_host_pid_and_phase_and_stale_events_are_dropped(tmp_path):
+    h = Harness(tmp_path)
+    _started(h)
+    sample = TelemetrySample(attempt=0, rank=1, time=h.now, reports=0, step_time_s=0.1)
+    h.send(ev.TelemetryReceived(0, sample), ev.TelemetryReceived(7, sample))
+    [told] = h.observer.named("on_telemetry")
+    assert (told.host, told.pid, told.phase) == ("host-n1", 101, "TRAINING")
+
+
+def test_agents_that_died_before_connecting_end_the_run(tmp_path):
+    h = Harness(tmp_path)
+    h.connect("n0")
+    h.agents.dead["n1"] = "exit code 3"
+    h.settle()
+    assert h.controller.state is RunState.FAILED
+    outcome = h.end()
+    assert "node agent(s) failed to start: n1: exit code 3" in outcome.error_message
