@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Optional, Union
 
-from minitrain.coordinator.states import RunState
+from minitrain.run_state import RunState
 
 STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
 STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
@@ -61,7 +61,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class Loop:
-    """Where the run is. Replaced (never mutated) by every decision."""
+    """Where the run is: the one holder of the run's state. Replaced (never mutated) by every decision."""
 
     state: RunState = RunState.PENDING
     stage: Stage = Stage.AGENTS
@@ -112,7 +112,9 @@ class Seen:
 
 @dataclass(frozen=True)
 class MoveTo:
-    """Move the run's state machine (it records the time of every move)."""
+    """Move the run to `state` (the controller checks it with `run_state.check_move`); `target` only
+    with STOPPING: the terminal state the stop leads to. A decision's moves, in order, lead from its
+    input loop's state to its output loop's."""
 
     state: RunState
     reason: str

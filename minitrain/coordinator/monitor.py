@@ -48,6 +48,7 @@ from minitrain.coordinator.observers import (
 )
 from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.records import ReportRecord, RunOutcome
+from minitrain.run_state import RunState
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, split_metrics_lines
 
 logger = logging.getLogger("minitrain")
@@ -60,7 +61,7 @@ RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this man
 MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
 MAX_RATE_ROUNDS = 100_000  # round times kept for it (a bound on memory for very fast steps)
 FLUSH_S = 1.0
-_OUTCOME_STATES = {"SUCCEEDED": "FINISHED", "FAILED": "ERRORED", "ABORTED": "ABORTED"}
+_OUTCOME_STATES = {RunState.SUCCEEDED: "FINISHED", RunState.FAILED: "ERRORED", RunState.ABORTED: "ABORTED"}
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
               "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
 
@@ -314,7 +315,7 @@ class RunMonitor(RunObserver):
     def on_run_end(self, outcome: RunOutcome) -> None:
         now = self._clock()
         with self._lock:
-            self._run.update(state=_OUTCOME_STATES.get(outcome.state, outcome.state), ended_at=now)
+            self._run.update(state=_OUTCOME_STATES[outcome.state], ended_at=now)
             state = self._run["state"]
         self._event("run_ended", now, {"state": state, "ended_at": now})
         self._writer.close()

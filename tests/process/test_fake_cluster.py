@@ -19,6 +19,7 @@ import pytest
 from bench.scale.coordinator import simulate
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
+from minitrain.run_state import RunState
 from minitrain.procs import living_descendants
 
 WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
@@ -70,7 +71,7 @@ def _simulate(tmp_path, faults, transport="relayed", **policy):
 def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(tmp_path, transport):
     outcome, rounds, checkpoints = _simulate(
         tmp_path, [{"attempt": 0, "rank": 13, "after": 2, "kind": "exception"}], transport, max_failures=1)
-    assert (outcome.state, outcome.attempt) == ("SUCCEEDED", 1), outcome.error_message
+    assert (outcome.state, outcome.attempt) == (RunState.SUCCEEDED, 1), outcome.error_message
     assert rounds.seen[(0, 13)] == [0, 1]  # it failed after two reports
     assert rounds.complete(1)
     # Rank 0's history and the committed rounds are the last attempt's, each round once, in order.
@@ -96,7 +97,7 @@ def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):
     outcome, _, _ = _simulate(
         tmp_path, [{"attempt": 0, "rank": 5, "after": 1, "kind": "exception"},
                    {"attempt": 1, "rank": 30, "after": 3, "kind": "exception"}], max_failures=1)
-    assert (outcome.state, outcome.attempt) == ("FAILED", 1)
+    assert (outcome.state, outcome.attempt) == (RunState.FAILED, 1)
     assert "Root cause: rank 30 " in outcome.error_message and "injected fault on rank 30" in outcome.error_message
 
 
@@ -109,7 +110,7 @@ def test_a_frozen_rank_is_found_by_the_default_deadline_and_its_waiting_peers_ar
     still be declared (it goes past its deadline while the stacks are collected) and named."""
     outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 21, "after": 3, "kind": "freeze"}],
                                    worker_hang_floor_s=2.0)
-    assert outcome.state == "FAILED"
+    assert outcome.state is RunState.FAILED
     hung = {f.rank: f for f in outcome.failures if f.kind is FailureKind.HANG}
     assert 21 in hung and not hung[21].consequence, outcome.error_message
     assert "Root cause: rank 21 " in outcome.error_message

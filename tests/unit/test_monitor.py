@@ -16,6 +16,7 @@ from minitrain.coordinator.observers import (
 from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.errors import ConfigError
 from minitrain.records import FailureKind, Phase, ReportRecord, RunOutcome, WorkerFailure
+from minitrain.run_state import RunState
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import EVENTS_NAME, RESERVED_NAMES, TELEMETRY_NAME
 from minitrain.storage.retention import CheckpointRecord
@@ -133,7 +134,7 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert monitor.ranks()[0]["gpus"]
 
     monitor.on_attempt_end(AttemptEnd(1, (), "", False, 40.0))
-    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics={"loss": 0.25}))
+    monitor.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics={"loss": 0.25}))
     assert monitor.run()["state"] == "FINISHED"
     [episode] = monitor.straggler_history()
     assert (episode["rank"], episode["attempt"], episode["until"]) == (1, 1, 40.0)
@@ -177,7 +178,7 @@ def test_a_storage_failure_is_logged_once_and_the_monitor_goes_on(caplog):
     monitor = RunMonitor(storage, rule=RULE)
     with caplog.at_level(logging.WARNING, logger="minitrain"):
         drive(monitor)
-        monitor.on_run_end(RunOutcome(state="FAILED", attempt=1, last_metrics=None))
+        monitor.on_run_end(RunOutcome(state=RunState.FAILED, attempt=1, last_metrics=None))
     assert caplog.text.count("could not write") == 1 and "No space left" in caplog.text
     assert monitor.run()["state"] == "ERRORED" and len(monitor.samples()) == 12
 
@@ -269,7 +270,7 @@ def test_steps_per_s_is_taken_over_time_never_over_a_burst_and_over_the_whole_ru
     rounds(150, 20, 260.0, spacing=2e-6)
     now[0] = 260.0
     monitor.on_attempt_end(AttemptEnd(1, (), "", False, 260.0))
-    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+    monitor.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics=None))
     now[0] = 999.0  # read long after: the final figure does not move
     assert monitor.run()["steps_per_s"] == pytest.approx(170 / 160.0)
     assert monitor.run()["rounds"] == 170
@@ -291,7 +292,7 @@ def test_a_resumed_run_counts_its_own_rounds_and_its_own_samples(tmp_path):
                                        started + 2 + i * 0.2))
         clock[0] = started + 20.0
         monitor.on_attempt_end(AttemptEnd(0, (), "", False, clock[0]))
-        monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=0, last_metrics=None))
+        monitor.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=0, last_metrics=None))
         run = monitor.run()
         assert run["rounds"] == first_round + 50 and run["steps_per_s"] == pytest.approx(50 / 20.0)
     (tmp_path / "exp" / "metrics.jsonl").write_text("".join(
