@@ -4,7 +4,8 @@ It runs on the thread that called `fit()`. Servicer threads put facts (events) i
 turn of the loop takes every queued event (waiting at most POLL_S for the first) and records it
 (the attempt's tracker, the commits, the connected agents), observes what is now true (`Seen`), asks
 the pure `decide()` what happens next, and executes the returned actions: state moves (checked by
-`run_state.check_move`), the attempt's start and stop through its `WorkerGroup`, agent relaunches through the launcher's handles. The run's state is the loop's
+`run_state.check_move`, then told to the observers' `on_state`), the attempt's start and stop through
+its `WorkerGroup`, agent relaunches through the launcher's handles. The run's state is the loop's
 (`decide.Loop.state`), held nowhere else. Nothing else decides to retry or give up, and nothing here
 waits in a loop of its own: a stop, a drain, the wait for agents and for stacks are stages of the one
 loop, with deadlines.
@@ -268,7 +269,7 @@ class Controller:
             group.prepare_fork_servers()
 
     def _move(self, previous: RunState, move: MoveTo) -> None:
-        """Check a move of the run's state and say why it happens."""
+        """Check a move of the run's state, say why it happens, and tell the observers."""
         loop, group = self._loop, self._group
         check_move(previous, move.state, move.target, heading=loop.target)
         failed = group is not None and group.tracker.failed() and not self._start_error
@@ -291,6 +292,7 @@ class Controller:
             logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
         logger.debug("run state %s -> %s (attempt %d): %s", previous.value, move.state.value, loop.attempt,
                      move.reason)
+        self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _log_late(self, stage: Stage) -> None:
         tracker = self._group.tracker if self._group is not None else None

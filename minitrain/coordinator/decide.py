@@ -112,9 +112,9 @@ class Seen:
 
 @dataclass(frozen=True)
 class MoveTo:
-    """Move the run to `state` (the controller checks it with `run_state.check_move`); `target` only
-    with STOPPING: the terminal state the stop leads to. A decision's moves, in order, lead from its
-    input loop's state to its output loop's."""
+    """Move the run to `state` (the controller checks it with `run_state.check_move` and tells the
+    observers); `target` only with STOPPING: the terminal state the stop leads to. A decision's moves,
+    in order, lead from its input loop's state to its output loop's."""
 
     state: RunState
     reason: str

@@ -33,6 +33,9 @@ class Rounds(RunObserver):
         self.seen = collections.defaultdict(list)
         self.calls = []  # (method, its argument) in call order, reports left out
 
+    def on_state(self, previous, next_state, reason, attempt) -> None:
+        self.calls.append(("state", (previous, next_state, attempt)))
+
     def on_report(self, report) -> None:
         self.seen[(report.attempt, report.rank)].append(report.round)
 
@@ -79,8 +82,24 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     assert checkpoints.report_index >= REPORTS
     # The observers saw the run in order: start, attempt 0 and its end (restarting, rank 13 the root
     # cause with its pickled exception), attempt 1 with every round of every rank, its end, the outcome.
-    kinds = [kind for kind, _ in rounds.calls]
+    # Every move of the run's state, in order, as RunState values.
+    moves = [arg for kind, arg in rounds.calls if kind == "state"]
+    S = RunState
+    first = [(S.STARTING, S.RUNNING, 0), (S.RUNNING, S.RESTARTING, 0)]
+    if (S.STARTING, S.RESTARTING, 0) in moves:  # rank 13 failed before every rank was training
+        first = [(S.STARTING, S.RESTARTING, 0)]
+    assert moves == [(S.PENDING, S.LAUNCHING, 0), (S.LAUNCHING, S.STARTING, 0), *first,
+                     (S.RESTARTING, S.STARTING, 1), (S.STARTING, S.RUNNING, 1),
+                     (S.RUNNING, S.STOPPING, 1), (S.STOPPING, S.SUCCEEDED, 1)]
+    kinds = [kind for kind, _ in rounds.calls if kind != "state"]
     assert kinds[:2] == ["run_start", "attempt_start"] and kinds[-2:] == ["attempt_end", "run_end"]
+    order = [(kind, arg[1] if kind == "state" else getattr(arg, "attempt", None)) for kind, arg in rounds.calls
+             if kind != "round"]
+    # on_state(STARTING) comes before its attempt's start; a restart's after the old attempt's end.
+    ended = order.index(("attempt_end", 0))
+    assert order.index(("state", S.STARTING)) < order.index(("attempt_start", 0)) < ended
+    assert ended < order.index(("state", S.STARTING), ended) < order.index(("attempt_start", 1))
+    assert order.index(("state", S.SUCCEEDED)) < order.index(("attempt_end", 1))
     starts = [arg for kind, arg in rounds.calls if kind == "attempt_start"]
     ends = [arg for kind, arg in rounds.calls if kind == "attempt_end"]
     assert [a.attempt for a in starts] == [0, 1] and all(a.world_size == WORKERS for a in starts)
