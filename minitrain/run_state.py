@@ -1,12 +1,14 @@
-"""The run lifecycle's one vocabulary (L0: stdlib only): the states, the table of allowed moves and the
-check every move passes.
+"""The run lifecycle's one vocabulary (L0: stdlib only): the states, the table of allowed moves, the
+check every move passes, and the one translation into the words users read.
 
 PENDING -> LAUNCHING -> STARTING -> RUNNING; STARTING/RUNNING -> RESTARTING -> STARTING; any
 non-terminal state -> STOPPING(target); STOPPING -> its target (SUCCEEDED | FAILED | ABORTED).
 Terminal states are reachable only through STOPPING, so no path skips the teardown.
 
 The state itself has one holder: the controller's `decide.Loop`. Every move it makes is checked by
-`check_move`. Code compares `RunState` members, never their names.
+`check_move` and told to the run's observers (`RunObserver.on_state`) as `RunState` values. Code
+compares `RunState` members; text for people and for other systems' vocabularies (the dashboard's
+JSON, Prometheus, the console, the events file) comes from `ray_status` only.
 """
 
 from __future__ import annotations
@@ -71,3 +73,24 @@ def check_move(previous: RunState, next_state: RunState, target: Optional[RunSta
         where = heading.value if heading is not None else "nowhere"
         raise IllegalTransition(f"STOPPING was headed to {where}, not {next_state.value}")
 
+
+# Ray Train's RunStatus words for the outcomes; a state in progress keeps its own name (RUNNING and
+# RESTARTING are Ray's too), so that STARTING means one thing in the log, the console and the dashboard.
+_RAY_WORDS = {RunState.SUCCEEDED: "FINISHED", RunState.FAILED: "ERRORED", RunState.ABORTED: "ABORTED"}
+
+
+def ray_status(state: RunState) -> str:
+    """The word users read for `state`: FINISHED, ERRORED or ABORTED for the outcomes (Ray Train's),
+    the state's own name for the others. The monitor's JSON and events file, the dashboard,
+    Prometheus, the console and the logs show this word; only `Callback.on_run_end` keeps its
+    documented SUCCEEDED / FAILED / ABORTED (the state's name)."""
+    return _RAY_WORDS.get(state, state.value)
+
+
+_STATES_BY_WORD = {ray_status(state): state for state in RunState}
+
+
+def from_ray_status(word: str) -> Optional[RunState]:
+    """The state `ray_status` names `word` (None for a word it never returns): for readers of the JSON
+    the monitor wrote (the dashboard's pages, a run directory's events file)."""
+    return _STATES_BY_WORD.get(word)

@@ -42,7 +42,7 @@ from minitrain.coordinator.service import Hub
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
 from minitrain.records import NodeInfo, Phase, RunOutcome
-from minitrain.run_state import IllegalTransition, RunState, check_move
+from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain")
@@ -290,8 +290,8 @@ class Controller:
                 logger.error("the run cannot go on: %s", move.reason)
         elif move.state is RunState.STOPPING and move.target is RunState.ABORTED:
             logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
-        logger.debug("run state %s -> %s (attempt %d): %s", previous.value, move.state.value, loop.attempt,
-                     move.reason)
+        logger.debug("run state %s -> %s (attempt %d): %s", ray_status(previous), ray_status(move.state),
+                     loop.attempt, move.reason)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _log_late(self, stage: Stage) -> None:

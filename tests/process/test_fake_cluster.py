@@ -17,9 +17,10 @@ import re
 import pytest
 
 from bench.scale.coordinator import simulate
+from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
-from minitrain.run_state import RunState
+from minitrain.run_state import RunState, ray_status
 from minitrain.procs import living_descendants
 
 WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
@@ -27,14 +28,18 @@ WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 r
 
 class Rounds(RunObserver):
     """A RunObserver: every (attempt, rank) -> the rounds it reported, in arrival order; and the other
-    calls the controller made, in order."""
+    calls the controller made, in order. Told after `monitor` (a RunMonitor fed the same calls), it
+    records the state the monitor shows at each move."""
 
-    def __init__(self):
+    def __init__(self, monitor: RunMonitor):
         self.seen = collections.defaultdict(list)
         self.calls = []  # (method, its argument) in call order, reports left out
+        self.monitor = monitor
+        self.shown = []  # the monitor's state at each move
 
     def on_state(self, previous, next_state, reason, attempt) -> None:
         self.calls.append(("state", (previous, next_state, attempt)))
+        self.shown.append(self.monitor.run()["state"])
 
     def on_report(self, report) -> None:
         self.seen[(report.attempt, report.rank)].append(report.round)
@@ -64,8 +69,9 @@ def _simulate(tmp_path, faults, transport="relayed", **policy):
     spec = {"workers": WORKERS, "slots": SLOTS, "reports": REPORTS, "rate_hz": RATE_HZ, "warmup_rounds": 0,
             "client_procs": 2, "out_dir": str(tmp_path), "ack_every": 2, "faults": faults, "stop_grace_s": 1.0,
             "transport": transport, **policy}
-    rounds = Rounds()
-    outcome, tap, checkpoints, _ = simulate(spec, observers=[rounds])
+    monitor = RunMonitor()
+    rounds = Rounds(monitor)
+    outcome, tap, checkpoints, _ = simulate(spec, observers=[monitor, rounds])
     assert not living_descendants(os.getpid()), "a fake client outlived the run"
     return outcome, rounds, checkpoints
 
@@ -82,7 +88,7 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     assert checkpoints.report_index >= REPORTS
     # The observers saw the run in order: start, attempt 0 and its end (restarting, rank 13 the root
     # cause with its pickled exception), attempt 1 with every round of every rank, its end, the outcome.
-    # Every move of the run's state, in order, as RunState values.
+    # Every move of the run's state, in order, as RunState values; the monitor showed each as it came.
     moves = [arg for kind, arg in rounds.calls if kind == "state"]
     S = RunState
     first = [(S.STARTING, S.RUNNING, 0), (S.RUNNING, S.RESTARTING, 0)]
@@ -91,6 +97,7 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     assert moves == [(S.PENDING, S.LAUNCHING, 0), (S.LAUNCHING, S.STARTING, 0), *first,
                      (S.RESTARTING, S.STARTING, 1), (S.STARTING, S.RUNNING, 1),
                      (S.RUNNING, S.STOPPING, 1), (S.STOPPING, S.SUCCEEDED, 1)]
+    assert rounds.shown == [ray_status(next_state) for _, next_state, _ in moves]
     kinds = [kind for kind, _ in rounds.calls if kind != "state"]
     assert kinds[:2] == ["run_start", "attempt_start"] and kinds[-2:] == ["attempt_end", "run_end"]
     order = [(kind, arg[1] if kind == "state" else getattr(arg, "attempt", None)) for kind, arg in rounds.calls

@@ -1,4 +1,5 @@
-"""minitrain.run_state: the one table of allowed run-state moves and its check, exhaustively."""
+"""minitrain.run_state: the one table of allowed run-state moves and its check, exhaustively; the one
+translation into the words users read."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import itertools
 
 import pytest
 
-from minitrain.run_state import ALLOWED, TERMINAL, IllegalTransition, RunState, check_move
+from minitrain.run_state import (
+    ALLOWED, TERMINAL, IllegalTransition, RunState, check_move, from_ray_status, ray_status,
+)
 
 S = RunState
 
@@ -108,3 +111,17 @@ def test_a_whole_run_passes_move_by_move():
         check_move(previous, next_state, target, heading=heading)
         heading = target or heading
 
+
+def test_the_user_facing_words_are_ray_s_for_the_outcomes_and_the_state_s_own_name_otherwise():
+    assert {s: ray_status(s) for s in TERMINAL} == {S.SUCCEEDED: "FINISHED", S.FAILED: "ERRORED",
+                                                    S.ABORTED: "ABORTED"}
+    for state in set(RunState) - TERMINAL:
+        assert ray_status(state) == state.value  # STARTING is STARTING in the log, the console and the page
+
+
+def test_the_translation_is_total_one_to_one_and_read_back():
+    words = [ray_status(state) for state in RunState]
+    assert all(isinstance(w, str) and w for w in words) and len(set(words)) == len(RunState)
+    for state in RunState:
+        assert from_ray_status(ray_status(state)) is state
+    assert from_ray_status("SUCCEEDED") is None and from_ray_status("") is None
