@@ -13,6 +13,8 @@ import signal as _signal
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from minitrain.run_state import RunState
+
 
 class Phase(enum.IntEnum):
     """Where a worker was in its life when something happened (values match the proto enum)."""
@@ -157,17 +159,6 @@ class RunEvent:
     """Base of the facts the controller consumes; see coordinator/events.py for the kinds."""
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One state transition of a run, kept for logs and failure reports."""
-
-    previous: str
-    next: str
-    reason: str
-    attempt: int
-    time: float
-
-
 @dataclass(frozen=True)
 class RunPayload:
     """What every worker unpickles: the training function, its config, and the run's storage.
@@ -188,7 +179,7 @@ class RunPayload:
 class RunOutcome:
     """What the coordinator hands back to the trainer when a run ends."""
 
-    state: str  # SUCCEEDED | FAILED | ABORTED
+    state: RunState  # SUCCEEDED | FAILED | ABORTED
     attempt: int
     last_metrics: dict | None
     metrics_history: tuple[dict, ...] = ()

@@ -41,6 +41,7 @@ from minitrain.logs import LogSink, driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
+from minitrain.run_state import RunState, ray_status
 from minitrain.result import Result, Straggler
 from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
@@ -528,9 +529,9 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
                      published: Storage, stragglers: Optional[list] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
     error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history)."""
-    if outcome.state != "SUCCEEDED":
+    if outcome.state is not RunState.SUCCEEDED:
         if not outcome.failures:
-            raise ControllerError(LaunchError(outcome.error_message or f"the run ended {outcome.state}"))
+            raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
         exceptions = {f.rank: rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
         raise WorkerGroupError(outcome.error_message, exceptions)
 

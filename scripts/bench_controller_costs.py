@@ -35,7 +35,7 @@ from minitrain.coordinator.metrics_log import MetricsLog  # noqa: E402
 from minitrain.coordinator.monitor import RunMonitor  # noqa: E402
 from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample  # noqa: E402
 from minitrain.coordinator.service import Hub  # noqa: E402
-from minitrain.coordinator.states import RunState  # noqa: E402
+from minitrain.run_state import RunState  # noqa: E402
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment  # noqa: E402
 from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402

@@ -9,6 +9,7 @@ from minitrain.callbacks.runner import CallbackRunner
 from minitrain.config import DataConfig, TorchConfig
 from minitrain.coordinator.observers import AttemptInfo, RoundInfo, RunInfo
 from minitrain.records import FailureKind, Phase, RunOutcome, WorkerFailure
+from minitrain.run_state import RunState
 from minitrain.storage.filesystem import Storage
 
 WAIT_S = 60  # generous: other helpers share the machine
@@ -33,7 +34,7 @@ def failure(rank=1, exc_type="ValueError", message="boom") -> WorkerFailure:
                          message=message, kind=FailureKind.EXCEPTION)
 
 
-def fit(runner: CallbackRunner, rounds, failed_attempt=None, state="SUCCEEDED") -> None:
+def fit(runner: CallbackRunner, rounds, failed_attempt=None, state=RunState.SUCCEEDED) -> None:
     """The calls the controller makes for one fit(): an optional failed first attempt, then `rounds`."""
     runner.on_run_start(RunInfo(runner.context.run_id, "run", runner.context.run_path, 2, 0.0))
     attempt = 1
@@ -45,7 +46,7 @@ def fit(runner: CallbackRunner, rounds, failed_attempt=None, state="SUCCEEDED") 
     for each in rounds:
         runner.on_round(each)
     runner.on_run_end(RunOutcome(state=state, attempt=attempt, last_metrics=None,
-                                 error_message="" if state == "SUCCEEDED" else "it broke"))
+                                 error_message="" if state is RunState.SUCCEEDED else "it broke"))
 
 
 class Recorder(Callback):

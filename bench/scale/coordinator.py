@@ -223,7 +223,7 @@ def run(spec: dict) -> dict:
     with open(latencies_file, "wb") as f:
         tap.latencies.tofile(f)
     per_rank = [tap.next_round.get(rank, 0) for rank in range(workers)]
-    return {"state": outcome.state, "error": (outcome.error_message or "")[:3000],
+    return {"state": outcome.state.value, "error": (outcome.error_message or "")[:3000],
             "rank0_reports": len(steps), "rank0_in_order": steps == list(range(len(steps))),
             "rounds_completed": checkpoints.report_index, "baseline_rss_mib": launcher.baseline_rss_mib,
             "recorded": tap.recorded, "reordered": tap.reordered, "latencies_file": latencies_file,

@@ -14,11 +14,13 @@ from typing import Any, Dict, Optional
 from minitrain.callbacks.base import Callback, TrainRunContext, flatten, numeric, require_extra
 from minitrain.checkpoint import Checkpoint
 from minitrain.errors import ConfigError
+from minitrain.run_state import RunState
 
 _STATE_KEY = "mlflow"
 _PARAM_LIMIT = 6000  # MLflow's longest param value
 _TAG_LIMIT = 5000  # kept below MLflow's tag limit (8000)
-_STATUS = {"SUCCEEDED": "FINISHED", "FAILED": "FAILED", "ABORTED": "KILLED"}
+# MLflow's own RunStatus words (it has no ERRORED or ABORTED), for the run's terminal states.
+_MLFLOW_STATUS = {RunState.SUCCEEDED: "FINISHED", RunState.FAILED: "FAILED", RunState.ABORTED: "KILLED"}
 
 
 class MLflowLoggerCallback(Callback):
@@ -108,7 +110,7 @@ class MLflowLoggerCallback(Callback):
             self._log_params_once(run_context)
         if error:
             self.client.set_tag(self.run_id, "minitrain.error", error[:_TAG_LIMIT])
-        self.client.set_terminated(self.run_id, status=_STATUS.get(status, "FAILED"))
+        self.client.set_terminated(self.run_id, status=_MLFLOW_STATUS[RunState(status)])
 
     def _exists(self, run_id: Optional[str]) -> bool:
         if not run_id:

@@ -25,6 +25,7 @@ from minitrain.checkpoint import Checkpoint
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver
 from minitrain.errors import rebuild_exception
 from minitrain.records import RunOutcome, WorkerFailure
+from minitrain.run_state import RunState
 
 logger = logging.getLogger("minitrain")
 
@@ -109,8 +110,9 @@ class CallbackRunner(RunObserver):
         self._queue_many(calls)
 
     def on_run_end(self, outcome: RunOutcome) -> None:
-        error = (outcome.error_message or None) if outcome.state != "SUCCEEDED" else None
-        self._queue(lambda cb: ("on_run_end", (self.context, outcome.state, error), {}))
+        error = (outcome.error_message or None) if outcome.state is not RunState.SUCCEEDED else None
+        # Callback.on_run_end's `status` is the state's name ("SUCCEEDED", "FAILED", "ABORTED"), as documented.
+        self._queue(lambda cb: ("on_run_end", (self.context, outcome.state.value, error), {}))
         self._calls.put(_STOP)
         self.drain()
 

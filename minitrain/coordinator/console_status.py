@@ -26,6 +26,7 @@ from minitrain.console import LiveConsole
 from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import RunInfo, RunObserver
 from minitrain.records import RunOutcome
+from minitrain.run_state import RunState, ray_status
 
 logger = logging.getLogger("minitrain")
 
@@ -59,7 +60,7 @@ def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoin
     if run.get("total"):
         steps = f"{run.get('rounds', 0)}/{run['total']} steps ({100 * (run.get('progress') or 0):.1f}%)"
     progress = f"{steps} | {rate:.2f} steps/s" if rate else f"{steps} | - steps/s"
-    if run.get("eta_s") is not None and run.get("state") == "RUNNING":
+    if run.get("eta_s") is not None and run.get("state") == ray_status(RunState.RUNNING):
         progress += f" | ETA {_duration(run['eta_s'])}"
     parts.append(progress)
     summary = step_time_summary(ranks)

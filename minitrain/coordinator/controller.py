@@ -3,10 +3,12 @@
 It runs on the thread that called `fit()`. Servicer threads put facts (events) into its queue. Each
 turn of the loop takes every queued event (waiting at most POLL_S for the first) and records it
 (the attempt's tracker, the commits, the connected agents), observes what is now true (`Seen`), asks
-the pure `decide()` what happens next, and executes the returned actions: state moves through
-`RunStateMachine`, the attempt's start and stop through its `WorkerGroup`, agent relaunches through
-the launcher's handles. Nothing else decides to retry or give up, and nothing here waits in a loop of
-its own: a stop, a drain, the wait for agents and for stacks are stages of the one loop, with deadlines.
+the pure `decide()` what happens next, and executes the returned actions: state moves (checked by
+`run_state.check_move`, then told to the observers' `on_state`), the attempt's start and stop through
+its `WorkerGroup`, agent relaunches through the launcher's handles. The run's state is the loop's
+(`decide.Loop.state`), held nowhere else. Nothing else decides to retry or give up, and nothing here
+waits in a loop of its own: a stop, a drain, the wait for agents and for stacks are stages of the one
+loop, with deadlines.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from minitrain.coordinator.observers import (
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.outbox import Outbox
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.states import RunState, RunStateMachine
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
 from minitrain.records import RunOutcome
+from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
 
 logger = logging.getLogger("minitrain")
 
@@ -91,7 +93,6 @@ class Controller:
         self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s)
         self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
-        self._machine = RunStateMachine(clock)
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
         self._group: Optional[WorkerGroup] = None
@@ -103,8 +104,8 @@ class Controller:
 
     @property
     def state(self) -> RunState:
-        """The current run state."""
-        return self._machine.state
+        """The current run state (the loop's)."""
+        return self._loop.state
 
     # ------------------------------------------------------------------ the loop
 
@@ -171,9 +172,8 @@ class Controller:
         self._take_events(wait_s)
         now = self._clock()  # one instant for what is seen and for the decision on it
         decision = decide(self._loop, self._observe(now), now, self._rules)
-        self._loop = decision.loop
-        for action in decision.actions:
-            self._execute(action)
+        previous, self._loop = self._loop.state, decision.loop
+        self._act(previous, decision.actions)
         # Act again at once after acting (a stage may already be over); otherwise wait for news.
         return 0.0 if decision.actions else POLL_S
 
@@ -221,11 +221,22 @@ class Controller:
 
     # ------------------------------------------------------------------ actions
 
+    def _act(self, previous: RunState, actions: Sequence[Action]) -> None:
+        """Execute a decision's actions in order; `previous` is the state the decision started from.
+        Its moves must lead from there to the loop's state."""
+        for action in actions:
+            if isinstance(action, MoveTo):
+                self._move(previous, action)
+                previous = action.state
+            else:
+                self._execute(action)
+        if previous is not self._loop.state:
+            raise IllegalTransition(f"decide's moves end in {previous.value}, its loop in "
+                                    f"{self._loop.state.value}")
+
     def _execute(self, action: Action) -> None:
         group = self._group
-        if isinstance(action, MoveTo):
-            self._move(action)
-        elif isinstance(action, StartAttempt):
+        if isinstance(action, StartAttempt):
             self._start(action.attempt)
         elif isinstance(action, RelaunchAgents):
             self._membership.relaunch_lost()
@@ -246,12 +257,14 @@ class Controller:
         elif isinstance(action, PrepareForkServers):
             group.prepare_fork_servers()
 
-    def _move(self, move: MoveTo) -> None:
+    def _move(self, previous: RunState, move: MoveTo) -> None:
+        """Check a move of the run's state, say why it happens, and tell the observers."""
         loop, group = self._loop, self._group
+        check_move(previous, move.state, move.target, heading=loop.target)
         failed = group is not None and group.tracker.failed() and not self._start_error
         if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
             logger.warning("attempt %d: %s; stopping every rank of the attempt", group.attempt, move.reason)
-        if move.state is RunState.STARTING and self._machine.state is RunState.RESTARTING:
+        if move.state is RunState.STARTING and previous is RunState.RESTARTING:
             self._end_attempt(restarting=True)
             # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
             left = self._rules.retries_left(loop.failures)
@@ -266,7 +279,9 @@ class Controller:
                 logger.error("the run cannot go on: %s", move.reason)
         elif move.state is RunState.STOPPING and move.target is RunState.ABORTED:
             logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
-        self._machine.move(move.state, move.reason, loop.attempt, target=move.target)
+        logger.debug("run state %s -> %s (attempt %d): %s", ray_status(previous), ray_status(move.state),
+                     loop.attempt, move.reason)
+        self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _log_late(self, stage: Stage) -> None:
         tracker = self._group.tracker if self._group is not None else None
@@ -442,7 +457,7 @@ class Controller:
     # ------------------------------------------------------------------ outcome
 
     def _outcome(self) -> RunOutcome:
-        state = self._loop.state.value
+        state = self._loop.state
         if self._group is None:  # no attempt started: the agents did not come up
             return RunOutcome(state=state, attempt=self._loop.attempt, last_metrics=None,
                               error_message=self._loop.reason)

@@ -24,7 +24,7 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
-from minitrain.coordinator.states import RunState
+from minitrain.run_state import RunState
 
 if TYPE_CHECKING:
     from minitrain.config import FailureConfig
@@ -80,7 +80,7 @@ class Rules:
 
 @dataclass(frozen=True)
 class Loop:
-    """Where the run is. Replaced (never mutated) by every decision."""
+    """Where the run is: the one holder of the run's state. Replaced (never mutated) by every decision."""
 
     state: RunState = RunState.PENDING
     stage: Stage = Stage.AGENTS
@@ -131,7 +131,9 @@ class Seen:
 
 @dataclass(frozen=True)
 class MoveTo:
-    """Move the run's state machine (it records the time of every move)."""
+    """Move the run to `state` (the controller checks it with `run_state.check_move` and tells the
+    observers); `target` only with STOPPING: the terminal state the stop leads to. A decision's moves,
+    in order, lead from its input loop's state to its output loop's."""
 
     state: RunState
     reason: str

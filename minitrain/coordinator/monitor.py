@@ -1,9 +1,10 @@
 """`RunMonitor`: the driver's one in-memory record of what a run shows (console, dashboard, Result).
 
-It is a `RunObserver`: the controller's thread feeds it (run and attempt starts and ends, rank-0
-report rounds, checkpoints, every rank's telemetry); the console and the dashboard's threads read
-it. Every public method returns plain JSON-able dicts and lists, copies made under one lock. See
-/work/helpers/monitor_contract.md's API in each method's docstring.
+It is a `RunObserver`: the controller's thread feeds it (run and attempt starts and ends, every move
+of the run's state, rank-0 report rounds, checkpoints, every rank's telemetry); the console and the
+dashboard's threads read it. Every public method returns plain JSON-able dicts and lists, copies made
+under one lock; each method's docstring gives its form. The run's state is the controller's, as
+`on_state` told it (never derived here); it is shown as `run_state.ray_status` words.
 
 History is bounded: the last SAMPLES_PER_RANK telemetry samples of each rank (about half an hour at
 one a second), fewer with many ranks so that all of them hold at most MAX_SAMPLES (a sample takes
@@ -13,10 +14,11 @@ MAX_REPORTS rank-0 reports; the full history is in the run directory.
 Files (names in `minitrain.storage.layout`), appended through the run's `Storage` by a thread of
 the monitor's own, at most every FLUSH_S and when the run ends:
 - `telemetry.jsonl`: one sample dict a line (`samples()`' form);
-- `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields),
-  "attempt_started" / "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the
-  `checkpoints()` fields), "straggler" (the `stragglers()` fields and "cleared": bool), "run_ended"
-  ({"state", "ended_at"}).
+- `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields
+  but the state), "state_changed" ({"previous", "next", "reason", "attempt"}), "attempt_started" /
+  "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the `checkpoints()` fields),
+  "straggler" (the `stragglers()` fields and "cleared": bool), "run_ended" ({"state", "ended_at"});
+  states as `run()` shows them.
 A write that fails is logged once and the monitor goes on in memory: watching never breaks the run.
 `RunMonitor.from_run_dir(storage)` rebuilds the same read API from those files, metrics.jsonl and
 the checkpoint index, for a finished (or running) run.
@@ -48,6 +50,7 @@ from minitrain.coordinator.observers import (
 )
 from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.records import ReportRecord, RunOutcome
+from minitrain.run_state import RunState, from_ray_status, ray_status
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, split_metrics_lines
 
 logger = logging.getLogger("minitrain")
@@ -60,7 +63,6 @@ RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this man
 MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
 MAX_RATE_ROUNDS = 100_000  # round times kept for it (a bound on memory for very fast steps)
 FLUSH_S = 1.0
-_OUTCOME_STATES = {"SUCCEEDED": "FINISHED", "FAILED": "ERRORED", "ABORTED": "ABORTED"}
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
               "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
 
@@ -164,8 +166,9 @@ class RunMonitor(RunObserver):
         self._writer = _Appender(storage)
         self._kept_dir_names = kept_dir_names
         self._detector = StragglerDetector(rule or StragglerRule.from_env())
-        self._run: dict = {"run_id": "", "name": "", "run_path": "", "state": "STARTING", "started_at": None,
-                           "ended_at": None, "attempt": 0, "num_workers": 0}
+        self._run: dict = {"run_id": "", "name": "", "run_path": "", "started_at": None, "ended_at": None,
+                           "attempt": 0, "num_workers": 0}
+        self._state = RunState.PENDING  # the controller's, as on_state told it
         self._attempts: list[dict] = []
         self._checkpoints: list[dict] = []
         self._reports: deque = deque(maxlen=MAX_REPORTS)
@@ -188,16 +191,21 @@ class RunMonitor(RunObserver):
     def on_run_start(self, run: RunInfo) -> None:
         with self._lock:
             self._run.update(run_id=run.run_id, name=run.experiment_name, run_path=run.run_path,
-                             started_at=run.started_at, num_workers=run.num_workers, state="STARTING")
+                             started_at=run.started_at, num_workers=run.num_workers)
             self._per_rank = samples_per_rank(run.num_workers)
             entry = dict(self._run)
         self._event("run_started", run.started_at, entry)
 
+    def on_state(self, previous: RunState, next_state: RunState, reason: str, attempt: int) -> None:
+        now = self._clock()
+        with self._lock:
+            self._state = next_state
+        self._event("state_changed", now, {"previous": ray_status(previous), "next": ray_status(next_state),
+                                           "reason": reason, "attempt": attempt})
+
     def on_attempt_start(self, attempt: AttemptInfo) -> None:
         with self._lock:
-            if self._attempts:
-                self._run["state"] = "RESTARTING"
-            self._run.update(attempt=attempt.attempt, state="RUNNING")
+            self._run.update(attempt=attempt.attempt)
             record = {"attempt": attempt.attempt, "started_at": attempt.started_at, "ended_at": None,
                       "hosts": list(attempt.hosts), "failures": [], "root_cause": "", "restarting": False}
             self._attempts.append(record)
@@ -302,8 +310,6 @@ class RunMonitor(RunObserver):
                 return
             record.update(ended_at=end.ended_at, failures=failures, root_cause=end.root_cause,
                           restarting=end.restarting)
-            if end.restarting:
-                self._run["state"] = "RESTARTING"
             for episode in self._straggler_log:
                 if episode["attempt"] == end.attempt and episode["until"] is None:
                     episode["until"] = end.ended_at
@@ -314,8 +320,8 @@ class RunMonitor(RunObserver):
     def on_run_end(self, outcome: RunOutcome) -> None:
         now = self._clock()
         with self._lock:
-            self._run.update(state=_OUTCOME_STATES.get(outcome.state, outcome.state), ended_at=now)
-            state = self._run["state"]
+            self._run.update(ended_at=now)
+            state = ray_status(self._state)
         self._event("run_ended", now, {"state": state, "ended_at": now})
         self._writer.close()
 
@@ -345,11 +351,12 @@ class RunMonitor(RunObserver):
 
     def run(self) -> dict:
         """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers",
-        "total", "progress", "eta_s", "steps_per_s", "rounds"}; state is STARTING, RUNNING, RESTARTING,
-        FINISHED, ERRORED or ABORTED; steps_per_s as the module doc says, None when not known."""
+        "total", "progress", "eta_s", "steps_per_s", "rounds"}; state is the controller's run state as
+        `run_state.ray_status` words it (PENDING, LAUNCHING, STARTING, RUNNING, RESTARTING, STOPPING,
+        FINISHED, ERRORED or ABORTED); steps_per_s as the module doc says, None when not known."""
         now = self._clock()
         with self._lock:
-            info = dict(self._run)
+            info = dict(self._run, state=ray_status(self._state))
             rate = self._steps_per_s(now)
             total = self._total
             progress = eta = None
@@ -487,9 +494,12 @@ class RunMonitor(RunObserver):
         fields = {k: v for k, v in event.items() if k not in ("time", "kind")}
         if kind == "run_started":
             self._run.update({k: v for k, v in fields.items() if k in self._run})
+            self._state = RunState.PENDING  # a resumed run's directory holds each fit() in turn
+        elif kind == "state_changed":
+            self._state = from_ray_status(fields.get("next")) or self._state
         elif kind == "attempt_started":
             self._attempts.append(fields)
-            self._run.update(attempt=fields.get("attempt", 0), state="RUNNING")
+            self._run.update(attempt=fields.get("attempt", 0))
             self._latest.clear()
         elif kind == "attempt_ended":
             record = self._attempt(fields.get("attempt"))
@@ -504,7 +514,8 @@ class RunMonitor(RunObserver):
             else:
                 self._straggler_log.append(dict(fields, attempt=self._run["attempt"], until=None))
         elif kind == "run_ended":
-            self._run.update(state=fields.get("state"), ended_at=fields.get("ended_at"))
+            self._state = from_ray_status(fields.get("state")) or self._state
+            self._run.update(ended_at=fields.get("ended_at"))
 
 
 def _read_jsonl(storage: Any, name: str) -> list[dict]:

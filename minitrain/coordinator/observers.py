@@ -5,6 +5,11 @@ tracker callbacks (`RunConfig.callbacks`), the run monitor behind the console an
 the benchmarks' report tap. The controller calls `Observers` at these points, on its own thread:
 
     on_run_start      once, before the agents are waited for
+    on_state          every move of the run's state, in order, as it is made: (previous, next, reason,
+                      attempt) with `RunState` values, PENDING -> LAUNCHING first and the terminal
+                      state last (Ray's `after_controller_state_update`). A move to STARTING comes
+                      before its attempt's on_attempt_start; RESTARTING -> STARTING after the old
+                      attempt's on_attempt_end
     on_attempt_start  each attempt, once its ranks are placed and started
     on_report         every report of every rank of the current attempt, as it arrives (before it is
                       recorded); a report of a stale attempt is never passed on
@@ -13,7 +18,8 @@ the benchmarks' report tap. The controller calls `Observers` at these points, on
                       phase filled in by the controller
     on_round          a report round every rank has answered, after its checkpoint (if any) was
                       committed: Ray's `after_report` granularity
-    on_attempt_end    each attempt that started, once it is over (failed, or the run's last)
+    on_attempt_end    each attempt that started, once it is over (failed, or the run's last: after
+                      the move to the terminal state)
     on_run_end        once, however the run ended (also on Ctrl-C and on an unsatisfiable request)
     on_stacks         a rank's thread stacks, each time some were taken (asked for by the hang
                       detection or through `RunInfo.request_stacks`, e.g. the dashboard's button)
@@ -32,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from minitrain.records import ReportRecord, RunOutcome, WorkerFailure
+from minitrain.run_state import RunState
 from minitrain.storage.retention import CheckpointRecord
 
 logger = logging.getLogger("minitrain")
@@ -193,6 +200,9 @@ class RunObserver:
     def on_run_start(self, run: RunInfo) -> None:
         """The run starts."""
 
+    def on_state(self, previous: RunState, next_state: RunState, reason: str, attempt: int) -> None:
+        """The run's state moved from `previous` to `next_state`, for `reason`, during `attempt`."""
+
     def on_attempt_start(self, attempt: AttemptInfo) -> None:
         """An attempt's ranks were placed and started."""
 
@@ -215,14 +225,49 @@ class RunObserver:
         """A rank's stacks were taken."""
 
 
-class Observers:
+class Observers(RunObserver):
     """The fan-out the controller calls: each observer in turn, each failure logged and contained.
 
     An observer may implement any subset of `RunObserver`'s methods (a plain object with `on_report`
-    is one: the benchmarks' tap)."""
+    is one: the benchmarks' tap). The fan-out is itself a `RunObserver`: a hook is called as a method
+    (`observers.on_state(...)`); `notify(name, ...)` and `notifier(name)` are the older spellings."""
 
     def __init__(self, observers: Sequence[object] = ()):
         self._observers = tuple(observers)
+        # Each hook's calls, looked up once: a hook no observer has costs one dict lookup.
+        self._calls = {name: self.notifier(name) for name in _HOOKS}
+
+    def _tell(self, hook: str, *args) -> None:
+        calls = self._calls[hook]
+        if calls is not None:
+            calls(*args)
+
+    def on_run_start(self, run: RunInfo) -> None:
+        self._tell("on_run_start", run)
+
+    def on_state(self, previous: RunState, next_state: RunState, reason: str, attempt: int) -> None:
+        self._tell("on_state", previous, next_state, reason, attempt)
+
+    def on_attempt_start(self, attempt: AttemptInfo) -> None:
+        self._tell("on_attempt_start", attempt)
+
+    def on_report(self, report: ReportRecord) -> None:
+        self._tell("on_report", report)
+
+    def on_telemetry(self, sample: TelemetrySample) -> None:
+        self._tell("on_telemetry", sample)
+
+    def on_round(self, round_: RoundInfo) -> None:
+        self._tell("on_round", round_)
+
+    def on_attempt_end(self, end: AttemptEnd) -> None:
+        self._tell("on_attempt_end", end)
+
+    def on_run_end(self, outcome: RunOutcome) -> None:
+        self._tell("on_run_end", outcome)
+
+    def on_stacks(self, dump: StackDump) -> None:
+        self._tell("on_stacks", dump)
 
     def __bool__(self) -> bool:
         return bool(self._observers)
@@ -255,3 +300,6 @@ class Observers:
                 call(*args)
             except Exception:  # noqa: BLE001 - an observer never breaks the run
                 logger.exception("run observer %r failed in %s", observer, method)
+
+
+_HOOKS = tuple(name for name in vars(RunObserver) if name.startswith("on_"))

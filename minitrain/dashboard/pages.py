@@ -15,8 +15,11 @@ import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
 from minitrain.dashboard.api import RunView, snapshot
+from minitrain.run_state import RunState, from_ray_status
 
-TERMINAL_STATES = ("FINISHED", "ERRORED", "ABORTED")
+# The colour of the state badge (a class of static/dashboard.css): "busy" for the states in between.
+_STATE_TONES = {RunState.RUNNING: "running", RunState.SUCCEEDED: "ok", RunState.FAILED: "bad",
+                RunState.ABORTED: "bad"}
 
 
 def _e(value: Any) -> str:
@@ -66,13 +69,16 @@ def _table(table_id: str, headers: Sequence[str], rows: Iterable[str], empty: st
 
 
 def overview_html(run: dict) -> str:
-    """The run's state line: name, state, attempt, elapsed, steps/s, progress and ETA."""
+    """The run's state line: name, state, attempt, elapsed, steps/s, progress and ETA. `data-ended` says
+    whether the run reached its terminal state (the script stops polling then)."""
+    state = from_ray_status(run.get("state") or "")
+    tone = _STATE_TONES.get(state, "busy")
     ended = run.get("ended_at")
     started = run.get("started_at")
     elapsed = ((ended or time.time()) - started) if started else None
     progress = run.get("progress")
     items = [
-        ("State", f'<span class="state state-{_e(run.get("state"))}">{_e(run.get("state"))}</span>'),
+        ("State", f'<span class="state state-{tone}">{_e(run.get("state"))}</span>'),
         ("Attempt", _e(run.get("attempt"))),
         ("Workers", _e(run.get("num_workers"))),
         ("Elapsed", _e(_seconds(elapsed))),
@@ -82,7 +88,8 @@ def overview_html(run: dict) -> str:
         ("Run directory", f"<code>{_e(run.get('run_path'))}</code>"),
     ]
     cells = "".join(f'<div class="item"><span class="label">{label}</span> {value}</div>' for label, value in items)
-    return f'<div id="overview" data-state="{_e(run.get("state"))}">{cells}</div>'
+    terminal = "true" if state is not None and state.is_terminal else "false"
+    return f'<div id="overview" data-state="{_e(run.get("state"))}" data-ended="{terminal}">{cells}</div>'
 
 
 def stragglers_html(stragglers: list[dict]) -> str:

@@ -19,11 +19,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from minitrain.dashboard.api import RunView, numeric_metrics
+from minitrain.run_state import RunState, ray_status
 
-# Every run state the monitor names; ray_train_controller_state has one series per state, 1 for the
-# current one (Ray's enum gauge). RUNNING, RESTARTING, FINISHED, ERRORED and ABORTED are Ray's names
-# too; STARTING covers Ray's INITIALIZING and SCHEDULING.
-RUN_STATES = ("STARTING", "RUNNING", "RESTARTING", "FINISHED", "ERRORED", "ABORTED")
+# Every run state, as the monitor words it (`ray_status`); ray_train_controller_state has one series
+# per state, 1 for the current one (Ray's enum gauge).
+RUN_STATES = tuple(ray_status(state) for state in RunState)
 RUN_LABELS = ["ray_train_run_name", "ray_train_run_id"]
 RANK_LABELS = RUN_LABELS + ["ray_train_worker_world_rank", "host"]
 

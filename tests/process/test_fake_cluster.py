@@ -17,8 +17,10 @@ import re
 import pytest
 
 from bench.scale.coordinator import simulate
+from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
+from minitrain.run_state import RunState, ray_status
 from minitrain.procs import living_descendants
 
 WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
@@ -26,11 +28,18 @@ WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 r
 
 class Rounds(RunObserver):
     """A RunObserver: every (attempt, rank) -> the rounds it reported, in arrival order; and the other
-    calls the controller made, in order."""
+    calls the controller made, in order. Told after `monitor` (a RunMonitor fed the same calls), it
+    records the state the monitor shows at each move."""
 
-    def __init__(self):
+    def __init__(self, monitor: RunMonitor):
         self.seen = collections.defaultdict(list)
         self.calls = []  # (method, its argument) in call order, reports left out
+        self.monitor = monitor
+        self.shown = []  # the monitor's state at each move
+
+    def on_state(self, previous, next_state, reason, attempt) -> None:
+        self.calls.append(("state", (previous, next_state, attempt)))
+        self.shown.append(self.monitor.run()["state"])
 
     def on_report(self, report) -> None:
         self.seen[(report.attempt, report.rank)].append(report.round)
@@ -60,8 +69,9 @@ def _simulate(tmp_path, faults, transport="relayed", **policy):
     spec = {"workers": WORKERS, "slots": SLOTS, "reports": REPORTS, "rate_hz": RATE_HZ, "warmup_rounds": 0,
             "client_procs": 2, "out_dir": str(tmp_path), "ack_every": 2, "faults": faults, "stop_grace_s": 1.0,
             "transport": transport, **policy}
-    rounds = Rounds()
-    outcome, tap, checkpoints, _ = simulate(spec, observers=[rounds])
+    monitor = RunMonitor()
+    rounds = Rounds(monitor)
+    outcome, tap, checkpoints, _ = simulate(spec, observers=[monitor, rounds])
     assert not living_descendants(os.getpid()), "a fake client outlived the run"
     return outcome, rounds, checkpoints
 
@@ -70,7 +80,7 @@ def _simulate(tmp_path, faults, transport="relayed", **policy):
 def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(tmp_path, transport):
     outcome, rounds, checkpoints = _simulate(
         tmp_path, [{"attempt": 0, "rank": 13, "after": 2, "kind": "exception"}], transport, max_failures=1)
-    assert (outcome.state, outcome.attempt) == ("SUCCEEDED", 1), outcome.error_message
+    assert (outcome.state, outcome.attempt) == (RunState.SUCCEEDED, 1), outcome.error_message
     assert rounds.seen[(0, 13)] == [0, 1]  # it failed after two reports
     assert rounds.complete(1)
     # Rank 0's history and the committed rounds are the last attempt's, each round once, in order.
@@ -78,8 +88,25 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     assert checkpoints.report_index >= REPORTS
     # The observers saw the run in order: start, attempt 0 and its end (restarting, rank 13 the root
     # cause with its pickled exception), attempt 1 with every round of every rank, its end, the outcome.
-    kinds = [kind for kind, _ in rounds.calls]
+    # Every move of the run's state, in order, as RunState values; the monitor showed each as it came.
+    moves = [arg for kind, arg in rounds.calls if kind == "state"]
+    S = RunState
+    first = [(S.STARTING, S.RUNNING, 0), (S.RUNNING, S.RESTARTING, 0)]
+    if (S.STARTING, S.RESTARTING, 0) in moves:  # rank 13 failed before every rank was training
+        first = [(S.STARTING, S.RESTARTING, 0)]
+    assert moves == [(S.PENDING, S.LAUNCHING, 0), (S.LAUNCHING, S.STARTING, 0), *first,
+                     (S.RESTARTING, S.STARTING, 1), (S.STARTING, S.RUNNING, 1),
+                     (S.RUNNING, S.STOPPING, 1), (S.STOPPING, S.SUCCEEDED, 1)]
+    assert rounds.shown == [ray_status(next_state) for _, next_state, _ in moves]
+    kinds = [kind for kind, _ in rounds.calls if kind != "state"]
     assert kinds[:2] == ["run_start", "attempt_start"] and kinds[-2:] == ["attempt_end", "run_end"]
+    order = [(kind, arg[1] if kind == "state" else getattr(arg, "attempt", None)) for kind, arg in rounds.calls
+             if kind != "round"]
+    # on_state(STARTING) comes before its attempt's start; a restart's after the old attempt's end.
+    ended = order.index(("attempt_end", 0))
+    assert order.index(("state", S.STARTING)) < order.index(("attempt_start", 0)) < ended
+    assert ended < order.index(("state", S.STARTING), ended) < order.index(("attempt_start", 1))
+    assert order.index(("state", S.SUCCEEDED)) < order.index(("attempt_end", 1))
     starts = [arg for kind, arg in rounds.calls if kind == "attempt_start"]
     ends = [arg for kind, arg in rounds.calls if kind == "attempt_end"]
     assert [a.attempt for a in starts] == [0, 1] and all(a.world_size == WORKERS for a in starts)
@@ -96,7 +123,7 @@ def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):
     outcome, _, _ = _simulate(
         tmp_path, [{"attempt": 0, "rank": 5, "after": 1, "kind": "exception"},
                    {"attempt": 1, "rank": 30, "after": 3, "kind": "exception"}], max_failures=1)
-    assert (outcome.state, outcome.attempt) == ("FAILED", 1)
+    assert (outcome.state, outcome.attempt) == (RunState.FAILED, 1)
     assert "Root cause: rank 30 " in outcome.error_message and "injected fault on rank 30" in outcome.error_message
 
 
@@ -109,7 +136,7 @@ def test_a_frozen_rank_is_found_by_the_default_deadline_and_its_waiting_peers_ar
     still be declared (it goes past its deadline while the stacks are collected) and named."""
     outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 21, "after": 3, "kind": "freeze"}],
                                    worker_hang_floor_s=2.0)
-    assert outcome.state == "FAILED"
+    assert outcome.state is RunState.FAILED
     hung = {f.rank: f for f in outcome.failures if f.kind is FailureKind.HANG}
     assert 21 in hung and not hung[21].consequence, outcome.error_message
     assert "Root cause: rank 21 " in outcome.error_message

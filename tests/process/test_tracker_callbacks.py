@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from minitrain.callbacks.runner import CallbackRunner
 from minitrain.coordinator.observers import AttemptEnd
+from minitrain.run_state import RunState
 from minitrain.storage.retention import CheckpointRecord
 
 from callbacks_support import context, failure, fit, round_
@@ -25,7 +26,7 @@ def test_mlflow_keeps_one_run_across_a_restart_and_a_resume(tmp_path, monkeypatc
     record = CheckpointRecord(dir_name="checkpoint_1", metrics={}, report_index=1)
     first = MLflowLoggerCallback(uri, experiment_name="exp", tags={"team": "a"}, save_artifact=True)
     fit(CallbackRunner([first], context(tmp_path)), [round_(0, {"loss": 3.0}), round_(1, {"loss": 2.0}, checkpoint=record)],
-        failed_attempt=failed, state="FAILED")
+        failed_attempt=failed, state=RunState.FAILED)
     second = MLflowLoggerCallback(uri, experiment_name="exp", tags={"team": "a"})
     fit(CallbackRunner([second], context(tmp_path, run_id="fit2")), [round_(2, {"loss": 1.0, "note": "text"})])
 

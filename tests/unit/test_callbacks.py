@@ -21,6 +21,7 @@ from minitrain.config import FailureConfig
 from minitrain.coordinator.observers import AttemptEnd, RunInfo
 from minitrain.errors import ConfigError, RemoteWorkerError
 from minitrain.records import RunOutcome
+from minitrain.run_state import RunState
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.retention import CheckpointRecord
 
@@ -112,7 +113,7 @@ def test_an_exception_the_driver_cannot_unpickle_arrives_as_a_remote_worker_erro
     runner = CallbackRunner([recorder], context(tmp_path, [recorder]))
     failed = AttemptEnd(attempt=1, failures=(failure(exc_type="mymodule.DataError"),), root_cause="r",
                         restarting=False, ended_at=0.0, exceptions={1: b"not a pickle"})
-    fit(runner, [], failed_attempt=failed, state="FAILED")
+    fit(runner, [], failed_attempt=failed, state=RunState.FAILED)
     (_, _, kwargs), = [c for c in recorder.calls if c[0] == "after_exception"]
     assert isinstance(kwargs["worker_exceptions"][1], RemoteWorkerError)
     assert [c[1][1:] for c in recorder.calls if c[0] == "on_run_end"] == [("FAILED", "it broke")]
@@ -133,7 +134,7 @@ def test_a_slow_callback_never_holds_up_the_controller(tmp_path):
         runner.on_round(round_(index, {"i": index}))  # returns while the callback is blocked
     assert entered.wait(WAIT_S)
     release.set()
-    runner.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+    runner.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics=None))
     assert not runner._thread.is_alive()
 
 
@@ -148,7 +149,7 @@ def test_the_drain_gives_up_after_its_deadline_and_says_which_call_is_stuck(tmp_
     runner.on_run_start(RunInfo("fit1", "run", "p", 2, 0.0))
     runner.on_round(round_(0, {"i": 0}))
     with caplog.at_level(logging.WARNING, logger="minitrain"):
-        runner.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+        runner.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics=None))
     assert "still busy" in caplog.text and "Stuck.after_report" in caplog.text
     release.set()
     runner._thread.join(WAIT_S)

@@ -22,8 +22,9 @@ from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.errors import ConfigError
 from minitrain.logs import LogSink
 from minitrain.records import RunOutcome
+from minitrain.run_state import RunState
 
-from test_monitor import drive  # noqa: E402 - a run fed to a monitor: 2 ranks, rank 1 3x slower
+from test_monitor import drive, moves  # noqa: E402 - a run fed to a monitor: 2 ranks, rank 1 3x slower
 
 ERASE = "\x1b[1A\x1b[2K"
 
@@ -182,8 +183,9 @@ def test_off_a_terminal_the_status_is_a_summary_line_at_a_time(tmp_path):
     # The driver commits the last 16 rounds at once (a late rank's reports caught up), 2 us apart.
     for index in range(4, 20):
         monitor.on_round(RoundInfo(1, index, ({"loss": 0.1}, None), None, 39.9 + index * 2e-6))
-    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
-    status.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+    moves(monitor, 1, RunState.RUNNING, RunState.STOPPING, RunState.SUCCEEDED)
+    monitor.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics=None))
+    status.on_run_end(RunOutcome(state=RunState.SUCCEEDED, attempt=1, last_metrics=None))
     writer.close()
     rest = reader.read().splitlines()
     reader.close()

@@ -18,7 +18,7 @@ from minitrain.coordinator import events as ev
 from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
-from minitrain.coordinator.states import RunState
+from minitrain.run_state import RunState
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerFailure
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
@@ -86,7 +86,7 @@ class Recorder:
     def __getattr__(self, name):
         if not name.startswith("on_"):
             raise AttributeError(name)
-        return lambda payload: self.calls.append((name, payload))
+        return lambda *args: self.calls.append((name, args[0] if len(args) == 1 else args))
 
     def named(self, name):
         return [payload for hook, payload in self.calls if hook == name]
@@ -204,7 +204,7 @@ def test_a_run_goes_from_its_agents_to_success(tmp_path):
     assert h.controller.state is RunState.SUCCEEDED and h.controller.finished
     assert h.states[-3:] == [RunState.RUNNING, RunState.STOPPING, RunState.SUCCEEDED]
     outcome = h.end()
-    assert outcome.state == "SUCCEEDED" and outcome.error_message == "" and outcome.last_metrics == {"round": 0}
+    assert outcome.state is RunState.SUCCEEDED and outcome.error_message == "" and outcome.last_metrics == {"round": 0}
     assert sorted(h.hub.agent_kinds(Shutdown)) == ["n0", "n1"]
     hooks = [hook for hook, _ in h.observer.calls]
     assert hooks[0] == "on_run_start" and hooks[-2:] == ["on_attempt_end", "on_run_end"]
@@ -226,7 +226,7 @@ def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp
     h.train(1)
     assert h.controller.state is RunState.RUNNING
     h.exit_all(1, stopped=False)
-    assert h.end().state == "SUCCEEDED"
+    assert h.end().state is RunState.SUCCEEDED
 
 
 def test_a_spent_budget_fails_the_run_with_the_root_cause(tmp_path):
@@ -260,7 +260,7 @@ def test_an_agent_lost_mid_run_fails_its_ranks_and_a_local_one_is_replaced(tmp_p
     assert end.restarting and "node host-n1 was lost: lease expired" in end.root_cause
     h.train(1)
     h.exit_all(1, stopped=False)
-    assert h.end().state == "SUCCEEDED"
+    assert h.end().state is RunState.SUCCEEDED
 
 
 def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
@@ -278,7 +278,7 @@ def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
     assert [d.rank for d in h.observer.named("on_stacks")] == [0, 1]
     h.exit_all(0, stopped=True)
     outcome = h.end()
-    assert outcome.state == "FAILED"
+    assert outcome.state is RunState.FAILED
     [failure] = outcome.failures
     assert failure.rank == 1 and failure.exc_type == "WorkerHangError"
     assert "past its hang deadline of 30 s (FailureConfig.worker_hang_timeout_s=30)" in failure.message
@@ -294,7 +294,7 @@ def test_ctrl_c_stops_the_workers_and_aborts_the_run(tmp_path):
     assert h.controller.state is RunState.ABORTED
     with pytest.raises(KeyboardInterrupt):
         h.end()
-    assert h.observer.named("on_run_end")[0].state == "ABORTED"
+    assert h.observer.named("on_run_end")[0].state is RunState.ABORTED
 
 
 def test_telemetry_reaches_the_observers_with_host_pid_and_phase_and_stale_events_are_dropped(tmp_path):

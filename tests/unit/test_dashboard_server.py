@@ -15,8 +15,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboard_support import FixedRun
 from minitrain.dashboard import DashboardServer, live_dashboard
 from minitrain.dashboard.auth import ACTION_HEADER, COOKIE, Access
+from minitrain.dashboard.pages import overview_html
+from minitrain.dashboard.prometheus import RUN_STATES
 from minitrain.dashboard.settings import DashboardAddress, parse_address
 from minitrain.errors import ConfigError
+from minitrain.run_state import RunState, ray_status
 
 
 # ---------------------------------------------------------------------------------- the address
@@ -409,3 +412,21 @@ def test_the_cli_refuses_a_bad_address(tmp_path, capsys):
     assert "--host='bad host'" in capsys.readouterr().err
     assert main([str(tmp_path), "--port", "70000"]) == 2
     assert "port from 0 to 65535" in capsys.readouterr().err
+
+
+def test_the_overview_marks_the_end_and_colours_the_state_from_the_run_state():
+    """The page names no state itself: pages.py reads the word back into a RunState, colours the
+    badge by it and marks the terminal states (the script stops polling on data-ended)."""
+    S = RunState
+    tones = {S.RUNNING: "running", S.SUCCEEDED: "ok", S.FAILED: "bad", S.ABORTED: "bad"}
+    for state in RunState:
+        page = overview_html({"state": ray_status(state)})
+        assert f'data-state="{ray_status(state)}"' in page and f">{ray_status(state)}</span>" in page
+        assert f'data-ended="{"true" if state.is_terminal else "false"}"' in page
+        assert f'class="state state-{tones.get(state, "busy")}"' in page
+    assert 'data-ended="false"' in overview_html({})
+
+
+def test_the_controller_state_gauge_has_a_series_for_every_run_state():
+    assert RUN_STATES == tuple(ray_status(state) for state in RunState)
+    assert {"PENDING", "LAUNCHING", "STARTING", "FINISHED", "ERRORED", "ABORTED"} <= set(RUN_STATES)

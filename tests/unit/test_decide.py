@@ -12,7 +12,7 @@ from minitrain.coordinator.decide import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )
-from minitrain.coordinator.states import ALLOWED, RunState, RunStateMachine
+from minitrain.run_state import RunState, check_move
 
 S = RunState
 RULES = Rules(max_failures=1, stop_grace_s=3.0, agent_start_timeout_s=60.0)
@@ -54,8 +54,8 @@ def test_a_clean_run_launches_starts_runs_and_succeeds_through_stopping():
     assert actions[-2:] == [CloseStreams(), MoveTo(S.SUCCEEDED, "every rank finished")]
 
 
-def test_every_move_decide_makes_is_legal_in_the_state_machine():
-    """decide never asks RunStateMachine for a transition its table forbids, on any scripted path."""
+def test_every_move_decide_makes_passes_the_transition_check():
+    """decide never makes a move `check_move` refuses, on any scripted path."""
     scripts = [
         [(Seen(), 0), (Seen(has_attempt=True), 0), (RUNNING_ATTEMPT, 1),
          (replace(RUNNING_ATTEMPT, failed=True), 2), (EXITED, 3), (replace(EXITED, all_drained=True), 4),
@@ -66,10 +66,11 @@ def test_every_move_decide_makes_is_legal_in_the_state_machine():
     ]
     for script in scripts:
         _, actions = _run(script)
-        machine = RunStateMachine(clock=lambda: 0.0)
+        state, heading = S.PENDING, None
         for move in (a for a in actions if isinstance(a, MoveTo)):
-            machine.move(move.state, move.reason, 0, target=move.target)
-        assert machine.state.is_terminal
+            check_move(state, move.state, move.target, heading=heading)
+            state, heading = move.state, move.target or heading
+        assert state.is_terminal
 
 
 def test_a_failure_within_budget_restarts_after_the_old_attempt_exited_and_drained():
@@ -257,7 +258,7 @@ _SEEN = st.builds(
 
 @given(st.lists(st.tuples(_SEEN, st.floats(0, 5)), max_size=40), st.integers(-1, 3))
 def test_any_sequence_of_observations_moves_only_along_allowed_transitions(script, max_failures):
-    """Whatever the world reports, in any order: every move is allowed by the transition table, the
+    """Whatever the world reports, in any order: every move passes the transition check, the
     attempt only grows, an attempt is started only from STARTING, and a terminal state is final."""
     rules = replace(RULES, max_failures=max_failures)
     loop, now, state = Loop(), 0.0, S.PENDING
@@ -269,7 +270,8 @@ def test_any_sequence_of_observations_moves_only_along_allowed_transitions(scrip
             assert decision.actions == () and decision.loop == loop
         for action in decision.actions:
             if isinstance(action, MoveTo):
-                assert action.state in ALLOWED[state], f"{state} -> {action.state}"
+                # As the controller checks each move (heading: where the decided loop's STOPPING leads).
+                check_move(state, action.state, action.target, heading=decision.loop.target)
                 state = action.state
             if isinstance(action, StartAttempt):
                 assert state is S.STARTING and action.attempt == decision.loop.attempt

@@ -1,8 +1,8 @@
 """The layer rules of docs/architecture.md section 3, enforced on the AST of every minitrain module.
 
 Imports go downward only:
-  L0 vocabulary  config, knobs, errors, records, context, metrics, _session, storage.layout, storage.retention
-                 (stdlib + each other only)
+  L0 vocabulary  config, knobs, errors, records, run_state, context, metrics, _session, storage.layout,
+                 storage.retention (stdlib + each other only)
   L1 primitives  rpc/, procs, logs, storage/, hosts/, checkpoint, data/ (L0 + L1 + third-party, never
                  torch; data/ is L1 because the worker runtime builds dataset shards)
   L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
@@ -40,7 +40,8 @@ SKIP = {PACKAGE / "rpc" / "_gen"}  # generated code
 L0 = {"minitrain.config", "minitrain.knobs", "minitrain.errors", "minitrain.records", "minitrain.context",
       "minitrain.metrics", "minitrain.reporting", "minitrain.waits", "minitrain.lease",
       "minitrain._session", "minitrain.clock", "minitrain.storage.retention", "minitrain.storage.layout",
-      "minitrain.commands"}
+      "minitrain.commands",
+      "minitrain.run_state"}  # the run's states, their allowed moves and the words users read
 L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.console", "minitrain.storage", "minitrain.hosts",
       "minitrain.checkpoint", "minitrain.net", "minitrain.data"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
@@ -212,7 +213,7 @@ def test_every_module_has_a_layer():
 
 def test_walker_sees_the_modules_it_should():
     names = {module for module, _ in source_modules()}
-    for expected in ("minitrain", "minitrain.config", "minitrain.rpc.auth", "minitrain.coordinator.states",
+    for expected in ("minitrain", "minitrain.config", "minitrain.rpc.auth", "minitrain.coordinator.decide",
                      "minitrain.agent.agent", "minitrain.worker.bootstrap", "minitrain.trainer"):
         assert expected in names
     assert not any(name.startswith("minitrain.rpc._gen") for name in names)

@@ -17,11 +17,13 @@ from minitrain.coordinator.observers import (
 from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.errors import ConfigError
 from minitrain.records import FailureKind, Phase, ReportRecord, RunOutcome, WorkerFailure
+from minitrain.run_state import RunState
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import EVENTS_NAME, RESERVED_NAMES, TELEMETRY_NAME
 from minitrain.storage.retention import CheckpointRecord
 
 RULE = StragglerRule(factor=1.5, window=5, min_samples=3)
+S = RunState
 
 
 def feed(detector, steps, data=None, rounds=1):
@@ -96,14 +98,32 @@ def sample(rank, t, step, attempt=1, total=None, data=None):
                            total=total, host=f"host{rank}", pid=100 + rank, phase="TRAINING")
 
 
+def moves(monitor, attempt, *states, reason="why"):
+    """The controller's on_state calls for the path `states` (each state to the next)."""
+    for previous, next_state in zip(states, states[1:]):
+        monitor.on_state(previous, next_state, reason, attempt)
+
+
+def finish(monitor, outcome: RunState, attempt, ended_at=None):
+    """The end of a run as the controller makes it: STOPPING, the outcome, the last attempt's end."""
+    moves(monitor, attempt, S.RUNNING, S.STOPPING, outcome)
+    if ended_at is not None:
+        monitor.on_attempt_end(AttemptEnd(attempt, (), "", False, ended_at))
+    monitor.on_run_end(RunOutcome(state=outcome, attempt=attempt, last_metrics=None))
+
+
 def drive(monitor, slow_rank=1, samples=6):
     """A run: attempt 0 fails, attempt 1 trains with rank `slow_rank` 3x slower and commits a checkpoint."""
     monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 10.0))
+    moves(monitor, 0, S.PENDING, S.LAUNCHING, S.STARTING)
     monitor.on_attempt_start(AttemptInfo(0, ("host0", "host1"), 11.0))
+    moves(monitor, 0, S.STARTING, S.RUNNING, S.RESTARTING)
     failure = WorkerFailure(rank=1, node="host1", pid=7, phase=Phase.TRAINING, time=12.0, exc_type="ValueError",
                             message="boom", kind=FailureKind.EXCEPTION)
     monitor.on_attempt_end(AttemptEnd(0, (failure,), "rank 1 ValueError: boom", True, 12.5))
+    moves(monitor, 1, S.RESTARTING, S.STARTING)
     monitor.on_attempt_start(AttemptInfo(1, ("host0", "host1"), 13.0))
+    moves(monitor, 1, S.STARTING, S.RUNNING)
     for i in range(samples):
         for rank in (0, 1):
             monitor.on_telemetry(sample(rank, 20.0 + i, 0.3 if rank == slow_rank else 0.1, total=20))
@@ -147,16 +167,22 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     monitor.ranks()[0]["gpus"].clear()
     assert monitor.ranks()[0]["gpus"]
 
-    monitor.on_attempt_end(AttemptEnd(1, (), "", False, 40.0))
-    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics={"loss": 0.25}))
+    finish(monitor, S.SUCCEEDED, 1, ended_at=40.0)
     assert monitor.run()["state"] == "FINISHED"
     [episode] = monitor.straggler_history()
     assert (episode["rank"], episode["attempt"], episode["until"]) == (1, 1, 40.0)
 
     # The files, and a monitor rebuilt from them (the post-hoc dashboard's view).
     events = [json.loads(line) for line in (tmp_path / "exp" / EVENTS_NAME).read_text().splitlines()]
-    assert [e["kind"] for e in events] == ["run_started", "attempt_started", "attempt_ended", "attempt_started",
-                                           "straggler", "checkpoint_committed", "attempt_ended", "run_ended"]
+    assert [e["kind"] for e in events] == ["run_started", "state_changed", "state_changed", "attempt_started",
+                                           "state_changed", "state_changed", "attempt_ended", "state_changed",
+                                           "attempt_started", "state_changed", "straggler", "checkpoint_committed",
+                                           "state_changed", "state_changed", "attempt_ended", "run_ended"]
+    told = [(e["previous"], e["next"], e["attempt"]) for e in events if e["kind"] == "state_changed"]
+    assert told == [("PENDING", "LAUNCHING", 0), ("LAUNCHING", "STARTING", 0), ("STARTING", "RUNNING", 0),
+                    ("RUNNING", "RESTARTING", 0), ("RESTARTING", "STARTING", 1), ("STARTING", "RUNNING", 1),
+                    ("RUNNING", "STOPPING", 1), ("STOPPING", "FINISHED", 1)]
+    assert events[-1]["state"] == "FINISHED"
     lines = (tmp_path / "exp" / TELEMETRY_NAME).read_text().splitlines()
     assert len(lines) == 12 and json.loads(lines[0])["host"] == "host0"
     (tmp_path / "exp" / "metrics.jsonl").write_text("".join(
@@ -173,6 +199,37 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert rebuilt.run() == expected
     assert [e["rank"] for e in rebuilt.straggler_history()] == [1]
     assert {TELEMETRY_NAME, EVENTS_NAME} <= RESERVED_NAMES
+
+
+def test_the_state_shown_is_the_one_the_controller_told_from_pending_on(tmp_path):
+    """The monitor derives no state of its own: before any move it shows PENDING (never a STARTING of
+    its own), an attempt's start or end changes nothing, and a run directory replays the moves."""
+    storage = Storage.for_run(str(tmp_path), "exp")
+    storage.makedirs()
+    monitor = RunMonitor(storage, rule=RULE, clock=lambda: 5.0)
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 1.0))
+    assert monitor.run()["state"] == "PENDING"
+    monitor.on_state(S.PENDING, S.LAUNCHING, "starting node agents", 0)
+    assert monitor.run()["state"] == "LAUNCHING"
+    monitor.on_state(S.LAUNCHING, S.STARTING, "starting attempt 0", 0)
+    monitor.on_attempt_start(AttemptInfo(0, ("h0", "h1"), 2.0))
+    assert monitor.run()["state"] == "STARTING"  # the ranks are not all training yet
+    monitor.on_state(S.STARTING, S.RUNNING, "every rank is training", 0)
+    monitor.on_state(S.RUNNING, S.RESTARTING, "rank 1 died", 0)
+    monitor.on_attempt_end(AttemptEnd(0, (), "rank 1 died", True, 3.0))
+    assert monitor.run()["state"] == "RESTARTING"
+    finish(monitor, S.ABORTED, 0)
+    assert monitor.run()["state"] == "ABORTED"
+    lines = (tmp_path / "exp" / EVENTS_NAME).read_text().splitlines()
+    reasons = [json.loads(line)["reason"] for line in lines if json.loads(line)["kind"] == "state_changed"]
+    assert reasons[:4] == ["starting node agents", "starting attempt 0", "every rank is training", "rank 1 died"]
+    assert RunMonitor.from_run_dir(storage).run()["state"] == "ABORTED"
+    # A directory read while the run goes on (its events so far): the last move told.
+    live = Storage.for_run(str(tmp_path), "live")
+    live.makedirs()
+    (tmp_path / "live" / EVENTS_NAME).write_text("\n".join(lines[:5]) + "\n")
+    assert json.loads(lines[4])["kind"] == "state_changed"
+    assert RunMonitor.from_run_dir(live).run()["state"] == "RUNNING"
 
 
 class FailingStorage:
@@ -192,7 +249,7 @@ def test_a_storage_failure_is_logged_once_and_the_monitor_goes_on(caplog):
     monitor = RunMonitor(storage, rule=RULE)
     with caplog.at_level(logging.WARNING, logger="minitrain"):
         drive(monitor)
-        monitor.on_run_end(RunOutcome(state="FAILED", attempt=1, last_metrics=None))
+        finish(monitor, S.FAILED, 1)
     assert caplog.text.count("could not write") == 1 and "No space left" in caplog.text
     assert monitor.run()["state"] == "ERRORED" and len(monitor.samples()) == 12
 
@@ -283,8 +340,7 @@ def test_steps_per_s_is_taken_over_time_never_over_a_burst_and_over_the_whole_ru
     # The end: this run's 150 rounds over its 160 s, whatever the last rounds' spacing was.
     rounds(150, 20, 260.0, spacing=2e-6)
     now[0] = 260.0
-    monitor.on_attempt_end(AttemptEnd(1, (), "", False, 260.0))
-    monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=1, last_metrics=None))
+    finish(monitor, S.SUCCEEDED, 1, ended_at=260.0)
     now[0] = 999.0  # read long after: the final figure does not move
     assert monitor.run()["steps_per_s"] == pytest.approx(170 / 160.0)
     assert monitor.run()["rounds"] == 170
@@ -305,8 +361,7 @@ def test_a_resumed_run_counts_its_own_rounds_and_its_own_samples(tmp_path):
             monitor.on_round(RoundInfo(0, first_round + i, ({"i": i},) + (None,) * (ranks - 1), None,
                                        started + 2 + i * 0.2))
         clock[0] = started + 20.0
-        monitor.on_attempt_end(AttemptEnd(0, (), "", False, clock[0]))
-        monitor.on_run_end(RunOutcome(state="SUCCEEDED", attempt=0, last_metrics=None))
+        finish(monitor, S.SUCCEEDED, 0, ended_at=clock[0])
         run = monitor.run()
         assert run["rounds"] == first_round + 50 and run["steps_per_s"] == pytest.approx(50 / 20.0)
     (tmp_path / "exp" / "metrics.jsonl").write_text("".join(

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from minitrain.coordinator.observers import AttemptInfo, Observers, RankMetrics, RunObserver
+from minitrain.run_state import RunState
 
 
 class Recorder(RunObserver):
@@ -58,6 +59,33 @@ def test_a_notifier_calls_every_observer_with_the_method_and_contains_failures(c
         tell("a")
         tell("b")
     assert seen == ["a", "b"] and [r.exc_info[1].args for r in caplog.records] == [("observer bug",)] * 2
+
+
+def test_the_fan_out_is_itself_an_observer_forwarding_every_hook_by_method(caplog):
+    """`Observers` is a RunObserver: each hook is a method that reaches every observer having it (an
+    observer that kept the base no-op is skipped), a failing one contained; none is left as the
+    base's silent no-op."""
+    for name in (n for n in vars(RunObserver) if n.startswith("on_")):
+        assert getattr(Observers, name) is not getattr(RunObserver, name), f"Observers.{name} is not forwarded"
+    moves = []
+
+    class States(RunObserver):
+        def on_state(self, previous, next_state, reason, attempt):
+            moves.append((previous, next_state, reason, attempt))
+
+    class Raises(RunObserver):
+        def on_state(self, previous, next_state, reason, attempt):
+            raise RuntimeError("observer bug")
+
+    observers = Observers([Raises(), Recorder([]), States()])
+    with caplog.at_level(logging.ERROR, logger="minitrain"):
+        observers.on_state(RunState.PENDING, RunState.LAUNCHING, "starting node agents", 0)
+    assert moves == [(RunState.PENDING, RunState.LAUNCHING, "starting node agents", 0)]
+    assert "observer bug" in caplog.text and "on_state" in caplog.text
+    calls = []
+    Observers([Recorder(calls)]).on_attempt_start(AttemptInfo(attempt=1, hosts=("a",), started_at=0.0))
+    assert calls == [("recorder", 1, 1)]
+    Observers().on_state(RunState.PENDING, RunState.LAUNCHING, "", 0)  # nobody listens: nothing happens
 
 
 def test_rank_metrics_parse_each_rank_when_first_read():

@@ -4,7 +4,6 @@
 (function () {
   "use strict";
   var POLL_MS = 2000;
-  var TERMINAL = { FINISHED: true, ERRORED: true, ABORTED: true };
   var initial = JSON.parse(document.getElementById("initial-data").textContent);
   var live = initial.live;
   var reports = initial.metrics.slice();
@@ -122,7 +121,8 @@
     });
   }
 
-  function state() { return (document.getElementById("overview") || {}).dataset.state; }
+  // The server marks the overview once the run reached its terminal state: then polling stops.
+  function ended() { return ((document.getElementById("overview") || {}).dataset || {}).ended === "true"; }
 
   function poll() {
     var lastIndex = reports.length ? reports[reports.length - 1].index : -1;
@@ -141,7 +141,7 @@
     }).catch(function () {
       document.body.classList.add("stale");  // the run ended and its server with it, or a blip
     }).then(function () {
-      if (!TERMINAL[state()]) { setTimeout(poll, POLL_MS); }
+      if (!ended()) { setTimeout(poll, POLL_MS); }
     });
   }
 
@@ -163,5 +163,5 @@
 
   drawMetrics();
   drawTimeline();
-  if (live && !TERMINAL[state()]) { setTimeout(poll, POLL_MS); }
+  if (live && !ended()) { setTimeout(poll, POLL_MS); }
 })();

@@ -1,0 +1,125 @@
+"""The run's state as the real Controller keeps it (in process, without agents): the loop is its one
+holder, every move passes `check_move` before anyone hears of it, and the observers' `on_state` gets
+every move in order, as RunState values, with the run monitor showing each one as it comes."""
+
+from __future__ import annotations
+
+import queue
+
+import pytest
+
+from minitrain.config import CheckpointConfig, FailureConfig
+from minitrain.coordinator import controller as controller_module
+from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.decide import Decision, Loop, MoveTo
+from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.monitor import RunMonitor
+from minitrain.coordinator.observers import RunObserver
+from minitrain.coordinator.service import Hub
+from minitrain.run_state import IllegalTransition, RunState, ray_status
+from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.storage.filesystem import Storage
+
+S = RunState
+
+
+class Agents:
+    """The launcher's handles: the one agent `dead` (its process ended) or never connecting."""
+
+    def __init__(self, dead: str = ""):
+        self.dead = dead
+
+    def dead_agents(self) -> dict[str, str]:
+        return {"n0": self.dead} if self.dead else {}
+
+    def relaunch(self, node_id: str) -> bool:
+        return False
+
+    def forget(self, node_id: str) -> None:
+        pass
+
+
+class Moves(RunObserver):
+    """Records each move with what the controller and the monitor (told first) show at that moment."""
+
+    def __init__(self, monitor: RunMonitor):
+        self.monitor = monitor
+        self.controller = None
+        self.moves = []
+        self.shown = []
+        self.ended = None
+
+    def on_state(self, previous, next_state, reason, attempt):
+        self.moves.append((previous, next_state, reason, attempt))
+        self.shown.append(self.monitor.run()["state"])
+
+    def on_run_end(self, outcome):
+        self.ended = (outcome.state, self.controller.state, self.monitor.run()["state"])
+
+
+class Clock:
+    """Each call is one second after the one before."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def _controller(tmp_path, agents, observers, agent_start_timeout_s=60.0):
+    storage = Storage.for_run(str(tmp_path), "run")
+    storage.makedirs()
+    spec = RunSpec(run_id="r", num_workers=1, node_ids=("n0",),
+                   launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
+                   failure_policy=FailureConfig(), agent_start_timeout_s=agent_start_timeout_s)
+    return Controller(spec, Hub(), queue.SimpleQueue(), agents, CheckpointManager.load(storage, CheckpointConfig()),
+                      MetricsLog(storage), clock=Clock(), observers=observers)
+
+
+def test_an_observer_is_told_every_move_in_order_as_run_state_values_and_the_monitor_shows_each(tmp_path):
+    monitor = RunMonitor()
+    moves = Moves(monitor)
+    controller = _controller(tmp_path, Agents(dead="exit code 1"), [monitor, moves])
+    moves.controller = controller
+    assert controller.state is S.PENDING
+    outcome = controller.run()
+    assert [(p, n) for p, n, _, _ in moves.moves] == [(S.PENDING, S.LAUNCHING), (S.LAUNCHING, S.STOPPING),
+                                                      (S.STOPPING, S.FAILED)]
+    assert all(type(p) is RunState and type(n) is RunState for p, n, _, _ in moves.moves)
+    assert [a for _, _, _, a in moves.moves] == [0, 0, 0]
+    assert moves.moves[0][2] == "starting node agents" and "n0: exit code 1" in moves.moves[1][2]
+    assert moves.shown == ["LAUNCHING", "STOPPING", "ERRORED"]  # the monitor, at each move
+    assert outcome.state is S.FAILED and controller.state is S.FAILED
+    assert moves.ended == (S.FAILED, S.FAILED, "ERRORED")
+
+
+def test_agents_that_never_connect_fail_the_run_through_stopping(tmp_path):
+    monitor = RunMonitor()
+    moves = Moves(monitor)
+    controller = _controller(tmp_path, Agents(), [monitor, moves], agent_start_timeout_s=5.0)
+    moves.controller = controller
+    assert controller.run().state is S.FAILED
+    assert [n for _, n, _, _ in moves.moves] == [S.LAUNCHING, S.STOPPING, S.FAILED]
+    assert "did not connect within 5 s" in moves.moves[1][2]
+    assert moves.shown == [ray_status(n) for _, n, _, _ in moves.moves]
+
+
+def test_a_move_the_table_forbids_is_refused_before_anyone_hears_of_it(tmp_path, monkeypatch):
+    moves = Moves(RunMonitor())
+    controller = _controller(tmp_path, Agents(), [moves])
+    bad = Decision(Loop(state=S.RUNNING), (MoveTo(S.RUNNING, "skipping the start"),))
+    monkeypatch.setattr(controller_module, "decide", lambda loop, seen, now, rules: bad)
+    with pytest.raises(IllegalTransition, match="PENDING -> RUNNING"):
+        controller.run()
+    assert moves.moves == []
+
+
+def test_moves_that_do_not_lead_to_the_decided_state_are_refused(tmp_path, monkeypatch):
+    moves = Moves(RunMonitor())
+    controller = _controller(tmp_path, Agents(), [moves])
+    bad = Decision(Loop(state=S.STARTING), (MoveTo(S.LAUNCHING, "agents"),))
+    monkeypatch.setattr(controller_module, "decide", lambda loop, seen, now, rules: bad)
+    with pytest.raises(IllegalTransition, match="end in LAUNCHING, its loop in STARTING"):
+        controller.run()
