@@ -71,9 +71,9 @@ LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(m
 # fake agents and workers speak the wire protocol (bench.scale.clients).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.server",
              "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients"}
-# Not at the edge yet (issue 25): the agent's supervision still builds its messages in agent.py, and the
-# worker's telemetry sampler builds its Telemetry message. Remove a name once its messages moved out.
-NOT_YET_AT_THE_EDGE = {"minitrain.agent.agent", "minitrain.worker.telemetry"}
+# Not at the edge yet (issue 25): the agent's supervision still builds its messages in agent.py.
+# Remove a name once its messages moved out.
+NOT_YET_AT_THE_EDGE = {"minitrain.agent.agent"}
 GENERATED = "minitrain.rpc._gen"
 
 
