@@ -20,7 +20,8 @@ on a shared VM), each minitrain job also times telemetry on and off in alternati
 job, same processes (`telemetry_blocks`: `minitrain.waits.ENABLED` switched at the same step on every
 rank); that row is the median of the blocks' ratios. Beside it, the cost measured directly on rank 0 after its timed steps:
 the telemetry bookkeeping of one report() (`minitrain.waits.reporting()`, timed over many calls, minus
-an empty loop) and one sample (`Sampler.sample()`: waits totals, psutil CPU and RSS), and what they come
+an empty loop) and one sample (`Sampler.sample()`: waits totals, psutil CPU and RSS, converted to its
+message and serialized as the worker's stream sends it), and what they come
 to at the measured step rate and one sample a second, as a fraction of the time.
 """
 
@@ -136,6 +137,7 @@ def telemetry_direct_cost() -> dict:
     from contextlib import nullcontext
 
     from minitrain import waits
+    from minitrain.rpc import convert
     from minitrain.worker.telemetry import GpuProbe, Sampler
 
     if not waits.ENABLED:
@@ -155,7 +157,7 @@ def telemetry_direct_cost() -> dict:
     sampler = Sampler(GpuProbe([]))
     start = time.perf_counter()
     for _ in range(DIRECT_SAMPLES):
-        sampler.sample().SerializeToString()
+        convert.telemetry_message(sampler.sample()).SerializeToString()
     sampled = time.perf_counter() - start
     return {"report_bookkeeping_us": max(recorded - baseline, 0.0) / calls * 1e6,
             "sample_us": sampled / DIRECT_SAMPLES * 1e6}

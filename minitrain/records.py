@@ -11,7 +11,7 @@ import enum
 import json
 import signal as _signal
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Optional
 
 from minitrain.run_state import RunState
 
@@ -187,3 +187,43 @@ class RunOutcome:
     exceptions: dict = field(default_factory=dict)  # rank -> pickled exception, for WorkerGroupError
     error_message: str = ""
     return_value: bytes = b""  # rank 0's pickled return value
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One GPU of a rank, as NVML saw it."""
+
+    index: int
+    util_percent: float
+    memory_used_bytes: int
+    memory_total_bytes: int
+
+
+@dataclass(frozen=True)
+class TelemetrySample:
+    """One rank's telemetry sample (minitrain.worker.telemetry; at most one a second).
+
+    `time` is the worker's wall clock; `reports` its report() calls in this attempt so far. Step time
+    is the mean interval between report() calls; the waits are seconds per step blocked inside
+    report(), in minitrain.collective and in the data iterators of prepare_data_loader and
+    get_dataset_shard. None: not measured (data_wait_s: no such iterator was used). `gpus` is empty
+    without a GPU. `total` is the number of report() calls the training function declared
+    (minitrain.set_progress_total), or None. The worker's sampler makes one from its own figures
+    (`attempt` and `rank` travel on its stream, not in the message); the coordinator's controller
+    fills in `host`, `pid` and `phase` before its observers see it."""
+
+    attempt: int
+    rank: int
+    time: float
+    reports: int
+    step_time_s: Optional[float] = None
+    report_wait_s: Optional[float] = None
+    collective_wait_s: Optional[float] = None
+    data_wait_s: Optional[float] = None
+    cpu_percent: Optional[float] = None
+    rss_bytes: Optional[int] = None
+    gpus: tuple[GpuSample, ...] = ()
+    total: Optional[int] = None
+    host: str = ""
+    pid: int = 0
+    phase: str = ""

@@ -5,6 +5,10 @@ reports what happened (spawned, exited with code or signal, their output lines).
 the coordinator breaks or goes silent past the lease timeout, it kills its workers and exits: no
 worker outlives its coordinator. It never imports torch. Its workers' streams go through it: they
 dial the agent's relay (minitrain.agent.relay), whose messages share the agent's one stream.
+
+This module supervises processes; the stream itself (the lease, heartbeats, the relay, protobuf) is
+`minitrain.agent.stream.CoordinatorStream`. The agent gets the coordinator's commands from it as the
+records of `minitrain.commands` and reports its facts through its typed methods.
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import queue
 import signal
 import socket
 import sys
@@ -21,26 +24,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
-import grpc
-
 import minitrain
+from minitrain import commands as cmd
 from minitrain import procs
 from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
-from minitrain.agent.relay import RelayServer, coalesced_requests
-from minitrain.lease import Lease
+from minitrain.agent.stream import LEASE_TIMEOUT_S, CoordinatorStream
 from minitrain.records import NodeInfo
-from minitrain.rpc import convert
-from minitrain.rpc._gen import minitrain_pb2 as pb
-from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
-from minitrain.rpc.auth import call_metadata
-from minitrain.rpc.channel import END_OF_STREAM, client_channel
 
 logger = logging.getLogger("minitrain.agent")
 
-HEARTBEAT_INTERVAL_S = 1.0
-LEASE_TIMEOUT_S = 5.0
+COMMAND_POLL_S = 0.2  # how often an idle command loop tends the fork server and reaps orphans
 LOST_LEASE_GRACE_S = 1.0  # the coordinator is gone: nobody waits for a graceful stop
 OUTPUT_DRAIN_S = 2.0  # a grandchild may hold a worker's pipe open; do not wait on it forever
 STACK_DUMP_WAIT_S = 2.0
@@ -72,16 +67,10 @@ class NodeAgent:
         self._run_id = run_id
         self._token = token
         self._tls_cert = tls_cert  # the run's certificate (PEM) to pin; empty for a loopback coordinator
-        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
-        self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._stream = CoordinatorStream(coordinator_address, node_id, run_id, token, lease_timeout_s, tls_cert)
         self._workers: dict[tuple[int, int], WorkerProcess] = {}
         self._lock = threading.Lock()
-        self._lease = Lease(lease_timeout_s)  # the coordinator's (see minitrain.lease)
-        self._finished = threading.Event()
         self._signalled: Optional[str] = None  # set by a signal handler, without any lock (see note_signal)
-        self._shutdown_requested = False
-        self._end_reason = ""
-        self._call = None
         self._oom_baseline = procs.oom_kill_count()
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
@@ -90,26 +79,15 @@ class NodeAgent:
         self._children_lock = threading.Lock()
         self._unexited: dict[int, int] = {}  # attempt -> its workers on this node that have not exited
         self._descendants: Optional[Descendants] = None  # made by run(): it may create cgroups
-        # Workers dial this relay, not the coordinator: their messages go up on our one stream, in
-        # the outbox's order with ours (minitrain.agent.relay). Started by run().
-        self._relay = RelayServer(token, send_up=self._outbox.put)
 
-    # ------------------------------------------------------------------ stream
-
-    def _message(self, **body) -> pb.AgentMessage:
-        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
-
-    def _relayed_batch(self, items: list) -> pb.AgentMessage:
-        return self._message(relayed=pb.RelayedUp(items=items))
-
-    def _hello(self) -> pb.AgentMessage:
+    def _node_info(self) -> NodeInfo:
+        """This node as the hello describes it: its address is the one on its route to the coordinator."""
         coordinator_host = self._address.rsplit(":", 1)[0].strip("[]")
         address, ifname = hostinfo.route_to(coordinator_host)
-        node = NodeInfo(node_id=self._node_id, hostname=hostinfo.hostname(), address=address, ifname=ifname,
-                        agent_pid=os.getpid(), cpus=hostinfo.cpu_count(),
-                        memory_bytes=hostinfo.memory_bytes(), gpu_ids=hostinfo.gpu_ids(),
-                        python=sys.executable, minitrain_version=minitrain.__version__)
-        return self._message(hello=convert.hello_from_node(node))
+        return NodeInfo(node_id=self._node_id, hostname=hostinfo.hostname(), address=address, ifname=ifname,
+                         agent_pid=os.getpid(), cpus=hostinfo.cpu_count(),
+                         memory_bytes=hostinfo.memory_bytes(), gpu_ids=hostinfo.gpu_ids(),
+                         python=sys.executable, minitrain_version=minitrain.__version__)
 
     def run(self) -> int:
         """Serve the stream until Shutdown or lease loss, then stop every worker and return.
@@ -120,52 +98,42 @@ class NodeAgent:
         """
         # Workers forked by the fork server are re-parented to us: they are our children to wait for.
         procs.become_subreaper()
+        node = self._node_info()
         # Daemons that workers start (their own sessions) are ended with their attempt: see descendants.py.
         self._descendants = Descendants(self._run_id, self._kept_children, self._children_lock)
-        channel = client_channel(self._address, self._tls_cert)
         try:
-            self._relay.start()  # before any worker can start (commands come once the stream is up)
+            self._stream.open(node)  # the relay listens before any worker can start
         except BaseException:
             self._descendants.close()
-            channel.close()
             raise
-        stub = pb_grpc.CoordinatorStub(channel)
-        self._outbox.put(self._hello())
-        # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
-        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch),
-                                      metadata=call_metadata(self._token), wait_for_ready=True)
-        threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
-        threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
         try:
-            while not self._finished.is_set() and self._signalled is None:
-                try:
-                    command = self._commands.get(timeout=0.2)
-                except queue.Empty:
+            while self._serving():
+                command = self._stream.next_command(timeout_s=COMMAND_POLL_S)
+                if command is not None:
+                    self._execute(command)
+                elif self._serving():  # idle (not woken by the stream's end): tend the children
                     self._refill_fork_server()
                     self._reap_orphans()
-                    continue
-                self._execute(command)
         finally:
             if self._signalled is not None:
                 self.request_stop(self._signalled)
             self._fork_server.clear()
-            self._stop_all(grace_s=2.0 if self._shutdown_requested else LOST_LEASE_GRACE_S)
+            self._stop_all(grace_s=2.0 if self._stream.shutdown is not None else LOST_LEASE_GRACE_S)
             self._descendants.close()
-            self._relay.stop()  # after the workers: their streams' last messages and ends go up first
-            self._outbox.put(END_OF_STREAM)
-            self._call.cancel()
-            channel.close()
-        if not self._shutdown_requested:
+            self._stream.close()  # after the workers: their streams' last messages and ends go up first
+        if self._stream.shutdown is None:
             logger.warning("lease with the coordinator at %s ended (%s); workers stopped",
-                           self._address, self._end_reason)
+                           self._address, self._stream.end_reason)
             return 1
         return 0
+
+    def _serving(self) -> bool:
+        return not self._stream.ended and self._signalled is None
 
     def request_stop(self, reason: str) -> None:
         """End the stream from another thread: workers are stopped, run() returns. Never from a signal
         handler (it takes a lock): use `note_signal` there."""
-        self._end_reason = reason
-        self._finished.set()
+        self._stream.end(reason)
 
     def note_signal(self, name: str) -> None:
         """A signal asks the agent to stop; the command loop acts on it within one poll (0.2 s).
@@ -177,20 +145,20 @@ class NodeAgent:
         if self._signalled is None:
             self._signalled = f"received {name}"
 
-    def _execute(self, command: pb.AgentCommand) -> None:
-        kind = command.WhichOneof("body")
-        if kind == "start":
-            self._start_workers(command.start)
-        elif kind == "stop":
+    def _execute(self, command: cmd.AgentCommand) -> None:
+        """Act on one of the coordinator's commands (a Shutdown never comes here: it ends the stream)."""
+        if isinstance(command, cmd.StartWorkers):
+            self._start_workers(command)
+        elif isinstance(command, cmd.StopWorkers):
             # Stopping waits out the grace period; do it aside so commands keep flowing.
-            threading.Thread(target=self._stop_attempt, args=(command.stop.attempt, command.stop.grace_s),
+            threading.Thread(target=self._stop_attempt, args=(command.attempt, command.grace_s),
                              daemon=True, name="agent-stop").start()
-        elif kind == "prepare_fork_servers" and self._last_start is not None:
+        elif isinstance(command, cmd.PrepareForkServers) and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
             self._refill_fork_server()
-        elif kind == "dump_stacks":
-            threading.Thread(target=self._dump_stacks, args=(command.dump_stacks.attempt,),
+        elif isinstance(command, cmd.DumpStacks):
+            threading.Thread(target=self._dump_stacks, args=(command.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
 
     def _refill_fork_server(self) -> None:
@@ -209,38 +177,9 @@ class NodeAgent:
         with self._children_lock:
             procs.reap_orphans(self._kept_children())
 
-    def _receive(self) -> None:
-        try:
-            for command in self._call:
-                kind = command.WhichOneof("body")
-                self._lease.heard(command.heartbeat.sent_at if kind == "heartbeat" else None)
-                if kind == "shutdown":
-                    self._shutdown_requested = True
-                    break
-                if kind == "relayed":
-                    # Straight to the workers' streams: the command loop may be busy spawning.
-                    self._relay.deliver(command.relayed)
-                elif kind != "heartbeat":
-                    self._commands.put(command)
-            if not self._shutdown_requested:
-                self._end_reason = "the coordinator closed the stream"
-        except grpc.RpcError as exc:
-            self._end_reason = f"the connection broke: {exc.code().name}"
-        finally:
-            self._finished.set()
-            self._commands.put(pb.AgentCommand())  # wake the command loop now, not at its next poll
-
-    def _heartbeat(self) -> None:
-        while not self._finished.wait(HEARTBEAT_INTERVAL_S):
-            if self._lease.expired():
-                self._end_reason = f"the coordinator sent {self._lease.describe()}"
-                self._finished.set()
-                return
-            self._outbox.put(self._message(heartbeat=pb.Heartbeat(sent_at=time.time())))
-
     # ------------------------------------------------------------------ workers
 
-    def _start_workers(self, start: pb.StartWorkers) -> None:
+    def _start_workers(self, start: cmd.StartWorkers) -> None:
         env = dict(os.environ)
         env.update(start.env)
         env["PYTHONUNBUFFERED"] = "1"
@@ -251,7 +190,7 @@ class NodeAgent:
             self._spawn(start, launch, env, key)
         self._last_start = (key, env, start.cwd or None)
 
-    def _spawn(self, start: pb.StartWorkers, launch: pb.WorkerLaunch, env: dict, key: tuple) -> None:
+    def _spawn(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, env: dict, key: tuple) -> None:
         attempt, rank = start.attempt, launch.rank
         with self._children_lock:  # from the fork until the worker is known (see _kept_children)
             started: Optional[StartedWorker] = self._fork_server.take(key)
@@ -270,7 +209,7 @@ class NodeAgent:
             # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
             self._descendants.add_worker(process.pid, attempt)
         if start.relay:  # our relay: a local socket, plaintext (minitrain.agent.relay)
-            coordinator, tls_cert = self._relay.address, ""
+            coordinator, tls_cert = self._stream.relay_address, ""
         else:  # a direct stream to the coordinator
             coordinator = start.coordinator_address or self._address
             tls_cert = self._tls_cert.decode("ascii")
@@ -287,15 +226,14 @@ class NodeAgent:
                                       daemon=True, name=f"worker-{rank}-{'err' if is_stderr else 'out'}")
             reader.start()
             worker.readers.append(reader)
-        self._outbox.put(self._message(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=process.pid)))
+        self._stream.spawned(attempt, rank, process.pid)
         threading.Thread(target=self._wait_for_exit, args=(worker,), daemon=True,
                          name=f"worker-{rank}-wait").start()
 
     def _forward_output(self, worker: WorkerProcess, stream, is_stderr: bool) -> None:
         for raw in iter(stream.readline, b""):
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            self._outbox.put(self._message(logs=pb.LogLines(
-                attempt=worker.attempt, rank=worker.rank, stderr=is_stderr, lines=[line])))
+            self._stream.log_line(worker.attempt, worker.rank, is_stderr, line)
         stream.close()
 
     def _wait_for_exit(self, worker: WorkerProcess) -> None:
@@ -332,12 +270,9 @@ class NodeAgent:
         if signum == signal.SIGKILL and not stopped:
             count = procs.oom_kill_count()
             oom = count is not None and self._oom_baseline is not None and count > self._oom_baseline
-        exited = pb.WorkerExited(attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0,
-                                 signal=signum or 0, stopped_by_agent=stopped,
-                                 exited_at=exited_at if exited_at is not None else time.time(),
-                                 spawn_error=f"{type(exc).__name__}: {exc}" if exc else "",
-                                 oom_suspected=oom)
-        self._outbox.put(self._message(exited=exited))
+        self._stream.exited(attempt, rank, pid, exit_code=exit_code, signal=signum, stopped_by_agent=stopped,
+                            exited_at=exited_at if exited_at is not None else time.time(),
+                            spawn_error=f"{type(exc).__name__}: {exc}" if exc else "", oom_suspected=oom)
 
     def _dump_stacks(self, attempt: int) -> None:
         """Ask every worker of the attempt for all its threads' stacks (faulthandler on SIGUSR1)."""
@@ -352,7 +287,7 @@ class NodeAgent:
                 pass
         for worker in targets:
             text = _read_when_settled(worker.stack_fd, sizes[worker.rank], STACK_DUMP_WAIT_S)
-            self._outbox.put(self._message(stack_dump=pb.StackDump(attempt=attempt, rank=worker.rank, text=text)))
+            self._stream.stack_dump(attempt, worker.rank, text)
 
     def _stop_attempt(self, attempt: int, grace_s: float) -> None:
         with self._lock:

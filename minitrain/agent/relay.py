@@ -9,8 +9,9 @@ worker is unchanged: it only dials another address.
 Each accepted stream gets a number (1, 2, ... never reused). Upward, every message the worker sends
 becomes `RelayedMessage(stream=n, message=m)`, handed in the worker's order to `send_up`, and when the
 stream ends for any reason (the worker half-closed, was killed, cancelled, the coordinator closed it,
-the relay stopped) one `RelayedMessage(stream=n, closed=True)` follows, exactly once. The agent puts
-these on the same FIFO as its own messages, so a worker's Done goes up before its WorkerExited.
+the relay stopped) one `RelayedMessage(stream=n, closed=True)` follows, exactly once. The agent's
+stream (minitrain.agent.stream) puts these on the same FIFO as the agent's own messages, so a worker's
+Done goes up before its WorkerExited.
 `coalesced_requests` then merges consecutive relayed items into one `RelayedUp` ("Nagle without a
 timer": an idle queue sends an item at once; under load batches grow by themselves).
 

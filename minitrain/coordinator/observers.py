@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Sequence
 
 from minitrain.records import ReportRecord, RunOutcome, WorkerFailure
+# Telemetry records live in L0 (the worker builds them too); re-exported here for the observers' users.
+from minitrain.records import GpuSample, TelemetrySample  # noqa: F401
 from minitrain.run_state import RunState
 from minitrain.storage.retention import CheckpointRecord
 
@@ -153,44 +155,6 @@ class AttemptEnd:
     restarting: bool
     ended_at: float
     exceptions: Mapping[int, bytes] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class GpuSample:
-    """One GPU of a rank, as NVML saw it."""
-
-    index: int
-    util_percent: float
-    memory_used_bytes: int
-    memory_total_bytes: int
-
-
-@dataclass(frozen=True)
-class TelemetrySample:
-    """One rank's telemetry sample (minitrain.worker.telemetry; at most one a second).
-
-    `time` is the worker's wall clock; `reports` its report() calls in this attempt so far. Step time
-    is the mean interval between report() calls; the waits are seconds per step blocked inside
-    report(), in minitrain.collective and in the data iterators of prepare_data_loader and
-    get_dataset_shard. None: not measured (data_wait_s: no such iterator was used). `gpus` is empty
-    without a GPU. `total` is the number of report() calls the training function declared
-    (minitrain.set_progress_total), or None."""
-
-    attempt: int
-    rank: int
-    time: float
-    reports: int
-    step_time_s: Optional[float] = None
-    report_wait_s: Optional[float] = None
-    collective_wait_s: Optional[float] = None
-    data_wait_s: Optional[float] = None
-    cpu_percent: Optional[float] = None
-    rss_bytes: Optional[int] = None
-    gpus: tuple[GpuSample, ...] = ()
-    total: Optional[int] = None
-    host: str = ""
-    pid: int = 0
-    phase: str = ""
 
 
 class RunObserver:

@@ -10,7 +10,7 @@ import json
 from typing import Callable, Optional
 
 from minitrain import commands as cmd
-from minitrain.records import FailureKind, NodeInfo, Phase, WorkerAssignment, WorkerFailure
+from minitrain.records import FailureKind, NodeInfo, Phase, TelemetrySample, WorkerAssignment, WorkerFailure
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 
@@ -56,6 +56,20 @@ def failure_message(failure: WorkerFailure, exc_pickle: bytes = b"") -> pb.Worke
         phase=int(failure.phase), exc_type=failure.exc_type, message=failure.message,
         traceback=failure.traceback, exc_pickle=exc_pickle, failed_at=failure.time,
     )
+
+
+def telemetry_message(sample: TelemetrySample) -> pb.Telemetry:
+    """The Telemetry message of a worker's sample, sent by the worker (at most once a second per rank).
+    A None figure stays unset (the coordinator reads it back as None); `attempt` and `rank` are not
+    sent (the stream carries them), nor are `host`, `pid` and `phase` (the coordinator knows them)."""
+    message = pb.Telemetry(sampled_at=sample.time, reports=sample.reports, total=sample.total or 0,
+                           step_time_s=sample.step_time_s, report_wait_s=sample.report_wait_s,
+                           collective_wait_s=sample.collective_wait_s, data_wait_s=sample.data_wait_s,
+                           cpu_percent=sample.cpu_percent, rss_bytes=sample.rss_bytes)
+    message.gpus.extend(pb.GpuSample(index=g.index, util_percent=g.util_percent,
+                                     memory_used_bytes=g.memory_used_bytes,
+                                     memory_total_bytes=g.memory_total_bytes) for g in sample.gpus)
+    return message
 
 
 # ---------------------------------------------------------------------------- commands to agents

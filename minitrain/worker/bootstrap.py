@@ -183,7 +183,8 @@ class WorkerRun:
                                             assignment.dist_timeout_s, b["run_id"], b["attempt"], b["token"])
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
-            sampling = telemetry.start(assignment.worker.gpu_ids, self._client.send_telemetry)
+            sampling = telemetry.start(assignment.worker.gpu_ids, self._client.send_telemetry,
+                                       attempt=b["attempt"], rank=b["rank"])
             try:
                 if payload.takes_config:
                     value = payload.train_fn(payload.config)

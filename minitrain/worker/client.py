@@ -18,7 +18,7 @@ from typing import Optional
 import grpc
 
 from minitrain import commands as cmd
-from minitrain.records import Phase, WorkerFailure
+from minitrain.records import Phase, TelemetrySample, WorkerFailure
 from minitrain.rpc import convert, report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
@@ -120,9 +120,10 @@ class WorkerClient:
         """Report the exception this worker fails with (`exc_pickle`: b"" when it could not be pickled)."""
         self._send(failure=convert.failure_message(failure, exc_pickle))
 
-    def send_telemetry(self, sample: pb.Telemetry) -> None:
-        """Send one telemetry sample (built by `minitrain.worker.telemetry`)."""
-        self._send(telemetry=sample)
+    def send_telemetry(self, sample: TelemetrySample) -> None:
+        """Send one telemetry sample (built by `minitrain.worker.telemetry`; at most one a second, so
+        converting it here costs nothing that matters). Its attempt and rank are this stream's."""
+        self._send(telemetry=convert.telemetry_message(sample))
 
     def report_message(self, round_: int, metrics_json: str, dir_name: str, staged: bool) -> pb.WorkerMessage:
         """The message of this worker's report `round_` (sent with `put`, maybe later, in order): it waits

@@ -2,7 +2,7 @@
 
 `Sampler.sample()` turns `minitrain.waits`' totals, the process' CPU time and RSS (psutil) and its
 GPUs' utilisation and memory (NVML, only when the worker was given GPUs and NVML answers) into one
-`Telemetry` message. Step time and waits describe the same steps, so that step time minus the
+`minitrain.records.TelemetrySample` (the worker's stream, `minitrain.worker.client`, converts it). Step time and waits describe the same steps, so that step time minus the
 waits is the rank's own work:
 - when steps (report() calls) ended since the previous sample: step time is their mean interval,
   and each wait the seconds blocked between the previous sample's last report() end and this one's,
@@ -26,7 +26,7 @@ import time
 from typing import Any, Callable, Optional, Sequence
 
 from minitrain import waits
-from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.records import GpuSample, TelemetrySample
 
 logger = logging.getLogger("minitrain")
 
@@ -73,7 +73,7 @@ class GpuProbe:
             handle = nvml.nvmlDeviceGetHandleByUUID(name)
         return int(nvml.nvmlDeviceGetIndex(handle)), handle
 
-    def read(self) -> list[pb.GpuSample]:
+    def read(self) -> list[GpuSample]:
         """One GpuSample per GPU that answered."""
         samples = []
         for index, handle in self._handles:
@@ -82,8 +82,8 @@ class GpuProbe:
                 memory = self._nvml.nvmlDeviceGetMemoryInfo(handle)
             except Exception:
                 continue
-            samples.append(pb.GpuSample(index=index, util_percent=float(rates.gpu),
-                                        memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total)))
+            samples.append(GpuSample(index=index, util_percent=float(rates.gpu),
+                                     memory_used_bytes=int(memory.used), memory_total_bytes=int(memory.total)))
         return samples
 
 
@@ -109,12 +109,14 @@ class _Process:
 
 
 class Sampler:
-    """Builds the telemetry samples of one rank (see the module doc); not thread-safe. `clock` must
-    be the clock of `totals` (time.monotonic for `minitrain.waits`)."""
+    """Builds the telemetry samples of one rank, `rank` of `attempt` (0 and 0 serve a measurement
+    outside a run; see the module doc); not thread-safe. `clock` must be the clock of `totals` (time.monotonic for `minitrain.waits`)."""
 
     def __init__(self, gpus: GpuProbe, clock: Callable[[], float] = time.monotonic,
-                 totals: Callable[[], waits.Totals] = waits.totals):
+                 totals: Callable[[], waits.Totals] = waits.totals, attempt: int = 0, rank: int = 0):
         self._gpus = gpus
+        self._attempt = attempt
+        self._rank = rank
         self._clock = clock
         self._totals = totals
         self._process = _Process()
@@ -140,33 +142,34 @@ class Sampler:
                 return elapsed, totals.waits.minus(totals.at_last_report)
         return self._last
 
-    def sample(self) -> pb.Telemetry:
-        """The sample of the window since the previous call."""
+    def sample(self) -> TelemetrySample:
+        """The sample of the window since the previous call (a figure not measured is None)."""
         totals = self._totals()
         now = self._clock()
-        message = pb.Telemetry(sampled_at=time.time(), reports=totals.reports, total=waits.declared_total() or 0)
+        sampled_at = time.time()
+        step_time = report_wait = collective_wait = data_wait = None
         figures = self._figures(now, totals)
         if figures is not None:
             step_time, per_step = figures
-            message.step_time_s = step_time
-            message.report_wait_s = min(per_step.report_s, step_time)
-            message.collective_wait_s = min(per_step.collective_s, step_time)
+            report_wait = min(per_step.report_s, step_time)
+            collective_wait = min(per_step.collective_s, step_time)
             if per_step.data_s is not None:
-                message.data_wait_s = min(per_step.data_s, step_time)
+                data_wait = min(per_step.data_s, step_time)
         cpu, rss = self._process.read()
-        if cpu is not None:
-            message.cpu_percent = cpu
-            message.rss_bytes = rss
-        message.gpus.extend(self._gpus.read())
+        sample = TelemetrySample(
+            attempt=self._attempt, rank=self._rank, time=sampled_at, reports=totals.reports,
+            step_time_s=step_time, report_wait_s=report_wait, collective_wait_s=collective_wait,
+            data_wait_s=data_wait, cpu_percent=cpu, rss_bytes=rss,
+            gpus=tuple(self._gpus.read()), total=waits.declared_total() or None)
         self._previous, self._previous_at = totals, now
-        return message
+        return sample
 
 
 class TelemetryThread:
     """Sends `sampler.sample()` through `send(sample)` every `interval_s` until `stop()`, except
     while `minitrain.waits.ENABLED` is False."""
 
-    def __init__(self, sampler: Sampler, send: Callable[..., None], interval_s: float = INTERVAL_S):
+    def __init__(self, sampler: Sampler, send: Callable[[TelemetrySample], None], interval_s: float = INTERVAL_S):
         self._sampler = sampler
         self._send = send
         self._interval_s = max(interval_s, INTERVAL_S)
@@ -192,11 +195,13 @@ class TelemetryThread:
         self._stopped.set()
 
 
-def start(device_indices: Sequence[int], send: Callable[..., None]) -> Optional[TelemetryThread]:
-    """Start this rank's telemetry, or return None when MINITRAIN_TELEMETRY=0."""
+def start(device_indices: Sequence[int], send: Callable[[TelemetrySample], None], *, attempt: int,
+          rank: int) -> Optional[TelemetryThread]:
+    """Start the telemetry of `rank` of `attempt` (its GPUs: `device_indices`), or return None when
+    MINITRAIN_TELEMETRY=0."""
     if not waits.ENABLED:
         return None
-    thread = TelemetryThread(Sampler(GpuProbe(device_indices)), send)
+    thread = TelemetryThread(Sampler(GpuProbe(device_indices), attempt=attempt, rank=rank), send)
     thread.start()
     return thread
 

@@ -12,8 +12,8 @@ import threading
 import pytest
 
 from minitrain.agent import relay as relay_module
-from minitrain.agent.agent import NodeAgent
 from minitrain.agent.relay import RelayServer, coalesced_requests
+from minitrain.agent.stream import CoordinatorStream
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 from minitrain.worker.client import StreamClosed, WorkerClient
@@ -291,17 +291,17 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
 # ---------------------------------------------------------------------------------- the agent's wiring
 
 
-def test_the_agent_relays_its_workers_messages_on_its_outbox_and_delivers_relayed_commands():
-    agent = NodeAgent("127.0.0.1:1", "node-a", "run-1", TOKEN)
-    agent._relay.start()
+def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_commands():
+    stream = CoordinatorStream("127.0.0.1:1", "node-a", "run-1", TOKEN)
+    stream._relay.start()
     try:
-        client = WorkerClient(agent._relay.address, TOKEN, "run-1", 0, 0)
+        client = WorkerClient(stream.relay_address, TOKEN, "run-1", 0, 0)
         client.send_hello(1, "")
-        item = agent._outbox.get(timeout=DEADLINE_S)
+        item = stream._outbox.get(timeout=DEADLINE_S)
         assert isinstance(item, pb.RelayedMessage) and item.message.hello.pid == 1
-        agent._outbox.put(item)
-        agent._outbox.put(END_OF_STREAM)
-        [sent] = list(coalesced_requests(agent._outbox, agent._relayed_batch))
+        stream._outbox.put(item)
+        stream._outbox.put(END_OF_STREAM)
+        [sent] = list(coalesced_requests(stream._outbox, stream._relayed_batch))
         assert (sent.run_id, sent.node_id, sent.WhichOneof("body")) == ("run-1", "node-a", "relayed")
         assert list(sent.relayed.items) == [item]
 
@@ -310,10 +310,10 @@ def test_the_agent_relays_its_workers_messages_on_its_outbox_and_delivers_relaye
                 yield pb.AgentCommand(relayed=pb.RelayedDown(items=[_command(item.stream, 9)]))
                 yield pb.AgentCommand(shutdown=pb.Shutdown(reason="done"))
 
-        agent._call = _Call()
-        agent._receive()
+        stream._call = _Call()
+        stream._receive()
         assert client.wait_assignment(DEADLINE_S).worker.world_size == 9
-        assert agent._commands.get_nowait() == pb.AgentCommand()  # only the wake-up: not a command
+        assert stream.next_command(0.0) is None and stream._commands.empty()  # only the wake-up: not a command
         assert client.close(DEADLINE_S)
     finally:
-        agent._relay.stop()
+        stream._relay.stop()

@@ -33,11 +33,11 @@ def agent():
 
 
 def test_signals_inside_a_held_lock_are_noted_without_taking_it(agent):
-    with agent._finished._cond:  # the main thread is inside Event.set() or wait() when the signals land
+    with agent._stream._ended._cond:  # the main thread is inside Event.set() or wait() when the signals land
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGHUP)
         for _ in range(1000):  # the handlers run between bytecodes of this thread
             if agent._signalled is not None:
                 break
     assert agent._signalled == "received SIGTERM"
-    assert not agent._finished.is_set()  # the command loop acts on it, outside any handler
+    assert not agent._stream.ended  # the command loop acts on it, outside any handler

@@ -68,13 +68,11 @@ LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(m
 # House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by
 # the transport modules, which convert between messages and records (minitrain.rpc.convert) and carry
 # them: rpc/ itself, the coordinator's servicer and hub (service) and its gRPC server (server), the
-# agent's worker-stream relay (relay), the worker's stream (client). In bench/, the scale simulation's
-# fake agents and workers speak the wire protocol (bench.scale.clients).
+# agent's stream with the coordinator (stream) and its worker-stream relay (relay), the worker's stream
+# (client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
+# (bench.scale.clients).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.server",
-             "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients"}
-# Not at the edge yet (issue 25): the agent's supervision still builds its messages in agent.py, and the
-# worker's telemetry sampler builds its Telemetry message. Remove a name once its messages moved out.
-NOT_YET_AT_THE_EDGE = {"minitrain.agent.agent", "minitrain.worker.telemetry"}
+             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients"}
 GENERATED = "minitrain.rpc._gen"
 
 
@@ -222,7 +220,9 @@ def test_walker_sees_the_modules_it_should():
 def test_resolver_on_known_imports():
     agent = dict(source_modules())["minitrain.agent.agent"]
     targets = {imp.target for imp in imports_of("minitrain.agent.agent", agent)}
-    assert {"minitrain", "minitrain.hosts.hostinfo", "minitrain.procs", "minitrain.rpc.auth"} <= targets
+    assert {"minitrain", "minitrain.hosts.hostinfo", "minitrain.procs", "minitrain.commands"} <= targets
+    stream = dict(source_modules())["minitrain.agent.stream"]
+    assert "minitrain.rpc.auth" in {imp.target for imp in imports_of("minitrain.agent.stream", stream)}
     distributed = dict(source_modules())["minitrain.worker.distributed"]
     assert "torch" in {imp.target for imp in imports_of("minitrain.worker.distributed", distributed)}
 
@@ -334,10 +334,9 @@ def test_only_the_transport_modules_import_the_generated_protobuf_code():
     bench = [(".".join(p.relative_to(ROOT).with_suffix("").parts), p) for p in sorted((ROOT / "bench").rglob("*.py"))]
     importers = {module for module, path in source_modules() + bench
                  if any(_within(imp.target, GENERATED) for imp in imports_of(module, path))}
-    strays = sorted(m for m in importers if _longest(m, TRANSPORT | NOT_YET_AT_THE_EDGE) is None)
+    strays = sorted(m for m in importers if _longest(m, TRANSPORT) is None)
     assert not strays, f"only the transport modules may import {GENERATED} (convert in minitrain.rpc.convert): {strays}"
-    # The lists stay true: every name in them exists, and a module that stopped importing it leaves the list.
-    assert NOT_YET_AT_THE_EDGE <= importers, sorted(NOT_YET_AT_THE_EDGE - importers)
+    # The list stays true: a module that stopped importing it leaves the list.
     for name in TRANSPORT - {"minitrain.rpc"}:
         assert name in importers, f"{name} no longer imports {GENERATED}: drop it from TRANSPORT"
 

@@ -1,6 +1,6 @@
 """Per-rank telemetry in the worker: what minitrain.waits counts, how a sample is built from it, the
-GPU probe with and without NVML, and the Telemetry message's trip through the coordinator's
-conversion (issue 16 item 1)."""
+GPU probe with and without NVML, and the sample's trip through the worker's and the coordinator's
+conversions (issue 16 item 1)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import pytest
 from minitrain import waits
 from minitrain.coordinator.service import telemetry_sample
 from minitrain.data.iterator import DataIterator
+from minitrain.records import GpuSample, TelemetrySample
+from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.worker import telemetry
 
@@ -99,7 +101,7 @@ def test_a_dataset_shard_counts_the_time_inside_next_as_data_wait():
 def test_a_sample_has_step_time_and_waits_per_step(clock):
     sampler = telemetry.Sampler(telemetry.GpuProbe([]), clock=clock)
     first = sampler.sample()
-    assert not first.HasField("step_time_s") and not first.HasField("data_wait_s")
+    assert first.step_time_s is None and first.data_wait_s is None
     # Four steps of 0.5 s ending at 100.5 .. 102.0, each 0.1 s in report() and 0.3 s waiting for data.
     for _ in range(4):
         with waits.blocked(waits.DATA):
@@ -112,8 +114,8 @@ def test_a_sample_has_step_time_and_waits_per_step(clock):
     assert sample.step_time_s == pytest.approx(0.5)  # the first step measured from the window start
     assert sample.report_wait_s == pytest.approx(0.1) and sample.data_wait_s == pytest.approx(0.3)
     assert sample.collective_wait_s == 0.0
-    assert sample.HasField("cpu_percent") and sample.rss_bytes > 0  # psutil, this process
-    assert list(sample.gpus) == []
+    assert sample.cpu_percent is not None and sample.rss_bytes > 0  # psutil, this process
+    assert sample.gpus == ()
     # No step ended for 3 s: the open step is already longer than the last one, so it shows.
     clock.now = 105.0
     sample = sampler.sample()
@@ -239,6 +241,27 @@ def test_the_coordinator_reads_absent_fields_as_not_measured():
     assert sample.gpus[0].index == 2 and sample.gpus[0].util_percent == 50
 
 
+def test_a_sample_is_a_record_of_its_rank_that_crosses_the_wire_unchanged(clock):
+    """The sampler makes the L0 record; the worker's stream converts it (minitrain.rpc.convert) and the
+    coordinator reads back the same record, figures not measured still None."""
+    waits.set_total(12)  # on the test clock's own recorder
+    sampler = telemetry.Sampler(telemetry.GpuProbe([1], nvml=NvmlStandIn(), visible_devices="0,GPU-abc"),
+                                clock=clock, attempt=3, rank=5)
+    first = sampler.sample()
+    assert isinstance(first, TelemetrySample) and (first.attempt, first.rank, first.reports, first.total) == (3, 5, 0, 12)
+    assert first.gpus == (GpuSample(index=1, util_percent=87.0, memory_used_bytes=3 << 30,
+                                    memory_total_bytes=80 << 30),)
+    with waits.reporting():
+        clock.now += 0.1
+    second = sampler.sample()
+    for sample in (first, second):
+        assert telemetry_sample(3, 5, convert.telemetry_message(sample)) == sample
+    bare = TelemetrySample(attempt=0, rank=2, time=1.5, reports=0)
+    message = convert.telemetry_message(bare)
+    assert not message.HasField("step_time_s") and not message.HasField("rss_bytes") and message.total == 0
+    assert telemetry_sample(0, 2, message) == bare
+
+
 def test_the_thread_sends_nothing_while_recording_is_switched_off(monkeypatch):
     """`waits.ENABLED` is read at each tick: switched off while the rank runs (the ddp benchmark's
     alternating blocks), no sample goes out; switched on again, samples resume."""
@@ -247,7 +270,7 @@ def test_the_thread_sends_nothing_while_recording_is_switched_off(monkeypatch):
     class CountingSampler:
         def sample(self):
             ticks.append(waits.ENABLED)
-            return pb.Telemetry()
+            return TelemetrySample(attempt=0, rank=0, time=0.0, reports=0)
 
     thread = telemetry.TelemetryThread(CountingSampler(), sent.append)
     thread._interval_s = 0.005

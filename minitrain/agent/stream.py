@@ -1,0 +1,204 @@
+"""The node agent's one stream with the coordinator: the agent's transport edge (L2).
+
+`CoordinatorStream` holds the `Coordinator.AgentStream` call and everything that travels on it, so
+the agent's supervision (minitrain.agent.agent) never sees protobuf:
+- upward, one FIFO queue: the hello (from a `NodeInfo`), a heartbeat every HEARTBEAT_INTERVAL_S,
+  and the facts the agent reports through typed methods (`spawned`, `exited`, `log_line`,
+  `stack_dump`), in the order they were called, interleaved with the relayed worker streams
+  (minitrain.agent.relay, owned here: its items share this queue, so a worker's Done goes up
+  before its WorkerExited);
+- downward, a reader thread: every message renews the lease on the coordinator (minitrain.lease),
+  relayed worker commands go straight to the relay, and commands are converted to the records of
+  `minitrain.commands` (minitrain.rpc.convert) and queued for `next_command`. A Shutdown is not
+  queued: it ends the stream at once (read later as `shutdown`), and nothing after it is read.
+
+The stream ends, once, with a reason: the coordinator's Shutdown, the coordinator closing the
+stream, the connection breaking, the lease running out (nothing heard for LEASE_TIMEOUT_S plus the
+latest heartbeat's delay), or the agent's `end(reason)`. Its end wakes `next_command` at once.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Optional
+
+import grpc
+
+from minitrain import commands as cmd
+from minitrain.agent.relay import RelayServer, coalesced_requests
+from minitrain.lease import Lease
+from minitrain.records import NodeInfo
+from minitrain.rpc import convert
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.auth import call_metadata
+from minitrain.rpc.channel import END_OF_STREAM, client_channel
+
+HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TIMEOUT_S = 5.0
+
+_WAKE = object()  # on the command queue: the stream ended, the command loop should look now
+
+
+class CoordinatorStream:
+    """The agent's stream with the coordinator at `address`; see the module docstring.
+
+    `open(node)` once, then the fact methods and `next_command` from any thread, `close()` once at the
+    end (after the workers are stopped: their last messages go up first). `tls_cert` is the run's
+    certificate (PEM) to pin, empty for a loopback coordinator.
+    """
+
+    def __init__(self, address: str, node_id: str, run_id: str, token: str,
+                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b""):
+        self._address = address
+        self._node_id = node_id
+        self._run_id = run_id
+        self._token = token
+        self._tls_cert = tls_cert
+        self._outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._commands: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._lease = Lease(lease_timeout_s)  # the coordinator's (see minitrain.lease)
+        self._ended = threading.Event()
+        self._end_lock = threading.Lock()
+        self._end_reason = ""
+        self._shutdown: Optional[cmd.Shutdown] = None
+        self._channel: Optional[grpc.Channel] = None
+        self._call = None
+        # Workers dial this relay, not the coordinator: their messages go up on this one stream, in
+        # the outbox's order with the agent's (minitrain.agent.relay). Started by open().
+        self._relay = RelayServer(token, send_up=self._outbox.put)
+
+    # ------------------------------------------------------------------ life
+
+    def open(self, node: NodeInfo) -> None:
+        """Start the relay, say hello as `node`, open the call and its reader and heartbeat threads.
+
+        Raises (leaving nothing open) when the relay cannot start. Commands come once the coordinator
+        read the hello, so the relay listens before any worker can be started.
+        """
+        channel = client_channel(self._address, self._tls_cert)
+        try:
+            self._relay.start()
+        except BaseException:
+            channel.close()
+            raise
+        self._channel = channel
+        stub = pb_grpc.CoordinatorStub(channel)
+        self._outbox.put(self._message(hello=convert.hello_from_node(node)))
+        # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
+        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch),
+                                      metadata=call_metadata(self._token), wait_for_ready=True)
+        threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
+        threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
+
+    def close(self) -> None:
+        """Stop the relay (its streams' last messages and ends go up first), send what is queued, end
+        the call. After `open()` only."""
+        self._relay.stop()
+        self._outbox.put(END_OF_STREAM)
+        self._call.cancel()
+        self._channel.close()
+
+    def end(self, reason: str) -> None:
+        """End the stream with `reason` (the first reason given stays): heartbeats stop, `ended`
+        turns True, a waiting `next_command` returns. Takes a lock: never from a signal handler."""
+        with self._end_lock:
+            if not self._ended.is_set():
+                self._end_reason = reason
+                self._ended.set()
+        self._commands.put(_WAKE)
+
+    @property
+    def ended(self) -> bool:
+        """True once the stream ended (see the module docstring for why it does)."""
+        return self._ended.is_set()
+
+    @property
+    def end_reason(self) -> str:
+        """Why the stream ended, for the agent's log ("" while it has not)."""
+        return self._end_reason
+
+    @property
+    def shutdown(self) -> Optional[cmd.Shutdown]:
+        """The coordinator's Shutdown, once it came (the stream ended with it); None otherwise."""
+        return self._shutdown
+
+    @property
+    def relay_address(self) -> str:
+        """What this node's workers dial for a relayed stream ("unix:...", after `open()`)."""
+        return self._relay.address
+
+    # ------------------------------------------------------------------ downward
+
+    def next_command(self, timeout_s: float) -> Optional[cmd.AgentCommand]:
+        """The coordinator's next command (never a Shutdown: see `shutdown`), or None when none came
+        within `timeout_s` or the stream ended meanwhile."""
+        try:
+            command = self._commands.get(timeout=timeout_s)
+        except queue.Empty:
+            return None
+        return None if command is _WAKE else command
+
+    def _receive(self) -> None:
+        reason = ""
+        try:
+            for message in self._call:
+                kind = message.WhichOneof("body")
+                self._lease.heard(message.heartbeat.sent_at if kind == "heartbeat" else None)
+                if kind == "relayed":
+                    # Straight to the workers' streams: the command loop may be busy spawning.
+                    self._relay.deliver(message.relayed)
+                    continue
+                command = convert.agent_command_from_message(message)
+                if isinstance(command, cmd.Shutdown):
+                    self._shutdown = command  # before the end: whoever sees the end sees why
+                    reason = f"the coordinator shut the run down ({command.reason})"
+                    break
+                if command is not None:
+                    self._commands.put(command)
+            else:
+                reason = "the coordinator closed the stream"
+        except grpc.RpcError as exc:
+            reason = f"the connection broke: {exc.code().name}"
+        finally:
+            self.end(reason)  # wakes the command loop now, not at its next poll
+
+    def _heartbeat(self) -> None:
+        while not self._ended.wait(HEARTBEAT_INTERVAL_S):
+            if self._lease.expired():
+                self.end(f"the coordinator sent {self._lease.describe()}")
+                return
+            self._outbox.put(self._message(heartbeat=pb.Heartbeat(sent_at=time.time())))
+
+    # ------------------------------------------------------------------ upward
+
+    def _message(self, **body) -> pb.AgentMessage:
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
+
+    def _relayed_batch(self, items: list) -> pb.AgentMessage:
+        return self._message(relayed=pb.RelayedUp(items=items))
+
+    def spawned(self, attempt: int, rank: int, pid: int) -> None:
+        """Report that worker `rank` of `attempt` runs as process `pid`."""
+        self._outbox.put(self._message(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=pid)))
+
+    def exited(self, attempt: int, rank: int, pid: int, *, exit_code: Optional[int], signal: Optional[int],
+               stopped_by_agent: bool, exited_at: float, spawn_error: str = "",
+               oom_suspected: bool = False) -> None:
+        """Report the end of worker `rank` of `attempt`: its exit code, or the signal that killed it
+        (None for the other), whether the agent stopped it, when; `spawn_error` when it could not be
+        started at all (pid 0), `oom_suspected` when the kernel's OOM killer probably killed it."""
+        self._outbox.put(self._message(exited=pb.WorkerExited(
+            attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0, signal=signal or 0,
+            stopped_by_agent=stopped_by_agent, exited_at=exited_at, spawn_error=spawn_error,
+            oom_suspected=oom_suspected)))
+
+    def log_line(self, attempt: int, rank: int, stderr: bool, line: str) -> None:
+        """Forward one output line (without its newline) of worker `rank` of `attempt`."""
+        self._outbox.put(self._message(logs=pb.LogLines(attempt=attempt, rank=rank, stderr=stderr, lines=[line])))
+
+    def stack_dump(self, attempt: int, rank: int, text: str) -> None:
+        """Send the thread stacks worker `rank` of `attempt` wrote ("" when it wrote none in time)."""
+        self._outbox.put(self._message(stack_dump=pb.StackDump(attempt=attempt, rank=rank, text=text)))
