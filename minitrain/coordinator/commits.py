@@ -67,7 +67,7 @@ class Commits:
                  clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
         self.checkpoints = checkpoints
         self._observers = observers if observers is not None else Observers()
-        self._tell_report = self._observers.notifier("on_report")  # looked up once, called per report
+        self._tell_report = self._observers.report_fan_out  # looked up once, called per report
         self._world_size = 0
         self.history = History()
         self._metrics_log = metrics_log
@@ -167,8 +167,7 @@ class Commits:
                     return
                 logger.debug("committed %s (round %d)", record.dir_name, index)
             if self._observers:
-                self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
-                                                             self._clock()))
+                self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
             for rank in done.ack_ranks:
                 self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
         if completed and self._list_requests:

@@ -127,7 +127,7 @@ class Controller:
     def begin(self) -> None:
         """Tell the observers the run starts (`run()` does; so does a test that steps the loop)."""
         spec = self._spec
-        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
+        self._observers.on_run_start(RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
                                                        spec.num_workers, self._clock(),
                                                        request_stacks=self.request_stacks))
 
@@ -144,7 +144,7 @@ class Controller:
     def _conclude(self) -> RunOutcome:
         outcome = self._outcome()
         self._end_attempt(restarting=False)
-        self._observers.notify("on_run_end", outcome)
+        self._observers.on_run_end(outcome)
         if self._loop.interrupts:
             raise KeyboardInterrupt
         if self._config_error is not None:
@@ -319,7 +319,7 @@ class Controller:
                                         spec.launch, resume, self._clock)
         self._attempt_ended = False
         hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
-        self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
+        self._observers.on_attempt_start(AttemptInfo(attempt, hosts, self._clock()))
 
     def _delete_garbage(self) -> None:
         """Before an attempt: delete what earlier attempts left that the run created and never
@@ -348,7 +348,7 @@ class Controller:
         self._attempt_ended = True
         tracker = self._group.tracker
         failures = tuple(tracker.failures())
-        self._observers.notify("on_attempt_end", AttemptEnd(
+        self._observers.on_attempt_end(AttemptEnd(
             attempt=tracker.attempt, failures=failures, root_cause=tracker.root_cause_line(),
             restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
 
@@ -416,7 +416,7 @@ class Controller:
         if state is None or not self._observers:
             return
         # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
-        self._observers.notify("on_telemetry", TelemetrySample(
+        self._observers.on_telemetry(TelemetrySample(
             **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
 
     def _on_stacks_wanted(self, event: ev.StacksWanted) -> None:
@@ -432,7 +432,7 @@ class Controller:
 
     def _on_stack_dump(self, group: WorkerGroup, event: ev.StackDumped) -> None:
         group.handle(event)
-        self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
+        self._observers.on_stacks(StackDump(event.attempt, event.rank, event.text))
 
     def _on_done(self, group: WorkerGroup, event: ev.WorkerDone) -> None:
         group.handle(event)
