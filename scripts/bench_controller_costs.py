@@ -82,11 +82,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     for node in nodes.values():
         controller._membership.connected(ev.AgentConnected(node))
     controller._commits.start_attempt(ranks)
-    controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    settings,
-                                    ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()),
-                                    time.time)
-    controller._attempt_ended = False
+    controller._current.group = WorkerGroup(
+        tracker, controller._hub, nodes, settings,
+        ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()), time.time)
     controller._loop = Loop(state=RunState.RUNNING, stage=Stage.WORKERS, attempt=0)
     if mon is not None:
         mon.on_run_start(RunInfo("bench", "bench", storage.url(), ranks, now))

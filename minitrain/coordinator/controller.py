@@ -24,6 +24,7 @@ from minitrain.commands import Shutdown
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
+from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
@@ -32,13 +33,11 @@ from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.observers import (
-    AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
-)
+from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.outbox import Outbox
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
+from minitrain.coordinator.worker_group import LaunchSettings
 from minitrain.errors import ConfigError, render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
@@ -95,11 +94,10 @@ class Controller:
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
-        self._group: Optional[WorkerGroup] = None
+        self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
-        self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
         self._handlers = self._event_table()
 
     @property
@@ -143,7 +141,7 @@ class Controller:
 
     def _conclude(self) -> RunOutcome:
         outcome = self._outcome()
-        self._end_attempt(restarting=False)
+        self._current.end(restarting=False)
         self._observers.on_run_end(outcome)
         if self._loop.interrupts:
             raise KeyboardInterrupt
@@ -208,14 +206,14 @@ class Controller:
         seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
                     lost_nodes=bool(membership.lost),
                     start_error=self._start_error, interrupted=interrupted)
-        if self._group is None:
+        group = self._current.group
+        if group is None:
             return seen
-        tracker = self._group.tracker
-        failed = tracker.failed()
+        tracker = group.tracker
         return dataclasses.replace(
-            seen, has_attempt=True, failed=failed, finished=tracker.finished(),
+            seen, has_attempt=True, failed=tracker.failed(), finished=tracker.finished(),
             all_training=tracker.all_training(), all_exited=tracker.all_exited(),
-            all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
+            all_drained=tracker.all_drained(), stacks_answered=group.stacks_answered(),
             watched=self._hangs.watched(tracker, now),
             root_cause=tracker.root_cause_line())
 
@@ -235,7 +233,7 @@ class Controller:
                                     f"{self._loop.state.value}")
 
     def _execute(self, action: Action) -> None:
-        group = self._group
+        group = self._current.group
         if isinstance(action, StartAttempt):
             self._start(action.attempt)
         elif isinstance(action, RelaunchAgents):
@@ -259,13 +257,13 @@ class Controller:
 
     def _move(self, previous: RunState, move: MoveTo) -> None:
         """Check a move of the run's state, say why it happens, and tell the observers."""
-        loop, group = self._loop, self._group
+        loop, group = self._loop, self._current.group
         check_move(previous, move.state, move.target, heading=loop.target)
         failed = group is not None and group.tracker.failed() and not self._start_error
         if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
             logger.warning("attempt %d: %s; stopping every rank of the attempt", group.attempt, move.reason)
         if move.state is RunState.STARTING and previous is RunState.RESTARTING:
-            self._end_attempt(restarting=True)
+            self._current.end(restarting=True)
             # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
             left = self._rules.retries_left(loop.failures)
             logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
@@ -284,7 +282,8 @@ class Controller:
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _log_late(self, stage: Stage) -> None:
-        tracker = self._group.tracker if self._group is not None else None
+        group = self._current.group
+        tracker = group.tracker if group is not None else None
         if stage is Stage.EXIT and tracker is not None:
             alive = [r for r, s in tracker.ranks.items() if not s.exited]
             logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
@@ -310,16 +309,7 @@ class Controller:
             return
         self._start_error = ""
         self._delete_garbage()
-        self._commits.start_attempt(len(assignments))
-        latest = self._checkpoints.latest
-        resume = ResumePoint(checkpoint_dir=latest.dir_name if latest is not None else "",
-                             report_index_base=self._commits.report_base,
-                             committed_dir_names=tuple(sorted(self._checkpoints.committed_dir_names)))
-        self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
-                                        spec.launch, resume, self._clock)
-        self._attempt_ended = False
-        hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
-        self._observers.on_attempt_start(AttemptInfo(attempt, hosts, self._clock()))
+        self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
 
     def _delete_garbage(self) -> None:
         """Before an attempt: delete what earlier attempts left that the run created and never
@@ -341,17 +331,6 @@ class Controller:
         except Exception as exc:  # the run's own outcome matters more; say what was not saved
             logger.error("could not save the run's metrics history or index: %s", exc)
 
-    def _end_attempt(self, restarting: bool) -> None:
-        """Tell the observers, once, that the latest attempt is over."""
-        if self._attempt_ended or self._group is None:
-            return
-        self._attempt_ended = True
-        tracker = self._group.tracker
-        failures = tuple(tracker.failures())
-        self._observers.on_attempt_end(AttemptEnd(
-            attempt=tracker.attempt, failures=failures, root_cause=tracker.root_cause_line(),
-            restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
-
     def _shutdown_agents(self) -> None:
         for node_id in list(self._membership.nodes):
             self._hub.to_agent(node_id, Shutdown(reason="run ended"))
@@ -359,109 +338,30 @@ class Controller:
     # ------------------------------------------------------------------ events
 
     def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
-        """Each event type's handler. Events of an attempt other than the current one are stale
-        (`_of_attempt`), except reports, which are judged one by one (`_on_reports`)."""
-        of_attempt = self._of_attempt
-        return {
-            ev.ReportsReceived: self._on_reports,  # the most frequent event by far
-            ev.TelemetryReceived: of_attempt(self._on_telemetry),
-            ev.AgentConnected: self._membership.connected,
-            ev.AgentLost: self._on_agent_lost,
-            ev.StacksWanted: self._on_stacks_wanted,
-            ev.WorkerPhaseChanged: of_attempt(self._on_phase),
-            ev.CheckpointsRequested: of_attempt(self._on_checkpoints_requested),
-            ev.StackDumped: of_attempt(self._on_stack_dump),
-            ev.WorkerDone: of_attempt(self._on_done),
-            **dict.fromkeys((ev.WorkerSpawned, ev.WorkerConnected, ev.StoreReady, ev.WorkerStreamClosed,
-                             ev.WorkerFailed, ev.WorkerExited), of_attempt(WorkerGroup.handle)),
-        }
+        """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
+        the agents' by the membership."""
+        return {**self._current.handlers(), ev.AgentConnected: self._membership.connected,
+                ev.AgentLost: self._on_agent_lost}
 
     def _handle(self, event: ev.RunEvent) -> None:
         self._handlers[type(event)](event)
-
-    def _of_attempt(self, handler: Callable[[WorkerGroup, ev.RunEvent], None]) -> Callable[[ev.RunEvent], None]:
-        """`handler(group, event)` for events of the current attempt; any other event is stale."""
-        def handle(event: ev.RunEvent) -> None:
-            group = self._group
-            if group is None or event.attempt != group.attempt:
-                self._reject_stale(event)
-            else:
-                handler(group, event)
-        return handle
-
-    def _on_reports(self, event: ev.ReportsReceived) -> None:
-        """Record a batch of reports; those of another attempt than the current one are stale. Also
-        while the attempt is being stopped: a report sent before a peer failed still counts."""
-        group, reports = self._group, event.reports
-        if group is None:
-            logger.debug("ignoring %d reports: no attempt runs", len(reports))
-            return
-        attempt = group.attempt
-        current = reports
-        for report in reports:
-            if report.attempt != attempt:
-                current = tuple(r for r in reports if r.attempt == attempt)
-                logger.debug("ignoring %d reports of a stale attempt", len(reports) - len(current))
-                break
-        if not current:
-            return
-        self._commits.on_reports(group.tracker, current)
-        self._hangs.reported(current, self._clock())
-
-    def _on_telemetry(self, group: WorkerGroup, event: ev.TelemetryReceived) -> None:
-        """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
-        hang clock: a rank that only samples is not progressing)."""
-        sample = event.sample
-        state = group.tracker.ranks.get(sample.rank)
-        if state is None or not self._observers:
-            return
-        # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
-        self._observers.on_telemetry(TelemetrySample(
-            **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
-
-    def _on_stacks_wanted(self, event: ev.StacksWanted) -> None:
-        if self._group is not None:
-            self._group.ask_stacks(event.rank)
-
-    def _on_phase(self, group: WorkerGroup, event: ev.WorkerPhaseChanged) -> None:
-        self._hangs.phase_changed(group.tracker, event)
-        group.handle(event)
-
-    def _on_checkpoints_requested(self, group: WorkerGroup, event: ev.CheckpointsRequested) -> None:
-        self._commits.request_checkpoint_list(event)
-
-    def _on_stack_dump(self, group: WorkerGroup, event: ev.StackDumped) -> None:
-        group.handle(event)
-        self._observers.on_stacks(StackDump(event.attempt, event.rank, event.text))
-
-    def _on_done(self, group: WorkerGroup, event: ev.WorkerDone) -> None:
-        group.handle(event)
-        self._commits.on_done(group.tracker, event)
-        group.release_when_all_done()
-
-    def _reject_stale(self, event: ev.RunEvent) -> None:
-        if isinstance(event, ev.WorkerConnected):
-            # A worker of an earlier attempt: end its stream so it exits.
-            self._hub.close_worker(event.attempt, event.rank)
-        logger.debug("ignoring %s of a stale attempt", type(event).__name__)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
         if self.state.is_terminal or not self._membership.lose(event):
             return
-        if self._group is not None:
-            self._group.tracker.on_node_lost(event.node_id, event.reason, self._clock())
+        self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
 
     # ------------------------------------------------------------------ outcome
 
     def _outcome(self) -> RunOutcome:
-        state = self._loop.state
-        if self._group is None:  # no attempt started: the agents did not come up
+        state, group = self._loop.state, self._current.group
+        if group is None:  # no attempt started: the agents did not come up
             return RunOutcome(state=state, attempt=self._loop.attempt, last_metrics=None,
                               error_message=self._loop.reason)
-        tracker = self._group.tracker
+        tracker = group.tracker
         failures = tuple(tracker.failures())
         message = _failure_message(tracker, self._spec, self._start_error)
         return RunOutcome(
