@@ -37,7 +37,7 @@ from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.outbox import Outbox
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings
+from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
 from minitrain.errors import ConfigError, render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
@@ -99,6 +99,7 @@ class Controller:
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
         self._handlers = self._event_table()
+        self._executors = self._action_table()
 
     @property
     def state(self) -> RunState:
@@ -222,38 +223,41 @@ class Controller:
     def _act(self, previous: RunState, actions: Sequence[Action]) -> None:
         """Execute a decision's actions in order; `previous` is the state the decision started from.
         Its moves must lead from there to the loop's state."""
+        executors = self._executors
         for action in actions:
-            if isinstance(action, MoveTo):
+            if type(action) is MoveTo:
                 self._move(previous, action)
                 previous = action.state
             else:
-                self._execute(action)
+                executors[type(action)](action)
         if previous is not self._loop.state:
             raise IllegalTransition(f"decide's moves end in {previous.value}, its loop in "
                                     f"{self._loop.state.value}")
 
-    def _execute(self, action: Action) -> None:
-        group = self._current.group
-        if isinstance(action, StartAttempt):
-            self._start(action.attempt)
-        elif isinstance(action, RelaunchAgents):
-            self._membership.relaunch_lost()
-        elif isinstance(action, ForgetAgents):
-            self._membership.forget_relaunched(action.reason)
-        elif isinstance(action, LogLate):
-            self._log_late(action.stage)
-        elif group is None:
-            return
-        elif isinstance(action, StopWorkers):
-            group.stop(action.grace_s)
-        elif isinstance(action, CollectStacks):
-            group.collect_stacks()
-        elif isinstance(action, DeclareHung):
-            group.declare_hung(action.ranks, {r: self._hangs.deadline(group.tracker, r) for r in action.ranks})
-        elif isinstance(action, CloseStreams):
-            group.close_streams()
-        elif isinstance(action, PrepareForkServers):
-            group.prepare_fork_servers()
+    def _action_table(self) -> dict[type, Callable[[Action], None]]:
+        """Each action type's executor but MoveTo's (`_move`, which needs the state moved from). The
+        attempt's actions do nothing when no attempt was started."""
+        membership, on_group, hangs = self._membership, self._on_group, self._hangs
+        return {
+            StartAttempt: lambda action: self._start(action.attempt),
+            RelaunchAgents: lambda action: membership.relaunch_lost(),
+            ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
+            LogLate: lambda action: self._log_late(action.stage),
+            StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
+            CollectStacks: on_group(lambda group, action: group.collect_stacks()),
+            DeclareHung: on_group(lambda group, action: group.declare_hung(
+                action.ranks, {r: hangs.deadline(group.tracker, r) for r in action.ranks})),
+            CloseStreams: on_group(lambda group, action: group.close_streams()),
+            PrepareForkServers: on_group(lambda group, action: group.prepare_fork_servers()),
+        }
+
+    def _on_group(self, execute: Callable[[WorkerGroup, Action], None]) -> Callable[[Action], None]:
+        """`execute(group, action)` on the current attempt's group, if one was started."""
+        def run(action: Action) -> None:
+            group = self._current.group
+            if group is not None:
+                execute(group, action)
+        return run
 
     def _move(self, previous: RunState, move: MoveTo) -> None:
         """Check a move of the run's state, say why it happens, and tell the observers."""
