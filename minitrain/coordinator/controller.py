@@ -27,20 +27,21 @@ from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+    RelaunchAgents, Rules, Seen, StartAttempt, StopWorkers, decide,
 )
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
-from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.outcome import log_late, log_move, run_outcome
 from minitrain.coordinator.outbox import Outbox
+from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
-from minitrain.errors import ConfigError, render_failures
+from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
-from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
+from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
 
@@ -141,7 +142,10 @@ class Controller:
         self._delete_garbage()
 
     def _conclude(self) -> RunOutcome:
-        outcome = self._outcome()
+        spec = self._spec
+        outcome = run_outcome(self._loop, self._tracker(), self._commits.history,
+                              max_failures=spec.failure_policy.max_failures, run_path=spec.launch.run_path,
+                              start_error=self._start_error)
         self._current.end(restarting=False)
         self._observers.on_run_end(outcome)
         if self._loop.interrupts:
@@ -242,7 +246,7 @@ class Controller:
             StartAttempt: lambda action: self._start(action.attempt),
             RelaunchAgents: lambda action: membership.relaunch_lost(),
             ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
-            LogLate: lambda action: self._log_late(action.stage),
+            LogLate: lambda action: log_late(action.stage, self._tracker(), self._rules.stack_wait_s),
             StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
             CollectStacks: on_group(lambda group, action: group.collect_stacks()),
             DeclareHung: on_group(lambda group, action: group.declare_hung(
@@ -260,40 +264,15 @@ class Controller:
         return run
 
     def _move(self, previous: RunState, move: MoveTo) -> None:
-        """Check a move of the run's state, say why it happens, and tell the observers."""
+        """Check a move of the run's state, say why it happens, and tell the observers (an attempt that
+        is restarted is over before its restart is told)."""
         loop, group = self._loop, self._current.group
         check_move(previous, move.state, move.target, heading=loop.target)
-        failed = group is not None and group.tracker.failed() and not self._start_error
-        if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
-            logger.warning("attempt %d: %s; stopping every rank of the attempt", group.attempt, move.reason)
         if move.state is RunState.STARTING and previous is RunState.RESTARTING:
             self._current.end(restarting=True)
-            # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
-            left = self._rules.retries_left(loop.failures)
-            logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
-                           group.attempt, _root_cause_text(group.tracker), loop.attempt, loop.failures,
-                           self._rules.max_failures, "unlimited retries" if left is None else f"{left} retries left")
-        elif move.state is RunState.STOPPING and move.target is RunState.FAILED:
-            if failed:
-                logger.error("attempt %d failed (%s); failure budget spent (max_failures=%d)", group.attempt,
-                             move.reason, self._rules.max_failures)
-            else:
-                logger.error("the run cannot go on: %s", move.reason)
-        elif move.state is RunState.STOPPING and move.target is RunState.ABORTED:
-            logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
-        logger.debug("run state %s -> %s (attempt %d): %s", ray_status(previous), ray_status(move.state),
-                     loop.attempt, move.reason)
+        log_move(previous, move, loop, group.tracker if group is not None else None, self._rules,
+                 self._start_error)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
-
-    def _log_late(self, stage: Stage) -> None:
-        group = self._current.group
-        tracker = group.tracker if group is not None else None
-        if stage is Stage.EXIT and tracker is not None:
-            alive = [r for r, s in tracker.ranks.items() if not s.exited]
-            logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
-        elif stage is Stage.STACKS and tracker is not None:
-            logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt,
-                           self._rules.stack_wait_s)
 
     def _start(self, attempt: int) -> None:
         """Place the ranks of `attempt` on the nodes that are in, and start them."""
@@ -358,38 +337,7 @@ class Controller:
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
 
-    # ------------------------------------------------------------------ outcome
-
-    def _outcome(self) -> RunOutcome:
-        state, group = self._loop.state, self._current.group
-        if group is None:  # no attempt started: the agents did not come up
-            return RunOutcome(state=state, attempt=self._loop.attempt, last_metrics=None,
-                              error_message=self._loop.reason)
-        tracker = group.tracker
-        failures = tuple(tracker.failures())
-        message = _failure_message(tracker, self._spec, self._start_error)
-        return RunOutcome(
-            state=state, attempt=tracker.attempt, last_metrics=self._commits.history.last_metrics,
-            metrics_history=tuple(self._commits.history.metrics), failures=failures,
-            exceptions=tracker.exc_pickles(), error_message=message,
-            return_value=self._commits.history.return_value,
-        )
-
-
-def _failure_message(tracker: AttemptTracker, spec: RunSpec, start_error: str) -> str:
-    """The outcome's error message: the last attempt's failures (root cause first), and why no
-    restart was possible when none was."""
-    message = ""
-    if tracker.failed():
-        hint = (f"The failure budget is spent (FailureConfig.max_failures="
-                f"{spec.failure_policy.max_failures}); raise it to retry more often. "
-                f"Worker logs: {spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
-        message = render_failures(tracker.failures(), tracker.attempt, hint)
-    if start_error:
-        message = f"{message}\n\nNo restart was possible: {start_error}"
-    return message
-
-
-def _root_cause_text(tracker: AttemptTracker) -> str:
-    """One line naming the attempt's root-cause failure, for the log and the run state."""
-    return tracker.root_cause_line()
+    def _tracker(self) -> Optional[AttemptTracker]:
+        """The latest attempt's tracker (None before the first start)."""
+        group = self._current.group
+        return group.tracker if group is not None else None
