@@ -22,7 +22,6 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.commands import Shutdown
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
@@ -83,7 +82,6 @@ class Controller:
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
                  clock: Callable[[], float] = time.time, observers: Sequence[RunObserver] = ()):
         self._spec = spec
-        self._checkpoints = checkpoints
         self._observers = Observers(observers)
         self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
         self._hub = hub
@@ -128,8 +126,7 @@ class Controller:
         """Tell the observers the run starts (`run()` does; so does a test that steps the loop)."""
         spec = self._spec
         self._observers.on_run_start(RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
-                                                       spec.num_workers, self._clock(),
-                                                       request_stacks=self.request_stacks))
+                                             spec.num_workers, self._clock(), request_stacks=self.request_stacks))
 
     def end(self) -> RunOutcome:
         """After the last step of a test that steps the loop: what `run()` does once its loop is over."""
@@ -138,12 +135,12 @@ class Controller:
 
     def _tear_down(self) -> None:
         self._shutdown_agents()
-        self._persist()
-        self._delete_garbage()
+        self._commits.persist()
+        self._commits.delete_uncommitted()
 
     def _conclude(self) -> RunOutcome:
         spec = self._spec
-        outcome = run_outcome(self._loop, self._tracker(), self._commits.history,
+        outcome = run_outcome(self._loop, self._current.tracker, self._commits.history,
                               max_failures=spec.failure_policy.max_failures, run_path=spec.launch.run_path,
                               start_error=self._start_error)
         self._current.end(restarting=False)
@@ -246,7 +243,7 @@ class Controller:
             StartAttempt: lambda action: self._start(action.attempt),
             RelaunchAgents: lambda action: membership.relaunch_lost(),
             ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
-            LogLate: lambda action: log_late(action.stage, self._tracker(), self._rules.stack_wait_s),
+            LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s),
             StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
             CollectStacks: on_group(lambda group, action: group.collect_stacks()),
             DeclareHung: on_group(lambda group, action: group.declare_hung(
@@ -266,12 +263,11 @@ class Controller:
     def _move(self, previous: RunState, move: MoveTo) -> None:
         """Check a move of the run's state, say why it happens, and tell the observers (an attempt that
         is restarted is over before its restart is told)."""
-        loop, group = self._loop, self._current.group
+        loop = self._loop
         check_move(previous, move.state, move.target, heading=loop.target)
         if move.state is RunState.STARTING and previous is RunState.RESTARTING:
             self._current.end(restarting=True)
-        log_move(previous, move, loop, group.tracker if group is not None else None, self._rules,
-                 self._start_error)
+        log_move(previous, move, loop, self._current.tracker, self._rules, self._start_error)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _start(self, attempt: int) -> None:
@@ -291,28 +287,8 @@ class Controller:
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
         self._start_error = ""
-        self._delete_garbage()
+        self._commits.delete_uncommitted()
         self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
-
-    def _delete_garbage(self) -> None:
-        """Before an attempt: delete what earlier attempts left that the run created and never
-        committed. A failure here costs nothing committed (a stale writer of a lost node may still
-        be writing into its staging directory), so it is logged, not raised."""
-        try:
-            garbage = self._checkpoints.delete_garbage()
-        except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem
-            logger.warning("could not delete the uncommitted uploads of earlier attempts (%s); the next "
-                           "attempt deletes them", exc)
-            return
-        if garbage:
-            logger.info("removed what earlier attempts left uncommitted: %s", ", ".join(garbage))
-
-    def _persist(self) -> None:
-        """Keep the metrics history and the report counter, however the run ended."""
-        try:
-            self._commits.persist()
-        except Exception as exc:  # the run's own outcome matters more; say what was not saved
-            logger.error("could not save the run's metrics history or index: %s", exc)
 
     def _shutdown_agents(self) -> None:
         for node_id in list(self._membership.nodes):
@@ -336,8 +312,3 @@ class Controller:
         self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
-
-    def _tracker(self) -> Optional[AttemptTracker]:
-        """The latest attempt's tracker (None before the first start)."""
-        group = self._current.group
-        return group.tracker if group is not None else None

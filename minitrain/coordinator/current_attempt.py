@@ -18,6 +18,7 @@ import logging
 from typing import Callable, Mapping, Optional
 
 from minitrain.coordinator import events as ev
+from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import Commits
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, Observers, StackDump, TelemetrySample
@@ -31,7 +32,8 @@ Handler = Callable[[ev.RunEvent], None]
 
 
 class CurrentAttempt:
-    """The current attempt's `group` (None until `start`), and the handlers of its events (`handlers`)."""
+    """The current attempt's `group` and `tracker` (None until `start`), and the handlers of its events
+    (`handlers`)."""
 
     def __init__(self, commits: Commits, hangs: HangWatch, observers: Observers, outbox: Outbox,
                  clock: Callable[[], float]):
@@ -42,6 +44,11 @@ class CurrentAttempt:
         self._outbox = outbox
         self._clock = clock
         self._ended = True  # on_attempt_end was told for the latest attempt (or none started)
+
+    @property
+    def tracker(self) -> Optional[AttemptTracker]:
+        """The latest attempt's tracker (None before the first start)."""
+        return self.group.tracker if self.group is not None else None
 
     # ------------------------------------------------------------------ start and end
 
