@@ -1,14 +1,19 @@
-"""The controller: the one owner of a run's lifecycle, as one stepped loop.
+"""The controller: the one owner of a run's lifecycle, as one stepped loop, and only that loop.
 
-It runs on the thread that called `fit()`. Servicer threads put facts (events) into its queue. Each
-turn of the loop takes every queued event (waiting at most POLL_S for the first) and records it
-(the attempt's tracker, the commits, the connected agents), observes what is now true (`Seen`), asks
-the pure `decide()` what happens next, and executes the returned actions: state moves (checked by
-`run_state.check_move`, then told to the observers' `on_state`), the attempt's start and stop through
-its `WorkerGroup`, agent relaunches through the launcher's handles. The run's state is the loop's
-(`decide.Loop.state`), held nowhere else. Nothing else decides to retry or give up, and nothing here
-waits in a loop of its own: a stop, a drain, the wait for agents and for stacks are stages of the one
-loop, with deadlines.
+It runs on the thread that called `fit()`; servicer threads put facts (events, coordinator/events.py)
+into its queue. Each turn (`step`) it
+- takes every queued event (waiting at most POLL_S for the first) and routes it by type, through one
+  table, to where it is recorded: the current attempt's events to `CurrentAttempt` (its `WorkerGroup`
+  and tracker, the `Commits`, the `HangWatch`, the observers), the agents' to `Membership`;
+- sees what is now true (`Seen`) and asks the pure `decide()` what happens next;
+- executes the returned actions, routed by type through a second table: a move of the run's state
+  is checked (`run_state.check_move`), explained in the log (`outcome.log_move`) and told to the
+  observers' `on_state`; the attempt's start (placing its ranks), stop, stacks and streams go to its
+  `WorkerGroup`; agent relaunches to `Membership`.
+The run's state is the loop's (`decide.Loop.state`), held nowhere else. Nothing else decides to retry
+or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait for agents and for
+stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
+the history saved, and the outcome (`outcome.run_outcome`) told to `on_run_end`.
 """
 
 from __future__ import annotations
