@@ -34,6 +34,7 @@ from minitrain.coordinator.hangs import Pace  # noqa: E402
 from minitrain.coordinator.metrics_log import MetricsLog  # noqa: E402
 from minitrain.coordinator.monitor import RunMonitor  # noqa: E402
 from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample  # noqa: E402
+from minitrain.coordinator.outcome import run_outcome  # noqa: E402
 from minitrain.coordinator.service import Hub  # noqa: E402
 from minitrain.run_state import RunState  # noqa: E402
 from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
@@ -82,11 +83,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     for node in nodes.values():
         controller._membership.connected(ev.AgentConnected(node))
     controller._commits.start_attempt(ranks)
-    controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    settings,
-                                    ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()),
-                                    time.time)
-    controller._attempt_ended = False
+    controller._current.group = WorkerGroup(
+        tracker, controller._hub, nodes, settings,
+        ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()), time.time)
     controller._loop = Loop(state=RunState.RUNNING, stage=Stage.WORKERS, attempt=0)
     if mon is not None:
         mon.on_run_start(RunInfo("bench", "bench", storage.url(), ranks, now))
@@ -132,7 +131,8 @@ def bench_telemetry(ranks: int, stragglers: int, count: int) -> float:
         handle = controller._handle
         events = [event(ranks * 6 + i) for i in range(count * 5)]
         figure = _cpu_us_per_call(lambda i: handle(events[i]), count)
-        monitor.on_run_end(controller._outcome())
+        monitor.on_run_end(run_outcome(controller._loop, controller._current.group.tracker,
+                                       controller._commits.history, max_failures=0, run_path="", start_error=""))
         return figure
 
 

@@ -67,7 +67,7 @@ class Commits:
                  clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
         self.checkpoints = checkpoints
         self._observers = observers if observers is not None else Observers()
-        self._tell_report = self._observers.notifier("on_report")  # looked up once, called per report
+        self._tell_report = self._observers.report_fan_out  # looked up once, called per report
         self._world_size = 0
         self.history = History()
         self._metrics_log = metrics_log
@@ -144,9 +144,26 @@ class Commits:
         self._list_requests = waiting
 
     def persist(self) -> None:
-        """Write the buffered metrics and the index (with its round counter)."""
-        self._metrics_log.flush()
-        self.checkpoints.save()
+        """Write the buffered metrics and the index (with its round counter), however the run ended. A
+        failure is logged, not raised: the run's own outcome matters more."""
+        try:
+            self._metrics_log.flush()
+            self.checkpoints.save()
+        except Exception as exc:  # noqa: BLE001 - say what was not saved
+            logger.error("could not save the run's metrics history or index: %s", exc)
+
+    def delete_uncommitted(self) -> None:
+        """Before an attempt and after the run: delete what earlier attempts left that the run created
+        and never committed. A failure here costs nothing committed (a stale writer of a lost node may
+        still be writing into its staging directory), so it is logged, not raised."""
+        try:
+            garbage = self.checkpoints.delete_garbage()
+        except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem
+            logger.warning("could not delete the uncommitted uploads of earlier attempts (%s); the next "
+                           "attempt deletes them", exc)
+            return
+        if garbage:
+            logger.info("removed what earlier attempts left uncommitted: %s", ", ".join(garbage))
 
     def _commit(self, tracker: AttemptTracker, completed: list[CompletedRound]) -> None:
         for done in completed:
@@ -167,8 +184,7 @@ class Commits:
                     return
                 logger.debug("committed %s (round %d)", record.dir_name, index)
             if self._observers:
-                self._observers.notify("on_round", RoundInfo(tracker.attempt, index, by_rank, record,
-                                                             self._clock()))
+                self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
             for rank in done.ack_ranks:
                 self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
         if completed and self._list_requests:

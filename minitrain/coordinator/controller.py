@@ -1,14 +1,19 @@
-"""The controller: the one owner of a run's lifecycle, as one stepped loop.
+"""The controller: the one owner of a run's lifecycle, as one stepped loop, and only that loop.
 
-It runs on the thread that called `fit()`. Servicer threads put facts (events) into its queue. Each
-turn of the loop takes every queued event (waiting at most POLL_S for the first) and records it
-(the attempt's tracker, the commits, the connected agents), observes what is now true (`Seen`), asks
-the pure `decide()` what happens next, and executes the returned actions: state moves (checked by
-`run_state.check_move`, then told to the observers' `on_state`), the attempt's start and stop through
-its `WorkerGroup`, agent relaunches through the launcher's handles. The run's state is the loop's
-(`decide.Loop.state`), held nowhere else. Nothing else decides to retry or give up, and nothing here
-waits in a loop of its own: a stop, a drain, the wait for agents and for stacks are stages of the one
-loop, with deadlines.
+It runs on the thread that called `fit()`; servicer threads put facts (events, coordinator/events.py)
+into its queue. Each turn (`step`) it
+- takes every queued event (waiting at most POLL_S for the first) and routes it by type, through one
+  table, to where it is recorded: the current attempt's events to `CurrentAttempt` (its `WorkerGroup`
+  and tracker, the `Commits`, the `HangWatch`, the observers), the agents' to `Membership`;
+- sees what is now true (`Seen`) and asks the pure `decide()` what happens next;
+- executes the returned actions, routed by type through a second table: a move of the run's state
+  is checked (`run_state.check_move`), explained in the log (`outcome.log_move`) and told to the
+  observers' `on_state`; the attempt's start (placing its ranks), stop, stacks and streams go to its
+  `WorkerGroup`; agent relaunches to `Membership`.
+The run's state is the loop's (`decide.Loop.state`), held nowhere else. Nothing else decides to retry
+or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait for agents and for
+stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
+the history saved, and the outcome (`outcome.run_outcome`) told to `on_run_end`.
 """
 
 from __future__ import annotations
@@ -22,26 +27,25 @@ from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.commands import Shutdown
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import CheckpointBook, Commits
+from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
     Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+    RelaunchAgents, Rules, Seen, StartAttempt, StopWorkers, decide,
 )
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.observers import (
-    AttemptEnd, AttemptInfo, Observers, RunInfo, RunObserver, StackDump, TelemetrySample,
-)
-from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
+from minitrain.coordinator.outcome import log_late, log_move, run_outcome
 from minitrain.coordinator.outbox import Outbox
+from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
-from minitrain.errors import ConfigError, render_failures
+from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
+from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
-from minitrain.run_state import IllegalTransition, RunState, check_move, ray_status
+from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
 
@@ -83,7 +87,6 @@ class Controller:
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
                  clock: Callable[[], float] = time.time, observers: Sequence[RunObserver] = ()):
         self._spec = spec
-        self._checkpoints = checkpoints
         self._observers = Observers(observers)
         self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
         self._hub = hub
@@ -95,12 +98,12 @@ class Controller:
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
-        self._group: Optional[WorkerGroup] = None
+        self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
-        self._attempt_ended = True  # on_attempt_end was sent for the latest attempt (or none started)
         self._handlers = self._event_table()
+        self._executors = self._action_table()
 
     @property
     def state(self) -> RunState:
@@ -127,9 +130,8 @@ class Controller:
     def begin(self) -> None:
         """Tell the observers the run starts (`run()` does; so does a test that steps the loop)."""
         spec = self._spec
-        self._observers.notify("on_run_start", RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
-                                                       spec.num_workers, self._clock(),
-                                                       request_stacks=self.request_stacks))
+        self._observers.on_run_start(RunInfo(spec.run_id, spec.launch.experiment_name, spec.launch.run_path,
+                                             spec.num_workers, self._clock(), request_stacks=self.request_stacks))
 
     def end(self) -> RunOutcome:
         """After the last step of a test that steps the loop: what `run()` does once its loop is over."""
@@ -138,13 +140,16 @@ class Controller:
 
     def _tear_down(self) -> None:
         self._shutdown_agents()
-        self._persist()
-        self._delete_garbage()
+        self._commits.persist()
+        self._commits.delete_uncommitted()
 
     def _conclude(self) -> RunOutcome:
-        outcome = self._outcome()
-        self._end_attempt(restarting=False)
-        self._observers.notify("on_run_end", outcome)
+        spec = self._spec
+        outcome = run_outcome(self._loop, self._current.tracker, self._commits.history,
+                              max_failures=spec.failure_policy.max_failures, run_path=spec.launch.run_path,
+                              start_error=self._start_error)
+        self._current.end(restarting=False)
+        self._observers.on_run_end(outcome)
         if self._loop.interrupts:
             raise KeyboardInterrupt
         if self._config_error is not None:
@@ -208,14 +213,14 @@ class Controller:
         seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
                     lost_nodes=bool(membership.lost),
                     start_error=self._start_error, interrupted=interrupted)
-        if self._group is None:
+        group = self._current.group
+        if group is None:
             return seen
-        tracker = self._group.tracker
-        failed = tracker.failed()
+        tracker = group.tracker
         return dataclasses.replace(
-            seen, has_attempt=True, failed=failed, finished=tracker.finished(),
+            seen, has_attempt=True, failed=tracker.failed(), finished=tracker.finished(),
             all_training=tracker.all_training(), all_exited=tracker.all_exited(),
-            all_drained=tracker.all_drained(), stacks_answered=self._group.stacks_answered(),
+            all_drained=tracker.all_drained(), stacks_answered=group.stacks_answered(),
             watched=self._hangs.watched(tracker, now),
             root_cause=tracker.root_cause_line())
 
@@ -224,73 +229,51 @@ class Controller:
     def _act(self, previous: RunState, actions: Sequence[Action]) -> None:
         """Execute a decision's actions in order; `previous` is the state the decision started from.
         Its moves must lead from there to the loop's state."""
+        executors = self._executors
         for action in actions:
-            if isinstance(action, MoveTo):
+            if type(action) is MoveTo:
                 self._move(previous, action)
                 previous = action.state
             else:
-                self._execute(action)
+                executors[type(action)](action)
         if previous is not self._loop.state:
             raise IllegalTransition(f"decide's moves end in {previous.value}, its loop in "
                                     f"{self._loop.state.value}")
 
-    def _execute(self, action: Action) -> None:
-        group = self._group
-        if isinstance(action, StartAttempt):
-            self._start(action.attempt)
-        elif isinstance(action, RelaunchAgents):
-            self._membership.relaunch_lost()
-        elif isinstance(action, ForgetAgents):
-            self._membership.forget_relaunched(action.reason)
-        elif isinstance(action, LogLate):
-            self._log_late(action.stage)
-        elif group is None:
-            return
-        elif isinstance(action, StopWorkers):
-            group.stop(action.grace_s)
-        elif isinstance(action, CollectStacks):
-            group.collect_stacks()
-        elif isinstance(action, DeclareHung):
-            group.declare_hung(action.ranks, {r: self._hangs.deadline(group.tracker, r) for r in action.ranks})
-        elif isinstance(action, CloseStreams):
-            group.close_streams()
-        elif isinstance(action, PrepareForkServers):
-            group.prepare_fork_servers()
+    def _action_table(self) -> dict[type, Callable[[Action], None]]:
+        """Each action type's executor but MoveTo's (`_move`, which needs the state moved from). The
+        attempt's actions do nothing when no attempt was started."""
+        membership, on_group, hangs = self._membership, self._on_group, self._hangs
+        return {
+            StartAttempt: lambda action: self._start(action.attempt),
+            RelaunchAgents: lambda action: membership.relaunch_lost(),
+            ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
+            LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s),
+            StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
+            CollectStacks: on_group(lambda group, action: group.collect_stacks()),
+            DeclareHung: on_group(lambda group, action: group.declare_hung(
+                action.ranks, {r: hangs.deadline(group.tracker, r) for r in action.ranks})),
+            CloseStreams: on_group(lambda group, action: group.close_streams()),
+            PrepareForkServers: on_group(lambda group, action: group.prepare_fork_servers()),
+        }
+
+    def _on_group(self, execute: Callable[[WorkerGroup, Action], None]) -> Callable[[Action], None]:
+        """`execute(group, action)` on the current attempt's group, if one was started."""
+        def run(action: Action) -> None:
+            group = self._current.group
+            if group is not None:
+                execute(group, action)
+        return run
 
     def _move(self, previous: RunState, move: MoveTo) -> None:
-        """Check a move of the run's state, say why it happens, and tell the observers."""
-        loop, group = self._loop, self._group
+        """Check a move of the run's state, say why it happens, and tell the observers (an attempt that
+        is restarted is over before its restart is told)."""
+        loop = self._loop
         check_move(previous, move.state, move.target, heading=loop.target)
-        failed = group is not None and group.tracker.failed() and not self._start_error
-        if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
-            logger.warning("attempt %d: %s; stopping every rank of the attempt", group.attempt, move.reason)
         if move.state is RunState.STARTING and previous is RunState.RESTARTING:
-            self._end_attempt(restarting=True)
-            # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
-            left = self._rules.retries_left(loop.failures)
-            logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
-                           group.attempt, _root_cause_text(group.tracker), loop.attempt, loop.failures,
-                           self._rules.max_failures, "unlimited retries" if left is None else f"{left} retries left")
-        elif move.state is RunState.STOPPING and move.target is RunState.FAILED:
-            if failed:
-                logger.error("attempt %d failed (%s); failure budget spent (max_failures=%d)", group.attempt,
-                             move.reason, self._rules.max_failures)
-            else:
-                logger.error("the run cannot go on: %s", move.reason)
-        elif move.state is RunState.STOPPING and move.target is RunState.ABORTED:
-            logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
-        logger.debug("run state %s -> %s (attempt %d): %s", ray_status(previous), ray_status(move.state),
-                     loop.attempt, move.reason)
+            self._current.end(restarting=True)
+        log_move(previous, move, loop, self._current.tracker, self._rules, self._start_error)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
-
-    def _log_late(self, stage: Stage) -> None:
-        tracker = self._group.tracker if self._group is not None else None
-        if stage is Stage.EXIT and tracker is not None:
-            alive = [r for r, s in tracker.ranks.items() if not s.exited]
-            logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
-        elif stage is Stage.STACKS and tracker is not None:
-            logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt,
-                           self._rules.stack_wait_s)
 
     def _start(self, attempt: int) -> None:
         """Place the ranks of `attempt` on the nodes that are in, and start them."""
@@ -309,48 +292,8 @@ class Controller:
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
         self._start_error = ""
-        self._delete_garbage()
-        self._commits.start_attempt(len(assignments))
-        latest = self._checkpoints.latest
-        resume = ResumePoint(checkpoint_dir=latest.dir_name if latest is not None else "",
-                             report_index_base=self._commits.report_base,
-                             committed_dir_names=tuple(sorted(self._checkpoints.committed_dir_names)))
-        self._group = WorkerGroup.start(attempt, assignments, {n.node_id: n for n in nodes}, self._hub,
-                                        spec.launch, resume, self._clock)
-        self._attempt_ended = False
-        hosts = tuple(state.node_name for _, state in sorted(self._group.tracker.ranks.items()))
-        self._observers.notify("on_attempt_start", AttemptInfo(attempt, hosts, self._clock()))
-
-    def _delete_garbage(self) -> None:
-        """Before an attempt: delete what earlier attempts left that the run created and never
-        committed. A failure here costs nothing committed (a stale writer of a lost node may still
-        be writing into its staging directory), so it is logged, not raised."""
-        try:
-            garbage = self._checkpoints.delete_garbage()
-        except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem
-            logger.warning("could not delete the uncommitted uploads of earlier attempts (%s); the next "
-                           "attempt deletes them", exc)
-            return
-        if garbage:
-            logger.info("removed what earlier attempts left uncommitted: %s", ", ".join(garbage))
-
-    def _persist(self) -> None:
-        """Keep the metrics history and the report counter, however the run ended."""
-        try:
-            self._commits.persist()
-        except Exception as exc:  # the run's own outcome matters more; say what was not saved
-            logger.error("could not save the run's metrics history or index: %s", exc)
-
-    def _end_attempt(self, restarting: bool) -> None:
-        """Tell the observers, once, that the latest attempt is over."""
-        if self._attempt_ended or self._group is None:
-            return
-        self._attempt_ended = True
-        tracker = self._group.tracker
-        failures = tuple(tracker.failures())
-        self._observers.notify("on_attempt_end", AttemptEnd(
-            attempt=tracker.attempt, failures=failures, root_cause=tracker.root_cause_line(),
-            restarting=restarting, ended_at=self._clock(), exceptions=tracker.exc_pickles()))
+        self._commits.delete_uncommitted()
+        self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
 
     def _shutdown_agents(self) -> None:
         for node_id in list(self._membership.nodes):
@@ -359,133 +302,18 @@ class Controller:
     # ------------------------------------------------------------------ events
 
     def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
-        """Each event type's handler. Events of an attempt other than the current one are stale
-        (`_of_attempt`), except reports, which are judged one by one (`_on_reports`)."""
-        of_attempt = self._of_attempt
-        return {
-            ev.ReportsReceived: self._on_reports,  # the most frequent event by far
-            ev.TelemetryReceived: of_attempt(self._on_telemetry),
-            ev.AgentConnected: self._membership.connected,
-            ev.AgentLost: self._on_agent_lost,
-            ev.StacksWanted: self._on_stacks_wanted,
-            ev.WorkerPhaseChanged: of_attempt(self._on_phase),
-            ev.CheckpointsRequested: of_attempt(self._on_checkpoints_requested),
-            ev.StackDumped: of_attempt(self._on_stack_dump),
-            ev.WorkerDone: of_attempt(self._on_done),
-            **dict.fromkeys((ev.WorkerSpawned, ev.WorkerConnected, ev.StoreReady, ev.WorkerStreamClosed,
-                             ev.WorkerFailed, ev.WorkerExited), of_attempt(WorkerGroup.handle)),
-        }
+        """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
+        the agents' by the membership."""
+        return {**self._current.handlers(), ev.AgentConnected: self._membership.connected,
+                ev.AgentLost: self._on_agent_lost}
 
     def _handle(self, event: ev.RunEvent) -> None:
         self._handlers[type(event)](event)
-
-    def _of_attempt(self, handler: Callable[[WorkerGroup, ev.RunEvent], None]) -> Callable[[ev.RunEvent], None]:
-        """`handler(group, event)` for events of the current attempt; any other event is stale."""
-        def handle(event: ev.RunEvent) -> None:
-            group = self._group
-            if group is None or event.attempt != group.attempt:
-                self._reject_stale(event)
-            else:
-                handler(group, event)
-        return handle
-
-    def _on_reports(self, event: ev.ReportsReceived) -> None:
-        """Record a batch of reports; those of another attempt than the current one are stale. Also
-        while the attempt is being stopped: a report sent before a peer failed still counts."""
-        group, reports = self._group, event.reports
-        if group is None:
-            logger.debug("ignoring %d reports: no attempt runs", len(reports))
-            return
-        attempt = group.attempt
-        current = reports
-        for report in reports:
-            if report.attempt != attempt:
-                current = tuple(r for r in reports if r.attempt == attempt)
-                logger.debug("ignoring %d reports of a stale attempt", len(reports) - len(current))
-                break
-        if not current:
-            return
-        self._commits.on_reports(group.tracker, current)
-        self._hangs.reported(current, self._clock())
-
-    def _on_telemetry(self, group: WorkerGroup, event: ev.TelemetryReceived) -> None:
-        """Pass a rank's telemetry on to the observers with its host, pid and phase (it never moves the
-        hang clock: a rank that only samples is not progressing)."""
-        sample = event.sample
-        state = group.tracker.ranks.get(sample.rank)
-        if state is None or not self._observers:
-            return
-        # A copy built from the fields (dataclasses.replace costs about 1 us more, per sample of every rank).
-        self._observers.notify("on_telemetry", TelemetrySample(
-            **{**vars(sample), "host": state.node_name, "pid": state.pid, "phase": state.phase.name}))
-
-    def _on_stacks_wanted(self, event: ev.StacksWanted) -> None:
-        if self._group is not None:
-            self._group.ask_stacks(event.rank)
-
-    def _on_phase(self, group: WorkerGroup, event: ev.WorkerPhaseChanged) -> None:
-        self._hangs.phase_changed(group.tracker, event)
-        group.handle(event)
-
-    def _on_checkpoints_requested(self, group: WorkerGroup, event: ev.CheckpointsRequested) -> None:
-        self._commits.request_checkpoint_list(event)
-
-    def _on_stack_dump(self, group: WorkerGroup, event: ev.StackDumped) -> None:
-        group.handle(event)
-        self._observers.notify("on_stacks", StackDump(event.attempt, event.rank, event.text))
-
-    def _on_done(self, group: WorkerGroup, event: ev.WorkerDone) -> None:
-        group.handle(event)
-        self._commits.on_done(group.tracker, event)
-        group.release_when_all_done()
-
-    def _reject_stale(self, event: ev.RunEvent) -> None:
-        if isinstance(event, ev.WorkerConnected):
-            # A worker of an earlier attempt: end its stream so it exits.
-            self._hub.close_worker(event.attempt, event.rank)
-        logger.debug("ignoring %s of a stale attempt", type(event).__name__)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
         if self.state.is_terminal or not self._membership.lose(event):
             return
-        if self._group is not None:
-            self._group.tracker.on_node_lost(event.node_id, event.reason, self._clock())
+        self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)
-
-    # ------------------------------------------------------------------ outcome
-
-    def _outcome(self) -> RunOutcome:
-        state = self._loop.state
-        if self._group is None:  # no attempt started: the agents did not come up
-            return RunOutcome(state=state, attempt=self._loop.attempt, last_metrics=None,
-                              error_message=self._loop.reason)
-        tracker = self._group.tracker
-        failures = tuple(tracker.failures())
-        message = _failure_message(tracker, self._spec, self._start_error)
-        return RunOutcome(
-            state=state, attempt=tracker.attempt, last_metrics=self._commits.history.last_metrics,
-            metrics_history=tuple(self._commits.history.metrics), failures=failures,
-            exceptions=tracker.exc_pickles(), error_message=message,
-            return_value=self._commits.history.return_value,
-        )
-
-
-def _failure_message(tracker: AttemptTracker, spec: RunSpec, start_error: str) -> str:
-    """The outcome's error message: the last attempt's failures (root cause first), and why no
-    restart was possible when none was."""
-    message = ""
-    if tracker.failed():
-        hint = (f"The failure budget is spent (FailureConfig.max_failures="
-                f"{spec.failure_policy.max_failures}); raise it to retry more often. "
-                f"Worker logs: {spec.launch.run_path}/logs/attempt_{tracker.attempt}/")
-        message = render_failures(tracker.failures(), tracker.attempt, hint)
-    if start_error:
-        message = f"{message}\n\nNo restart was possible: {start_error}"
-    return message
-
-
-def _root_cause_text(tracker: AttemptTracker) -> str:
-    """One line naming the attempt's root-cause failure, for the log and the run state."""
-    return tracker.root_cause_line()

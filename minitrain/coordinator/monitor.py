@@ -12,7 +12,7 @@ about 0.7 KiB: 2000 a rank would be 5.6 GiB at 4096 ranks; see `samples_per_rank
 MAX_REPORTS rank-0 reports; the full history is in the run directory.
 
 Files (names in `minitrain.storage.layout`), appended through the run's `Storage` by a thread of
-the monitor's own, at most every FLUSH_S and when the run ends:
+the monitor's own (`jsonl_files.JsonlAppender`), at most every `jsonl_files.FLUSH_S` and when the run ends:
 - `telemetry.jsonl`: one sample dict a line (`samples()`' form);
 - `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields
   but the state), "state_changed" ({"previous", "next", "reason", "attempt"}), "attempt_started" /
@@ -45,6 +45,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
+from minitrain.coordinator.jsonl_files import JsonlAppender, read_jsonl
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver, TelemetrySample,
 )
@@ -62,7 +63,6 @@ MAX_REPORTS = 10000
 RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this many seconds
 MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
 MAX_RATE_ROUNDS = 100_000  # round times kept for it (a bound on memory for very fast steps)
-FLUSH_S = 1.0
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
               "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
 
@@ -90,70 +90,6 @@ def sample_dict(sample: TelemetrySample) -> dict:
     }
 
 
-_ENCODER = json.JSONEncoder(default=str)  # json.dumps(entry, default=str), without a new encoder per line
-
-
-class _Appender:
-    """Appends JSON lines to files of the run directory on a thread of its own; gives up (logging
-    once) at the first failure. Entries are encoded on that thread, not the caller's (the controller's
-    thread feeds thousands of telemetry samples a second at scale), so an entry must not be changed
-    once added."""
-
-    def __init__(self, storage: Any):
-        self._storage = storage
-        self._pending: dict[str, list[dict]] = {}
-        self._cond = threading.Condition()
-        self._closing = False
-        self._failed = False
-        self._thread: Optional[threading.Thread] = None
-
-    def add(self, name: str, entry: dict) -> None:
-        """Queue one line for file `name`: `entry` as JSON (values it cannot encode as their str())."""
-        if self._storage is None or self._failed:
-            return
-        with self._cond:
-            pending = self._pending.get(name)
-            if pending is None:
-                pending = self._pending[name] = []
-            pending.append(entry)
-            if self._thread is None and not self._closing:
-                self._thread = threading.Thread(target=self._run, name="minitrain-monitor-writer", daemon=True)
-                self._thread.start()
-
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                self._cond.wait(FLUSH_S)
-                closing = self._closing
-            self._flush()
-            if closing:
-                return
-
-    def _flush(self) -> None:
-        with self._cond:
-            pending, self._pending = self._pending, {}
-        for name, entries in pending.items():
-            if self._failed:
-                return
-            try:
-                self._storage.append_text(name, "".join([_ENCODER.encode(entry) + "\n" for entry in entries]))
-            except Exception as exc:  # noqa: BLE001 - the record is optional; the run is not
-                self._failed = True
-                logger.warning("could not write %s (%s); the run goes on, its monitoring history is kept in "
-                               "memory only", self._storage.url(name), exc)
-
-    def close(self, timeout_s: float = 30.0) -> None:
-        """Write what is queued and stop the thread."""
-        with self._cond:
-            self._closing = True
-            thread = self._thread
-            self._cond.notify_all()
-        if thread is not None:
-            thread.join(timeout_s)
-        else:
-            self._flush()
-
-
 class RunMonitor(RunObserver):
     """See the module doc. `storage`: the run directory's Storage (None: in memory only);
     `kept_dir_names`: returns the kept checkpoints' directory names (asked on the controller's thread
@@ -163,7 +99,7 @@ class RunMonitor(RunObserver):
                  rule: Optional[StragglerRule] = None, clock: Callable[[], float] = time.time):
         self._lock = threading.RLock()
         self._clock = clock
-        self._writer = _Appender(storage)
+        self._writer = JsonlAppender(storage)
         self._kept_dir_names = kept_dir_names
         self._detector = StragglerDetector(rule or StragglerRule.from_env())
         self._run: dict = {"run_id": "", "name": "", "run_path": "", "started_at": None, "ended_at": None,
@@ -454,8 +390,8 @@ class RunMonitor(RunObserver):
         """A monitor rebuilt from a run directory's events.jsonl, telemetry.jsonl, metrics.jsonl and
         checkpoint index (a torn last line is ignored). Writes nothing."""
         monitor = cls(storage=None, rule=StragglerRule())
-        events = _read_jsonl(storage, EVENTS_NAME)
-        samples = _read_jsonl(storage, TELEMETRY_NAME)
+        events = read_jsonl(storage, EVENTS_NAME)
+        samples = read_jsonl(storage, TELEMETRY_NAME)
         with monitor._lock:
             for event in events:
                 monitor._replay(event)
@@ -516,23 +452,6 @@ class RunMonitor(RunObserver):
         elif kind == "run_ended":
             self._state = from_ray_status(fields.get("state")) or self._state
             self._run.update(ended_at=fields.get("ended_at"))
-
-
-def _read_jsonl(storage: Any, name: str) -> list[dict]:
-    """The intact lines of a JSON-lines file of the run directory (a torn last line is ignored)."""
-    if not storage.exists(name):
-        return []
-    text = storage.read_text(name)
-    entries = []
-    for line in text[:text.rfind("\n") + 1].splitlines():
-        if line.strip():
-            try:
-                entry = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(entry, dict):
-                entries.append(entry)
-    return entries
 
 
 def _kept_in_index(storage: Any) -> Optional[set]:

@@ -193,13 +193,20 @@ class Observers(RunObserver):
     """The fan-out the controller calls: each observer in turn, each failure logged and contained.
 
     An observer may implement any subset of `RunObserver`'s methods (a plain object with `on_report`
-    is one: the benchmarks' tap). The fan-out is itself a `RunObserver`: a hook is called as a method
-    (`observers.on_state(...)`); `notify(name, ...)` and `notifier(name)` are the older spellings."""
+    is one: the benchmarks' tap); one that kept `RunObserver`'s own no-op is not called at all. The
+    fan-out is itself a `RunObserver`: each hook is a method (`observers.on_state(...)`), and
+    `report_fan_out` is `on_report` bound once, for the report path that calls it per report."""
 
     def __init__(self, observers: Sequence[object] = ()):
         self._observers = tuple(observers)
-        # Each hook's calls, looked up once: a hook no observer has costs one dict lookup.
-        self._calls = {name: self.notifier(name) for name in _HOOKS}
+        # Each hook's calls, bound once: a hook no observer has costs one dict lookup.
+        self._calls = {name: _fan_out(self._observers, name) for name in _HOOKS}
+
+    @property
+    def report_fan_out(self) -> Optional[Callable[[ReportRecord], None]]:
+        """`on_report` of every observer that has it, as one callable (None when none has it): the
+        lookups are made once, not per report."""
+        return self._calls["on_report"]
 
     def _tell(self, hook: str, *args) -> None:
         calls = self._calls[hook]
@@ -236,34 +243,23 @@ class Observers(RunObserver):
     def __bool__(self) -> bool:
         return bool(self._observers)
 
-    def notifier(self, method: str) -> Optional[Callable[..., None]]:
-        """`notify` bound to `method` once, for a call per item of a batch (None when no observer has
-        it): the lookups are made here, not at every call, and an observer that kept `RunObserver`'s
-        own no-op is not called at all."""
-        noop = getattr(RunObserver, method, None)
-        calls = [getattr(o, method) for o in self._observers
-                 if getattr(o, method, None) is not None and (noop is None or getattr(type(o), method, None) is not noop)]
-        if not calls:
-            return None
 
-        def notify_each(*args) -> None:
-            for call in calls:
-                try:
-                    call(*args)
-                except Exception:  # noqa: BLE001 - an observer never breaks the run
-                    logger.exception("run observer %r failed in %s", getattr(call, "__self__", call), method)
-        return notify_each
+def _fan_out(observers: tuple, hook: str) -> Optional[Callable[..., None]]:
+    """`hook(*args)` of every observer that has it, each failure logged and contained, as one callable
+    (None when none has it). An observer that kept `RunObserver`'s own no-op is left out."""
+    noop = getattr(RunObserver, hook)
+    calls = [getattr(o, hook) for o in observers
+             if getattr(o, hook, None) is not None and getattr(type(o), hook, None) is not noop]
+    if not calls:
+        return None
 
-    def notify(self, method: str, *args) -> None:
-        """Call `method(*args)` on every observer that has it."""
-        for observer in self._observers:
-            call = getattr(observer, method, None)
-            if call is None:
-                continue
+    def tell_each(*args) -> None:
+        for call in calls:
             try:
                 call(*args)
             except Exception:  # noqa: BLE001 - an observer never breaks the run
-                logger.exception("run observer %r failed in %s", observer, method)
+                logger.exception("run observer %r failed in %s", getattr(call, "__self__", call), hook)
+    return tell_each
 
 
 _HOOKS = tuple(name for name in vars(RunObserver) if name.startswith("on_"))

@@ -8,6 +8,7 @@ what the observers were told. The pure policy is tested on its own in test_decid
 from __future__ import annotations
 
 import queue
+import typing
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,6 +17,7 @@ from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shut
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator import decide
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
 from minitrain.run_state import RunState
@@ -314,3 +316,20 @@ def test_agents_that_died_before_connecting_end_the_run(tmp_path):
     assert h.controller.state is RunState.FAILED
     outcome = h.end()
     assert "node agent(s) failed to start: n1: exit code 3" in outcome.error_message
+
+
+def test_every_event_and_every_action_has_its_one_handler(tmp_path):
+    """The controller routes by type through two tables: every event type of events.py and every action
+    of decide's `Action` but MoveTo (executed by `_move`, which needs the state moved from) has one entry."""
+    controller = Harness(tmp_path).controller
+    event_types = {t for t in vars(ev).values() if isinstance(t, type) and issubclass(t, ev.RunEvent)
+                   and t is not ev.RunEvent}
+    assert set(controller._handlers) == event_types
+    assert set(controller._executors) == set(typing.get_args(decide.Action)) - {decide.MoveTo}
+
+
+def test_the_actions_of_an_attempt_do_nothing_before_one_started(tmp_path):
+    h = Harness(tmp_path)
+    for action in (decide.StopWorkers(1.0), decide.CollectStacks(), decide.CloseStreams()):
+        h.controller._executors[type(action)](action)
+    assert h.hub.to_agents == [] and h.hub.closed == []

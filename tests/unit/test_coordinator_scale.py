@@ -278,9 +278,7 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
         state.phase = Phase.STARTUP
     controller._membership.connected(ev.AgentConnected(nodes["n0"]))
     controller._commits.start_attempt(ranks)
-    controller._group = WorkerGroup(tracker, controller._hub, nodes,
-                                    settings,
-                                    ResumePoint("", 0, ()), clock)
+    controller._current.group = WorkerGroup(tracker, controller._hub, nodes, settings, ResumePoint("", 0, ()), clock)
     return controller, tracker
 
 

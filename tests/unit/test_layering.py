@@ -342,10 +342,12 @@ def test_only_the_transport_modules_import_the_generated_protobuf_code():
 
 
 def test_the_coordinator_core_never_imports_the_transport():
-    """WorkerGroup, Commits and the controller send records through an Outbox; only the hub converts."""
+    """WorkerGroup, Commits, the current attempt and the controller send records through an Outbox; only
+    the hub converts."""
     modules = dict(source_modules())
     for name in ("minitrain.coordinator.worker_group", "minitrain.coordinator.commits",
-                 "minitrain.coordinator.controller", "minitrain.coordinator.outbox"):
+                 "minitrain.coordinator.current_attempt", "minitrain.coordinator.controller",
+                 "minitrain.coordinator.outbox"):
         targets = {imp.target for imp in imports_of(name, modules[name])}
         assert not {t for t in targets if _within(t, "minitrain.rpc") or _within(t, "minitrain.coordinator.service")}, \
             (name, sorted(targets))

@@ -33,7 +33,7 @@ def test_every_observer_is_told_in_order_and_a_failing_one_is_contained(caplog):
     calls = []
     observers = Observers([Broken(), OnlyReports(), Recorder(calls)])
     with caplog.at_level(logging.ERROR, logger="minitrain"):
-        observers.notify("on_attempt_start", AttemptInfo(attempt=2, hosts=("a", "a", "b"), started_at=0.0))
+        observers.on_attempt_start(AttemptInfo(attempt=2, hosts=("a", "a", "b"), started_at=0.0))
     assert calls == [("recorder", 2, 3)]
     assert "observer bug" in caplog.text and "on_attempt_start" in caplog.text
 
@@ -42,7 +42,7 @@ def test_no_observers_is_falsy_so_callers_can_skip_building_arguments():
     assert not Observers() and Observers([RunObserver()])
 
 
-def test_a_notifier_calls_every_observer_with_the_method_and_contains_failures(caplog):
+def test_the_report_fan_out_calls_every_observer_s_on_report_and_contains_failures(caplog):
     seen = []
 
     class Seen:
@@ -53,8 +53,8 @@ def test_a_notifier_calls_every_observer_with_the_method_and_contains_failures(c
         def on_report(self, report):
             raise RuntimeError("observer bug")
 
-    assert Observers([Recorder([])]).notifier("on_report") is None  # nobody listens: the caller skips
-    tell = Observers([Raises(), Seen(), Recorder([])]).notifier("on_report")
+    assert Observers([Recorder([])]).report_fan_out is None  # nobody listens: the caller skips
+    tell = Observers([Raises(), Seen(), Recorder([])]).report_fan_out
     with caplog.at_level(logging.ERROR, logger="minitrain"):
         tell("a")
         tell("b")

@@ -1,0 +1,88 @@
+"""What the user is told of how the run goes and how it ended, as the controller's loop acts.
+
+`log_move` says why a move of the run's state happens (a failed attempt being stopped, the restart
+with the budget left, a spent budget, a run that cannot go on, Ctrl-C), `log_late` names a stage of the
+loop that ran past its deadline, and `run_outcome` describes the ended run for `fit()`, with
+`failure_message` as its error text (the last attempt's failures, root cause first, through
+`errors.render_failures`). The root cause's one line is the tracker's (`AttemptTracker.root_cause_line`).
+These texts are the user's and the tests' (e2e tests grep the logs): change them with care.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.commits import History
+from minitrain.coordinator.decide import Loop, MoveTo, Rules, Stage
+from minitrain.errors import render_failures
+from minitrain.records import RunOutcome
+from minitrain.run_state import RunState, ray_status
+
+logger = logging.getLogger("minitrain")
+
+
+def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[AttemptTracker], rules: Rules,
+             start_error: str) -> None:
+    """Log why the run moves from `previous` by `move`, as the loop stands after the decision (`loop`);
+    `tracker` is the latest attempt's (None before the first), `start_error` why it could not start."""
+    failed = tracker is not None and tracker.failed() and not start_error
+    if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
+        logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt, move.reason)
+    if move.state is RunState.STARTING and previous is RunState.RESTARTING:
+        # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
+        left = rules.retries_left(loop.failures)
+        logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",
+                       tracker.attempt, tracker.root_cause_line(), loop.attempt, loop.failures,
+                       rules.max_failures, "unlimited retries" if left is None else f"{left} retries left")
+    elif move.state is RunState.STOPPING and move.target is RunState.FAILED:
+        if failed:
+            logger.error("attempt %d failed (%s); failure budget spent (max_failures=%d)", tracker.attempt,
+                         move.reason, rules.max_failures)
+        else:
+            logger.error("the run cannot go on: %s", move.reason)
+    elif move.state is RunState.STOPPING and move.target is RunState.ABORTED:
+        logger.warning("%s: stopping the workers (press Ctrl-C again to kill them at once)", move.reason)
+    logger.debug("run state %s -> %s (attempt %d): %s", ray_status(previous), ray_status(move.state),
+                 loop.attempt, move.reason)
+
+
+def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: float) -> None:
+    """Log that `stage` of the loop ended at its deadline, not because what it waited for came: some
+    ranks of `tracker`'s attempt did not confirm their exit, or did not send their stacks."""
+    if tracker is None:
+        return
+    if stage is Stage.EXIT:
+        alive = [r for r, s in tracker.ranks.items() if not s.exited]
+        logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
+    elif stage is Stage.STACKS:
+        logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt, stack_wait_s)
+
+
+def run_outcome(loop: Loop, tracker: Optional[AttemptTracker], history: History, *, max_failures: int,
+                run_path: str, start_error: str) -> RunOutcome:
+    """How the run ended: its loop's state, the latest attempt (`tracker`, None when none started:
+    then the loop's reason is the error) with rank 0's `history`, and `failure_message`."""
+    if tracker is None:  # no attempt started: the agents did not come up
+        return RunOutcome(state=loop.state, attempt=loop.attempt, last_metrics=None, error_message=loop.reason)
+    failures = tuple(tracker.failures())
+    message = failure_message(tracker, max_failures, run_path, start_error)
+    return RunOutcome(
+        state=loop.state, attempt=tracker.attempt, last_metrics=history.last_metrics,
+        metrics_history=tuple(history.metrics), failures=failures, exceptions=tracker.exc_pickles(),
+        error_message=message, return_value=history.return_value,
+    )
+
+
+def failure_message(tracker: AttemptTracker, max_failures: int, run_path: str, start_error: str) -> str:
+    """The outcome's error message: the last attempt's failures (root cause first), with where its
+    workers' logs are, and why no restart was possible when none was (`start_error`)."""
+    message = ""
+    if tracker.failed():
+        hint = (f"The failure budget is spent (FailureConfig.max_failures={max_failures}); raise it to retry "
+                f"more often. Worker logs: {run_path}/logs/attempt_{tracker.attempt}/")
+        message = render_failures(tracker.failures(), tracker.attempt, hint)
+    if start_error:
+        message = f"{message}\n\nNo restart was possible: {start_error}"
+    return message
