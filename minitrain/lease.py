@@ -5,9 +5,10 @@ The peer is silent when nothing of it was read for `timeout_s` plus its backlog:
 heartbeat took from being stamped (`sent_at`, the peer's wall clock) to being read here. Heartbeats
 travel in the same stream as the data, behind whatever the peer queued before them, so when the reader
 falls behind (a coordinator saturated by reports) they arrive late. Judged by read times alone, a peer
-that is alive and sending looked silent, and the coordinator declared healthy nodes lost (README, "Past
-saturation"). A dead or frozen peer is still found by gRPC's keepalive pings, which the transport
-answers outside this queue; a peer that stops while backlogged is declared silent that much later.
+that is alive and sending looked silent, and the coordinator declared healthy nodes lost
+(docs/benchmarks/scale.md, "Past saturation"). A dead or frozen peer is still found by gRPC's keepalive
+pings, which the transport answers outside this queue; a peer that stops while backlogged is declared
+silent that much later.
 Clocks of different hosts may differ: a peer whose clock is ahead reads as no backlog (the plain
 timeout), one whose clock is behind as more (a later verdict, never an earlier one). The allowance is
 capped at MAX_BACKLOG_S, so a badly skewed clock cannot switch the lease off.

@@ -22,7 +22,8 @@ from minitrain.storage.user_filesystems import as_fsspec, for_users, given_pyarr
 class Straggler:
     """A rank whose step time, less its waits for the other ranks (inside report(), e.g. for a
     checkpoint round's commit, and in minitrain's collectives), stayed at least
-    MINITRAIN_STRAGGLER_FACTOR (1.5) times the other ranks' median of the same (README "Monitoring").
+    the straggler factor (`MonitoringConfig.straggler_factor`, default 1.5) times the other ranks'
+    median of the same (docs/monitoring.md).
     `slower_by` is that ratio and `step_time_s` / `median_step_time_s` the two such step times, as
     last measured while it lasted; `cause` is "data wait" when the rank's extra time waiting on its
     data iterator explains at least half of its extra step time, else "compute".

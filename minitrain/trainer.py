@@ -395,7 +395,7 @@ class _LocalSession:
 # From this many workers on, "auto" relays the workers' streams through their agents: one connection and
 # batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
 # stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
-# (README, "Control-plane scale").
+# (docs/benchmarks/scale.md, "Workers' streams relayed by their agent").
 RELAY_AUTO_FROM_WORKERS = 128
 
 

@@ -1,6 +1,6 @@
 """Per-message Python cost of the coordinator's controller thread, in process (no gRPC, no workers).
 
-Measures, at several world sizes (README, "Control-plane scale"):
+Measures, at several world sizes (docs/benchmarks/scale.md):
 - telemetry: one Telemetry event through `Controller._handle` (host/pid/phase added, then `RunMonitor`
   with a run directory, as `TorchTrainer.fit()` installs it), with no straggler and with a few;
 - report: one report event through `Controller._handle` plus one loop turn (`_observe` and `decide`)

@@ -1,6 +1,6 @@
 """What one gRPC message costs a Python grpc.aio server, with nothing of minitrain's behind it.
 
-The coordinator's floor at scale (README, "Control-plane scale"): each node agent sends at least one
+The coordinator's floor at scale (docs/benchmarks/scale.md): each node agent sends at least one
 `AgentMessage` per report round (DDP's ranks report in lockstep), so a round costs the coordinator at
 least (hosts x the server's CPU per message) before any of minitrain's own work. This measures that
 per-message CPU on this machine: a grpc.aio server with the coordinator's server options serves one

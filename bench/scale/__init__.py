@@ -1,6 +1,6 @@
 """The control-plane scale simulation: the real coordinator, thousands of fake workers, real gRPC.
 
-Three kinds of process (see README "Control-plane scale"):
+Three kinds of process (see docs/benchmarks/scale.md):
   the benchmark (`workload.py`) starts one coordinator process per worker count and samples its CPU
   and RSS from outside;
   the coordinator process (`coordinator.py`) runs the real `run_coordinator` (grpc.aio server, auth

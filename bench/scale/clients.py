@@ -457,7 +457,7 @@ class FakeWorker:
 
         A stream that breaks during start-up is opened again, after a growing pause (at most START_TRIES
         times, counted as `reopened`): under a storm of thousands of new connections in one process, the gRPC client
-        library sometimes fails some of them (see README, "Control-plane scale").
+        library sometimes fails some of them (see docs/benchmarks/scale.md).
         """
         sim = self.sim
         for attempt in range(START_TRIES):

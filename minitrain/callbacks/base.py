@@ -112,7 +112,7 @@ class UserCallback:
     Hooks run in the driver, one call at a time, in the order of `callbacks`, on a thread of their own
     (a slow hook never holds up training; `fit()` waits for the calls still queued when the run ends,
     up to `CallbackRunner.drain_timeout_s`). A hook that raises is logged with its traceback and the
-    run goes on (Ray fails the run instead; see the README).
+    run goes on (Ray fails the run instead; see docs/porting.md).
     """
 
     def after_report(self, run_context: TrainRunContext, metrics: List[Dict[str, Any]],

@@ -86,7 +86,7 @@ class RoundTracker:
         """Every rank reported `round_` or finished before it. O(1) per report while no rank has
         finished. Scanning the ranks at every report made rounds quadratic in the world size whenever
         reports of the next round arrived while a late rank still held this one back (46 us per
-        report at 1024 ranks, 185 us at 4096; see README, "Control-plane scale")."""
+        report at 1024 ranks, 185 us at 4096; see docs/benchmarks/scale.md)."""
         if pending is not None and len(pending.metrics) == self._world_size:
             return True
         if not self._finished:

@@ -24,8 +24,8 @@ HEARTBEAT_INTERVAL_S = 1.0
 # tracked objects (futures, callbacks, events) that die within milliseconds; with 700, at 1024 workers
 # reporting 10 times a second, the collector ran about 40 times a second, promoted those short-lived
 # objects into older generations, and paused every thread for tens of milliseconds in full
-# collections. With 10,000 they mostly die before a collection looks at them (see README, "Control-plane
-# scale").
+# collections. With 10,000 they mostly die before a collection looks at them (see
+# docs/benchmarks/scale.md, "The bottleneck, and what was fixed").
 GC_YOUNG_THRESHOLD = 10_000
 
 

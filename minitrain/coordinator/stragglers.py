@@ -106,7 +106,7 @@ class _Ranked:
     """(value, rank) pairs kept sorted: any member's value replaced in O(log n) (plus a memmove), and
     the median of all the values but one member's in O(log n). That makes the leave-one-out medians of
     the rule cost O(log n) per rank instead of O(n log n), so that judging thousands of ranks on every
-    sample stays cheap (see README, "Control-plane scale")."""
+    sample stays cheap (see docs/benchmarks/scale.md, "Monitored runs")."""
 
     def __init__(self) -> None:
         self.items: list[tuple[float, int]] = []

@@ -4,7 +4,7 @@ Every function that needs to know its place in the run reads it from the current
 (`minitrain._session`), so calling one outside a training function raises the "cannot be used outside
 of a minitrain training function" `RuntimeError` that names it.
 
-Deliberate differences from Ray Train 2.60 (listed in the README):
+Deliberate differences from Ray Train 2.60 (listed in docs/porting.md):
 - `prepare_model(parallel_strategy=...)` accepts only "ddp", "fsdp" or None and raises `ValueError`
   for anything else, on any world size (Ray silently treats every other string as "fsdp").
 - `prepare_model(parallel_strategy="fsdp")` also works on CPU workers with gloo (Ray raises
