@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, knobs
+from minitrain import __version__, _session, code_pickle, knobs
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
@@ -304,7 +304,8 @@ class TorchTrainer:
                     "is sent to every worker. Pass a zero-argument function that builds it instead (it is "
                     "called in each worker).") from exc
         try:
-            return cloudpickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
+            # code_pickle: the workers' tracebacks name the user's file and print its lines
+            return code_pickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
                                                 self._takes_config, storage, datasets))
         except Exception as exc:
             raise ConfigError(
