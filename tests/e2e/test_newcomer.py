@@ -234,3 +234,9 @@ def test_a_storage_path_that_is_a_file_says_what_to_do(tmp_path):
         f"RunConfig.storage_path={str(tmp_path / 'results')!r} cannot be used: {tmp_path / 'results'} is a file, "
         f"and runs are kept in directories (<storage_path>/<name>). Pass the directory that should hold your "
         f"runs, e.g. storage_path={str(tmp_path)!r}, or move the file away.")
+
+
+def test_setup_env_never_imports_torch_before_numpy_is_installed():
+    """Item 9: a fresh set-up printed torch's "Failed to initialize NumPy" warning."""
+    script = (ROOT / "scripts" / "setup_env.sh").read_text()
+    assert "import torch" not in script and 'm.version("torch")' in script
