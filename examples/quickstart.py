@@ -4,9 +4,10 @@
 
 Each worker builds the same synthetic dataset (y = X @ w_true + noise, fixed seed; nothing is
 downloaded), trains a small MLP on its shard with DistributedDataParallel over gloo, and reports its
-loss every epoch together with a checkpoint. Running it again with the same `--storage-path` resumes
-from the latest checkpoint (pass a larger `--epochs` to train further). `result.metrics` is rank 0's
-last report.
+loss every epoch together with a checkpoint. Running it again with the same `--name` and
+`--storage-path` resumes from the latest checkpoint (pass a larger `--epochs` to train further; a run
+that already reached `--epochs` says it had nothing left to do). `result.metrics` is rank 0's last
+report. `scripts/quickstart.sh` gives each of its runs a name of its own, so it trains every time.
 
 The training function alone also runs under the launcher:
 
@@ -96,20 +97,37 @@ def _unwrap(model: nn.Module) -> nn.Module:
     return getattr(model, "module", model)
 
 
+def _epochs_done(run_dir: str) -> int:
+    """How many epochs the run in `run_dir` has committed (0 for a new run)."""
+    if not TorchTrainer.can_restore(run_dir):
+        return 0
+    metrics = minitrain.Result.from_path(run_dir).metrics
+    return metrics["epoch"] + 1 if metrics else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Train, print the final metrics, and return 1 when the loss did not drop."""
     parser = argparse.ArgumentParser(description="minitrain quickstart: DDP regression on CPU workers.")
     parser.add_argument("--num-workers", type=int, default=2, help="training processes (default 2)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs in total (default 5)")
+    parser.add_argument("--name", default="quickstart",
+                        help="run name, the resume key (default quickstart)")
     parser.add_argument("--storage-path", default="~/minitrain_results",
                         help="where the run's checkpoints go (default ~/minitrain_results)")
     args = parser.parse_args(argv)
 
+    storage_path = os.path.expanduser(args.storage_path)
+    done = _epochs_done(os.path.join(storage_path, args.name))
+    if done >= args.epochs:  # say so instead of starting workers that would have nothing to do
+        print(f"run {args.name!r} in {storage_path} has already trained {done} epoch(s), and --epochs is "
+              f"{args.epochs}: nothing to do. Pass a larger --epochs to train further, or another --name to "
+              "start a new run.")
+        return 0
     trainer = TorchTrainer(
         train_func,
         train_loop_config={"epochs": args.epochs, "lr": 1e-2, "batch_size": 64},
         scaling_config=ScalingConfig(num_workers=args.num_workers),
-        run_config=RunConfig(name="quickstart", storage_path=os.path.expanduser(args.storage_path)),
+        run_config=RunConfig(name=args.name, storage_path=storage_path),
     )
     result = trainer.fit()
     print(f"result.metrics: {result.metrics}")

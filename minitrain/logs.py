@@ -46,6 +46,8 @@ class LogSink:
         self._stderr = stderr
         self._live = live
         self._files: dict[tuple[int, int], Optional[TextIO]] = {}  # None: given up after a failure
+        self._tracebacks: dict[tuple[int, int, bool], list[str]] = {}  # console lines held, see _whole_tracebacks
+        self._nodes: dict[int, str] = {}  # rank -> node, for the prefix of held lines shown at close()
         self._lock = threading.Lock()
         self.failures: list[StorageError] = []
         self.console_detached = False
@@ -94,7 +96,9 @@ class LogSink:
                     handle.write("".join(line + "\n" for line in lines))
                 except OSError as exc:
                     self._give_up((attempt, rank), exc)
-            if self._console:
+            self._nodes[rank] = node
+            lines = self._whole_tracebacks((attempt, rank, stderr), lines)
+            if self._console and lines:
                 out = (self._stderr or sys.stderr) if stderr else (self._stdout or sys.stdout)
                 text = "".join(prefix + line + "\n" for line in lines)
                 try:
@@ -106,6 +110,39 @@ class LogSink:
                 except (OSError, ValueError) as exc:  # ValueError: the stream was closed
                     self._detach_console(exc)
 
+    def _whole_tracebacks(self, key: tuple[int, int, bool], lines: list[str]) -> list[str]:
+        """The console lines to show now: a traceback's lines are held until its exception line comes,
+        so that it is shown in one piece, never split by the driver's own lines about the same failure
+        (they race with it: the failure comes over the worker's stream, the lines over its agent's)."""
+        held = self._tracebacks.pop(key, None)
+        shown: list[str] = []
+        for line in lines:
+            if held is None:
+                if line.startswith("Traceback (most recent call last):"):
+                    held = [line]
+                else:
+                    shown.append(line)
+                continue
+            held.append(line)
+            # The first unindented line after the header is the exception's own: the block is whole.
+            if (line and not line[0].isspace() and not line.startswith("Traceback")) or len(held) >= 1000:
+                shown.extend(held)
+                held = None
+        if held is not None:
+            self._tracebacks[key] = held
+        return shown
+
+    def _release_tracebacks(self) -> None:
+        """Show what is still held (a worker that died in the middle of writing a traceback)."""
+        held, self._tracebacks = self._tracebacks, {}
+        for (attempt, rank, stderr), lines in held.items():
+            if self._console:
+                out = (self._stderr or sys.stderr) if stderr else (self._stdout or sys.stdout)
+                try:
+                    out.write("".join(line_prefix(rank, self._nodes.get(rank, "?")) + line + "\n" for line in lines))
+                except (OSError, ValueError):
+                    pass
+
     def _detach_console(self, exc: BaseException) -> None:
         self._console = False
         self.console_detached = True
@@ -113,8 +150,9 @@ class LogSink:
                        "only", exc, self._logs_dir)
 
     def close(self) -> None:
-        """Flush and close every log file (a failure is recorded, not raised)."""
+        """Show held traceback lines; flush and close every log file (a failure is recorded, not raised)."""
         with self._lock:
+            self._release_tracebacks()
             for key, handle in self._files.items():
                 if handle is None:
                     continue

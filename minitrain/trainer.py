@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, knobs
+from minitrain import __version__, _session, code_pickle, fit_notes, knobs
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
@@ -130,7 +130,14 @@ class TorchTrainer:
         past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
         and KeyboardInterrupt after stopping the workers when interrupted."""
         with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
-            return self._fit()
+            try:
+                return self._fit()
+            except KeyboardInterrupt as interrupt:
+                if not interrupt.args:
+                    raise
+                logger.warning("%s", interrupt.args[0])
+                # Raised here, the traceback is the caller's line and this one, not 16 internal frames.
+                raise KeyboardInterrupt(interrupt.args[0]) from None
 
     def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
@@ -139,12 +146,18 @@ class TorchTrainer:
         relay = relays_workers(self.scaling_config.num_workers)
         cluster = current_cluster()
         storage = _prepare_storage(self.run_config, cluster)
-        with _locked(storage, self.run_config):  # one fit() per run directory
-            _validate_writable(storage, self.run_config)
-            if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
-                with local_mirror(storage) as local:
-                    return self._fit_on(cluster, local, published=storage, relay=relay)
-            return self._fit_on(cluster, storage, published=storage, relay=relay)
+        created_here, self._attempted = not storage.exists(""), False
+        try:
+            with _locked(storage, self.run_config):  # one fit() per run directory
+                _validate_writable(storage, self.run_config)
+                if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
+                    with local_mirror(storage) as local:
+                        return self._fit_on(cluster, local, published=storage, relay=relay)
+                return self._fit_on(cluster, storage, published=storage, relay=relay)
+        except BaseException:
+            if created_here and not self._attempted:  # e.g. an unpicklable config: leave nothing behind
+                fit_notes.remove_unstarted_run(storage)
+            raise
 
     def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage, relay: bool) -> Result:
         """Run on the run directory `storage`; the Result names checkpoints in `published` (the same
@@ -206,6 +219,7 @@ class TorchTrainer:
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
         log_sink = LogSink(logs_dir, live=live)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button
+        self._attempted = True
         try:
             # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.
             with live_dashboard(self._monitor, dump_stacks=stack_desk.dump), live.owning_log_handlers(logger):
@@ -214,11 +228,15 @@ class TorchTrainer:
                                           observers=[*self._run_observers(spec, storage), stack_desk])
         except LaunchError as exc:
             raise ControllerError(exc) from None
+        except KeyboardInterrupt:  # the workers are stopped; fit() shows this line and raises again
+            raise KeyboardInterrupt(fit_notes.interrupted(self.run_config.name, checkpoints)) from None
         finally:
             live.release()  # however the run ended, a later run's console may draw the status block
             log_sink.close()
             if not storage.is_local:
                 _upload_logs(storage, logs_dir)
+        if checkpoints.resumed and outcome.state is RunState.SUCCEEDED and outcome.last_metrics is None:
+            logger.warning("%s", fit_notes.nothing_left_to_do(self.run_config.name, published, checkpoints))
         if published is not storage:  # name the files where they will be, not in the mirror
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
@@ -304,7 +322,8 @@ class TorchTrainer:
                     "is sent to every worker. Pass a zero-argument function that builds it instead (it is "
                     "called in each worker).") from exc
         try:
-            return cloudpickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
+            # code_pickle: the workers' tracebacks name the user's file and print its lines
+            return code_pickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
                                                 self._takes_config, storage, datasets))
         except Exception as exc:
             raise ConfigError(
@@ -335,11 +354,16 @@ class TorchTrainer:
             from minitrain.data.staging import make_shards, plan_datasets
 
             session.dataset_shards = make_shards(plan_datasets(self.datasets, self.dataset_config), session.context)
+        name = getattr(self.train_loop_per_worker, "__name__", "the training function")
+        # Said like a run's start and end lines: local mode used to print nothing at all.
+        logger.info("local mode (ScalingConfig(num_workers=0)): running %s in this process, without workers "
+                    "or a run directory", name)
         with _session.bound(session):  # this thread's only: local fit()s on two threads stay apart
             if self._takes_config:
                 value = self.train_loop_per_worker(self.train_loop_config or {})
             else:
                 value = self.train_loop_per_worker()
+        logger.info("local mode: %s returned; last report: %s", name, session.last_metrics)
         return Result(metrics=session.last_metrics, checkpoint=session.last_checkpoint, error=None,
                       path=None, return_value=value)
 
@@ -425,6 +449,8 @@ def _storage_at(path: str, storage_filesystem: Any = None) -> Storage:
 
 def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
     """The run directory, refused (ConfigError) when it cannot be used or is not minitrain's to use."""
+    if run_config.storage_filesystem is None and (error := fit_notes.file_in_storage_path(run_config.storage_path)):
+        raise error
     try:
         storage = Storage.for_run(run_config.storage_path, run_config.name, run_config.storage_filesystem)
     except (ValueError, ImportError) as exc:

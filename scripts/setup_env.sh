@@ -17,12 +17,17 @@ fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+# torch is looked up by its installed metadata, never imported: importing it before numpy is installed
+# printed torch's "Failed to initialize NumPy" warning on every fresh set-up.
+torch_version() {
+    .venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null
+}
+if ! torch_version >/dev/null; then
     .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
 extras=""
 if [ "${1:-}" = "--dev" ]; then extras="[dev]"; fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
-.venv/bin/python -c 'import torch; print("torch==" + torch.__version__)' > "$constraints"
+echo "torch==$(torch_version)" > "$constraints"
 .venv/bin/python -m pip install -q -c "$constraints" -e ".${extras}"

@@ -5,6 +5,8 @@ Names, fields and defaults follow Ray Train 2.60 ("Train V2"): `ScalingConfig`, 
 `minitrain.torch`). Every config is a frozen, keyword-only dataclass checked in `__post_init__`, so a
 mistake surfaces where the config is written, before any process starts:
 
+- a misspelled field raises `UnknownFieldError` (a `TypeError`, as Python's own, and a `ConfigError`)
+  naming the field that was meant: `ScalingConfig(num_worker=2)` says "did you mean 'num_workers'?";
 - a bad value raises `ConfigError` (a `ValueError`) naming the field, the value and the fix;
 - a wrong type where Ray raises `TypeError` (`DataConfig.datasets_to_split`) raises `TypeError`;
 - an argument Ray Train V2 removed raises `DeprecationWarning` *as an exception*, as Ray does, with the
@@ -34,7 +36,7 @@ CheckpointConfig, FailureConfig, LoggingConfig, MonitoringConfig), `data` (DataC
 arguments refused or accepted at their default only). Import the names from `minitrain.config`.
 """
 
-from minitrain.config._validate import ReadOnlyDict
+from minitrain.config._validate import ReadOnlyDict, UnknownFieldError
 from minitrain.config.data import DataConfig
 from minitrain.config.run import (
     CALLBACK_HOOKS,
@@ -50,4 +52,5 @@ from minitrain.config.scaling import ScalingConfig
 from minitrain.config.torch_config import TorchConfig
 
 __all__ = ["CALLBACK_HOOKS", "CheckpointConfig", "DataConfig", "FailureConfig", "LoggingConfig", "MonitoringConfig",
-           "ReadOnlyDict", "RunConfig", "ScalingConfig", "TorchConfig", "bad_filesystem", "filesystem_kind"]
+           "ReadOnlyDict", "RunConfig", "ScalingConfig", "TorchConfig", "UnknownFieldError", "bad_filesystem",
+           "filesystem_kind"]

@@ -4,9 +4,12 @@ store their mappings in."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 import numbers
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from minitrain.errors import ConfigError
 
@@ -32,6 +35,44 @@ class ReadOnlyDict(dict):
 
     def __reduce__(self):
         return (type(self), (dict(self),))
+
+
+class UnknownFieldError(ConfigError, TypeError):
+    """A config was given a keyword it has no field for. A TypeError, as Python's own error for an
+    unexpected keyword argument is, and a ConfigError, so it is reported like every other config
+    mistake; the message names the field that was probably meant."""
+
+
+_Config = TypeVar("_Config", bound=type)
+
+
+def _suggests_fields(cls: _Config) -> _Config:
+    """Class decorator (above `@dataclass`): an unknown keyword raises `UnknownFieldError` naming the
+    closest field (`ScalingConfig(num_worker=2)`: "did you mean 'num_workers'?") instead of Python's
+    bare "unexpected keyword argument". Fields Ray removed are still fields, so their own
+    DeprecationWarning keeps being raised by `__post_init__`."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    # What to suggest: the fields a user sets (not the ones Ray removed: they are kept, hidden, to refuse them).
+    public = [f.name for f in dataclasses.fields(cls) if f.repr and not f.name.startswith("_")]
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+        for name in kwargs:
+            if name not in names:
+                raise _unknown_field(cls.__name__, name, kwargs[name], public)
+        init(self, *args, **kwargs)
+
+    cls.__init__ = __init__
+    return cls
+
+
+def _unknown_field(owner: str, name: str, value: Any, fields: list[str]) -> UnknownFieldError:
+    close = difflib.get_close_matches(name, fields, n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]!r}?" if close else f"its fields are {', '.join(fields)}."
+    # Python's own words close the message, so code matching them keeps working.
+    return UnknownFieldError(f"{owner}({name}={value!r}): {owner} has no field {name!r}; {hint} "
+                             f"(Python: {owner}.__init__() got an unexpected keyword argument {name!r})")
 
 
 def _fail(owner: str, name: str, requirement: str, value: Any, fix: str) -> ConfigError:

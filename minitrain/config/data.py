@@ -6,9 +6,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from minitrain.config._ray_compat import _default_only, _ray_words
-from minitrain.config._validate import _fail
+from minitrain.config._validate import _fail, _suggests_fields
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DataConfig:
     """Which datasets are split across workers: "all" or a list of dataset names (stored as a tuple).

@@ -14,10 +14,11 @@ from typing import Any, Optional, Union
 
 from minitrain import knobs
 from minitrain.config._ray_compat import _default_only, _deprecated_field, _ray_only, _ray_words, _reject_deprecated
-from minitrain.config._validate import ReadOnlyDict, _choice, _fail, _int, _number, _optional_str
+from minitrain.config._validate import ReadOnlyDict, _choice, _fail, _int, _number, _optional_str, _suggests_fields
 from minitrain.errors import ConfigError
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointConfig:
     """Which committed checkpoints to keep.
@@ -57,6 +58,7 @@ class CheckpointConfig:
                              "Must be 'max' or 'min'."))
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class FailureConfig:
     """How many failures a run survives, and how workers are judged hung and stopped.
@@ -142,6 +144,7 @@ class FailureConfig:
                     "Remove worker_hang_floor_s, or set worker_hang_timeout_s='auto'.")
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class LoggingConfig:
     """Level of minitrain's loggers for a run; a `logging` level name, stored upper-cased."""
@@ -161,6 +164,7 @@ class LoggingConfig:
         return logging.getLevelName(self.log_level)
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class MonitoringConfig:
     """How the driver watches a run: its straggler rule and its status line (a minitrain extension:
@@ -333,6 +337,7 @@ def _instance(value: Any, cls: type, name: str) -> Any:
     return value
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class RunConfig:
     """Where a run writes and how it handles failures, checkpoints and logs.

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from minitrain.config._ray_compat import _default_only, _deprecated_field, _ray_only, _ray_words, _reject_deprecated
-from minitrain.config._validate import ReadOnlyDict, _choice, _fail, _int, _number
+from minitrain.config._validate import ReadOnlyDict, _choice, _fail, _int, _number, _suggests_fields
 from minitrain.errors import ConfigError
 
 
@@ -55,6 +55,7 @@ def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
     return ReadOnlyDict(kept)
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScalingConfig:
     """How many workers to start and what each one reserves.

@@ -5,12 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from minitrain.config._validate import _choice, _fail, _number
+from minitrain.config._validate import _choice, _fail, _number, _suggests_fields
 
 
 _BACKENDS = ("gloo", "nccl", "mpi")
 
 
+@_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TorchConfig:
     """How workers set up `torch.distributed`.

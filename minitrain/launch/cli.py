@@ -6,6 +6,11 @@
 With `FILE.py:FUNCTION`, the function is trained by a `TorchTrainer` built from the options. With a
 plain `FILE.py`, the script runs as `__main__` (it builds its own trainer) with the remaining
 arguments as its `sys.argv[1:]`.
+
+A mistake found before any process starts (a `ConfigError`, a Ray argument minitrain refuses) ends
+with one line on stderr and exit code 2; `--debug` adds its traceback. Ctrl-C ends with the line
+fit() wrote (what was stopped, what the same command resumes from) and exit code 130, as a shell
+reports a process SIGINT ended.
 """
 
 from __future__ import annotations
@@ -13,12 +18,17 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import runpy
 import sys
+import traceback
 from typing import Callable, Optional
 
 _USER_MODULE = "__minitrain_user_module__"
+EXIT_USAGE = 2  # a mistake in the command or its configs, found before any process started
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+logger = logging.getLogger("minitrain")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("target", help="FILE.py:FUNCTION to train, or FILE.py to run as __main__ "
                         "(every argument after FILE.py goes to the script)")
+    parser.add_argument("--debug", action="store_true",
+                        help="show the traceback of an error found before training starts")
     group = parser.add_argument_group("trainer options (FILE.py:FUNCTION only)")
     group.add_argument("--num-workers", type=int, default=1, help="worker processes (default 1; 0 = in this process)")
     group.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL backend")
@@ -149,28 +161,36 @@ def _run_script(path: str, script_args: list[str]) -> int:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
-    """Parse `argv` and run; returns the exit code."""
+    """Parse `argv` and run; returns the exit code (see the module docstring)."""
+    from minitrain.errors import ConfigError
+
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as interrupt:
+        if not interrupt.args:  # with args, fit() has already said what it stopped and how to resume
+            print("minitrain.launch: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except (ConfigError, DeprecationWarning) as exc:  # before any process started: one clear line
+        if "--debug" in split_target(argv)[0]:
+            traceback.print_exc()
+        else:
+            logger.debug("minitrain.launch: the traceback of the error below", exc_info=True)
+        print(f"minitrain.launch: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(argv: list[str]) -> int:
     before, target, after = split_target(argv)
     parser = build_parser()
     if target is None:
         parser.parse_args(before)  # prints the usage error for the missing target
         return 2
     path, colon, function_name = target.rpartition(":")
-    from minitrain.errors import ConfigError
-
     if not colon or not function_name.isidentifier():
         options = parser.parse_args([*before, target])  # options before a script are still checked
-        try:
-            _init_cluster(options)
-        except ConfigError as exc:
-            print(f"minitrain.launch: {exc}", file=sys.stderr)
-            return 2
+        _init_cluster(options)
         return _run_script(target, after)
     options = parser.parse_args([*before, target, *after])
-    try:
-        _init_cluster(options)
-        return _train_function(options, path, function_name)
-    except ConfigError as exc:
-        print(f"minitrain.launch: {exc}", file=sys.stderr)
-        return 2
+    _init_cluster(options)
+    return _train_function(options, path, function_name)

@@ -384,12 +384,20 @@ class CheckpointManager:
         return sorted(name for name in self.storage.list_entries() if name not in known and not is_own_name(name))
 
     def delete_garbage(self) -> list[str]:
-        """Delete `garbage_dirs()` and return their names. Only while no attempt is uploading."""
+        """Delete `garbage_dirs()` and return the names of those that held something. The staging area
+        every attempt leaves once its uploads were committed holds empty directories only: it is
+        deleted without being named (naming it told every clean run it had removed leftovers). Only
+        while no attempt is uploading."""
         garbage = self.garbage_dirs()
+        held = [name for name in garbage if name != STAGING_DIR or self._holds_a_file(STAGING_DIR)]
         for name in garbage:
             self.storage.remove_tree(name)
         self._created = self._created - set(garbage)
-        return garbage
+        return held
+
+    def _holds_a_file(self, rel: str) -> bool:
+        entries, dirs = self.storage.list_entries(rel), set(self.storage.list_dirs(rel))
+        return any(name not in dirs or self._holds_a_file(f"{rel}/{name}") for name in entries)
 
 
 def _corrupt(url: str, detail: str) -> str:

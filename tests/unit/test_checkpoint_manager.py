@@ -294,6 +294,20 @@ def test_delete_garbage_deletes_only_what_the_run_created(any_storage):
     assert manager.garbage_dirs() == []
 
 
+def test_an_empty_staging_area_is_deleted_without_being_named(any_storage):
+    """Issue 30 item 7: every clean run ended with "removed what earlier attempts left uncommitted:
+    .staging", though the staging area held only the empty directories of committed uploads."""
+    storage = any_storage
+    manager = CheckpointManager.load(storage, TOP1)
+    storage.validate_writable()
+    storage.write_text_atomic(f"{staged_dir(0, 0, 'checkpoint_000001')}/rank_0.bin", "x")
+    storage.remove_tree(f"{staged_dir(0, 0, 'checkpoint_000001')}/rank_0.bin")  # committed: moved away
+    storage.makedirs(staged_dir(0, 1, "checkpoint_000001"))
+    assert manager.garbage_dirs() in ([STAGING_DIR], [])  # an object store has no empty directories
+    assert manager.delete_garbage() == []
+    assert STAGING_DIR not in storage.list_entries()
+
+
 def test_an_eviction_a_crash_interrupted_is_deleted_by_the_next_run(storage):
     manager = CheckpointManager.load(storage, TOP1)
     commit(manager, 1, 1.0)

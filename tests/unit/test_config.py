@@ -582,3 +582,37 @@ def test_configs_are_frozen_kw_only_slotted_and_documented():
         for name, member in vars(cls).items():
             if not name.startswith("_") and (callable(member) or isinstance(member, property)):
                 assert member.__doc__, f"{cls.__name__}.{name} has no docstring"
+
+
+# ---------------------------------------------------------------- misspelled fields (issue 30 item 8)
+
+@pytest.mark.parametrize("config_class, wrong, meant", [
+    (ScalingConfig, "num_worker", "num_workers"),
+    (ScalingConfig, "use_gpus", "use_gpu"),
+    (RunConfig, "storage_pth", "storage_path"),
+    (CheckpointConfig, "num_to_kep", "num_to_keep"),
+    (FailureConfig, "max_failure", "max_failures"),
+    (LoggingConfig, "loglevel", "log_level"),
+    (MonitoringConfig, "status_interval", "status_interval_s"),
+    (DataConfig, "dataset_to_split", "datasets_to_split"),
+    (TorchConfig, "backnd", "backend"),
+])
+def test_a_misspelled_field_names_the_field_that_was_meant(config_class, wrong, meant):
+    from minitrain.config._validate import UnknownFieldError
+
+    with pytest.raises(TypeError, match=f"did you mean '{meant}'") as info:
+        config_class(**{wrong: 1})
+    assert isinstance(info.value, UnknownFieldError) and isinstance(info.value, ConfigError)
+    assert f"{config_class.__name__}({wrong}=1)" in str(info.value)
+    assert f"unexpected keyword argument '{wrong}'" in str(info.value)  # Python's own words still match
+
+
+def test_an_unknown_field_without_a_close_match_lists_the_fields_and_not_the_removed_ones():
+    with pytest.raises(TypeError, match="its fields are num_workers, use_gpu") as info:
+        ScalingConfig(zzz=1)
+    assert "trainer_resources" not in str(info.value)
+
+
+def test_removed_ray_fields_keep_their_deprecation_error():
+    with pytest.raises(DeprecationWarning, match="trainer_resources"):
+        ScalingConfig(trainer_resources={"CPU": 1})

@@ -43,9 +43,10 @@ L0 = {"minitrain.config", "minitrain.knobs", "minitrain.errors", "minitrain.reco
       "minitrain.commands",
       "minitrain.run_state"}  # the run's states, their allowed moves and the words users read
 L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.console", "minitrain.storage", "minitrain.hosts",
-      "minitrain.checkpoint", "minitrain.net", "minitrain.data"}
+      "minitrain.checkpoint", "minitrain.net", "minitrain.data",
+      "minitrain.code_pickle"}  # the workers' payload pickler: keeps the user's file names in tracebacks
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
-L3 = {"minitrain", "minitrain.trainer", "minitrain.train_api", "minitrain.result", "minitrain.torch",
+L3 = {"minitrain", "minitrain.trainer", "minitrain.fit_notes", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
       "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
       "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)

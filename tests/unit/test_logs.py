@@ -65,3 +65,35 @@ def test_a_log_file_that_cannot_be_opened_is_a_storage_error(tmp_path):
     sink.write(0, 0, "h0", False, ["lost to the file, not to the run"])
     sink.close()
     assert len(sink.failures) == 1 and "attempt_0" in str(sink.failures[0])
+
+
+def test_a_rank_traceback_is_shown_in_one_piece_across_batches(tmp_path):
+    """Issue 30 item 5: a traceback that arrives in two batches is not split by what the driver writes
+    in between (its WARNING about the same failure races with the lines)."""
+    err = io.StringIO()
+    sink = LogSink(str(tmp_path), stderr=err)
+    sink.write(0, 1, "h0", True, ["before", "Traceback (most recent call last):", '  File "t.py", line 3, in f'])
+    err.write("minitrain WARNING: the driver's own line\n")
+    sink.write(0, 1, "h0", True, ["    raise ValueError(x)", "ValueError: bad", "after"])
+    sink.close()
+    assert err.getvalue().splitlines() == [
+        "(rank 1, h0) before",
+        "minitrain WARNING: the driver's own line",
+        "(rank 1, h0) Traceback (most recent call last):",
+        '(rank 1, h0)   File "t.py", line 3, in f',
+        "(rank 1, h0)     raise ValueError(x)",
+        "(rank 1, h0) ValueError: bad",
+        "(rank 1, h0) after",
+    ]
+    # The file has every line at once, in order.
+    assert (tmp_path / "attempt_0" / "rank_1.log").read_text().splitlines()[:3] == [
+        "before", "Traceback (most recent call last):", '  File "t.py", line 3, in f']
+
+
+def test_an_unfinished_traceback_is_shown_at_close(tmp_path):
+    err = io.StringIO()
+    sink = LogSink(str(tmp_path), stderr=err)
+    sink.write(0, 0, "h0", True, ["Traceback (most recent call last):", '  File "t.py", line 3, in f'])
+    assert err.getvalue() == ""
+    sink.close()
+    assert err.getvalue() == '(rank 0, h0) Traceback (most recent call last):\n(rank 0, h0)   File "t.py", line 3, in f\n'

@@ -1,0 +1,70 @@
+"""What `TorchTrainer.fit()` says about a run as a whole, and what it leaves behind when the run never
+started (L3). Each line is self-sufficient: it names the run, what happened and what to do next.
+
+- `interrupted`: the line of a Ctrl-C, with the checkpoint the same command resumes from;
+- `nothing_left_to_do`: a resumed run whose training function returned without a single report;
+- `file_in_storage_path`: a ConfigError for a storage path that is (or passes through) a file;
+- `remove_unstarted_run`: deletes what fit() created in a run directory when no attempt started.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from minitrain.errors import ConfigError
+from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.storage.filesystem import Storage
+from minitrain.storage.layout import is_own_name
+
+
+def interrupted(name: str, checkpoints: CheckpointManager) -> str:
+    """The one line a Ctrl-C ends with (the workers are already stopped when it is shown)."""
+    latest = checkpoints.latest
+    if latest is None:
+        return (f"interrupted: stopped every worker of run {name!r}; no checkpoint was committed, so the same "
+                "command starts it again from the beginning")
+    return (f"interrupted: stopped every worker of run {name!r}; run the same command again to resume from "
+            f"{latest.dir_name}")
+
+
+def nothing_left_to_do(name: str, storage: Storage, checkpoints: CheckpointManager) -> str:
+    """The line of a resumed run whose training function returned on every rank without reporting:
+    its loop had already reached its end (e.g. a finished run, resumed with the same epoch count)."""
+    latest = checkpoints.latest
+    where = f"from {latest.dir_name}" if latest is not None else "(it had no checkpoint)"
+    return (f"resumed run {name!r} {where}, and the training function returned without reporting: it had "
+            f"nothing left to do. To train further, raise its loop's bound (e.g. the number of epochs); to "
+            f"start a new run, pass another RunConfig(name=...) or delete {storage.url()}")
+
+
+def file_in_storage_path(storage_path: str) -> Optional[ConfigError]:
+    """The error for a local `storage_path` that is a file, or lies under one; None when it is not."""
+    if "://" in storage_path:
+        return None
+    path = os.path.abspath(os.path.expanduser(storage_path))
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
+    if not os.path.isfile(path):
+        return None
+    return ConfigError(
+        f"RunConfig.storage_path={storage_path!r} cannot be used: {path} is a file, and runs are kept in "
+        f"directories (<storage_path>/<name>). Pass the directory that should hold your runs, e.g. "
+        f"storage_path={os.path.dirname(path)!r}, or move the file away.")
+
+
+def remove_unstarted_run(storage: Storage) -> None:
+    """Delete the entries minitrain names (lock, marker, index) in a run directory that this fit()
+    created and in which no attempt started, then the directory when it is empty. Never raises:
+    the error that ended fit() matters more."""
+    try:
+        for name in storage.list_entries():
+            if is_own_name(name):
+                storage.remove_tree(name)
+        if storage.is_local:
+            os.rmdir(storage.root)
+    except Exception:  # noqa: BLE001 - a leftover is better than hiding the real error
+        pass
