@@ -166,6 +166,7 @@ class RunPayload:
     `storage` is a `minitrain.storage.filesystem.Storage` (fsspec filesystems pickle), so workers upload to the
     same place the coordinator commits in. `datasets` maps each name of `TorchTrainer(datasets=...)`
     to a `minitrain.data.staging.ShardSpec` (small: large tables are staged, not pickled in here).
+    `backend` is the worker's `minitrain.worker.backend.Backend` (torch.distributed's when None).
     """
 
     train_fn: Any
@@ -173,6 +174,7 @@ class RunPayload:
     takes_config: bool
     storage: Any
     datasets: Any = None
+    backend: Any = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,6 @@
-"""`TorchTrainer`: validate, run the coordinator in this process, return a `Result` or raise (L3)."""
+"""`DataParallelTrainer`, the base of `TorchTrainer`, `XGBoostTrainer` and `LightGBMTrainer`: validate, run
+the coordinator in this process, return a `Result` or raise (L3). A subclass names only its backend
+(`minitrain.worker.backend.Backend`): how each attempt's workers bring up their collective layer."""
 
 from __future__ import annotations
 
@@ -46,6 +48,7 @@ from minitrain.result import Result, Straggler
 from minitrain.storage.layout import LOGS_DIR, is_own_name
 from minitrain.storage.run_lock import RunLock
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError
+from minitrain.worker.backend import Backend, TorchBackend
 
 logger = logging.getLogger("minitrain")
 
@@ -63,61 +66,72 @@ def count_required_parameters(fn: Callable) -> int:
     return count
 
 
-def _check_type(value: Any, expected: type, field: str) -> None:
+def _check_type(value: Any, expected: type, field: str, trainer: str = "TorchTrainer") -> None:
     if not isinstance(value, expected):
-        raise ConfigError(f"TorchTrainer({field}=...) must be a minitrain.{expected.__name__}, got "
+        raise ConfigError(f"{trainer}({field}=...) must be a minitrain.{expected.__name__}, got "
                           f"{type(value).__module__}.{type(value).__name__}. Import it from minitrain "
                           f"(a ray.train config object does not work here).")
 
 
-class TorchTrainer:
-    """Runs `train_loop_per_worker` on `scaling_config.num_workers` worker processes with DDP.
+class DataParallelTrainer:
+    """Runs `train_loop_per_worker` on `scaling_config.num_workers` worker processes, each attempt's
+    workers joined by the collective layer of `_backend()` (what a subclass defines, with
+    `_BACKEND_CONFIG`, the class of its `backend_config`, and `_BACKEND_FIELD`, the argument's name).
 
     The function takes zero arguments or one (it is called with `train_loop_config or {}`). Every
     argument after it is keyword-only, as in Ray. Invalid arguments raise `ConfigError` (a ValueError)
     here or in `fit()`, before any process starts.
     """
 
+    _BACKEND_CONFIG: type = type(None)
+    _BACKEND_FIELD = "backend_config"
+
+    def _backend(self) -> Backend:
+        """The workers' backend for this run (read at each fit(), from `backend_config` and
+        `scaling_config`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not name its backend")
+
     def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
-                 torch_config: Optional[TorchConfig] = None, scaling_config: Optional[ScalingConfig] = None,
+                 backend_config: Any = None, scaling_config: Optional[ScalingConfig] = None,
                  run_config: Optional[RunConfig] = None, datasets: Optional[dict] = None,
                  dataset_config: Optional[DataConfig] = None, validation_config: Any = None,
                  metadata: Any = None, resume_from_checkpoint: Any = None):
+        trainer = type(self).__name__
         if validation_config is not None:
             raise ConfigError(
-                f"TorchTrainer(validation_config={validation_config!r}): Ray's (alpha) checkpoint validation is "
+                f"{trainer}(validation_config={validation_config!r}): Ray's (alpha) checkpoint validation is "
                 "not supported by minitrain. Leave validation_config=None, evaluate in the training function "
                 "and report the validation metrics with the checkpoint (CheckpointConfig's "
                 "checkpoint_score_attribute can rank by them).")
         if metadata is not None:
-            raise DeprecationWarning("TorchTrainer(metadata=...) was removed in Ray Train v2, which minitrain "
+            raise DeprecationWarning(f"{trainer}(metadata=...) was removed in Ray Train v2, which minitrain "
                                      "mirrors. Pass the values through train_loop_config instead.")
         if resume_from_checkpoint is not None:
             raise DeprecationWarning(
-                "TorchTrainer(resume_from_checkpoint=...) was removed in Ray Train v2, which minitrain mirrors. "
+                f"{trainer}(resume_from_checkpoint=...) was removed in Ray Train v2, which minitrain mirrors. "
                 "Pass the checkpoint path in train_loop_config and load it in the training function when "
                 "minitrain.get_checkpoint() is None; re-running with the same RunConfig(name, storage_path) "
                 "resumes a run.")
         if not callable(train_loop_per_worker):
-            raise ConfigError(f"TorchTrainer(train_loop_per_worker=...) must be callable, got "
+            raise ConfigError(f"{trainer}(train_loop_per_worker=...) must be callable, got "
                               f"{type(train_loop_per_worker).__name__}. Pass your training function.")
         required = count_required_parameters(train_loop_per_worker)
         if required > 1:
             raise ConfigError(
                 f"train_loop_per_worker should take in 0 or 1 required arguments, but "
                 f"{getattr(train_loop_per_worker, '__name__', train_loop_per_worker)!r} takes {required}. "
-                "Take a single `config` dict (TorchTrainer passes train_loop_config) or nothing.")
+                "Take a single `config` dict ({trainer} passes train_loop_config) or nothing.")
         if train_loop_config is not None and not isinstance(train_loop_config, dict):
-            raise ConfigError(f"TorchTrainer(train_loop_config=...) must be a dict or None, got "
+            raise ConfigError(f"{trainer}(train_loop_config=...) must be a dict or None, got "
                               f"{type(train_loop_config).__name__}.")
         self.scaling_config = scaling_config if scaling_config is not None else ScalingConfig()
         self.run_config = run_config if run_config is not None else RunConfig()
-        self.torch_config = torch_config if torch_config is not None else TorchConfig()
+        self.backend_config = backend_config if backend_config is not None else self._BACKEND_CONFIG()
         self.dataset_config = dataset_config if dataset_config is not None else DataConfig()
-        _check_type(self.scaling_config, ScalingConfig, "scaling_config")
-        _check_type(self.run_config, RunConfig, "run_config")
-        _check_type(self.torch_config, TorchConfig, "torch_config")
-        _check_type(self.dataset_config, DataConfig, "dataset_config")
+        _check_type(self.scaling_config, ScalingConfig, "scaling_config", trainer)
+        _check_type(self.run_config, RunConfig, "run_config", trainer)
+        _check_type(self.backend_config, self._BACKEND_CONFIG, self._BACKEND_FIELD, trainer)
+        _check_type(self.dataset_config, DataConfig, "dataset_config", trainer)
         self.datasets = _validate_datasets(datasets, self.dataset_config)
         self.train_loop_per_worker = train_loop_per_worker
         self.train_loop_config = train_loop_config
@@ -188,6 +202,7 @@ class TorchTrainer:
         unknown = checkpoints.unknown_entries()
         if unknown:
             logger.info("leaving alone what minitrain did not create in %s: %s", storage.url(), ", ".join(unknown))
+        backend = self._backend()
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             num_workers=self.scaling_config.num_workers,
@@ -196,8 +211,8 @@ class TorchTrainer:
                 experiment_name=self.run_config.name,
                 run_path=storage.url(),
                 payload=payload,
-                backend=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
-                dist_timeout_s=float(self.torch_config.timeout_s),
+                backend=backend.name,
+                dist_timeout_s=float(backend.timeout_s),
                 cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
                 worker_env=_worker_env(self.run_config, cluster),
                 relay=relay,
@@ -257,7 +272,7 @@ class TorchTrainer:
             return []
         context = TrainRunContext(run_id=spec.run_id, run_config=self.run_config,
                                   train_loop_config=self.train_loop_config, scaling_config=self.scaling_config,
-                                  backend_config=self.torch_config, datasets=dict(self.datasets or {}),
+                                  backend_config=self.backend_config, datasets=dict(self.datasets or {}),
                                   dataset_config=self.dataset_config, storage=storage)
         return [CallbackRunner(self.run_config.callbacks, context)]
 
@@ -324,7 +339,7 @@ class TorchTrainer:
         try:
             # code_pickle: the workers' tracebacks name the user's file and print its lines
             return code_pickle.dumps(RunPayload(self.train_loop_per_worker, self.train_loop_config or {},
-                                                self._takes_config, storage, datasets))
+                                                self._takes_config, storage, datasets, backend=self._backend()))
         except Exception as exc:
             raise ConfigError(
                 f"train_loop_config cannot be pickled ({type(exc).__name__}: {exc}); it is sent to every "
@@ -370,8 +385,41 @@ class TorchTrainer:
     # ------------------------------------------------------------------ removed APIs
 
     def __repr__(self) -> str:
-        return (f"TorchTrainer({getattr(self.train_loop_per_worker, '__name__', '?')}, "
+        return (f"{type(self).__name__}({getattr(self.train_loop_per_worker, '__name__', '?')}, "
                 f"scaling_config={self.scaling_config!r})")
+
+
+class TorchTrainer(DataParallelTrainer):
+    """Runs `train_loop_per_worker` on `scaling_config.num_workers` worker processes with DDP:
+    torch.distributed's process group is up on every worker before the function is called
+    (`torch_config`, a `TorchConfig`: its backend, "nccl" with GPUs and "gloo" otherwise by default,
+    and its timeout). The other arguments are `DataParallelTrainer`'s, as in Ray."""
+
+    _BACKEND_CONFIG = TorchConfig
+    _BACKEND_FIELD = "torch_config"
+
+    def __init__(self, train_loop_per_worker: Callable, *, train_loop_config: Optional[dict] = None,
+                 torch_config: Optional[TorchConfig] = None, scaling_config: Optional[ScalingConfig] = None,
+                 run_config: Optional[RunConfig] = None, datasets: Optional[dict] = None,
+                 dataset_config: Optional[DataConfig] = None, validation_config: Any = None,
+                 metadata: Any = None, resume_from_checkpoint: Any = None):
+        super().__init__(train_loop_per_worker, train_loop_config=train_loop_config, backend_config=torch_config,
+                         scaling_config=scaling_config, run_config=run_config, datasets=datasets,
+                         dataset_config=dataset_config, validation_config=validation_config, metadata=metadata,
+                         resume_from_checkpoint=resume_from_checkpoint)
+
+    @property
+    def torch_config(self) -> TorchConfig:
+        """The `TorchConfig` (the trainer's `backend_config`)."""
+        return self.backend_config
+
+    @torch_config.setter
+    def torch_config(self, value: TorchConfig) -> None:
+        self.backend_config = value
+
+    def _backend(self) -> Backend:
+        return TorchBackend(name=self.torch_config.resolved_backend(self.scaling_config.use_gpu),
+                            timeout_s=float(self.torch_config.timeout_s))
 
 
 def _validate_datasets(datasets: Any, data_config: DataConfig) -> dict:

@@ -138,6 +138,10 @@ class Dataset:
 
     # ------------------------------------------------------------------ reading here
 
+    def _holding(self, table: Any) -> "Dataset":
+        """A dataset holding `table` (a ColumnTable or RowTable) in memory: `DataIterator.materialize()`'s."""
+        return Dataset(InMemory(table))
+
     def _resolve(self) -> tuple[Any, bool, Optional[int]]:
         """(table, shuffled, seed): loads the source (calls a factory, reads files) once per object."""
         if self._cache is None:

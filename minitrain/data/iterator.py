@@ -31,14 +31,17 @@ from minitrain.data.prefetch import check_prefetch_batches, prefetched
 from minitrain.data.sharding import (
     batch_bounds, check_batch_size, derive_seed, local_shuffle, shard_indices,
 )
-from minitrain.data.tables import ColumnTable
+from minitrain.data.tables import ColumnTable, RowTable
 
 
 class Resolvable(Protocol):
     """What a DataIterator needs of its dataset (a `minitrain.data.Dataset`, which imports this module):
-    `_resolve()` -> (rows as a table, whether they are shuffled, the shuffle seed)."""
+    `_resolve()` -> (rows as a table, whether they are shuffled, the shuffle seed); `_holding(table)` ->
+    a dataset of the same kind holding `table` in memory (for `materialize`)."""
 
     def _resolve(self) -> tuple[Any, bool, Optional[int]]: ...
+
+    def _holding(self, table: Any) -> Any: ...
 
 
 class _Passes(Iterable):
@@ -175,6 +178,17 @@ class DataIterator:
         return _Passes(start)
 
     # ------------------------------------------------------------------ public iteration
+
+    def materialize(self) -> Any:
+        """This rank's rows of one pass (the next epoch, as `iter_rows` would read them) held in memory,
+        as a `minitrain.data.Dataset` (`to_pandas()`, `iter_batches()`, ...), as Ray's
+        `DataIterator.materialize()`; what XGBoost and LightGBM training functions build their matrix from."""
+        with waits.blocked(waits.DATA):
+            table, indices = self._plan(self._claim_epoch(), None, False, None, None)
+            rows = table.take(indices)
+        # A row table's take() already applied its wrap key; a column table keeps its (maybe empty) columns.
+        held = ColumnTable(rows, where=f"dataset {self._name!r}") if isinstance(table, ColumnTable) else RowTable(rows)
+        return self._dataset._holding(held)
 
     def iter_rows(self, *, prefetch_batches: int = 1, prefetch_blocks: int = 0) -> Iterable[Any]:
         """An iterable over this rank's rows, one pass (epoch) per `iter()`. Columnar datasets give

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
-from minitrain.trainer import TorchTrainer
+from minitrain.trainer import DataParallelTrainer
 from minitrain.tune.placement import Demand, HostRoom, Placement, Pool
 from minitrain.tune.tune_config import _WithResources
 
@@ -26,7 +26,7 @@ def trial_demand(trainable: Any) -> Demand:
     """What each trial of `trainable` reserves: a TorchTrainer's (or a `with_resources` ScalingConfig's)
     workers, resources per worker and placement strategy; a `with_resources` dict as one bundle; else
     1 CPU (Ray's default for a function)."""
-    scaling = trainable.scaling_config if isinstance(trainable, TorchTrainer) else \
+    scaling = trainable.scaling_config if isinstance(trainable, DataParallelTrainer) else \
         trainable.scaling_config if isinstance(trainable, _WithResources) else None
     if scaling is not None:
         cpus, gpus = scaling.num_cpus_per_worker, scaling.num_gpus_per_worker

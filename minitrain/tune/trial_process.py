@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(payload.context.trial_dir, exist_ok=True)
     trainer_module = sys.modules.get("minitrain.trainer")  # loaded by the payload when it holds a trainer
     try:
-        if trainer_module is not None and isinstance(payload.trainable, trainer_module.TorchTrainer):
+        if trainer_module is not None and isinstance(payload.trainable, trainer_module.DataParallelTrainer):
             run_trainer(payload.trainable, payload.config, payload.context)
         else:
             payload.trainable(payload.config)

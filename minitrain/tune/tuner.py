@@ -21,7 +21,7 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
 from minitrain.storage import sweep_state as tr
-from minitrain.trainer import TorchTrainer, _driver_pythonpath, count_required_parameters
+from minitrain.trainer import DataParallelTrainer, _driver_pythonpath, count_required_parameters
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
 from minitrain.tune.result_grid import ResultGrid, trial_result
@@ -43,13 +43,13 @@ def trial_resources(trainable: Any) -> dict:
 
 
 def _trainable_name(trainable: Any) -> str:
-    if isinstance(trainable, TorchTrainer):
-        return "TorchTrainer"
+    if isinstance(trainable, DataParallelTrainer):
+        return type(trainable).__name__  # TorchTrainer, XGBoostTrainer, LightGBMTrainer
     return re.sub(r"[^A-Za-z0-9_-]+", "_", getattr(trainable, "__name__", type(trainable).__name__)) or "trainable"
 
 
 def _check_trainable(trainable: Any, param_space: dict) -> None:
-    if isinstance(trainable, TorchTrainer):
+    if isinstance(trainable, DataParallelTrainer):
         if trainable.scaling_config.num_workers == 0:
             raise ConfigError("Tuner(TorchTrainer with ScalingConfig(num_workers=0)): local mode has no report "
                               "rounds to forward to the tuner. Use num_workers >= 1, or a function trainable that "
@@ -118,7 +118,7 @@ class Tuner:
         if not isinstance(self.tune_config, TuneConfig):
             raise ConfigError("Tuner(tune_config=...) must be a minitrain.tune.TuneConfig.")
         if run_config is None:
-            run_config = trainable.run_config if isinstance(trainable, TorchTrainer) else RunConfig()
+            run_config = trainable.run_config if isinstance(trainable, DataParallelTrainer) else RunConfig()
         if not isinstance(run_config, RunConfig):
             raise ConfigError("Tuner(run_config=...) must be a minitrain.RunConfig (tune.RunConfig).")
         _check_run_config(run_config)

@@ -1,4 +1,4 @@
-"""A worker's life: connect, load the training function, bring up torch.distributed, run, report.
+"""A worker's life: connect, load the training function, bring up its backend (torch.distributed, ...), run, report.
 
 Every failure, in any phase, is captured as a record (phase, exception type, message, traceback, and
 the pickled exception when it pickles) and sent to the coordinator before the process exits with
@@ -22,6 +22,7 @@ from minitrain.context import TrainContext
 from minitrain.commands import Assignment
 from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.worker import distributed, telemetry
+from minitrain.worker.backend import StoreLink, TorchBackend
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
@@ -178,18 +179,19 @@ class WorkerRun:
             self._session.dataset_shards = _dataset_shards(payload, self._session.context)
             _session.set_current(self._session)
             self._enter(Phase.DIST_INIT)
-            store = distributed.init_process_group(assignment, self._client)
-            self._session.attach_collective(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
-                                            assignment.dist_timeout_s, b["run_id"], b["attempt"], b["token"])
+            backend = payload.backend if payload.backend is not None else TorchBackend()
+            store = distributed.open_store(assignment, self._client)
+            address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+            backend.setup(StoreLink(assignment, store, address, port))
+            self._session.attach_collective(address, port, assignment.dist_timeout_s, b["run_id"], b["attempt"],
+                                            b["token"])
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
             sampling = telemetry.start(assignment.worker.gpu_ids, self._client.send_telemetry,
                                        attempt=b["attempt"], rank=b["rank"])
             try:
-                if payload.takes_config:
-                    value = payload.train_fn(payload.config)
-                else:
-                    value = payload.train_fn()
+                with backend.training():  # e.g. XGBoost's communicator
+                    value = payload.train_fn(payload.config) if payload.takes_config else payload.train_fn()
             finally:
                 if sampling is not None:
                     sampling.stop()
@@ -208,8 +210,7 @@ class WorkerRun:
             # Rank 0 hosts the TCPStore: stay until every rank is done with it (an exit barrier).
             self._client.wait_release(RELEASE_TIMEOUT_S)
         self._client.close(CLOSE_TIMEOUT_S)
-        # No destroy_process_group(): the process exits with os._exit right after this. Tearing the
-        # group down can abort a rank whose peer (rank 0 hosts the TCPStore) has already exited.
+        backend.teardown()  # every rank is done with the collective layer (rank 0 waited for its release)
         return 0
 
 

@@ -1,4 +1,4 @@
-"""torch.distributed bring-up and teardown for one worker.
+"""The attempt's rendezvous store, and torch.distributed's bring-up over it, for one worker.
 
 Rendezvous cannot collide on ports: rank 0 opens a TCPStore on port 0 (the kernel picks a free
 port), tells the coordinator, and the coordinator passes address:port to the other ranks. No fixed
@@ -45,17 +45,16 @@ def listening_socket(host: str) -> int:
     return sock.detach()
 
 
-def init_process_group(assignment: Assignment, client: WorkerClient):
-    """Open (rank 0) or join the run's TCPStore and initialise the default process group.
+def open_store(assignment: Assignment, client: WorkerClient):
+    """Open (rank 0) or join the attempt's TCPStore, the rendezvous every backend shares.
 
-    Rank 0's store listens on `assignment.store_address` only (`listening_socket`).
-    Sets MASTER_ADDR/MASTER_PORT to the store's address for code that reads them (with RANK,
-    LOCAL_RANK and WORLD_SIZE from `set_rank_environment`, these are what `deepspeed.initialize`,
-    Lightning and Accelerate require; they find the group initialised and join it). This holds for
-    both `TorchConfig.init_method` values. Returns the store (kept referenced by the caller for the
-    life of the process group).
+    Rank 0's store listens on `assignment.store_address` only (`listening_socket`) and tells the
+    coordinator its port; the other ranks wait for it (`WorkerClient.wait_rendezvous`). Sets
+    MASTER_ADDR/MASTER_PORT to the store's address for code that reads them (with RANK, LOCAL_RANK
+    and WORLD_SIZE from `set_rank_environment`, these are what `deepspeed.initialize`, Lightning and
+    Accelerate require). This holds for both `TorchConfig.init_method` values. Returns the store (kept
+    referenced by the caller for the life of the process).
     """
-    import torch
     import torch.distributed as dist
 
     timeout = timedelta(seconds=assignment.dist_timeout_s)
@@ -73,6 +72,18 @@ def init_process_group(assignment: Assignment, client: WorkerClient):
         store = dist.TCPStore(address, port, world_size, is_master=False, timeout=timeout)
     os.environ["MASTER_ADDR"] = address
     os.environ["MASTER_PORT"] = str(port)
+    return store
+
+
+def init_process_group(assignment: Assignment, store) -> None:
+    """Initialise torch.distributed's default process group over `store` (from `open_store`), with
+    `assignment.backend` ("gloo", "nccl" or "mpi") and the assignment's timeout; DeepSpeed, Lightning
+    and Accelerate find the group initialised and join it."""
+    import torch
+    import torch.distributed as dist
+
+    timeout = timedelta(seconds=assignment.dist_timeout_s)
+    worker = assignment.worker
     backend = assignment.backend
     if backend == "nccl":
         if "TORCH_NCCL_BLOCKING_WAIT" not in os.environ:
@@ -83,6 +94,5 @@ def init_process_group(assignment: Assignment, client: WorkerClient):
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", f"cuda:{worker.gpu_ids[0]}")
     else:
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
-    dist.init_process_group(backend, store=store, rank=worker.rank, world_size=world_size,
+    dist.init_process_group(backend, store=store, rank=worker.rank, world_size=worker.world_size,
                             timeout=timeout)
-    return store

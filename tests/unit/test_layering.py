@@ -50,12 +50,19 @@ L3 = {"minitrain", "minitrain.trainer", "minitrain.fit_notes", "minitrain.train_
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
       "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
       "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)
-      "minitrain.dashboard"}  # dashboard: the web page and /metrics over the coordinator's run monitor
+      "minitrain.dashboard",  # dashboard: the web page and /metrics over the coordinator's run monitor
+      # XGBoostTrainer, LightGBMTrainer and their report callbacks; _gbdt: what the two share
+      "minitrain.xgboost", "minitrain.lightgbm", "minitrain._gbdt"}
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
 # imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
 TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}
 # minitrain.lightning and minitrain.huggingface: user-side integrations that run inside training functions.
 TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
+# XGBoost and LightGBM: like torch, never in the driver's runtime (coordinator) or the agents; the worker
+# runs their collective layers (worker.xgboost_backend, worker.lightgbm_backend) and the public packages
+# hold the callbacks that run inside training functions.
+GBDT_LIBRARIES = {"xgboost", "lightgbm"}
+GBDT_ALLOWED = {"minitrain.worker", "minitrain.xgboost", "minitrain.lightgbm"}
 # What bench/ may use besides the public API (L3 and the lazy package exports): the coordinator run
 # entry with its RunObserver seam (the scale simulation serves fake agents over the wire protocol),
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
@@ -184,6 +191,10 @@ def violations_of(module: str, path: Path) -> list[str]:
             if not any(_within(module, allowed) for allowed in TORCH_ALLOWED):
                 problems.append(f"{at}: only worker/ and minitrain/torch/ may import torch")
             continue
+        if top in GBDT_LIBRARIES:
+            if not any(_within(module, allowed) for allowed in GBDT_ALLOWED):
+                problems.append(f"{at}: only worker/, minitrain.xgboost and minitrain.lightgbm may import {top}")
+            continue
         if top != "minitrain":
             if level == 0 and top not in sys.stdlib_module_names:
                 problems.append(f"{at}: L0 modules use the standard library only")
@@ -240,6 +251,13 @@ def test_the_checker_catches_upward_and_torch_imports(tmp_path):
     assert "minitrain.trainer" in text and "minitrain.train_api" in text and "minitrain.result" in text
     assert "torch" in text and "runtimes never import each other" in text
     assert len(problems) == 5, text
+
+
+def test_the_checker_keeps_xgboost_and_lightgbm_out_of_the_supervisors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    import xgboost\n    from lightgbm import Booster\n")
+    assert len(violations_of("minitrain.coordinator.bad", bad)) == 2
+    assert violations_of("minitrain.worker.bad", bad) == []
 
 
 @pytest.mark.parametrize(("module", "path"), source_modules(), ids=[m for m, _ in source_modules()])
