@@ -204,7 +204,7 @@ class TorchTrainer:
         live = LiveConsole.for_driver()
         self._console_status = ConsoleStatus(self._monitor, live, line_every_s=monitoring.status_interval_s)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
-        log_sink = LogSink(logs_dir, live=live)
+        log_sink = LogSink(logs_dir, live=live, run_storage=storage if storage.is_local else None)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button
         try:
             # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.

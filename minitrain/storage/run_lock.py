@@ -33,7 +33,7 @@ import time
 from typing import Any, Optional
 
 from minitrain.errors import ConfigError
-from minitrain.storage.layout import LOCK_NAME
+from minitrain.storage.layout import LOCK_NAME, RESERVED_NAMES
 from minitrain.storage.filesystem import Storage, StorageError
 
 LEASE_RENEW_S = 10.0
@@ -93,6 +93,9 @@ class RunLock:
             _held.add(self._url)
         try:
             self._storage.makedirs()
+            # Links or other users' entries under minitrain's own names (a shared storage_path) are
+            # refused before anything is written; every later write refuses them again, one by one.
+            self._storage.refuse_planted(RESERVED_NAMES)
             if self._storage.is_local:
                 self._lock_file()
             else:
@@ -122,8 +125,7 @@ class RunLock:
     # ------------------------------------------------------------------ local and NFS
 
     def _lock_file(self) -> None:
-        path = self._storage.path(LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._storage.open_local(LOCK_NAME, os.O_RDWR | os.O_CREAT)  # no link followed
         try:
             _lock_exclusive(fd)
         except OSError:
