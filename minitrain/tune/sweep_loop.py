@@ -219,7 +219,7 @@ class SweepLoop:
         if trial.iteration > trial.checkpoint_iteration:  # it reports again from its checkpoint on
             trial.iteration = trial.checkpoint_iteration
             trial.checkpoints = [c for c in trial.checkpoints if os.path.exists(c[0])]
-        os.makedirs(os.path.join(self.spec.experiment_path, tr.TUNE_DIR), exist_ok=True)
+        tr.make_tune_dir(self.spec.experiment_path)
         tr.cut_history(self.spec.experiment_path, trial, trial.iteration)
         trial_dir = os.path.join(self.spec.experiment_path, trial.dirname)
         context = TuneContext(trial.trial_id, trial.name, trial_dir, self.spec.experiment_name,
@@ -234,7 +234,7 @@ class SweepLoop:
         env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
-        with open(tr.log_path(self.spec.experiment_path, trial), "ab") as log:
+        with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(write_fd,), start_new_session=True, env=env)
