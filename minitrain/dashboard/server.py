@@ -222,7 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif board.view is None:
             self._send(404, b"not found", "text/plain; charset=utf-8")
         elif path in ("/", "/index.html"):
-            body = pages.page_html(board.view, board.live, to_json).encode()
+            # backslashreplace: a lone surrogate in old run data shows as its escape, never a 500
+            body = pages.page_html(board.view, board.live, to_json).encode("utf-8", "backslashreplace")
             self._send(200, body, "text/html; charset=utf-8", extra)
         elif path == "/parts":
             self._json(pages.parts(board.view, board.live))
