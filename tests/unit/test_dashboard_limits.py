@@ -90,3 +90,26 @@ def test_a_client_that_disconnects_early_leaves_no_traceback(caplog, capfd):
     assert "Traceback" not in captured.err + captured.out
     assert not [r for r in caplog.records if r.exc_info or "Traceback" in r.getMessage()]
     assert all(r.levelno <= logging.DEBUG for r in caplog.records if "dashboard" in r.getMessage())
+
+
+# ---------------------------------------------------------------------------------- MINITRAIN_DASHBOARD probes
+
+
+import pytest  # noqa: E402
+
+from minitrain.dashboard.settings import parse_address  # noqa: E402
+from minitrain.errors import ConfigError  # noqa: E402
+
+
+@pytest.mark.parametrize("value", ["\u0663\u0663", "127.0.0.1:\u0668\u0660", "\u00b9", "[]:80", "[1.2.3.4]:80",
+                                   "\u00fcn\u00ef.example", "999.1.1.1", "1.2.3", "a" * 300, "x\x00y", "host:",
+                                   "[::1]:80:90", "+80", "-1"])
+def test_odd_dashboard_values_are_config_errors_naming_the_value(value):
+    with pytest.raises(ConfigError) as info:
+        parse_address(value)
+    assert f"MINITRAIN_DASHBOARD={value!r}" in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["[fe80::1%eth0]:80", " 8265 ", "OFF\n", "[::ffff:127.0.0.1]:0", "1e3", "h-1.example"])
+def test_odd_but_meaningful_dashboard_values_still_parse(value):
+    parse_address(value)
