@@ -33,6 +33,7 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
 from minitrain.storage import sweep_state as tr
+from minitrain.storage.filesystem import StorageError
 from minitrain.tune import messages
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
                                      TrialReported)
@@ -150,8 +151,19 @@ class SweepLoop:
         except KeyboardInterrupt:
             self._interrupt()
             raise
+        except StorageError as exc:  # a full disk, a lost mount: the sweep cannot record its trials
+            self._kill_running()
+            raise StorageError(f"{exc}. The sweep stopped its trials; {tr.STATE_FILE} keeps the last state it "
+                               f"could write and every committed checkpoint is kept. Free the space, then "
+                               f"Tuner.restore({self.spec.experiment_path!r}, trainable) goes on from there."
+                               ) from exc
         finally:
-            self._save()
+            try:
+                self._save()
+            except StorageError as exc:
+                if sys.exc_info()[1] is None:
+                    raise
+                logger.error("the sweep's state file could not be written either: %s", exc)
             self.reporter.finish(self.trials)
 
     def _pending(self) -> list[tr.Trial]:
@@ -382,6 +394,10 @@ class SweepLoop:
                 self._handle(trial_id, message)
         except KeyboardInterrupt:
             pass
+        self._kill_running()
+
+    def _kill_running(self) -> None:
+        """Kill every running trial's process group; they are PENDING again (a restore resumes them)."""
         for running in list(self.running.values()):
             _kill_group(running.proc)
             running.proc.wait()
