@@ -149,3 +149,18 @@ def test_ordinary_writes_still_work_and_reopen_own_files(tmp_path):
     with RunLock(storage):  # a second fit() in the same directory reopens its own lock file
         pass
     assert storage.read_text(METRICS_NAME) == "a\nb\n" and storage.read_text(INDEX_NAME) == "{\"v\": 1}"
+
+
+def test_the_datasets_staging_beside_the_run_refuses_a_planted_link(tmp_path, victim):
+    from minitrain.data.staging import StagingArea
+    from minitrain.storage.layout import DATASETS_DIR
+
+    storage = _shared_run(tmp_path, {})
+    os.symlink(victim / "dir", tmp_path / "shared" / DATASETS_DIR)
+    with pytest.raises(StorageError, match="symbolic link"):
+        StagingArea.for_run(storage, all_local=False)
+    _intact(victim)
+    os.unlink(tmp_path / "shared" / DATASETS_DIR)
+    area = StagingArea.for_run(storage, all_local=False)
+    assert os.path.isdir(area.root) and not os.path.islink(tmp_path / "shared" / DATASETS_DIR)
+    area.cleanup()
