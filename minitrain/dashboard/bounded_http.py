@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -91,10 +92,8 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     def handle_error(self, request: Any, client_address: Any) -> None:
         """One debug line for a client that went away or was cut off; a real fault of a handler is
         logged with its traceback once."""
-        import sys
-
         exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+        if isinstance(exc, OSError):  # ConnectionError, TimeoutError: the client went away or was cut off
             logger.debug("dashboard: connection from %s ended early: %s", client_address[0],
                          type(exc).__name__)
             return
