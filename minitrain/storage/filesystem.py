@@ -28,7 +28,7 @@ import shutil
 import stat
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from typing import Optional
+from typing import Callable, Optional
 
 import fsspec
 import fsspec.core
@@ -349,27 +349,32 @@ class Storage:
 
     def _upload_local(self, local_dir: str, rel: str) -> int:
         copied = 0
-        with self._io(f"upload {local_dir!r} to", rel), self._local_dir(rel) as target_fd:
-            opened: dict[str, int] = {"": target_fd}
+        with self._io(f"upload {local_dir!r} to", rel), self._subdirs(rel) as subdir:
+            for source, relative in local_files(local_dir):
+                parent, _, name = relative.rpartition("/")
+                copied += safe_files.copy_into(source, subdir(parent), name, self.path(_join(rel, relative)))
+        return copied
+
+    @contextmanager
+    def _subdirs(self, rel: str) -> Iterator[Callable[[str], int]]:
+        """A function of a "/"-separated path below the local directory `rel` to the descriptor of that
+        directory (created, no link followed), each opened once and all closed at the end."""
+        opened: dict[str, int] = {}
+
+        def subdir(parent: str) -> int:
+            if parent not in opened:
+                head, _, name = parent.rpartition("/")
+                opened[parent] = safe_files.open_dir(subdir(head), name, self.path(_join(rel, parent)), create=True)
+            return opened[parent]
+
+        with self._local_dir(rel) as target_fd:
+            opened[""] = target_fd
             try:
-                for source, relative in local_files(local_dir):
-                    parent, _, name = relative.rpartition("/")
-                    dir_fd = self._subdir_fd(opened, parent, rel)
-                    copied += safe_files.copy_into(source, dir_fd, name, self.path(_join(rel, relative)))
+                yield subdir
             finally:
                 for key, fd in opened.items():
                     if key:
                         os.close(fd)
-        return copied
-
-    def _subdir_fd(self, opened: dict[str, int], parent: str, rel: str) -> int:
-        """The descriptor of `parent` below the directory opened as opened[""] (created, no link followed),
-        kept in `opened` for the next file."""
-        if parent not in opened:
-            head, _, name = parent.rpartition("/")
-            opened[parent] = safe_files.open_dir(self._subdir_fd(opened, head, rel), name,
-                                                 self.path(_join(rel, parent)), create=True)
-        return opened[parent]
 
     def move_into(self, local_dir: str, rel: str) -> bool:
         """Move every file of `local_dir` into the directory `rel` (renames: O(files), no bytes copied;
@@ -378,30 +383,23 @@ class Storage:
         False, having moved nothing, when that does not hold (copy instead)."""
         if not self._plain_local or not os.path.isdir(local_dir):
             return False
-        with self._io(f"move {local_dir!r} into", rel), self._local_dir(rel) as target_fd:
-            if os.stat(local_dir).st_dev != os.fstat(target_fd).st_dev:
+        with self._io(f"move {local_dir!r} into", rel), self._subdirs(rel) as subdir:
+            if os.stat(local_dir).st_dev != os.fstat(subdir("")).st_dev:
                 return False
             files = list(local_files(os.path.realpath(local_dir)))
             # A file reached through a link is copied, and first: a link may point at a file this call
             # moves. The others are renamed (a rename replaces a link in the target, never follows it).
             linked = [(s, r) for s, r in files if os.path.realpath(s) != s]
             owned = [(s, r) for s, r in files if os.path.realpath(s) == s]
-            opened: dict[str, int] = {"": target_fd}
-            try:
-                for files_of_kind, copy in ((linked, True), (owned, False)):
-                    for source, relative in files_of_kind:
-                        parent, _, name = relative.rpartition("/")
-                        dir_fd = self._subdir_fd(opened, parent, rel)
-                        target = self.path(_join(rel, relative))
-                        if copy:
-                            safe_files.copy_into(source, dir_fd, name, target)
-                        else:
-                            safe_files.check_entry(dir_fd, name, target)
-                            os.replace(source, name, dst_dir_fd=dir_fd)
-            finally:
-                for key, fd in opened.items():
-                    if key:
-                        os.close(fd)
+            for files_of_kind, copy in ((linked, True), (owned, False)):
+                for source, relative in files_of_kind:
+                    parent, _, name = relative.rpartition("/")
+                    target = self.path(_join(rel, relative))
+                    if copy:
+                        safe_files.copy_into(source, subdir(parent), name, target)
+                    else:
+                        safe_files.check_entry(subdir(parent), name, target)
+                        os.replace(source, name, dst_dir_fd=subdir(parent))
         return True
 
     def promote(self, sources: list[str], rel: str) -> None:
@@ -438,21 +436,14 @@ class Storage:
                 with self._local_dir(source_parent, create=False) as source_fd:
                     os.rename(source_name, name, src_dir_fd=source_fd, dst_dir_fd=parent_fd)
                 return
-        with self._local_dir(rel) as target_fd:
-            opened: dict[str, int] = {"": target_fd}
-            try:
-                for source in sources:
-                    with self._local_dir(source, create=False) as source_fd:
-                        for relative in _files_below(source_fd):
-                            head, _, base = relative.rpartition("/")
-                            dir_fd = self._subdir_fd(opened, head, rel)
-                            safe_files.check_entry(dir_fd, base, self.path(_join(rel, relative)))
-                            os.replace(relative, base, src_dir_fd=source_fd, dst_dir_fd=dir_fd)
-                    self.remove_tree(source)
-            finally:
-                for key, fd in opened.items():
-                    if key:
-                        os.close(fd)
+        with self._subdirs(rel) as subdir:
+            for source in sources:
+                with self._local_dir(source, create=False) as source_fd:
+                    for relative in _files_below(source_fd):
+                        head, _, base = relative.rpartition("/")
+                        safe_files.check_entry(subdir(head), base, self.path(_join(rel, relative)))
+                        os.replace(relative, base, src_dir_fd=source_fd, dst_dir_fd=subdir(head))
+                self.remove_tree(source)
 
     def download_dir(self, rel: str, local_dir: str) -> int:
         """Copy every file under the directory `rel` into the local directory `local_dir` (created,
