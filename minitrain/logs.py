@@ -14,8 +14,8 @@ import threading
 from typing import Iterator, Optional, TextIO
 
 from minitrain.console import LiveConsole
-from minitrain.storage.filesystem import StorageError
-from minitrain.storage.layout import rank_log
+from minitrain.storage.filesystem import Storage, StorageError
+from minitrain.storage.layout import LOGS_DIR, rank_log
 
 logger = logging.getLogger("minitrain")
 
@@ -35,12 +35,15 @@ class LogSink:
     descriptors left) is given up with one error naming it; `failures` keeps each as a `StorageError`.
     `live`: the driver's LiveConsole; console lines are written through it, so its status block
     never tears them.
+    `run_storage`: the local run directory `logs_dir` lies in (`<run>/logs`); its files are then opened
+    through it, no link followed and another user's file refused (`Storage.open_local`).
     """
 
     def __init__(self, logs_dir: str, console: bool = True,
                  stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None,
-                 live: Optional[LiveConsole] = None):
+                 live: Optional[LiveConsole] = None, run_storage: Optional[Storage] = None):
         self._logs_dir = logs_dir
+        self._run_storage = run_storage
         self._console = console
         self._stdout = stdout
         self._stderr = stderr
@@ -61,17 +64,22 @@ class LogSink:
         if key not in self._files:
             path = self.path(attempt, rank)
             try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                self._files[key] = open(path, "a", encoding="utf-8", buffering=1)
-            except OSError as exc:
+                if self._run_storage is not None:
+                    fd = self._run_storage.open_local(f"{LOGS_DIR}/{rank_log(attempt, rank)}",
+                                                      os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+                    self._files[key] = open(fd, "a", encoding="utf-8", buffering=1)
+                else:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    self._files[key] = open(path, "a", encoding="utf-8", buffering=1)
+            except (OSError, StorageError) as exc:
                 self._give_up(key, exc)
         return self._files[key]
 
-    def _give_up(self, key: tuple[int, int], exc: OSError) -> None:
+    def _give_up(self, key: tuple[int, int], exc: Exception) -> None:
         handle = self._files.get(key)
         self._files[key] = None
         path = self.path(*key)
-        error = StorageError(f"could not write the worker log {path}: {exc.strerror or exc}; the rest of "
+        error = StorageError(f"could not write the worker log {path}: {getattr(exc, 'strerror', None) or exc}; the rest of "
                              f"rank {key[1]}'s output of attempt {key[0]} is shown on the console only")
         self.failures.append(error)
         logger.error("%s", error)

@@ -39,19 +39,41 @@ def _find_unencodable(value: Any, path: str, seen: frozenset = frozenset()) -> t
     return None if plain is None or isinstance(plain, (str, int, float, bool)) else (path, value)
 
 
+def _refuse_lone_surrogates(value: Any, path: str) -> None:
+    # A lone surrogate (from bytes decoded with errors="surrogateescape", or a bad slice) is valid in
+    # a Python str and in escaped JSON but is no text: every UTF-8 writer (the dashboard's /metrics,
+    # log files, trackers) fails on it later, far from the report that brought it.
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, (list, tuple)) else ()
+    for key, item in items:
+        child = (f"{path}/{key}" if path else str(key)) if isinstance(value, dict) else f"{path}[{key}]"
+        for text, what in ((key, "key"), (item, "value")):
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise ValueError(f"minitrain.report(metrics): the {what} of metrics[{child!r}] holds a lone "
+                                     "surrogate, which is not text (decode bytes without errors='surrogateescape'"
+                                     ", or report them as a hex string).") from None
+        _refuse_lone_surrogates(item, child)
+
+
 def encode_metrics(metrics: Any) -> str:
     """JSON text of `metrics`; ValueError naming the key of the first value that is not JSON-safe.
 
-    Accepted values: str, int, float (NaN and infinities included), bool, None, NumPy scalars, and
+    Accepted values: str (text: a lone surrogate is refused), int, float (NaN and infinities included), bool, None, NumPy scalars, and
     lists/tuples/dicts of those. A torch tensor must be turned into a number with `.item()` first.
     """
     if not isinstance(metrics, dict):
         raise ValueError(f"minitrain.report(metrics) expects a dict of metrics, got "
                          f"{type(metrics).__name__}. Pass e.g. {{'loss': loss.item()}}.")
     try:
-        return json.dumps(metrics, default=_numpy_scalar)
+        text = json.dumps(metrics, default=_numpy_scalar)
     except (TypeError, ValueError):
         pass
+    else:
+        if "\\ud" in text or "\\uD" in text:  # a surrogate escape: legal in pairs, refused alone
+            _refuse_lone_surrogates(metrics, "")
+        return text
     found = _find_unencodable(metrics, "")
     if found is None:
         raise ValueError("minitrain.report(metrics): the metrics cannot be encoded as JSON "

@@ -12,7 +12,9 @@ import math
 import os
 import shutil
 import sys
+import signal
 import tempfile
+import threading
 import uuid
 from typing import Any, Callable, Iterator, Optional
 
@@ -142,16 +144,18 @@ class DataParallelTrainer:
     def fit(self) -> Result:
         """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
         past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
-        and KeyboardInterrupt after stopping the workers when interrupted."""
-        with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
-            try:
-                return self._fit()
-            except KeyboardInterrupt as interrupt:
-                if not interrupt.args:
-                    raise
-                logger.warning("%s", interrupt.args[0])
-                # Raised here, the traceback is the caller's line and this one, not 16 internal frames.
-                raise KeyboardInterrupt(interrupt.args[0]) from None
+        and KeyboardInterrupt after stopping the workers when interrupted. SIGTERM to the driver stops
+        the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`)."""
+        with _sigterm_stops_like_ctrl_c():
+            with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
+                try:
+                    return self._fit()
+                except KeyboardInterrupt as interrupt:
+                    if not interrupt.args:
+                        raise
+                    logger.warning("%s", interrupt.args[0])
+                    # Raised here, the traceback is the caller's line and this one, not 16 internal frames.
+                    raise KeyboardInterrupt(interrupt.args[0]) from None
 
     def _fit(self) -> Result:
         if self.scaling_config.num_workers == 0:
@@ -232,7 +236,7 @@ class DataParallelTrainer:
         live = LiveConsole.for_driver()
         self._console_status = ConsoleStatus(self._monitor, live, line_every_s=monitoring.status_interval_s)
         logs_dir = storage.path(LOGS_DIR) if storage.is_local else tempfile.mkdtemp(prefix="minitrain_logs_")
-        log_sink = LogSink(logs_dir, live=live)
+        log_sink = LogSink(logs_dir, live=live, run_storage=storage if storage.is_local else None)
         stack_desk = StackDesk()  # the dashboard's "dump stacks" button
         self._attempted = True
         try:
@@ -514,6 +518,38 @@ def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
     except StorageError as exc:
         raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
     return storage
+
+
+@contextlib.contextmanager
+def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
+    """SIGTERM to the driver (`kill`, a scheduler's stop, a container's shutdown) stops the run the way
+    Ctrl-C does: the workers get their grace, the index and the event log are written, the run lock is
+    released; a second SIGTERM kills the workers at once, as a second Ctrl-C does. Then the driver dies
+    by SIGTERM, as it did before (at once, leaving the workers to notice their driver was gone), so the
+    sender sees the status it expects (143, -15). Only where both signals have Python's default
+    handling, on the main thread: a handler of the user's own is left alone."""
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
+        yield
+        return
+    received: list[int] = []
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        received.append(signum)
+        signal.raise_signal(signal.SIGINT)  # what Ctrl-C does, whichever handler is in place now
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not received:
+            raise
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if received:
+        logger.warning("the driver got SIGTERM: the run was stopped as by Ctrl-C; exiting by SIGTERM")
+        signal.raise_signal(signal.SIGTERM)
 
 
 def _check_ownership(storage: Storage, run_config: RunConfig) -> None:

@@ -5,7 +5,9 @@ User callbacks may be slow (a tracker's network I/O), so this observer only turn
 calls and queues them; one thread per run makes the calls, one at a time, in the order the events
 happened and, for each event, in the order of `RunConfig.callbacks`. When the run ends, `fit()`
 waits until the queue is drained, up to `drain_timeout_s`; then it warns, names the call still
-running, and returns (the thread is a daemon, so it never keeps the interpreter alive).
+running, and returns (the thread is a daemon, so it never keeps the interpreter alive). While a
+call hangs, at most `MAX_QUEUED` events wait behind it; later ones are dropped with one warning naming
+the call, so a hung callback costs neither the run nor unbounded memory.
 
 A hook that raises is logged with its traceback (the first `LOGGED_FAILURES` of each callback; the
 others are counted) and the run goes on; a callback whose `on_run_start` raised is not called again
@@ -30,6 +32,7 @@ from minitrain.run_state import RunState
 logger = logging.getLogger("minitrain")
 
 DRAIN_TIMEOUT_S = 120.0
+MAX_QUEUED = 10_000  # events waiting for the callback thread (a round each); beyond: dropped
 LOGGED_FAILURES = 3
 _STOP = object()
 
@@ -56,6 +59,7 @@ class CallbackRunner(RunObserver):
         self._calls: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
         self._thread: Optional[threading.Thread] = None
         self._current = ""  # the call in progress, for the drain warning
+        self.dropped = 0  # events not queued because MAX_QUEUED were waiting (a hung callback)
 
     # ------------------------------------------------------------------ RunObserver (controller thread)
 
@@ -139,8 +143,16 @@ class CallbackRunner(RunObserver):
         self._queue_many(lambda callback: [call(callback)])
 
     def _queue_many(self, calls: Callable[[object], list]) -> None:
-        if self._thread is not None:
-            self._calls.put(calls)
+        if self._thread is None:
+            return
+        if self._calls.qsize() >= MAX_QUEUED:
+            self.dropped += 1
+            if self.dropped == 1:
+                logger.warning("RunConfig.callbacks: %d events wait behind %s, which has not returned; later "
+                               "events are not passed to the callbacks (the run goes on)", MAX_QUEUED,
+                               self._current or "a callback")
+            return
+        self._calls.put(calls)
 
     def _serve(self) -> None:
         while True:

@@ -49,6 +49,9 @@ class TensorBoardCallback(Callback):
                                   f"{run_context.run_path} is not local. Pass TensorBoardCallback(logdir=...) "
                                   f"with a local directory.")
             self.logdir = os.path.join(run_context.local_run_dir, TRACKERS_DIR, "tensorboard")
+            # In the run directory: created without following a planted link (minitrain.storage.safe_files);
+            # the writer then opens its event file itself.
+            run_context.storage.makedirs(f"{TRACKERS_DIR}/tensorboard")
         os.makedirs(self.logdir, exist_ok=True)
         self._writer = self._writer_cls(self.logdir)
         state = run_context.load_state(_STATE_KEY)

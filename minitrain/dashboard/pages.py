@@ -170,9 +170,18 @@ def parts(view: RunView, live: bool) -> dict[str, str]:
     }
 
 
-def _json_for_script(value: Any, to_json: Callable[[Any], str]) -> str:
-    # Inside <script type="application/json">, only "</" could end the element early.
-    return to_json(value).replace("</", "<\\/")
+# Every character that could change how the HTML around the embedded JSON parses, as a JSON escape:
+# "</script>" would end the element, and "<!--" followed by "<script" puts the tokenizer into a state
+# where the real "</script>" no longer ends it (the page's scripts all died). U+2028/2029 are kept out
+# too, for older JavaScript parsers. JSON.parse gives back exactly the same strings.
+_SCRIPT_SAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026",
+                              "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
+
+def json_for_script(value: Any, to_json: Callable[[Any], str] = json.dumps) -> str:
+    """`value` as JSON to embed in `<script type="application/json">`: no value can end the element
+    or change how the page parses (the characters that could are JSON escapes)."""
+    return to_json(value).translate(_SCRIPT_SAFE)
 
 
 def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.dumps) -> str:
@@ -180,7 +189,7 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
     run = view.run()
     sections = parts(view, live)
     title = f"minitrain · {run.get('name') or 'run'}"
-    data = _json_for_script({"live": live, **snapshot(view)}, to_json)
+    data = json_for_script({"live": live, **snapshot(view)}, to_json)
     mode = "live" if live else "from storage"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

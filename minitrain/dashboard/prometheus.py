@@ -41,6 +41,17 @@ _RANK_GAUGES = (
 )
 
 
+def _text(value: object) -> str:
+    """`value` as a label value the UTF-8 exposition can hold: a lone surrogate (a metric name from a
+    run of an older version, which accepted them) is written as its escape, never a 500 for the run."""
+    text = str(value)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
 def _finite(value) -> Optional[float]:
     if value is None or isinstance(value, bool):
         return None
@@ -59,7 +70,7 @@ class RunCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         run = self._view.run()
-        base = [str(run.get("name") or ""), str(run.get("run_id") or "")]
+        base = [_text(run.get("name") or ""), _text(run.get("run_id") or "")]
         yield from self._run_metrics(run, base)
         yield from self._rank_metrics(base)
 
@@ -77,7 +88,7 @@ class RunCollector(Collector):
         counts: dict[tuple[str, str], int] = {}
         for attempt in attempts:
             for failure in attempt.get("failures", ()):
-                key = (str(failure.get("kind", "")), "true" if failure.get("consequence") else "false")
+                key = (_text(failure.get("kind", "")), "true" if failure.get("consequence") else "false")
                 counts[key] = counts.get(key, 0) + 1
         for (kind, consequence), count in sorted(counts.items()):
             failures.add_metric(base + [kind, consequence], float(count))
@@ -106,7 +117,7 @@ class RunCollector(Collector):
                     if value is not None:
                         latest[key] = value
             for key, value in latest.items():
-                last.add_metric(base + [key], value)
+                last.add_metric(base + [_text(key)], value)
             yield last
 
     def _rank_metrics(self, base: list[str]) -> Iterator[Metric]:
@@ -125,7 +136,7 @@ class RunCollector(Collector):
         gpu_total = GaugeMetricFamily("minitrain_train_gpu_memory_total_bytes", "GPU memory (NVML).",
                                       labels=gpu_labels)
         for rank in ranks:
-            labels = base + [str(rank.get("rank")), str(rank.get("host") or "")]
+            labels = base + [str(rank.get("rank")), _text(rank.get("host") or "")]
             for field, family in families.items():
                 value = _finite(rank.get(field))
                 if value is not None:

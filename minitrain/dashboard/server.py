@@ -1,7 +1,9 @@
 """The dashboard's HTTP server: the page, its static files, `/api/...`, `/parts` and `/metrics`.
 
-A stdlib `ThreadingHTTPServer` on a thread of its own (the driver has no event loop to share, and a
-page of a few kilobytes every two seconds needs nothing more). Each request is checked by
+A stdlib threading HTTP server on a thread of its own (the driver has no event loop to share, and a
+page of a few kilobytes every two seconds needs nothing more), with the limits of
+`bounded_http.BoundedHTTPServer`: a connection cap, a deadline per connection and quiet disconnects,
+so no flood of connections can take the driver's file descriptors from the run. Each request is checked by
 `auth.Access` before anything else is read from it. Routes:
 
     GET  /                         the page (pages.page_html)
@@ -25,7 +27,7 @@ import re
 import socket
 import threading
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from importlib import resources
 from typing import Any, Callable, Optional
 from urllib.parse import parse_qs, urlsplit
@@ -35,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from minitrain.dashboard import pages
 from minitrain.dashboard.api import BadQuery, RunView, api_view
 from minitrain.dashboard.auth import Access, new_viewer_token
+from minitrain.dashboard.bounded_http import IDLE_S, BoundedHTTPServer, BoundedHTTPServerV6
 from minitrain.dashboard.prometheus import exposition, registry_for
 from minitrain.dashboard.settings import DashboardAddress
 
@@ -97,20 +100,17 @@ class DashboardServer:
         self.registry = registry_for(view) if view is not None else None
         self.static = _static_files()
         self._address = address
-        self._httpd: Optional[ThreadingHTTPServer] = None
+        self._httpd: Optional[BoundedHTTPServer] = None
         self._thread: Optional[threading.Thread] = None
 
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> "DashboardServer":
         """Bind and serve on a daemon thread; OSError when the address cannot be bound."""
-        server_class = _IPv6Server if ":" in self._address.host else ThreadingHTTPServer
-        httpd = server_class((self._address.host, self._address.port), _handler_for(self))
+        server_class = BoundedHTTPServerV6 if ":" in self._address.host else BoundedHTTPServer
         # Request threads are joined by server_close(): nothing outlives stop(). Each connection serves
-        # one request (HTTP/1.0) and a silent client is dropped after _Handler.timeout, so that join is
-        # bounded.
-        httpd.daemon_threads = False
-        httpd.block_on_close = True
+        # one request (HTTP/1.0) within the server's deadline, so that join is bounded.
+        httpd = server_class((self._address.host, self._address.port), _handler_for(self))
         self._httpd = httpd
         self._thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.2},
                                         name="minitrain-dashboard", daemon=True)
@@ -151,10 +151,6 @@ class DashboardServer:
         return f"http://{shown}:{self.port}/{token}"
 
 
-class _IPv6Server(ThreadingHTTPServer):
-    address_family = socket.AF_INET6
-
-
 def _handler_for(server: DashboardServer) -> type:
     class Handler(_Handler):
         dashboard = server
@@ -165,10 +161,18 @@ class _Handler(BaseHTTPRequestHandler):
     dashboard: DashboardServer
     server_version = "minitrain-dashboard"
     protocol_version = "HTTP/1.0"
-    timeout = 10.0  # seconds a client may stay silent mid-request
+    timeout = IDLE_S  # seconds a client may stay silent mid-request (the whole request has a deadline too)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
         logger.debug("dashboard %s: " + format, self.address_string(), *args)
+
+    def finish(self) -> None:
+        # A client that went away leaves a reply that cannot be flushed: the server's handle_error
+        # already says so in one debug line; a second traceback from here would only repeat it.
+        try:
+            super().finish()
+        except OSError:
+            pass
 
     # ------------------------------------------------------------------ dispatch
 
@@ -200,6 +204,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._get(url.path, query, extra)
         except BadQuery as exc:
             self._send(400, str(exc).encode(), "text/plain; charset=utf-8")
+        except (ConnectionError, TimeoutError):  # the client went away: the server says so in one debug line
+            raise
         except Exception:  # noqa: BLE001 - one bad request never stops the server
             logger.exception("dashboard: %s %s failed", method, url.path)
             self._send(500, b"internal error (see the driver's log)", "text/plain; charset=utf-8")
@@ -216,7 +222,8 @@ class _Handler(BaseHTTPRequestHandler):
         elif board.view is None:
             self._send(404, b"not found", "text/plain; charset=utf-8")
         elif path in ("/", "/index.html"):
-            body = pages.page_html(board.view, board.live, to_json).encode()
+            # backslashreplace: a lone surrogate in old run data shows as its escape, never a 500
+            body = pages.page_html(board.view, board.live, to_json).encode("utf-8", "backslashreplace")
             self._send(200, body, "text/html; charset=utf-8", extra)
         elif path == "/parts":
             self._json(pages.parts(board.view, board.live))

@@ -64,18 +64,23 @@ def parse_address(value: Optional[str], source: str = ENV_VAR) -> Optional[Dashb
         raise _bad(source, value, f"{host!r} is not a host name or IP address")
     if port_text is None:
         return DashboardAddress(host, 0)
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+    if not _ascii_digits(port_text) or not 0 <= int(port_text) <= 65535:
         raise _bad(source, value, f"the port {port_text!r} is not an integer from 0 to 65535")
     return DashboardAddress(host, int(port_text))
 
 
+def _ascii_digits(text: str) -> bool:
+    # str.isdigit() also takes "٣" and "¹" (int() refuses the second): ports are ASCII digits.
+    return text.isascii() and text.isdigit()
+
+
 def _split(text: str, source: str, value: str) -> tuple[str, Optional[str]]:
-    if text.isdigit():
+    if _ascii_digits(text):
         return LOOPBACK, text
     if text.startswith("["):  # [IPv6]:port or [IPv6]
         end = text.find("]")
         rest = text[end + 1:] if end > 0 else None
-        if rest is None or (rest and not rest.startswith(":")):
+        if rest is None or (rest and not rest.startswith(":")) or not _is_ipv6(text[1:end]):
             raise _bad(source, value, "a bracketed IPv6 address must look like [::1]:8265")
         return text[1:end], rest[1:] if rest else None
     if text.count(":") > 1:
@@ -86,14 +91,24 @@ def _split(text: str, source: str, value: str) -> tuple[str, Optional[str]]:
     return text, None
 
 
+def _is_ipv6(text: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(text), ipaddress.IPv6Address)
+    except ValueError:
+        return False
+
+
 def _valid_host(host: str) -> bool:
+    """An IP address, or a host name of ASCII letters, digits and hyphens (not all digits: "999.1.1.1"
+    or "1.2.3" is a mistyped address, which the resolver would read as some other one)."""
     try:
         ipaddress.ip_address(host)
         return True
     except ValueError:
         labels = host.rstrip(".").split(".")
-        return all(label and len(label) <= 63 and label.replace("-", "").isalnum()
-                   and not label.startswith("-") for label in labels)
+        return (host.isascii() and len(host) <= 253 and not all(label.isdigit() for label in labels)
+                and all(label and len(label) <= 63 and label.replace("-", "").isalnum()
+                        and not label.startswith("-") for label in labels))
 
 
 def _bad(source: str, value: str, why: str) -> ConfigError:

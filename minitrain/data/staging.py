@@ -104,8 +104,12 @@ class StagingArea:
 
             return cls(LocalFileSystem(), tempfile.mkdtemp(prefix="minitrain_datasets_"))
         parent, _, name = storage.root.rpartition("/")
-        root = posixpath.join(parent or "/", DATASETS_DIR, f"{name}-{uuid.uuid4().hex[:12]}")
-        storage.fs.makedirs(root, exist_ok=True)
+        leaf = f"{name}-{uuid.uuid4().hex[:12]}"
+        root = posixpath.join(parent or "/", DATASETS_DIR, leaf)
+        if storage.is_local:  # a shared storage_path: no planted link or other user's entry is followed
+            type(storage)(storage.fs, posixpath.join(parent or "/", DATASETS_DIR), guard_root=True).makedirs(leaf)
+        else:
+            storage.fs.makedirs(root, exist_ok=True)
         return cls(storage.fs, root, remove_parent_if_empty=True)
 
     def stage(self, name: str, table: ColumnTable) -> Staged:

@@ -14,9 +14,11 @@ index. `RunLock` is held for the whole `fit()`:
   conditional create (`pipe_file(mode="create")`, S3's `If-None-Match: *`), renewed every
   `LEASE_RENEW_S` by the holder; a lease not renewed for `LEASE_EXPIRY_S` belongs to a dead driver
   and is taken over (delete, then a conditional create: two takers cannot both win the create, but
-  a holder frozen for longer than the expiry loses its lease without knowing). Where the filesystem
-  has no conditional create the same steps run as a best effort (an existence check before the
-  write).
+  a holder frozen for longer than the expiry loses its lease). Every lease carries a random token:
+  a holder renews and releases only a lease that still holds its token, so one that lost its lease
+  never overwrites or deletes the new holder's (it logs an error naming the new holder and stops
+  renewing). Where the filesystem has no conditional create the same steps run as a best effort (an
+  existence check before the write).
 - Within one process, a registry refuses a second lock of the same directory with a message that
   says so (the file lock would refuse it too, naming this process as the holder).
 """
@@ -25,16 +27,20 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import socket
 import struct
 import threading
 import time
+import uuid
 from typing import Any, Optional
 
 from minitrain.errors import ConfigError
-from minitrain.storage.layout import LOCK_NAME
+from minitrain.storage.layout import LOCK_NAME, RESERVED_NAMES
 from minitrain.storage.filesystem import Storage, StorageError
+
+logger = logging.getLogger("minitrain")
 
 LEASE_RENEW_S = 10.0
 LEASE_EXPIRY_S = 60.0
@@ -75,7 +81,9 @@ class RunLock:
         self._fd: Optional[int] = None
         self._renewer: Optional[threading.Thread] = None
         self._stop = threading.Event()
-        self._holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+        self._holder = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time(),
+                        "token": uuid.uuid4().hex}
+        self.lost_lease = False  # set by the renewer when another driver took the lease over
 
     def __enter__(self) -> "RunLock":
         self.acquire()
@@ -93,6 +101,9 @@ class RunLock:
             _held.add(self._url)
         try:
             self._storage.makedirs()
+            # Links or other users' entries under minitrain's own names (a shared storage_path) are
+            # refused before anything is written; every later write refuses them again, one by one.
+            self._storage.refuse_planted(RESERVED_NAMES)
             if self._storage.is_local:
                 self._lock_file()
             else:
@@ -111,7 +122,7 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # drops the fcntl lock; the file stays (deleting it would race a taker)
             self._fd = None
-        elif not self._storage.is_local:
+        elif not self._storage.is_local and self._still_ours():
             try:
                 self._storage.fs.rm(self._storage.path(LOCK_NAME))
             except (OSError, FileNotFoundError):
@@ -122,8 +133,7 @@ class RunLock:
     # ------------------------------------------------------------------ local and NFS
 
     def _lock_file(self) -> None:
-        path = self._storage.path(LOCK_NAME)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._storage.open_local(LOCK_NAME, os.O_RDWR | os.O_CREAT)  # no link followed
         try:
             _lock_exclusive(fd)
         except OSError:
@@ -174,9 +184,31 @@ class RunLock:
                 return False
             raise StorageError(f"could not take the run lock {self._storage.url(LOCK_NAME)}: {exc}") from exc
 
+    def _still_ours(self) -> bool:
+        """True when the lease object holds this lock's token (a read: best effort, no conditional write)."""
+        try:
+            self._storage.fs.invalidate_cache(self._storage.path(LOCK_NAME))
+            holder = _parse_holder(self._storage.fs.cat_file(self._storage.path(LOCK_NAME)))
+        except FileNotFoundError:
+            return False
+        except Exception:  # noqa: BLE001 - unknown: act as before (renew, or delete at release)
+            return True
+        if holder.get("token") == self._holder["token"]:
+            return True
+        if not self.lost_lease:
+            self.lost_lease = True
+            logger.error("The run lock of %s was taken over by another fit() (host %s, pid %s): this driver's lease "
+                         "went unrenewed for over %.0f s (the process was frozen or cut off from storage). Two runs "
+                         "in one directory may now delete each other's uploads; this driver no longer renews or "
+                         "releases the lock.", self._url, holder.get("host", "?"), holder.get("pid", "?"),
+                         LEASE_EXPIRY_S)
+        return False
+
     def _renew(self) -> None:
         fs, path = self._storage.fs, self._storage.path(LOCK_NAME)
         while not self._stop.wait(LEASE_RENEW_S):
+            if not self._still_ours():
+                return
             try:
                 fs.pipe_file(path, json.dumps({**self._holder, "renewed_at": time.time()}).encode())
             except Exception:  # noqa: BLE001 - the next renewal tries again

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any, Optional
 
@@ -120,12 +120,66 @@ def write_state(experiment_path: str, header: dict, trials: list[Trial]) -> None
             record["config"] = repr(trial.config)
         records.append(record)
     text = json.dumps({"version": STATE_VERSION, **header, "trials": records}, indent=1, default=repr)
-    fd, tmp = tempfile.mkstemp(prefix=".tuner_state.", dir=experiment_path)
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(experiment_path, STATE_FILE))
+    sweep_storage(experiment_path).write_text_atomic(STATE_FILE, text)
+
+
+def sweep_storage(experiment_path: str) -> Any:
+    """The sweep directory as a local `Storage`: every write into it follows no link and refuses another
+    user's entries (a shared storage_path, see minitrain.storage.safe_files)."""
+    # Imported here: a trial process reads this module and stays free of fsspec.
+    from fsspec.implementations.local import LocalFileSystem
+
+    from minitrain.storage.filesystem import Storage
+
+    return Storage(LocalFileSystem(), experiment_path, guard_root=True)
+
+
+# What a trial's directory name may be: one path component of the sweep directory (Tuner's namer makes
+# such names); a state file that says otherwise would have the sweep write outside its directory.
+_DIRNAME = re.compile(r"[A-Za-z0-9_,=+-][A-Za-z0-9_.,=+-]{0,127}")
+_TRIAL_TYPES = {"trial_id": str, "name": str, "dirname": str, "index": int, "status": str,
+                "stop_reason": (str, type(None)), "error": (dict, type(None)), "num_failures": int,
+                "checkpoint": (str, type(None)), "checkpoint_iteration": int, "iteration": int,
+                "last_result": (dict, type(None)), "time_total_s": (int, float), "checkpoints": list,
+                "config_is_json": bool}
+_TRIAL_REQUIRED = ("trial_id", "name", "dirname", "config", "index")
+HEADER_FIELDS = {"name": str, "trainable": str, "num_samples": int, "total_trials": int, "id_prefix": str,
+                 "metric": (str, type(None)), "mode": (str, type(None))}
+
+
+def _check_trial(record: Any, number: int, location: str) -> dict:
+    """The trial record `number` of the state file, checked field by field; ValueError naming the field."""
+    where = f"{location}: trials[{number}]"
+    if not isinstance(record, dict):
+        raise ValueError(f"{where} is not an object")
+    known = {f.name for f in fields(Trial)}
+    extra = sorted(set(record) - known)
+    if extra:
+        raise ValueError(f"{where} has unknown field(s) {extra}; it was not written by minitrain.tune")
+    for key in _TRIAL_REQUIRED:
+        if key not in record:
+            raise ValueError(f"{where} has no {key!r}")
+    for key, kind in _TRIAL_TYPES.items():
+        if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool) and kind is int):
+            raise ValueError(f"{where}.{key} is {record[key]!r}, not of the type minitrain.tune writes")
+    if not _DIRNAME.fullmatch(record["dirname"]) or record["dirname"] in (".", ".."):
+        raise ValueError(f"{where}.dirname is {record['dirname']!r}: a trial directory is one name inside the "
+                         "sweep directory (letters, digits and _.,=+-, not starting with a dot)")
+    if "status" in record and record["status"] not in {s.value for s in TrialStatus}:
+        raise ValueError(f"{where}.status is {record['status']!r}, not one of {[s.value for s in TrialStatus]}")
+    if any(not isinstance(c, list) or len(c) != 2 for c in record.get("checkpoints", [])):
+        raise ValueError(f"{where}.checkpoints holds an entry that is not a [path, metrics] pair")
+    return record
+
+
+def check_header(header: dict, location: str) -> None:
+    """ValueError naming the first missing or mistyped field of a state file's header (what
+    `Tuner.restore` needs to go on with the sweep)."""
+    for key, kind in HEADER_FIELDS.items():
+        if key not in header and kind != (str, type(None)):
+            raise ValueError(f"{location} has no {key!r}; it was not written by minitrain.tune or is damaged")
+        if not isinstance(header.get(key), kind) or isinstance(header.get(key), bool):
+            raise ValueError(f"{location}: {key} is {header[key]!r}, not of the type minitrain.tune writes")
 
 
 def read_state(experiment_path: str) -> tuple[dict, list[Trial]]:
@@ -138,8 +192,11 @@ def read_state(experiment_path: str) -> tuple[dict, list[Trial]]:
         raise ValueError(f"{location} is not valid JSON: {exc}") from None
     if not isinstance(data, dict) or data.get("version") != STATE_VERSION:
         raise ValueError(f"{location}: not a minitrain.tune state file of version {STATE_VERSION}.")
+    if not isinstance(data.get("trials"), list):
+        raise ValueError(f"{location} has no \"trials\" list; it was not written by minitrain.tune or is damaged")
     trials = []
-    for record in data.pop("trials"):
+    for number, record in enumerate(data.pop("trials")):
+        record = _check_trial(record, number, location)
         record["checkpoints"] = [tuple(c) for c in record.get("checkpoints", [])]
         record["status"] = TrialStatus(record.get("status", TrialStatus.PENDING))
         record["error"] = TrialError.from_record(record["error"]) if record.get("error") else None
@@ -178,16 +235,24 @@ def read_history(experiment_path: str, trial: Trial) -> list[dict]:
 def cut_history(experiment_path: str, trial: Trial, keep: int) -> None:
     """Keep only the first `keep` results (a resumed trial reports the ones after its checkpoint again)."""
     kept = read_history(experiment_path, trial)[:keep]
-    path = history_path(experiment_path, trial)
-    with open(path + ".tmp", "w") as f:
-        f.writelines(json.dumps(r) + "\n" for r in kept)
-    os.replace(path + ".tmp", path)
+    sweep_storage(experiment_path).write_text_atomic(f"{TUNE_DIR}/{trial.dirname}.jsonl",
+                                                     "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def append_history(experiment_path: str, trial: Trial, result: dict) -> None:
     """Append one result of `trial` to its history file."""
-    with open(history_path(experiment_path, trial), "a") as f:
-        f.write(json.dumps(result) + "\n")
+    sweep_storage(experiment_path).append_text(f"{TUNE_DIR}/{trial.dirname}.jsonl", json.dumps(result) + "\n")
+
+
+def open_log(experiment_path: str, trial: Trial) -> int:
+    """A descriptor of `trial`'s log file (`log_path`), opened to append, no link followed."""
+    return sweep_storage(experiment_path).open_local(f"{TUNE_DIR}/{trial.dirname}.log",
+                                                     os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+
+
+def make_tune_dir(experiment_path: str) -> None:
+    """Create the sweep directory and its `.tune/` (no link followed)."""
+    sweep_storage(experiment_path).makedirs(TUNE_DIR)
 
 
 # ---------------------------------------------------------------- how the trial tables show a trial

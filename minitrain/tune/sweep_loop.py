@@ -33,6 +33,7 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
 from minitrain.storage import sweep_state as tr
+from minitrain.storage.filesystem import StorageError
 from minitrain.tune import messages
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
                                      TrialReported)
@@ -150,8 +151,19 @@ class SweepLoop:
         except KeyboardInterrupt:
             self._interrupt()
             raise
+        except StorageError as exc:  # a full disk, a lost mount: the sweep cannot record its trials
+            self._kill_running()
+            raise StorageError(f"{exc}. The sweep stopped its trials; {tr.STATE_FILE} keeps the last state it "
+                               f"could write and every committed checkpoint is kept. Free the space, then "
+                               f"Tuner.restore({self.spec.experiment_path!r}, trainable) goes on from there."
+                               ) from exc
         finally:
-            self._save()
+            try:
+                self._save()
+            except StorageError as exc:
+                if sys.exc_info()[1] is None:
+                    raise
+                logger.error("the sweep's state file could not be written either: %s", exc)
             self.reporter.finish(self.trials)
 
     def _pending(self) -> list[tr.Trial]:
@@ -219,7 +231,7 @@ class SweepLoop:
         if trial.iteration > trial.checkpoint_iteration:  # it reports again from its checkpoint on
             trial.iteration = trial.checkpoint_iteration
             trial.checkpoints = [c for c in trial.checkpoints if os.path.exists(c[0])]
-        os.makedirs(os.path.join(self.spec.experiment_path, tr.TUNE_DIR), exist_ok=True)
+        tr.make_tune_dir(self.spec.experiment_path)
         tr.cut_history(self.spec.experiment_path, trial, trial.iteration)
         trial_dir = os.path.join(self.spec.experiment_path, trial.dirname)
         context = TuneContext(trial.trial_id, trial.name, trial_dir, self.spec.experiment_name,
@@ -234,7 +246,7 @@ class SweepLoop:
         env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
-        with open(tr.log_path(self.spec.experiment_path, trial), "ab") as log:
+        with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
                                     pass_fds=(write_fd,), start_new_session=True, env=env)
@@ -382,6 +394,10 @@ class SweepLoop:
                 self._handle(trial_id, message)
         except KeyboardInterrupt:
             pass
+        self._kill_running()
+
+    def _kill_running(self) -> None:
+        """Kill every running trial's process group; they are PENDING again (a restore resumes them)."""
         for running in list(self.running.values()):
             _kill_group(running.proc)
             running.proc.wait()

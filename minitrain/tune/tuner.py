@@ -173,7 +173,7 @@ class Tuner:
             header, trials = self._restored
             searcher.total_trials(header["num_samples"])  # the sweep's own count, whatever tune_config says
             _replay(searcher, scheduler, self.experiment_path, trials)
-        os.makedirs(os.path.join(self.experiment_path, tr.TUNE_DIR), exist_ok=True)
+        tr.make_tune_dir(self.experiment_path)
         # The trial table, in the driver's live console (the status block if no other run holds it).
         reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
         try:
@@ -251,7 +251,11 @@ class Tuner:
             raise ConfigError(f"Tuner.restore({path!r}): no {tr.STATE_FILE} there, so there is no tuning run to "
                               "resume. The path is <storage_path>/<name> of the sweep.")
         path = os.path.abspath(os.path.expanduser(str(path)))
-        header, trials = tr.read_state(path)
+        try:
+            header, trials = tr.read_state(path)
+            tr.check_header(header, os.path.join(path, tr.STATE_FILE))
+        except ValueError as exc:
+            raise ConfigError(f"Tuner.restore({path!r}): {exc}") from None
         for trial in trials:
             if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
                 trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0

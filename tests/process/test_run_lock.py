@@ -92,3 +92,26 @@ def test_an_s3_lease_is_exclusive_and_an_expired_one_is_taken_over(s3):
             RunLock(Storage.for_run(s3.url("results"), "run", filesystem=s3.filesystem()))._take_lease()
     finally:
         lock.release()
+
+
+def test_an_s3_holder_that_lost_its_lease_never_overwrites_or_deletes_the_new_one(s3, monkeypatch, caplog):
+    # issue 26 probe (locks on object stores): a driver frozen past the expiry lost its lease to another; when
+    # it wakes, its renewer and its release must leave the new holder's lease alone.
+    import minitrain.storage.run_lock as run_lock
+
+    monkeypatch.setattr(run_lock, "LEASE_RENEW_S", 0.2)
+    storage = Storage.for_run(s3.url("results"), "run", filesystem=s3.filesystem())
+    lock = RunLock(storage)
+    lock.acquire()
+    try:
+        other = dict(host="elsewhere", pid=4242, since=time.time(), renewed_at=time.time(), token="theirs")
+        storage.fs.pipe_file(storage.path(LOCK_NAME), json.dumps(other).encode())  # the takeover
+        deadline = time.monotonic() + 10
+        while not lock.lost_lease and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert lock.lost_lease
+        assert "taken over by another fit() (" in caplog.text and "host elsewhere, pid 4242" in caplog.text
+    finally:
+        lock.release()
+    storage.fs.invalidate_cache()
+    assert json.loads(storage.fs.cat_file(storage.path(LOCK_NAME)))["token"] == "theirs"
