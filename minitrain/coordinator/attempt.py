@@ -211,6 +211,25 @@ class AttemptTracker:
         """No rank's stream is open: every message the ranks sent has been received."""
         return not any(s.stream_open for s in self.ranks.values())
 
+    def round_pending(self) -> bool:
+        """A round that every failed rank reported (the lowest of their last rounds) is not complete,
+        and every rank that has not reported it can still: it has not failed, exited or finished
+        (a finished rank holds back no later round). What the live ranks of a failed attempt run on
+        for (decide's catch-up stage). O(ranks): asked only while a failed attempt is not yet stopped."""
+        _, behind = self.ranks_behind()
+        return bool(behind) and not any(self.ranks[r].exited for r in behind)
+
+    def ranks_behind(self) -> tuple[Optional[int], tuple[int, ...]]:
+        """(round, ranks): the lowest last round of the failed ranks (None when one of them never
+        reported, or none failed), and the ranks that neither failed nor finished and have not reported
+        it. A rank's reports are recorded in order, so its `last_round` says which rounds it reported."""
+        failed = [self.ranks[r].last_round for r in self.failure_order]
+        if not failed or None in failed:
+            return None, ()
+        round_ = min(failed)
+        return round_, tuple(r for r, s in self.ranks.items()
+                             if s.failure is None and not s.done and (s.last_round is None or s.last_round < round_))
+
     def failures(self) -> list[WorkerFailure]:
         """The failures, in the order they were learned."""
         return [self.ranks[r].failure for r in self.failure_order]

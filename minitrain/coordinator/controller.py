@@ -217,11 +217,14 @@ class Controller:
         if group is None:
             return seen
         tracker = group.tracker
+        failed = tracker.failed()
         return dataclasses.replace(
-            seen, has_attempt=True, failed=tracker.failed(), finished=tracker.finished(),
+            seen, has_attempt=True, failed=failed, finished=tracker.finished(),
             all_training=tracker.all_training(), all_exited=tracker.all_exited(),
             all_drained=tracker.all_drained(), stacks_answered=group.stacks_answered(),
             watched=self._hangs.watched(tracker, now),
+            # a scan of the ranks: only while a failed attempt is not being stopped yet
+            round_pending=failed and not tracker.stop_requested and tracker.round_pending(),
             root_cause=tracker.root_cause_line())
 
     # ------------------------------------------------------------------ actions
@@ -248,7 +251,8 @@ class Controller:
             StartAttempt: lambda action: self._start(action.attempt),
             RelaunchAgents: lambda action: membership.relaunch_lost(),
             ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
-            LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s),
+            LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s,
+                                             self._rules.catch_up_s),
             StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
             CollectStacks: on_group(lambda group, action: group.collect_stacks()),
             DeclareHung: on_group(lambda group, action: group.declare_hung(

@@ -12,10 +12,21 @@ and their streams drain, and in STOPPING until the same has happened on the way 
 A `Stage` says what the loop waits for inside a state, each with a deadline:
 
     LAUNCHING/AGENTS --every agent connected--> STARTING/WORKERS --every rank training--> RUNNING/WORKERS
-    STARTING|RUNNING/WORKERS --a rank failed, retry allowed--> RESTARTING/EXIT --exited--> RESTARTING/DRAIN
-        --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ] STARTING/WORKERS (attempt + 1)
+    STARTING|RUNNING/WORKERS --a rank failed, retry allowed--> [RESTARTING/CATCH_UP: a failed rank's last
+        round pending --reported by every live rank, or the grace passed-->] RESTARTING/EXIT --exited-->
+        RESTARTING/DRAIN --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ]
+        STARTING/WORKERS (attempt + 1)
     RUNNING/WORKERS --a rank silent past its hang deadline--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
     any --finished | budget spent | Ctrl-C | launch failed--> STOPPING/EXIT -> STOPPING/DRAIN -> terminal
+    (a spent budget goes through STOPPING/CATCH_UP first when a failed rank's last round is pending)
+
+The catch-up stage exists because `report()` is not a barrier: a rank may fail right after its report()
+of round R returned while a peer has not reached round R yet. Stopping the attempt at once would lose
+that round (its metrics, its checkpoint, its `after_report`); Ray loses none, because there a report()
+returns only after every rank reported. So while such a round is pending (`Seen.round_pending`), the
+live ranks run on until each has reported it (or exited, or failed too: a peer blocked in a collective
+with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
+then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
 """
 
 from __future__ import annotations
@@ -32,6 +43,9 @@ if TYPE_CHECKING:
 STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
 STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
 DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (normally milliseconds)
+# How long the live ranks of a failed attempt may take to report the round a failed rank reported last:
+# rank skew is usually a step or a checkpoint upload; a peer blocked in a collective never gets there.
+CATCH_UP_S = 10.0
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 
 
@@ -41,6 +55,7 @@ class Stage(enum.Enum):
     AGENTS = "agents"  # every expected node agent connected
     WORKERS = "workers"  # the attempt finishes or a rank fails
     STACKS = "stacks"  # every live rank's thread stacks arrived (a rank was found silent)
+    CATCH_UP = "catch_up"  # every live rank reported the round a failed rank reported last
     EXIT = "exit"  # every process of the attempt exited
     DRAIN = "drain"  # every stream of the attempt delivered its last message
     DONE = "done"  # the run is in its terminal state
@@ -58,6 +73,7 @@ class Rules:
     stack_wait_s: float = STACK_WAIT_S
     stop_margin_s: float = STOP_MARGIN_S
     drain_s: float = DRAIN_S
+    catch_up_s: float = CATCH_UP_S
 
     @classmethod
     def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
@@ -121,6 +137,9 @@ class Seen:
     all_exited: bool = False  # no process of the attempt is left
     all_drained: bool = False  # every stream of the attempt ended
     stacks_answered: bool = False  # every live rank's stacks arrived since they were asked for
+    # a round some failed rank reported is not complete yet and every rank that has not reported it is
+    # alive (it can still): AttemptTracker.round_pending
+    round_pending: bool = False
     watched: Mapping[int, "Watch"] = field(default_factory=dict)  # live training ranks with a hang deadline
     root_cause: str = ""  # one line naming the attempt's root-cause failure
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
@@ -226,6 +245,8 @@ def decide(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return _workers(loop, seen, now, rules)
     if loop.stage is Stage.STACKS:
         return _stacks(loop, seen, now, rules)
+    if loop.stage is Stage.CATCH_UP:
+        return _catch_up(loop, seen, now, rules)
     if loop.stage is Stage.EXIT:
         return _exit(loop, seen, now, rules)
     return _drain(loop, seen, now, rules)
@@ -240,6 +261,8 @@ def _interrupt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return _stop(loop, seen, now, rules, RunState.ABORTED, INTERRUPTED)
     if loop.stage is Stage.EXIT:
         return Decision(loop, (StopWorkers(0.0),))
+    if loop.stage is Stage.CATCH_UP:  # the pending round is given up
+        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_margin_s), (StopWorkers(0.0),))
     return Decision(loop)
 
 
@@ -249,10 +272,15 @@ def _stop(loop: Loop, seen: Seen, now: float, rules: Rules, target: RunState, re
     move = MoveTo(RunState.STOPPING, reason, target)
     if not seen.has_attempt:
         return _end(loop, (move,))
+    return _stop_attempt(loop, seen, now, rules, (move,))
+
+
+def _stop_attempt(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Action, ...]) -> Decision:
+    """RESTARTING or STOPPING: stop the attempt's processes (if any are left), then drain."""
     if not seen.all_exited:
         return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
-                        (move, StopWorkers(rules.stop_grace_s)))
-    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
+                        actions + (StopWorkers(rules.stop_grace_s),))
+    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), actions)
 
 
 def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
@@ -315,17 +343,37 @@ def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
 
 
 def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
-    """A rank failed: stop the attempt; restart within the failure budget, else fail the run."""
+    """A rank failed: stop the attempt; restart within the failure budget, else fail the run. When a
+    round a failed rank reported is pending, the live ranks first get `catch_up_s` to complete it."""
     failures = loop.failures + 1
     loop = replace(loop, failures=failures)
+    reason = seen.root_cause
     if not rules.allows_retry(failures):
-        return _stop(loop, seen, now, rules, RunState.FAILED, seen.root_cause)
-    loop = replace(loop, state=RunState.RESTARTING, reason=seen.root_cause)
-    move = MoveTo(RunState.RESTARTING, seen.root_cause)
-    if seen.all_exited:
-        return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
-    return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
-                    (move, StopWorkers(rules.stop_grace_s)))
+        if seen.round_pending:
+            loop = replace(loop, state=RunState.STOPPING, target=RunState.FAILED, reason=reason)
+            return _await_round(loop, now, rules, MoveTo(RunState.STOPPING, reason, RunState.FAILED))
+        return _stop(loop, seen, now, rules, RunState.FAILED, reason)
+    loop = replace(loop, state=RunState.RESTARTING, reason=reason)
+    move = MoveTo(RunState.RESTARTING, reason)
+    if seen.round_pending:
+        return _await_round(loop, now, rules, move)
+    return _stop_attempt(loop, seen, now, rules, (move,))
+
+
+def _await_round(loop: Loop, now: float, rules: Rules, move: MoveTo) -> Decision:
+    """Make `move` and let the live ranks run on to complete the pending round (`_catch_up`)."""
+    return Decision(replace(loop, stage=Stage.CATCH_UP, deadline=now + rules.catch_up_s), (move,))
+
+
+def _catch_up(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """RESTARTING or STOPPING after a failure: the live ranks run on until the round a failed rank
+    reported last is complete (its commit happens as the last report is recorded), or can no longer
+    be (a rank that had not reported it exited or failed), or the grace ran out; then the attempt is
+    stopped as always."""
+    if seen.round_pending and now <= loop.deadline:
+        return Decision(loop)
+    late = (LogLate(Stage.CATCH_UP),) if seen.round_pending else ()
+    return _stop_attempt(loop, seen, now, rules, late)
 
 
 def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import History
-from minitrain.coordinator.decide import Loop, MoveTo, Rules, Stage
+from minitrain.coordinator.decide import CATCH_UP_S, Loop, MoveTo, Rules, Stage
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState, ray_status
@@ -30,6 +30,11 @@ def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[Att
     failed = tracker is not None and tracker.failed() and not start_error
     if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
         logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt, move.reason)
+        if loop.stage is Stage.CATCH_UP:
+            round_, behind = tracker.ranks_behind()
+            logger.warning("attempt %d: round %d was reported by every failed rank but not yet by rank(s) %s; "
+                           "the stop waits until they did (at most %g s), so that the round is committed",
+                           tracker.attempt, round_, ",".join(map(str, behind)), rules.catch_up_s)
     if move.state is RunState.STARTING and previous is RunState.RESTARTING:
         # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
         left = rules.retries_left(loop.failures)
@@ -48,9 +53,11 @@ def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[Att
                  loop.attempt, move.reason)
 
 
-def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: float) -> None:
+def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: float,
+             catch_up_s: float = CATCH_UP_S) -> None:
     """Log that `stage` of the loop ended at its deadline, not because what it waited for came: some
-    ranks of `tracker`'s attempt did not confirm their exit, or did not send their stacks."""
+    ranks of `tracker`'s attempt did not confirm their exit, did not send their stacks, or did not report
+    the round a failed rank reported last."""
     if tracker is None:
         return
     if stage is Stage.EXIT:
@@ -58,6 +65,11 @@ def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: floa
         logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
     elif stage is Stage.STACKS:
         logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt, stack_wait_s)
+    elif stage is Stage.CATCH_UP:
+        round_, behind = tracker.ranks_behind()
+        logger.warning("attempt %d: rank(s) %s did not report round %s within %g s (blocked, perhaps in a "
+                       "collective with a failed rank); stopping the attempt without that round", tracker.attempt,
+                       ",".join(map(str, behind)), round_, catch_up_s)
 
 
 def run_outcome(loop: Loop, tracker: Optional[AttemptTracker], history: History, *, max_failures: int,

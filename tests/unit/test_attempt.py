@@ -328,3 +328,40 @@ def test_progress_and_judged_failures_are_written_through_the_tracker():
                                message="silent"))
     (failure,) = tracker.failures()
     assert failure.node == "host-a" and failure.exc_type == "WorkerHangError" and tracker.exc_pickles() == {}
+
+
+def test_a_round_a_failed_rank_reported_is_pending_while_a_live_rank_can_still_report_it():
+    tracker = make_tracker()
+    for rank in range(4):
+        start(tracker, rank)
+    assert tracker.ranks_behind() == (None, ()) and not tracker.round_pending()  # nobody failed
+    for rank, last in ((0, 2), (1, 3), (2, 3), (3, 1)):
+        for round_ in range(last + 1):
+            tracker.reported(rank, round_, 1.0)
+    reported(tracker, 1)  # failed after its report of round 3
+    assert tracker.ranks_behind() == (3, (0, 3)) and tracker.round_pending()
+    tracker.reported(0, 3, 2.0)
+    tracker.on_done(ev.WorkerDone(ATTEMPT, 3, reports=2))  # a finished rank holds back no later round
+    assert tracker.ranks_behind() == (3, ()) and not tracker.round_pending()
+
+
+def test_no_round_is_pending_when_it_can_no_longer_complete():
+    tracker = make_tracker(2)
+    for rank in range(2):
+        start(tracker, rank)
+    reported(tracker, 1)  # failed before any report: no round of it can complete
+    tracker.reported(0, 0, 1.0)
+    assert tracker.ranks_behind() == (None, ()) and not tracker.round_pending()
+    tracker = make_tracker(2)
+    tracker.reported(1, 0, 1.0)
+    reported(tracker, 1)
+    assert tracker.round_pending()
+    exited(tracker, 0, stopped_by_agent=True)  # the rank behind is gone without reporting it
+    assert tracker.ranks_behind() == (0, (0,)) and not tracker.round_pending()
+    tracker = make_tracker(2)
+    tracker.reported(0, 0, 1.0)
+    tracker.reported(1, 0, 1.0)
+    tracker.reported(1, 1, 1.0)
+    reported(tracker, 1)
+    reported(tracker, 0)  # the peer failed too (its collective broke): round 0, the lowest, is complete
+    assert tracker.ranks_behind() == (0, ()) and not tracker.round_pending()

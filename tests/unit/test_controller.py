@@ -154,6 +154,11 @@ class Harness:
         self.send(ev.ReportsReceived(tuple(ReportRecord(attempt, rank, round_, f'{{"round": {round_}}}', self.now)
                                            for rank in range(len(NODES)))))
 
+    def report_of(self, attempt: int, rank: int, *rounds: int) -> None:
+        """`rank`'s reports of `rounds`, one batch."""
+        self.send(ev.ReportsReceived(tuple(ReportRecord(attempt, rank, r, f'{{"round": {r}}}', self.now)
+                                           for r in rounds)))
+
     def exit_all(self, attempt: int, *, stopped: bool) -> None:
         """Every rank's process of `attempt` ends (stopped by its agent, or after its function returned)."""
         for rank, node in enumerate(NODES):
@@ -229,6 +234,51 @@ def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp
     assert h.controller.state is RunState.RUNNING
     h.exit_all(1, stopped=False)
     assert h.end().state is RunState.SUCCEEDED
+
+
+def _rank_1_fails_ahead_of_rank_0(h: Harness) -> None:
+    """Rank 0 reported rounds 0-2; rank 1 reported rounds 0-3 and failed right after (report() is no
+    barrier): round 3 is pending."""
+    _started(h)
+    h.report_of(0, 0, 0, 1, 2)
+    h.report_of(0, 1, 0, 1, 2, 3)
+    h.send(_failure(0, 1, "after round 3", h.now))
+    assert h.hub.agent_kinds(StopWorkers) == []
+
+
+def test_a_failed_rank_s_last_round_is_committed_once_its_peer_reports_it_then_the_attempt_stops(tmp_path):
+    h = Harness(tmp_path, max_failures=1)
+    _rank_1_fails_ahead_of_rank_0(h)
+    assert h.controller.state is RunState.RESTARTING
+    h.advance(2.0)
+    assert h.hub.agent_kinds(StopWorkers) == []  # rank 0 still runs on
+    h.report_of(0, 0, 3)  # the round completes: committed (told as a round), then the attempt stops
+    assert [r.index for r in h.observer.named("on_round")] == [0, 1, 2, 3]
+    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.STARTING
+
+
+def test_a_peer_that_never_reports_the_round_holds_the_stop_only_for_the_grace(tmp_path):
+    h = Harness(tmp_path, max_failures=1)
+    _rank_1_fails_ahead_of_rank_0(h)
+    h.advance(decide.CATCH_UP_S)
+    assert h.hub.agent_kinds(StopWorkers) == []
+    h.advance(0.1)
+    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert [r.index for r in h.observer.named("on_round")] == [0, 1, 2]  # round 3 is lost
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.STARTING
+
+
+def test_a_peer_that_fails_too_ends_the_catch_up_at_once(tmp_path):
+    h = Harness(tmp_path, max_failures=0)
+    _rank_1_fails_ahead_of_rank_0(h)
+    assert h.controller.state is RunState.STOPPING  # the budget is spent: on the way to FAILED
+    h.send(_failure(0, 0, "Connection closed by peer", h.now))  # e.g. its all_reduce with rank 1 broke
+    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    h.exit_all(0, stopped=True)
+    assert h.controller.state is RunState.FAILED
 
 
 def test_a_spent_budget_fails_the_run_with_the_root_cause(tmp_path):

@@ -247,11 +247,64 @@ def test_an_unsatisfiable_first_start_fails_without_a_teardown():
     assert not any(isinstance(a, StopWorkers) for a in actions)
 
 
+# ---------------------------------------------------------------------- catch-up of a failed rank's last round
+
+PENDING = replace(RUNNING_ATTEMPT, failed=True, round_pending=True, root_cause="rank 1 raised after round 3")
+
+
+def test_a_pending_round_lets_the_live_ranks_run_on_before_the_stop():
+    loop, actions = _run([(PENDING, 100.0)], _running())
+    assert loop.state is S.RESTARTING and loop.stage is Stage.CATCH_UP and loop.failures == 1
+    assert actions == [MoveTo(S.RESTARTING, PENDING.root_cause)]  # no StopWorkers yet
+    assert loop.deadline == 100.0 + RULES.catch_up_s
+    loop, actions = _run([(PENDING, 101.0), (PENDING, 105.0)], loop)
+    assert loop.stage is Stage.CATCH_UP and actions == []
+    loop, actions = _run([(replace(PENDING, round_pending=False), 106.0)], loop)  # the last rank reported it
+    assert loop.stage is Stage.EXIT and actions == [StopWorkers(3.0)]
+    assert loop.deadline == 106.0 + 3.0 + RULES.stop_margin_s
+
+
+def test_without_a_pending_round_the_stop_starts_in_the_same_decision_as_before():
+    loop, actions = _run([(replace(PENDING, round_pending=False), 100.0)], _running())
+    assert loop.stage is Stage.EXIT and actions == [MoveTo(S.RESTARTING, PENDING.root_cause), StopWorkers(3.0)]
+
+
+def test_a_round_that_never_completes_holds_the_stop_only_for_the_grace_and_says_so():
+    loop, actions = _run([(PENDING, 100.0), (PENDING, 100.0 + RULES.catch_up_s),
+                          (PENDING, 100.0 + RULES.catch_up_s + 0.01)], _running())
+    assert loop.stage is Stage.EXIT and actions[1:] == [LogLate(Stage.CATCH_UP), StopWorkers(3.0)]
+
+
+def test_a_pending_round_is_completed_before_a_spent_budget_fails_the_run():
+    loop, actions = _run([(PENDING, 100.0)], _running(failures=1))
+    assert (loop.state, loop.stage, loop.target) == (S.STOPPING, Stage.CATCH_UP, S.FAILED)
+    assert actions == [MoveTo(S.STOPPING, PENDING.root_cause, S.FAILED)]
+    loop, actions = _run([(replace(PENDING, round_pending=False), 101.0),
+                          (replace(EXITED, all_drained=True), 102.0), (replace(EXITED, all_drained=True), 102.1)],
+                         loop)
+    assert loop.state is S.FAILED and actions[0] == StopWorkers(3.0)
+
+
+def test_ranks_that_all_exited_during_the_catch_up_are_drained_without_a_stop():
+    loop, actions = _run([(PENDING, 100.0), (replace(EXITED, round_pending=False), 101.0)], _running())
+    assert loop.stage is Stage.DRAIN and not any(isinstance(a, StopWorkers) for a in actions)
+
+
+def test_ctrl_c_during_the_catch_up_stops_at_once():
+    loop, _ = _run([(PENDING, 100.0)], _running())
+    aborted, actions = _run([(replace(PENDING, interrupted=True), 101.0)], loop)
+    assert (aborted.state, aborted.stage, aborted.target) == (S.STOPPING, Stage.EXIT, S.ABORTED)
+    assert actions == [MoveTo(S.STOPPING, "interrupted by the user (Ctrl-C)", S.ABORTED), StopWorkers(3.0)]
+    spent, _ = _run([(PENDING, 100.0)], _running(failures=1))
+    hurried, actions = _run([(replace(PENDING, interrupted=True), 101.0)], spent)
+    assert (hurried.stage, hurried.target) == (Stage.EXIT, S.FAILED) and actions == [StopWorkers(0.0)]
+
+
 _SEEN = st.builds(
     Seen, agents_missing=st.sampled_from([(), ("n1",)]), agents_failed=st.sampled_from(["", "died"]),
     lost_nodes=st.booleans(), start_error=st.sampled_from(["", "too small"]), has_attempt=st.booleans(),
     failed=st.booleans(), finished=st.booleans(), all_training=st.booleans(), all_exited=st.booleans(),
-    all_drained=st.booleans(), stacks_answered=st.booleans(),
+    all_drained=st.booleans(), stacks_answered=st.booleans(), round_pending=st.booleans(),
     watched=st.dictionaries(st.integers(0, 3), st.builds(Watch, st.floats(0, 100), st.floats(0.1, 50))), root_cause=st.just("cause"),
     interrupted=st.booleans())
 
@@ -277,3 +330,21 @@ def test_any_sequence_of_observations_moves_only_along_allowed_transitions(scrip
                 assert state is S.STARTING and action.attempt == decision.loop.attempt
         assert decision.loop.state is state
         loop = decision.loop
+
+
+@given(st.lists(st.tuples(_SEEN, st.floats(0, 5)), max_size=40), st.integers(-1, 3))
+def test_the_catch_up_stage_is_entered_only_for_a_pending_round_and_always_ends_by_its_deadline(script, max_failures):
+    """Whatever the world reports: the catch-up stage starts only when a failed rank's round is pending,
+    its deadline is at most `catch_up_s` away, and no decision after the deadline stays in it."""
+    rules = replace(RULES, max_failures=max_failures)
+    loop, now = Loop(), 0.0
+    for seen, step in script:
+        now += step
+        decision = decide(loop, seen, now, rules)
+        after = decision.loop
+        if after.stage is Stage.CATCH_UP:
+            if loop.stage is not Stage.CATCH_UP:
+                assert seen.round_pending and seen.failed and after.deadline == now + rules.catch_up_s
+            else:
+                assert now <= loop.deadline and after.deadline == loop.deadline and seen.round_pending
+        loop = after

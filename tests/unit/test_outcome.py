@@ -93,3 +93,24 @@ def test_the_failure_message_puts_the_root_cause_first_and_why_no_restart_was_po
     assert (outcome.attempt, outcome.last_metrics, outcome.metrics_history, outcome.return_value) == (
         1, {"loss": 1.0}, ({"loss": 1.0},), b"r")
     assert failure_message(_tracker(), 0, "/run", "") == ""  # nothing failed: no message
+
+
+def test_a_catch_up_names_the_pending_round_and_the_ranks_it_waits_for(caplog):
+    tracker = _tracker()
+    tracker.reported(0, 0, 1.0)
+    tracker.reported(1, 0, 1.0)
+    tracker.reported(1, 1, 1.0)
+    tracker.fail(WorkerFailure(rank=1, node="host-n1", pid=7, phase=Phase.TRAINING, time=1.0,
+                               exc_type="builtins.ValueError", message="boom"))
+    root = tracker.root_cause_line()
+    loop = Loop(state=S.RESTARTING, stage=Stage.CATCH_UP)
+    assert _logged(caplog, S.RUNNING, MoveTo(S.RESTARTING, root), loop, tracker, RULES, "") == [
+        ("WARNING", f"attempt 0: {root}; stopping every rank of the attempt"),
+        ("WARNING", "attempt 0: round 1 was reported by every failed rank but not yet by rank(s) 0; the stop "
+                    "waits until they did (at most 10 s), so that the round is committed")]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="minitrain"):
+        log_late(Stage.CATCH_UP, tracker, 5.0, 10.0)
+    assert [r.getMessage() for r in caplog.records] == [
+        "attempt 0: rank(s) 0 did not report round 1 within 10 s (blocked, perhaps in a collective with a failed "
+        "rank); stopping the attempt without that round"]
