@@ -3,6 +3,7 @@ lightgbm import): the legacy-argument check of Ray's trainers and the report cal
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, Union
 
 # Ray's issue that explains why the legacy (params/label_column/num_boost_round) trainer API was removed.
@@ -37,6 +38,36 @@ def metric_names(metrics: MetricsArg) -> Optional[Union[list, dict]]:
         return list(metrics)
     raise TypeError(f"RayTrainReportCallback(metrics={metrics!r}): give a metric key ('validation-rmse'), a list "
                     "of them, or a dict of reported name -> key ({'loss': 'validation-logloss'}).")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """What both RayTrainReportCallbacks are told (Ray's arguments, checked): `names` from
+    `metric_names`, the model's `filename`, checkpoint every `frequency` rounds (0: never during
+    training), `checkpoint_at_end`, and `postprocess` (Ray's `results_postprocessing_fn`)."""
+
+    names: Optional[Union[list, dict]]
+    filename: str
+    frequency: int
+    checkpoint_at_end: bool
+    postprocess: Optional[Callable[[dict], dict]]
+
+    @classmethod
+    def of(cls, metrics: MetricsArg, filename: str, frequency: int, checkpoint_at_end: bool,
+           results_postprocessing_fn: Optional[Callable[[dict], dict]]) -> "ReportSettings":
+        """The settings of a callback built with Ray's arguments; ValueError/TypeError naming the bad one."""
+        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
+            raise ValueError(f"RayTrainReportCallback(frequency={frequency!r}) must be an int >= 0 (0: no "
+                             "checkpoints during training).")
+        return cls(metric_names(metrics), filename, frequency, checkpoint_at_end, results_postprocessing_fn)
+
+    def due(self, iteration: int) -> bool:
+        """True when the round of 0-based `iteration` is checkpointed by `frequency`."""
+        return bool(self.frequency) and (iteration + 1) % self.frequency == 0
+
+    def metrics(self, flat: dict) -> dict:
+        """The metrics to report from a round's flattened evaluation (see `report_dict`)."""
+        return report_dict(flat, self.names, self.postprocess)
 
 
 def flatten_last(evals: Mapping[str, Mapping[str, Any]]) -> dict:

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterator, Optional
 from lightgbm import Booster
 
 from minitrain import train_api
-from minitrain._gbdt import MetricsArg, flatten_last, metric_names, report_dict
+from minitrain._gbdt import MetricsArg, ReportSettings, flatten_last
 from minitrain.checkpoint import Checkpoint
 
 
@@ -45,14 +45,8 @@ class RayTrainReportCallback:
     def __init__(self, metrics: MetricsArg = None, filename: str = CHECKPOINT_NAME, frequency: int = 0,
                  checkpoint_at_end: bool = True,
                  results_postprocessing_fn: Optional[Callable[[dict], dict]] = None):
-        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-            raise ValueError(f"RayTrainReportCallback(frequency={frequency!r}) must be an int >= 0 (0: no "
-                             "checkpoints during training).")
-        self._metrics = metric_names(metrics)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._results_postprocessing_fn = results_postprocessing_fn
+        self._settings = ReportSettings.of(metrics, filename, frequency, checkpoint_at_end,
+                                           results_postprocessing_fn)
 
     @classmethod
     def get_model(cls, checkpoint: Checkpoint, filename: str = CHECKPOINT_NAME) -> Booster:
@@ -66,15 +60,15 @@ class RayTrainReportCallback:
             yield None
             return
         with tempfile.TemporaryDirectory() as directory:
-            model.save_model(os.path.join(directory, self._filename))
+            model.save_model(os.path.join(directory, self._settings.filename))
             yield Checkpoint.from_directory(directory)
 
     def __call__(self, env: Any) -> None:
         """Report this round; with a checkpoint every `frequency` rounds and at the last one."""
         flat = flatten_last(evaluation_results(env.evaluation_result_list))
-        metrics = report_dict(flat, self._metrics, self._results_postprocessing_fn)
+        metrics = self._settings.metrics(flat)
         last = env.iteration == env.end_iteration - 1
-        if (last and self._checkpoint_at_end) or (self._frequency and (env.iteration + 1) % self._frequency == 0):
+        if (last and self._settings.checkpoint_at_end) or self._settings.due(env.iteration):
             with self._checkpoint(env.model) as checkpoint:
                 train_api.report(metrics, checkpoint=checkpoint)
         else:

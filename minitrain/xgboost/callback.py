@@ -11,7 +11,7 @@ from xgboost import Booster
 from xgboost.callback import TrainingCallback
 
 from minitrain import train_api
-from minitrain._gbdt import MetricsArg, flatten_last, metric_names, report_dict
+from minitrain._gbdt import MetricsArg, ReportSettings, flatten_last
 from minitrain.checkpoint import Checkpoint
 
 
@@ -32,14 +32,8 @@ class RayTrainReportCallback(TrainingCallback):
     def __init__(self, metrics: MetricsArg = None, filename: str = CHECKPOINT_NAME, frequency: int = 0,
                  checkpoint_at_end: bool = True,
                  results_postprocessing_fn: Optional[Callable[[dict], dict]] = None):
-        if isinstance(frequency, bool) or not isinstance(frequency, int) or frequency < 0:
-            raise ValueError(f"RayTrainReportCallback(frequency={frequency!r}) must be an int >= 0 (0: no "
-                             "checkpoints during training).")
-        self._metrics = metric_names(metrics)
-        self._filename = filename
-        self._frequency = frequency
-        self._checkpoint_at_end = checkpoint_at_end
-        self._results_postprocessing_fn = results_postprocessing_fn
+        self._settings = ReportSettings.of(metrics, filename, frequency, checkpoint_at_end,
+                                           results_postprocessing_fn)
         self._evals_log: Any = None
         self._last_checkpoint_iteration: Optional[int] = None
 
@@ -53,7 +47,7 @@ class RayTrainReportCallback(TrainingCallback):
 
     def _report_dict(self) -> dict:
         flat = flatten_last(self._evals_log) if self._evals_log else {}
-        return report_dict(flat, self._metrics, self._results_postprocessing_fn)
+        return self._settings.metrics(flat)
 
     @contextlib.contextmanager
     def _checkpoint(self, model: Booster) -> Iterator[Optional[Checkpoint]]:
@@ -61,7 +55,7 @@ class RayTrainReportCallback(TrainingCallback):
             yield None
             return
         with tempfile.TemporaryDirectory() as directory:
-            model.save_model(os.path.join(directory, self._filename))
+            model.save_model(os.path.join(directory, self._settings.filename))
             yield Checkpoint.from_directory(directory)
 
     def _report_with_checkpoint(self, model: Booster) -> None:
@@ -71,7 +65,7 @@ class RayTrainReportCallback(TrainingCallback):
     def after_iteration(self, model: Booster, epoch: int, evals_log: Any) -> bool:
         """Report this round (with a checkpoint every `frequency` rounds); never stops training."""
         self._evals_log = evals_log
-        if self._frequency and (epoch + 1) % self._frequency == 0:
+        if self._settings.due(epoch):
             self._last_checkpoint_iteration = epoch
             self._report_with_checkpoint(model)
         else:
@@ -80,6 +74,6 @@ class RayTrainReportCallback(TrainingCallback):
 
     def after_training(self, model: Booster) -> Booster:
         """Checkpoint the final model (`checkpoint_at_end`), unless its last round was just checkpointed."""
-        if self._checkpoint_at_end and model.num_boosted_rounds() - 1 != self._last_checkpoint_iteration:
+        if self._settings.checkpoint_at_end and model.num_boosted_rounds() - 1 != self._last_checkpoint_iteration:
             self._report_with_checkpoint(model)
         return model
