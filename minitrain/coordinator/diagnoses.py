@@ -10,8 +10,9 @@ run directory), so the console, the page and the tests all read the same words.
 - `memory_hint`: a rank whose resident memory climbs steadily (each quarter of its recent samples
   higher than the one before, by MEMORY_MIN_GROWTH_BYTES and MEMORY_MIN_GROWTH_RATIO in all):
   "memory climbs steadily across epochs: likely a leak (tensors kept across steps)".
-- `data_wait_hint`: a rank that waits on its data iterator for at least DATA_WAIT_SHARE of its step
-  time (median of its last DATA_WAIT_WINDOW samples): "the data pipeline is not keeping up".
+- `data_wait_hint`: a rank that waits on its data iterator for at least DATA_WAIT_SHARE of its own
+  work per step (its waits for the other ranks excluded; median of its last DATA_WAIT_WINDOW
+  samples): "the data pipeline is not keeping up".
 """
 
 from __future__ import annotations
@@ -131,13 +132,22 @@ def idle_shares(sample: dict) -> tuple[Optional[float], Optional[float]]:
     return (None if data is None else min(data / step, 1.0)), min(idle / step, 1.0)
 
 
+def _data_share_of_work(sample: dict) -> Optional[float]:
+    """Seconds waiting on data over the rank's own work per step (its waits for the other ranks
+    excluded: a rank held up by a slow peer is not short of data)."""
+    data, step = sample.get("data_wait_s"), sample.get("step_time_s")
+    if data is None or not step:
+        return None
+    work = step - (sample.get("report_wait_s") or 0.0) - (sample.get("collective_wait_s") or 0.0)
+    return min(data / work, 1.0) if work > 0 else None
+
+
 def data_wait_hint(samples: list[dict], attempt: Optional[int] = None) -> Optional[dict]:
     """{"kind": "data", "ranks": [...], "message"} when a rank waits on data for at least
-    DATA_WAIT_SHARE of its steps (module doc), else None."""
+    DATA_WAIT_SHARE of its own work per step (module doc), else None."""
     slow, worst = [], None
     for rank, history in sorted(_by_rank(samples, attempt).items()):
-        shares = [idle_shares(s)[0] for s in history]
-        shares = [v for v in shares if v is not None][-DATA_WAIT_WINDOW:]
+        shares = [v for v in map(_data_share_of_work, history) if v is not None][-DATA_WAIT_WINDOW:]
         if len(shares) < DATA_WAIT_MIN_SAMPLES:
             continue
         share = statistics.median(shares)

@@ -149,7 +149,8 @@
     plots[id]._key = key;
   }
 
-  function mib(v) { return (v / 1048576).toFixed(0) + " MiB"; }
+  function toMib(v) { return isNumber(v) ? v / 1048576 : null; }
+  function mib(v) { return v.toFixed(0) + " MiB"; }
   function pct(v) { return (v * 100).toFixed(0) + "%"; }
 
   function drawDiagnoses() {
@@ -165,15 +166,15 @@
               ["rank " + s.rank + " idle (all waits)", Math.min(idle / s.step_time_s, 1)]];
     }, { title: "", axis: "share of the step", empty: "no step measured yet", format: pct });
     drawSeries("memory", function (s) {
-      return [["rank " + s.rank, s.rss_bytes], ["node " + s.host + " (its ranks)", s.rss_bytes]];
-    }, { round: true, title: "", axis: "bytes", empty: "no memory measured yet", format: mib });
+      return [["rank " + s.rank, toMib(s.rss_bytes)], ["node " + s.host + " (its ranks)", toMib(s.rss_bytes)]];
+    }, { round: true, title: "", axis: "MiB", empty: "no memory measured yet", format: mib });
     drawSeries("gpu-util", function (s) {
       return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.util_percent]; });
     }, { title: "GPU utilisation", axis: "%", empty: "no GPU measured (no NVML or no GPU on the workers)",
          format: function (v) { return v.toFixed(0) + "%"; } });
     drawSeries("gpu-memory", function (s) {
-      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.memory_used_bytes]; });
-    }, { title: "GPU memory used", axis: "bytes", empty: "", format: mib });
+      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, toMib(g.memory_used_bytes)]; });
+    }, { title: "GPU memory used", axis: "MiB", empty: "", format: mib });
   }
 
   function replaceParts(parts) {
