@@ -30,6 +30,8 @@ class FixedRun:
                         "report_wait_s": 0.01, "collective_wait_s": None, "data_wait_s": 0.0, "cpu_percent": 95.0,
                         "rss_bytes": 200 * 2**20, "gpus": [], "reports": 4, "last_report_age_s": 0.5,
                         "straggler": r == 1} for r in range(2)]
+        for rank in self._ranks:  # the rank's own work per step: its waits for the others excluded
+            rank["work_time_s"] = rank["step_time_s"] - rank["report_wait_s"]
         self._samples = [{**self._ranks[r], "time": now - 10 + t, "attempt": 1} for t in range(5) for r in range(2)]
         self._stragglers = [{"rank": 1, "host": "h0", "slower_by": 8.0, "step_time_s": 0.8,
                              "median_step_time_s": 0.1, "cause": "compute", "since": now - 8}]
@@ -41,3 +43,5 @@ class FixedRun:
     def samples(self, rank=None, since=None):
         return [dict(s) for s in self._samples if (rank is None or s["rank"] == rank) and (since is None or s["time"] > since)]
     def stragglers(self): return [dict(s) for s in self._stragglers]
+    def straggler_history(self): return [dict(s, attempt=1, until=None) for s in self._stragglers]
+    def hints(self): return []

@@ -19,10 +19,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional, Sequence
 
 from minitrain import knobs
 from minitrain.console import LiveConsole
+from minitrain.coordinator.diagnoses import startup_status, startup_text
 from minitrain.coordinator.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import RunInfo, RunObserver
 from minitrain.records import RunOutcome
@@ -48,8 +49,10 @@ def _duration(seconds: Optional[float]) -> str:
 
 
 def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoints: list[dict],
-                 now: float) -> list[str]:
-    """The status as short parts: the block shows one a line, the summary line joins them."""
+                 now: float, hints: Sequence[dict] = ()) -> list[str]:
+    """The status as short parts: the block shows one a line, the summary line joins them. Until
+    the first step, the steps part is the start-up phase and how long it has taken; `hints` are
+    `diagnoses.hints` (one "hint: ..." part each)."""
     started = run.get("started_at")
     ended = run.get("ended_at")
     elapsed = None if started is None else (ended or now) - started
@@ -62,7 +65,8 @@ def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoin
     progress = f"{steps} | {rate:.2f} steps/s" if rate else f"{steps} | - steps/s"
     if run.get("eta_s") is not None and run.get("state") == ray_status(RunState.RUNNING):
         progress += f" | ETA {_duration(run['eta_s'])}"
-    parts.append(progress)
+    startup = startup_status(run, ranks, now)
+    parts.append(progress if startup is None else startup_text(startup))
     summary = step_time_summary(ranks)
     if summary is not None:
         parts.append(f"step time excl. waits min {summary['min']:.3f} s | median {summary['median']:.3f} s | max "
@@ -74,6 +78,7 @@ def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoin
         committed = last.get("committed_at")
         parts.append(f"last checkpoint {last['dir']}" + ("" if committed is None else
                                                           f" ({_duration(now - committed)} ago)"))
+    parts.extend(f"hint: {h['message']}" for h in hints)
     return parts
 
 
@@ -92,8 +97,9 @@ class ConsoleStatus(RunObserver):
     def parts(self) -> list[str]:
         """The current status."""
         monitor = self._monitor
-        return status_parts(monitor.run(), monitor.ranks(), monitor.stragglers(), monitor.checkpoints(),
-                            self._clock())
+        run = monitor.run()
+        return status_parts(run, monitor.ranks(), monitor.stragglers(), monitor.checkpoints(), self._clock(),
+                            monitor.hints())
 
     def on_run_start(self, run: RunInfo) -> None:
         if self._console.mode is None:

@@ -153,6 +153,7 @@ class CurrentAttempt:
     def _on_phase(self, group: WorkerGroup, event: ev.WorkerPhaseChanged) -> None:
         self._hangs.phase_changed(group.tracker, event)
         group.handle(event)
+        self._observers.on_worker_phase(event.attempt, event.rank, event.phase.name)
 
     def _on_checkpoints_requested(self, group: WorkerGroup, event: ev.CheckpointsRequested) -> None:
         self._commits.request_checkpoint_list(event)

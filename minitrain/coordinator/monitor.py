@@ -45,6 +45,7 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
+from minitrain.coordinator import diagnoses
 from minitrain.coordinator.jsonl_files import JsonlAppender, read_jsonl
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver, TelemetrySample,
@@ -105,6 +106,9 @@ class RunMonitor(RunObserver):
         self._run: dict = {"run_id": "", "name": "", "run_path": "", "started_at": None, "ended_at": None,
                            "attempt": 0, "num_workers": 0}
         self._state = RunState.PENDING  # the controller's, as on_state told it
+        self._state_since: Optional[float] = None  # when the run moved to it
+        self._state_reason = ""  # why (the controller's words: "starting node agents")
+        self._worker_phases: dict[int, tuple[str, float]] = {}  # rank -> (phase, since), current attempt
         self._attempts: list[dict] = []
         self._checkpoints: list[dict] = []
         self._reports: deque = deque(maxlen=MAX_REPORTS)
@@ -136,6 +140,7 @@ class RunMonitor(RunObserver):
         now = self._clock()
         with self._lock:
             self._state = next_state
+            self._state_since, self._state_reason = now, reason
         self._event("state_changed", now, {"previous": ray_status(previous), "next": ray_status(next_state),
                                            "reason": reason, "attempt": attempt})
 
@@ -146,6 +151,7 @@ class RunMonitor(RunObserver):
                       "hosts": list(attempt.hosts), "failures": [], "root_cause": "", "restarting": False}
             self._attempts.append(record)
             self._latest.clear()
+            self._worker_phases.clear()
             self._report_counts.clear()
             self._last_report_at.clear()
             self._round_times.clear()  # the rate restarts with the attempt: the gap is no step
@@ -156,6 +162,13 @@ class RunMonitor(RunObserver):
         with self._lock:
             self._report_counts[report.rank] = self._report_counts.get(report.rank, 0) + 1
             self._last_report_at[report.rank] = self._clock()
+
+    def on_worker_phase(self, attempt: int, rank: int, phase: str) -> None:
+        now = self._clock()
+        with self._lock:
+            current = self._attempts[-1] if self._attempts else None
+            if current is not None and current["attempt"] == attempt:
+                self._worker_phases[rank] = (phase, now)
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         entry = sample_dict(sample)
@@ -246,11 +259,16 @@ class RunMonitor(RunObserver):
                 return
             record.update(ended_at=end.ended_at, failures=failures, root_cause=end.root_cause,
                           restarting=end.restarting)
+            self._refresh_open_episodes()
+            closing = []
             for episode in self._straggler_log:
                 if episode["attempt"] == end.attempt and episode["until"] is None:
                     episode["until"] = end.ended_at
+                    closing.append({k: v for k, v in episode.items() if k not in ("attempt", "until")})
             self._forget_stragglers()
             entry = dict(record)
+        for fields in closing:  # the episode's last figures, so that a post-hoc view shows the same
+            self._event("straggler", end.ended_at, dict(fields, cleared=True))
         self._event("attempt_ended", end.ended_at, entry)
 
     def on_run_end(self, outcome: RunOutcome) -> None:
@@ -287,12 +305,13 @@ class RunMonitor(RunObserver):
 
     def run(self) -> dict:
         """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers",
-        "total", "progress", "eta_s", "steps_per_s", "rounds"}; state is the controller's run state as
+        "total", "progress", "eta_s", "steps_per_s", "rounds", "state_since", "state_reason"}; state is the controller's run state as
         `run_state.ray_status` words it (PENDING, LAUNCHING, STARTING, RUNNING, RESTARTING, STOPPING,
         FINISHED, ERRORED or ABORTED); steps_per_s as the module doc says, None when not known."""
         now = self._clock()
         with self._lock:
-            info = dict(self._run, state=ray_status(self._state))
+            info = dict(self._run, state=ray_status(self._state), state_since=self._state_since,
+                        state_reason=self._state_reason)
             rate = self._steps_per_s(now)
             total = self._total
             progress = eta = None
@@ -339,12 +358,20 @@ class RunMonitor(RunObserver):
 
     def ranks(self) -> list[dict]:
         """The latest of each rank of the current attempt: {"rank", "host", "pid", "phase",
-        "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "cpu_percent",
-        "rss_bytes", "gpus", "reports", "last_report_age_s", "straggler"}; null where not measured."""
+        "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "work_time_s",
+        "cpu_percent", "rss_bytes", "gpus", "reports", "last_report_age_s", "straggler"}; null where
+        not measured. Once the attempt has ended, "phase" is ENDED (FAILED for a rank that failed) and
+        "last_report_age_s" is counted to the attempt's end; once the run has ended, "straggler" stays
+        true for a rank that was one in the last attempt (what the live page showed last)."""
         now = self._clock()
         with self._lock:
-            hosts = self._attempts[-1]["hosts"] if self._attempts else []
-            flagged = self._detector.flagged
+            current = self._attempts[-1] if self._attempts else {}
+            hosts = current.get("hosts") or []
+            ended_at = current.get("ended_at")
+            failed = {f.get("rank") for f in current.get("failures") or () if not f.get("consequence")}
+            flagged = set(self._detector.flagged)
+            if self._run.get("ended_at") is not None:
+                flagged |= {e["rank"] for e in self._straggler_log if e.get("attempt") == current.get("attempt")}
             rows = []
             for rank in range(max(len(hosts), max(self._latest, default=-1) + 1)):
                 latest = self._latest.get(rank, {})
@@ -354,13 +381,23 @@ class RunMonitor(RunObserver):
                     row["work_time_s"] = work_time(row["step_time_s"], row["report_wait_s"],
                                                    row["collective_wait_s"])
                 row["host"] = row["host"] or (hosts[rank] if rank < len(hosts) else "")
+                if rank in self._worker_phases and not latest:
+                    row["phase"] = self._worker_phases[rank][0]
+                if ended_at is not None:
+                    row["phase"] = "FAILED" if rank in failed else "ENDED"
                 row["gpus"] = json.loads(json.dumps(latest.get("gpus") or []))
                 row["reports"] = self._report_counts.get(rank, latest.get("reports") or 0)
                 last = self._last_report_at.get(rank)
-                row["last_report_age_s"] = None if last is None else max(now - last, 0.0)
+                row["last_report_age_s"] = None if last is None else max((ended_at or now) - last, 0.0)
                 row["straggler"] = rank in flagged
                 rows.append(row)
             return rows
+
+    def worker_phases(self) -> dict[int, tuple[str, float]]:
+        """rank -> (its latest phase's name, since when) in the current attempt, as the workers told
+        the controller (before any telemetry: connecting, process-group init)."""
+        with self._lock:
+            return dict(self._worker_phases)
 
     def samples(self, rank: Optional[int] = None, since: Optional[float] = None) -> list[dict]:
         """Telemetry history (bounded), oldest first, of one rank or all; only samples after `since`."""
@@ -369,6 +406,13 @@ class RunMonitor(RunObserver):
             chosen = [s for pool in pools for s in pool if since is None or s["time"] > since]
             chosen.sort(key=lambda s: (s["time"], s["rank"]))
             return json.loads(json.dumps(chosen))
+
+    def hints(self) -> list[dict]:
+        """`diagnoses.hints` of the current attempt's recent samples: [{"kind", "ranks", "message"}]."""
+        with self._lock:
+            attempt = self._run.get("attempt")
+            recent = [s for pool in self._samples.values() for s in list(pool)[-diagnoses.MEMORY_WINDOW:]]
+            return diagnoses.hints(recent, attempt)
 
     def stragglers(self) -> list[dict]:
         """The current stragglers: {"rank", "host", "slower_by", "step_time_s",
@@ -419,11 +463,20 @@ class RunMonitor(RunObserver):
                         monitor._rounds_seen += 1
                         if entry.get("attempt") == current and entry.get("time") is not None:
                             monitor._add_round_time(entry["time"])
+                            monitor._replay_round(entry["time"])
             kept = _kept_in_index(storage)
             if kept is not None:
                 for record in monitor._checkpoints:
                     record["kept"] = record["dir"] in kept
         return monitor
+
+    def _replay_round(self, when: float) -> None:
+        """Replay: every rank of the current attempt reported a round at `when` (rounds are
+        committed only once every rank reported them)."""
+        hosts = (self._attempts[-1].get("hosts") or []) if self._attempts else []
+        for rank in range(len(hosts)):
+            self._report_counts[rank] = self._report_counts.get(rank, 0) + 1
+            self._last_report_at[rank] = when
 
     def _replay(self, event: dict) -> None:
         kind = event.get("kind")
@@ -433,20 +486,26 @@ class RunMonitor(RunObserver):
             self._state = RunState.PENDING  # a resumed run's directory holds each fit() in turn
         elif kind == "state_changed":
             self._state = from_ray_status(fields.get("next")) or self._state
+            self._state_since, self._state_reason = event.get("time"), fields.get("reason") or ""
         elif kind == "attempt_started":
             self._attempts.append(fields)
             self._run.update(attempt=fields.get("attempt", 0))
             self._latest.clear()
+            self._report_counts.clear()
+            self._last_report_at.clear()
         elif kind == "attempt_ended":
             record = self._attempt(fields.get("attempt"))
             if record is not None:
                 record.update(fields)
+            for episode in self._straggler_log:  # as on_attempt_end (runs written before it said so)
+                if episode["attempt"] == fields.get("attempt") and episode["until"] is None:
+                    episode["until"] = fields.get("ended_at")
         elif kind == "checkpoint_committed":
             self._checkpoints.append(fields)
         elif kind == "straggler":
             cleared = fields.pop("cleared", False)
             if cleared:
-                self._update_episode({"until": event.get("time")}, rank=fields.get("rank"))
+                self._update_episode(dict(fields, until=event.get("time")), rank=fields.get("rank"))
             else:
                 self._straggler_log.append(dict(fields, attempt=self._run["attempt"], until=None))
         elif kind == "run_ended":

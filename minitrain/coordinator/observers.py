@@ -176,6 +176,10 @@ class RunObserver:
     def on_telemetry(self, sample: TelemetrySample) -> None:
         """A rank of the current attempt sent a telemetry sample."""
 
+    def on_worker_phase(self, attempt: int, rank: int, phase: str) -> None:
+        """A rank of the current attempt moved to `phase` (a `records.Phase` name: STARTUP once it
+        connected, DIST_INIT during rendezvous, TRAINING, FINISHING)."""
+
     def on_round(self, round_: RoundInfo) -> None:
         """Every rank answered a report round; its checkpoint, if any, is committed."""
 
@@ -227,6 +231,9 @@ class Observers(RunObserver):
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         self._tell("on_telemetry", sample)
+
+    def on_worker_phase(self, attempt: int, rank: int, phase: str) -> None:
+        self._tell("on_worker_phase", attempt, rank, phase)
 
     def on_round(self, round_: RoundInfo) -> None:
         self._tell("on_round", round_)

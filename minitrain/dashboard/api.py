@@ -28,6 +28,10 @@ class RunView(Protocol):
 
     def stragglers(self) -> list[dict]: ...
 
+    def straggler_history(self) -> list[dict]: ...
+
+    def hints(self) -> list[dict]: ...
+
 
 class BadQuery(ValueError):
     """A query parameter the view cannot use (answered with 400 and this message)."""
@@ -67,7 +71,10 @@ VIEWS: dict[str, Callable[[RunView, Mapping[str, list[str]]], Any]] = {
     "metrics": _metrics,
     "ranks": lambda view, query: view.ranks(),
     "samples": _samples,
-    "stragglers": lambda view, query: view.stragglers(),
+    # Every episode of the run ("until" null while it lasts): after the run, and post hoc, the page
+    # still shows who straggled (the current ones alone are none once the attempt ended).
+    "stragglers": lambda view, query: view.straggler_history(),
+    "hints": lambda view, query: view.hints(),
 }
 
 

@@ -14,6 +14,7 @@ import math
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from minitrain.coordinator.diagnoses import startup_status, startup_text
 from minitrain.dashboard.api import RunView, snapshot
 from minitrain.run_state import RunState, from_ray_status
 
@@ -92,20 +93,41 @@ def overview_html(run: dict) -> str:
     return f'<div id="overview" data-state="{_e(run.get("state"))}" data-ended="{terminal}">{cells}</div>'
 
 
-def stragglers_html(stragglers: list[dict]) -> str:
-    """A banner naming each straggler, or nothing."""
-    if not stragglers:
+def stragglers_html(episodes: list[dict]) -> str:
+    """A banner naming each straggler episode of the run (`RunMonitor.straggler_history`): the open
+    ones first as "is", the ended ones as "was", or nothing when there was none."""
+    if not episodes:
         return '<div id="stragglers"></div>'
+    ordered = [e for e in episodes if e.get("until") is None] + [e for e in episodes if e.get("until") is not None]
     lines = "".join(
-        f'<li>rank {_e(s.get("rank"))} on {_e(s.get("host"))}: {_e(_value(s.get("slower_by")))}× the median step '
-        f'time ({_e(_seconds(s.get("step_time_s")))} vs {_e(_seconds(s.get("median_step_time_s")))}); '
-        f'cause: {_e(s.get("cause"))}</li>' for s in stragglers)
+        f'<li data-rank="{_e(s.get("rank"))}">rank {_e(s.get("rank"))} on {_e(s.get("host"))} '
+        f'{"is" if s.get("until") is None else "was"} a straggler: {_e(_value(s.get("slower_by")))}× the median '
+        f'step time, waits excluded ({_e(_seconds(s.get("step_time_s")))} vs '
+        f'{_e(_seconds(s.get("median_step_time_s")))}); cause: {_e(s.get("cause"))}; from '
+        f'{_e(_clock(s.get("since")))}{"" if s.get("until") is None else " to " + _e(_clock(s.get("until")))}</li>'
+        for s in ordered)
     return f'<div id="stragglers" class="alert"><strong>Stragglers</strong><ul>{lines}</ul></div>'
+
+
+def startup_html(run: dict, ranks: list[dict]) -> str:
+    """Until the first step: what start-up is doing and for how long (`diagnoses.startup_status`)."""
+    status = startup_status(run, ranks, time.time())
+    if status is None:
+        return '<div id="startup"></div>'
+    return f'<div id="startup" class="notice">{_e(startup_text(status))}</div>'
+
+
+def hints_html(hints: list[dict]) -> str:
+    """One line per `diagnoses` hint (memory climbing, data pipeline not keeping up), or nothing."""
+    if not hints:
+        return '<div id="hints"></div>'
+    lines = "".join(f'<li class="hint-{_e(h.get("kind"))}">{_e(h.get("message"))}</li>' for h in hints)
+    return f'<div id="hints" class="alert"><strong>Hints</strong><ul>{lines}</ul></div>'
 
 
 def ranks_html(ranks: list[dict], live: bool) -> str:
     """The per-rank table; a straggler's row has class 'straggler'; live pages get a stacks button."""
-    headers = ["Rank", "Host", "PID", "Phase", "Step time", "Report wait", "Data wait", "Last report",
+    headers = ["Rank", "Host", "PID", "Phase", "Step time (excl. waits)", "Report wait", "Data wait", "Last report",
                "CPU", "RSS", "GPU", "Reports"] + (["Stacks"] if live else [])
     rows = []
     for rank in ranks:
@@ -114,7 +136,7 @@ def ranks_html(ranks: list[dict], live: bool) -> str:
                         f' / {_bytes(g.get("memory_total_bytes"))}' for g in gpus) or "–"
         age = rank.get("last_report_age_s")
         cells = [rank.get("rank"), rank.get("host"), rank.get("pid"), rank.get("phase"),
-                 _seconds(rank.get("step_time_s")), _seconds(rank.get("report_wait_s")),
+                 _seconds(rank.get("work_time_s")), _seconds(rank.get("report_wait_s")),
                  _seconds(rank.get("data_wait_s")), "–" if age is None else f"{_seconds(age)} ago",
                  _percent(rank.get("cpu_percent")), _bytes(rank.get("rss_bytes")), gpu, rank.get("reports")]
         row = "".join(f"<td>{_e('–' if c is None else c)}</td>" for c in cells)
@@ -161,10 +183,13 @@ def checkpoints_html(checkpoints: list[dict]) -> str:
 
 def parts(view: RunView, live: bool) -> dict[str, str]:
     """The page's sections by element id, as the script swaps them in."""
+    run, ranks = view.run(), view.ranks()
     return {
-        "overview": overview_html(view.run()),
-        "stragglers": stragglers_html(view.stragglers()),
-        "ranks": ranks_html(view.ranks(), live),
+        "overview": overview_html(run),
+        "startup": startup_html(run, ranks),
+        "stragglers": stragglers_html(view.straggler_history()),
+        "hints": hints_html(view.hints()),
+        "ranks": ranks_html(ranks, live),
         "attempts": attempts_html(view.attempts()),
         "checkpoints": checkpoints_html(view.checkpoints()),
     }
@@ -202,9 +227,15 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
 <span class="run-id">run {_e(run.get("run_id"))}</span></header>
 <main>
 {sections["overview"]}
+{sections["startup"]}
 {sections["stragglers"]}
+{sections["hints"]}
 <section><h2>Ranks</h2>{sections["ranks"]}<pre id="stack-output" hidden></pre></section>
-<section><h2>Step time per rank</h2><div id="timeline" class="plot"></div></section>
+<section><h2>Step time per rank (own work, waits excluded)</h2><div id="timeline" class="plot"></div></section>
+<section><h2>Waits per step (report() and collectives: waiting for other ranks)</h2><div id="waits" class="plot"></div></section>
+<section><h2>Idle share of each step (data wait, and all waits)</h2><div id="idle" class="plot"></div></section>
+<section><h2>Memory (RSS) per rank and per node</h2><div id="memory" class="plot"></div></section>
+<section><h2>GPU utilisation and memory (NVML)</h2><div id="gpu-util" class="plot"></div><div id="gpu-memory" class="plot"></div></section>
 <section><h2>Metrics (rank 0)</h2><div id="metric-plots" class="plots"></div></section>
 <section><h2>Attempts</h2>{sections["attempts"]}</section>
 <section><h2>Checkpoints</h2>{sections["checkpoints"]}</section>

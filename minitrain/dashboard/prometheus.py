@@ -29,7 +29,11 @@ RANK_LABELS = RUN_LABELS + ["ray_train_worker_world_rank", "host"]
 
 # (field of a rank, metric name, help) for the per-rank gauges.
 _RANK_GAUGES = (
-    ("step_time_s", "minitrain_train_step_time_seconds", "Seconds between the rank's last two report() calls."),
+    # Step time is the rank's own work per step, its waits for the others excluded (as the console
+    # and the straggler rule judge it): a rank held up by a slow peer must not look slowest.
+    ("work_time_s", "minitrain_train_step_time_seconds",
+     "Seconds per step of the rank's own work: the interval between report() calls minus its waits in "
+     "report() and in minitrain's collectives (those are the *_wait_seconds series)."),
     ("report_wait_s", "minitrain_train_report_wait_seconds", "Seconds the rank's last step spent blocked in report()."),
     ("collective_wait_s", "minitrain_train_collective_wait_seconds",
      "Seconds the rank's last step spent in minitrain's collectives."),

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,39 +25,11 @@ import minitrain
 from minitrain import RunConfig, ScalingConfig
 from minitrain.torch import TorchTrainer
 
+from chromium_support import Chromium  # the `chromium` fixture is in tests/e2e/conftest.py
+
 pytestmark = pytest.mark.e2e
 
 DEADLINE_S = 120.0  # generous: the machine is shared; every wait below ends as soon as its condition holds
-
-
-class Chromium:
-    """One headless Chromium profile for the session; each call renders one page and exits."""
-
-    def __init__(self, binary: str, profile: str):
-        self.binary, self.profile = binary, profile
-
-    def _run(self, url: str, *flags: str) -> subprocess.CompletedProcess:
-        # --virtual-time-budget lets the page's script (and its first fetches) run before the dump.
-        command = [self.binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                   f"--user-data-dir={self.profile}", "--window-size=1280,1500",
-                   "--virtual-time-budget=4000", *flags, url]
-        return subprocess.run(command, capture_output=True, text=True, timeout=DEADLINE_S, check=True)
-
-    def dom(self, url: str) -> str:
-        """The DOM after the page's scripts ran, serialized."""
-        return self._run(url, "--dump-dom").stdout
-
-    def screenshot(self, url: str, path: str) -> None:
-        """A PNG of the rendered page at `path`."""
-        self._run(url, f"--screenshot={path}")
-
-
-@pytest.fixture(scope="session")
-def chromium(tmp_path_factory):
-    binary = shutil.which("chromium") or shutil.which("chromium-browser")
-    if binary is None:
-        pytest.skip("chromium is not installed (scripts/install_system_deps.sh installs it)")
-    return Chromium(binary, str(tmp_path_factory.mktemp("chromium-profile")))
 
 
 def _train_until_released(config: dict) -> None:

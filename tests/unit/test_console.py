@@ -203,8 +203,24 @@ def test_off_a_terminal_the_status_is_a_summary_line_at_a_time(tmp_path):
 def test_the_status_parts_without_a_total_or_a_rate():
     run = {"name": "r", "attempt": 0, "state": "STARTING", "started_at": 0.0, "ended_at": None, "rounds": 0,
            "total": None, "steps_per_s": None, "eta_s": None, "progress": None}
+    # Until the first step, the steps part is what start-up is doing (issue 30: no "0 steps | - steps/s").
     assert status_parts(run, [], [], [], 3725.0) == [
-        "minitrain: r | attempt 0 STARTING | 1:02:05 elapsed", "0 steps | - steps/s"]
+        "minitrain: r | attempt 0 STARTING | 1:02:05 elapsed",
+        "starting: spawning workers (starting Python, importing torch and your script)"]
+    stepping = dict(run, state="RUNNING", rounds=3, state_since=3700.0)
+    assert status_parts(stepping, [], [], [], 3725.0) == [
+        "minitrain: r | attempt 0 RUNNING | 1:02:05 elapsed", "3 steps | - steps/s"]
+
+
+def test_the_start_up_line_names_the_least_advanced_ranks_phase_and_its_time():
+    run = {"name": "r", "attempt": 0, "state": "STARTING", "started_at": 0.0, "ended_at": None, "rounds": 0,
+           "state_since": 2.0}
+    ranks = [{"rank": 0, "phase": "TRAINING"}, {"rank": 1, "phase": "DIST_INIT"}, {"rank": 2, "phase": "DIST_INIT"}]
+    assert status_parts(run, ranks, [], [], 9.0)[1] == "starting: rendezvous (process-group init), 2/3 ranks, for 0:00:07"
+    launching = dict(run, state="LAUNCHING")
+    assert status_parts(launching, [], [], [], 9.0)[1] == "starting: starting node agents, for 0:00:07"
+    running = dict(run, state="RUNNING")
+    assert status_parts(running, ranks, [], [], 9.0)[1] == "starting: waiting for the first step (report()), for 0:00:07"
 
 
 def test_set_progress_total_takes_a_positive_int_inside_a_training_function():

@@ -177,7 +177,10 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert [e["kind"] for e in events] == ["run_started", "state_changed", "state_changed", "attempt_started",
                                            "state_changed", "state_changed", "attempt_ended", "state_changed",
                                            "attempt_started", "state_changed", "straggler", "checkpoint_committed",
-                                           "state_changed", "state_changed", "attempt_ended", "run_ended"]
+                                           "state_changed", "state_changed", "straggler", "attempt_ended",
+                                           "run_ended"]
+    # The episode still open when its attempt ended is closed with its last figures (post hoc shows them).
+    assert events[-3]["cleared"] is True and events[-3]["rank"] == 1
     told = [(e["previous"], e["next"], e["attempt"]) for e in events if e["kind"] == "state_changed"]
     assert told == [("PENDING", "LAUNCHING", 0), ("LAUNCHING", "STARTING", 0), ("STARTING", "RUNNING", 0),
                     ("RUNNING", "RESTARTING", 0), ("RESTARTING", "STARTING", 1), ("STARTING", "RUNNING", 1),
@@ -197,7 +200,17 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert rebuilt.ranks()[1]["step_time_s"] == 0.3
     expected = {k: v for k, v in monitor.run().items()}
     assert rebuilt.run() == expected
-    assert [e["rank"] for e in rebuilt.straggler_history()] == [1]
+    assert rebuilt.straggler_history() == monitor.straggler_history()
+    # What the live page showed at the end, post hoc too: the straggler row, the phase, the reports.
+    # (Only rank 0 reported in this run; a real round has every rank's report.)
+    # (Only rank 0 reported in this run; a real round has every rank's report.) Post hoc, the last
+    # report is the last round's time (live, when the driver got it: here its fixed clock, 1 s later).
+    live0, rebuilt0 = monitor.ranks()[0], rebuilt.ranks()[0]
+    assert rebuilt0.pop("last_report_age_s") == pytest.approx(live0.pop("last_report_age_s") + 1.0)
+    assert rebuilt0 == live0
+    assert [(r["phase"], r["straggler"]) for r in rebuilt.ranks()] == [(r["phase"], r["straggler"])
+                                                                       for r in monitor.ranks()]
+    assert [r["phase"] for r in rebuilt.ranks()] == ["ENDED", "ENDED"] and rebuilt.ranks()[1]["straggler"]
     assert {TELEMETRY_NAME, EVENTS_NAME} <= RESERVED_NAMES
 
 
@@ -398,3 +411,21 @@ def test_the_status_parts_of_a_checkpoint_without_a_commit_time():
                          [{"dir": "checkpoint_000002", "committed_at": None}], 10.0)
     assert parts[1] == "3/3 steps (100.0%) | - steps/s"
     assert parts[2].startswith("step time excl. waits min 0.200 s") and parts[-1] == "last checkpoint checkpoint_000002"
+
+
+def test_worker_phases_show_before_any_telemetry_and_ranks_end_ended(tmp_path):
+    """Issue 30: start-up shows each rank's phase (no telemetry before training); an ended attempt's
+    ranks show ENDED (FAILED for the one that failed), not the TRAINING of their last sample."""
+    monitor = RunMonitor(None, rule=RULE, clock=lambda: 5.0)
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 1.0))
+    monitor.on_state(S.LAUNCHING, S.STARTING, "starting attempt 0", 0)
+    monitor.on_attempt_start(AttemptInfo(0, ("h0", "h1"), 2.0))
+    monitor.on_worker_phase(0, 1, "DIST_INIT")
+    monitor.on_worker_phase(7, 0, "TRAINING")  # another attempt's: ignored
+    assert [r["phase"] for r in monitor.ranks()] == [None, "DIST_INIT"]
+    assert (monitor.run()["state_since"], monitor.run()["state_reason"]) == (5.0, "starting attempt 0")
+    monitor.on_telemetry(sample(0, 3.0, 0.1))
+    failure = WorkerFailure(rank=1, node="h1", pid=7, phase=Phase.TRAINING, time=4.0, exc_type="ValueError",
+                            message="boom", kind=FailureKind.EXCEPTION)
+    monitor.on_attempt_end(AttemptEnd(0, (failure,), "rank 1 ValueError: boom", False, 4.5))
+    assert [r["phase"] for r in monitor.ranks()] == ["ENDED", "FAILED"]

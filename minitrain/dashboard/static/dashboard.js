@@ -63,9 +63,12 @@
   function timelineData() {
     var ranks = {}, times = {}, rankList = [];
     samples.forEach(function (s) {
-      if (!isNumber(s.step_time_s)) { return; }
+      // Step time is the rank's own work (waits for the other ranks excluded), as the console and the
+      // straggler rule judge it; the waits have a plot of their own.
+      var work = isNumber(s.work_time_s) ? s.work_time_s : null;
+      if (work === null) { return; }
       if (!(s.rank in ranks)) { ranks[s.rank] = {}; rankList.push(s.rank); }
-      ranks[s.rank][s.time] = s.step_time_s;
+      ranks[s.rank][s.time] = work;
       times[s.time] = true;
     });
     rankList.sort(function (a, b) { return a - b; });
@@ -104,6 +107,76 @@
     timeline._key = key;
   }
 
+  // Series over time from the samples: pick(s) gives [[label, value], ...] for one sample; x is the
+  // sample's time (rounded to the second with round: samples of several ranks then line up).
+  function seriesFrom(pick, round) {
+    var byLabel = {}, labels = [], times = {};
+    samples.forEach(function (s) {
+      var t = round ? Math.round(s.time) : s.time;
+      pick(s).forEach(function (pair) {
+        if (!isNumber(pair[1])) { return; }
+        if (!(pair[0] in byLabel)) { byLabel[pair[0]] = {}; labels.push(pair[0]); }
+        byLabel[pair[0]][t] = (byLabel[pair[0]][t] || 0) + pair[1];
+        times[t] = true;
+      });
+    });
+    var xs = Object.keys(times).map(Number).sort(function (a, b) { return a - b; });
+    var data = [xs];
+    labels.forEach(function (l) {
+      data.push(xs.map(function (t) { return t in byLabel[l] ? byLabel[l][t] : null; }));
+    });
+    return { labels: labels, data: data };
+  }
+
+  var plots = {};  // element id -> uPlot
+
+  function drawSeries(id, pick, opts) {
+    var box = document.getElementById(id);
+    if (!box) { return; }
+    var t = seriesFrom(pick, opts.round);
+    var key = t.labels.join(",");
+    if (plots[id] && plots[id]._key === key) { plots[id].setData(t.data); return; }
+    if (plots[id]) { plots[id].destroy(); delete plots[id]; }
+    if (!t.labels.length) { box.innerHTML = '<p class="empty">' + opts.empty + '</p>'; return; }
+    box.innerHTML = "";
+    var series = [{}].concat(t.labels.map(function (l, i) {
+      return { label: l, stroke: palette[i % palette.length], width: 1.5, spanGaps: true,
+               dash: l.indexOf("node") === 0 || l.indexOf("idle") >= 0 ? [6, 3] : undefined,
+               value: function (u, v) { return v == null ? "–" : opts.format(v); } };
+    }));
+    plots[id] = new uPlot({ title: opts.title, width: width(box), height: 220, series: series,
+                            axes: [{}, { label: opts.axis }] }, t.data, box);
+    plots[id]._key = key;
+  }
+
+  function toMib(v) { return isNumber(v) ? v / 1048576 : null; }
+  function mib(v) { return v.toFixed(0) + " MiB"; }
+  function pct(v) { return (v * 100).toFixed(0) + "%"; }
+
+  function drawDiagnoses() {
+    drawSeries("waits", function (s) {
+      return [["rank " + s.rank + " report()", s.report_wait_s], ["rank " + s.rank + " collective", s.collective_wait_s]];
+    }, { title: "", axis: "seconds per step", empty: "no wait measured yet",
+         format: function (v) { return (v * 1000).toFixed(0) + " ms"; } });
+    drawSeries("idle", function (s) {
+      if (!isNumber(s.step_time_s) || s.step_time_s <= 0) { return []; }
+      var waits = [s.data_wait_s, s.report_wait_s, s.collective_wait_s].filter(isNumber);
+      var idle = waits.reduce(function (a, b) { return a + b; }, 0);
+      return [["rank " + s.rank + " data wait", isNumber(s.data_wait_s) ? Math.min(s.data_wait_s / s.step_time_s, 1) : null],
+              ["rank " + s.rank + " idle (all waits)", Math.min(idle / s.step_time_s, 1)]];
+    }, { title: "", axis: "share of the step", empty: "no step measured yet", format: pct });
+    drawSeries("memory", function (s) {
+      return [["rank " + s.rank, toMib(s.rss_bytes)], ["node " + s.host + " (its ranks)", toMib(s.rss_bytes)]];
+    }, { round: true, title: "", axis: "MiB", empty: "no memory measured yet", format: mib });
+    drawSeries("gpu-util", function (s) {
+      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.util_percent]; });
+    }, { title: "GPU utilisation", axis: "%", empty: "no GPU measured (no NVML or no GPU on the workers)",
+         format: function (v) { return v.toFixed(0) + "%"; } });
+    drawSeries("gpu-memory", function (s) {
+      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, toMib(g.memory_used_bytes)]; });
+    }, { title: "GPU memory used", axis: "MiB", empty: "", format: mib });
+  }
+
   function replaceParts(parts) {
     Object.keys(parts).forEach(function (id) {
       var old = document.getElementById(id);
@@ -137,6 +210,7 @@
       samples = samples.concat(got[2]);
       drawMetrics();
       drawTimeline();
+      drawDiagnoses();
       document.body.classList.remove("stale");
     }).catch(function () {
       document.body.classList.add("stale");  // the run ended and its server with it, or a blip
@@ -163,5 +237,6 @@
 
   drawMetrics();
   drawTimeline();
+  drawDiagnoses();
   if (live && !ended()) { setTimeout(poll, POLL_MS); }
 })();
