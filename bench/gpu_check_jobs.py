@@ -124,7 +124,13 @@ def check_env(spec: dict):
                           "(GPU_CHECK_PYTHON=/path/to/python), or pass --allow-no-gpu to check only the script.",
                           figures)
     start = time.perf_counter()
-    fit(trivial_train, dict(spec, cpu=True), "env_trivial", {}, workers=1)
+    try:
+        fit(trivial_train, dict(spec, cpu=True), "env_trivial", {}, workers=1)
+    except Exception as exc:  # noqa: BLE001 - most likely a dependency too old for the tree (protobuf, grpcio)
+        hint = (f" Versions below pyproject's: {', '.join(mismatched)}. "
+                + carry_hint([m.split(" (found")[0] for m in mismatched])) if mismatched else ""
+        raise CheckFailed(f"a trivial 1-worker CPU job failed: {type(exc).__name__}: {str(exc)[:400]}.{hint}",
+                          figures) from exc
     figures["trivial_cpu_job_s"] = round(time.perf_counter() - start, 2)
     gpus = f"{figures['gpus']} GPU(s): {', '.join(figures.get('gpu_names', []))}" if figures["cuda"] else "no CUDA"
     summary = (f"torch {figures['torch']} (CUDA {figures['torch_cuda']}), {gpus}; NCCL {figures.get('nccl', '-')}; "
