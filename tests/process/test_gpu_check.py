@@ -26,7 +26,8 @@ needs_no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, str, dict]:
     env = dict(os.environ, GPU_CHECK_PYTHON=sys.executable, OUT=str(tmp_path))
-    done = subprocess.run(["bash", str(SCRIPT), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+    work = str(tmp_path / "work")  # a failed run keeps its logs: under tmp_path, not /tmp
+    done = subprocess.run(["bash", str(SCRIPT), "--work", work, *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     output = done.stdout + done.stderr
     path = tmp_path / "gpu_check.json"
