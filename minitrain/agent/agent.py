@@ -182,6 +182,8 @@ class NodeAgent:
     def _start_workers(self, start: cmd.StartWorkers) -> None:
         env = dict(os.environ)
         env.update(start.env)
+        if "CUDA_VISIBLE_DEVICES" in start.env:  # ids of our gpu_ids: UUID lists need them mapped back
+            env["CUDA_VISIBLE_DEVICES"] = hostinfo.workers_visible_devices(start.env["CUDA_VISIBLE_DEVICES"])
         env["PYTHONUNBUFFERED"] = "1"
         key = (tuple(sorted(env.items())), start.cwd)
         with self._lock:

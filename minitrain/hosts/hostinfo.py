@@ -75,6 +75,31 @@ def parse_cuda_visible_devices(value: str) -> tuple[int, ...]:
     return tuple(range(len(entries)))
 
 
+def workers_visible_devices(assigned: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The CUDA_VISIBLE_DEVICES a worker gets for `assigned`, the ids the coordinator chose from this
+    node's `gpu_ids` (comma-separated), in the agent's `environ`.
+
+    When the agent's own CUDA_VISIBLE_DEVICES names GPUs by UUID or MIG id, `gpu_ids` are positions in
+    that list (CUDA renumbers from 0), and a worker given "1" would see physical GPU 1 instead of the
+    agent's second GPU: each position is turned back into the agent's entry. Integer lists (and an
+    agent without the variable) name physical GPUs already and pass unchanged, as does anything else."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return assigned
+    entries = [e.strip() for e in visible.split(",")]
+    named = []
+    for entry in entries:
+        if not (entry.isdigit() or entry.startswith(("GPU-", "MIG-"))):
+            break
+        named.append(entry)
+    if all(e.isdigit() for e in named):
+        return assigned
+    ids = [a.strip() for a in assigned.split(",")]
+    if not all(i.isdigit() and int(i) < len(named) for i in ids):
+        return assigned
+    return ",".join(named[int(i)] for i in ids)
+
+
 def _count_proc_gpus(directory: Path) -> int:
     try:
         return sum(1 for _ in directory.iterdir())

@@ -35,6 +35,26 @@ def test_cuda_visible_devices_decides_when_set(tmp_path, value, expected):
     assert hostinfo.gpu_ids({"CUDA_VISIBLE_DEVICES": value}, proc_gpus_dir=proc_dir) == expected
 
 
+UUIDS = "GPU-5f1c2a3b-aaaa-bbbb-cccc-000000000001,GPU-5f1c2a3b-aaaa-bbbb-cccc-000000000002"
+
+
+@pytest.mark.parametrize(
+    ("agent_visible", "assigned", "expected"),
+    [
+        (None, "1", "1"),  # the agent sees every GPU: ids are physical
+        ("2,3", "3", "3"),  # integer lists name physical GPUs already
+        (UUIDS, "1", "GPU-5f1c2a3b-aaaa-bbbb-cccc-000000000002"),  # positions back to the agent's UUIDs
+        (UUIDS, "0,1", UUIDS),
+        (UUIDS, "5", "5"),  # not a position of the agent's list: left as given
+    ],
+)
+def test_a_worker_sees_the_gpus_its_agent_was_given(agent_visible, assigned, expected):
+    # gpu_ids of an agent restricted by UUID are positions (0, 1); a worker told "1" would see physical
+    # GPU 1, not the agent's second GPU, unless the position is mapped back to the UUID.
+    environ = {} if agent_visible is None else {"CUDA_VISIBLE_DEVICES": agent_visible}
+    assert hostinfo.workers_visible_devices(assigned, environ) == expected
+
+
 def _fake_proc_gpus(tmp_path, count):
     gpus = tmp_path / "gpus"
     gpus.mkdir()
