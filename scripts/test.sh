@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The test suite: installs what it needs, then runs every test on 2 processes (pytest-xdist).
+# The test suite: installs what it needs, then runs every test on 2 processes (pytest-xdist), and lists
+# the 25 slowest (where the suite's time goes, for keeping CI under its budget).
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -k auth`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --dev
-exec .venv/bin/python -m pytest -n 2 -q -p no:cacheprovider "$@"
+exec .venv/bin/python -m pytest -n 2 -q -p no:cacheprovider --durations=25 "$@"
