@@ -36,11 +36,16 @@ class TrialResult(Result):
         return self._config
 
 
+def trial_error(error: tr.TrialError) -> BaseException:
+    """A trial's failure as an exception (`RemoteWorkerError` naming the original type)."""
+    return RemoteWorkerError(error.exc_type, error.message, error.traceback)
+
+
 def trial_result(experiment_path: str, trial: tr.Trial) -> TrialResult:
     """The `TrialResult` of a trial, its history read from the tuning run's files."""
     error = None
     if trial.status == tr.TrialStatus.ERROR and trial.error:
-        error = RemoteWorkerError(trial.error.exc_type, trial.error.message, trial.error.traceback)
+        error = trial_error(trial.error)
     checkpoints = [(Checkpoint(path), metrics) for path, metrics in trial.checkpoints if os.path.exists(path)]
     latest = Checkpoint(trial.checkpoint) if trial.checkpoint and os.path.exists(trial.checkpoint) else None
     return TrialResult(metrics=trial.last_result, checkpoint=latest, error=error,

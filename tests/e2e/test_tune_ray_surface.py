@@ -1,0 +1,58 @@
+"""Ray Tune's own surface end to end (issue 26 item 2): Tune's RunConfig (`stop`, `fail_fast`,
+`checkpoint_config`). Few, small sweeps: each trial is a real process."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from minitrain import tune
+from minitrain.tune.stopper import CombinedStopper, MaximumIterationStopper, TrialPlateauStopper
+from tune_ray_trainables import counting, failing
+
+pytestmark = pytest.mark.e2e
+
+
+def test_stop_dict_stopper_and_missing_key(tmp_path):
+    space = {"n": 10, "x": tune.grid_search([0, 1])}
+    results = tune.Tuner(counting, param_space=space, run_config=tune.RunConfig(
+        name="dict", storage_path=str(tmp_path), stop={"training_iteration": 3})).fit()
+    assert [r.metrics["training_iteration"] for r in results] == [3, 3]
+    assert all(r.status == "TERMINATED" and "RunConfig(stop=...)" in r.stop_reason for r in results)
+    # Ray's stopping-guide example: CombinedStopper(MaximumIterationStopper, TrialPlateauStopper)
+    stopper = CombinedStopper(MaximumIterationStopper(max_iter=5), TrialPlateauStopper(metric="score"))
+    results = tune.Tuner(counting, param_space={"n": 10}, run_config=tune.RunConfig(
+        name="stopper", storage_path=str(tmp_path), stop=stopper)).fit()
+    assert results[0].metrics["i"] == 4
+    results = tune.Tuner(counting, param_space={"n": 10}, run_config=tune.RunConfig(
+        name="missing", storage_path=str(tmp_path), stop={"nope": 1})).fit()
+    assert results[0].status == "ERROR" and "Stopping criteria nope not provided" in str(results[0].error)
+
+
+@pytest.mark.parametrize("fail_fast", [False, True, "raise"])
+def test_trainable_error_with_tuner(tmp_path, fail_fast):
+    """Ported from ray/python/ray/air/tests/test_errors.py::test_trainable_error_with_tuner (function)."""
+    tuner = tune.Tuner(failing, tune_config=tune.TuneConfig(num_samples=2, max_concurrent_trials=1),
+                       run_config=tune.RunConfig(name=f"fail_fast={fail_fast}", storage_path=str(tmp_path),
+                                                 failure_config=tune.FailureConfig(fail_fast=fail_fast)))
+    if fail_fast is False:
+        results = tuner.fit()
+        assert len(results) == 2 and all(r.error for r in results)
+    elif fail_fast is True:
+        results = tuner.fit()
+        assert len([r.error for r in results if r.error]) == 1
+    else:
+        with pytest.raises(Exception, match="Failing!"):
+            tuner.fit()
+
+
+def test_checkpoint_config_num_to_keep_for_function_trials(tmp_path):
+    keep = tune.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="score", checkpoint_score_order="min")
+    result = tune.Tuner(counting, param_space={"n": 5, "checkpoints": True}, run_config=tune.RunConfig(
+        name="keep", storage_path=str(tmp_path), checkpoint_config=keep)).fit()[0]
+    kept = sorted(os.listdir(result.path))
+    # the two lowest scores (i=0, 1) and the latest (i=4); the others deleted from the trial directory
+    assert kept == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000004"], kept
+    assert [c.to_dict()["i"] for c, _ in result.best_checkpoints] == [0, 1, 4]
+    assert result.checkpoint.to_dict()["i"] == 4
