@@ -133,14 +133,15 @@ class SweepLoop:
     results, `stopper` (RunConfig.stop) may stop a trial or the sweep after each result, `reporter`
     shows the trial table; `trials` (those of a restored sweep, else empty) grows as trials are created
     and is what the state file holds. After `run()`, `fail_fast_error` is the error that ended the
-    sweep under `fail_fast` (else None)."""
+    sweep under `fail_fast` (else None), and `raised` each failed trial's exception as it pickled it."""
 
     def __init__(self, spec: SweepSpec, trials: list[tr.Trial], *, room: ClusterRoom, searcher: Searcher,
                  scheduler: TrialScheduler, reporter: Any, stopper: Optional[Stopper] = None):
         self.spec = spec
         self.room, self.searcher, self.scheduler, self.reporter = room, searcher, scheduler, reporter
         self.stopper = stopper if stopper is not None else NoopStopper()
-        self.fail_fast_error: Optional[tr.TrialError] = None
+        self.fail_fast_error: Optional[tuple[str, tr.TrialError]] = None  # (trial id, its error)
+        self.raised: dict[str, str] = {}  # trial id -> its last exception as the trial pickled it (base64)
         self.unplaceable = room.never_fits(spec.demand)  # every trial then ends as ERROR with this message
         self.trials = trials
         self.events: "queue.Queue" = queue.Queue()
@@ -412,6 +413,9 @@ class SweepLoop:
             trial.error = ended.error if isinstance(ended, TrialFailed) else tr.TrialError(
                 "TrialProcessDied", f"the trial process {_describe_exit(returncode)} without reporting why; see "
                                     f"{tr.log_path(self.spec.experiment_path, trial)}")
+            self.raised.pop(trial.trial_id, None)
+            if isinstance(ended, TrialFailed) and ended.pickled:
+                self.raised[trial.trial_id] = ended.pickled
             self._failed(trial)
         self.reporter.trial_changed(trial)
         self._save()
@@ -433,7 +437,7 @@ class SweepLoop:
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
         if self.spec.limits.fail_fast and self.fail_fast_error is None:
-            self.fail_fast_error = trial.error
+            self.fail_fast_error = (trial.trial_id, trial.error)
             self._stop_all(f"fail_fast: trial {trial.name} failed")
 
     def _stop_all(self, why: str) -> None:

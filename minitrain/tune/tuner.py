@@ -190,10 +190,11 @@ class Tuner:
                 loop.run()
         finally:
             reporter.release()  # however the sweep ended, a later run's console may draw the status block
-        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in loop.trials],
-                                   self.experiment_path, config.metric, config.mode)
-        if loop.fail_fast_error is not None and self.run_config.failure_config.fail_fast == "raise":
-            raise trial_error(loop.fail_fast_error)
+        self._results = ResultGrid([trial_result(self.experiment_path, t, loop.raised.get(t.trial_id))
+                                    for t in loop.trials], self.experiment_path, config.metric, config.mode)
+        failed = loop.fail_fast_error
+        if failed is not None and self.run_config.failure_config.fail_fast == "raise":
+            raise trial_error(failed[1], loop.raised.get(failed[0]))
         return self._results
 
     def _spec(self, header: dict, demand: Any) -> SweepSpec:

@@ -9,7 +9,7 @@ import pytest
 
 from minitrain import tune
 from minitrain.tune.stopper import CombinedStopper, MaximumIterationStopper, TrialPlateauStopper
-from tune_ray_trainables import counting, failing
+from tune_ray_trainables import SpecificError, counting, failing
 
 pytestmark = pytest.mark.e2e
 
@@ -38,12 +38,13 @@ def test_trainable_error_with_tuner(tmp_path, fail_fast):
                                                  failure_config=tune.FailureConfig(fail_fast=fail_fast)))
     if fail_fast is False:
         results = tuner.fit()
-        assert len(results) == 2 and all(r.error for r in results)
+        assert len(results) == 2 and all(isinstance(r.error, SpecificError) for r in results)
+        assert all(isinstance(e, SpecificError) for e in results.errors)  # errors keep their type
     elif fail_fast is True:
         results = tuner.fit()
         assert len([r.error for r in results if r.error]) == 1
     else:
-        with pytest.raises(Exception, match="Failing!"):
+        with pytest.raises(SpecificError, match="Failing!"):
             tuner.fit()
 
 
