@@ -32,6 +32,7 @@ _EXPORTS = {
     "get_checkpoint": "minitrain.tune.session", "get_context": "minitrain.tune.session",
     "report": "minitrain.tune.session",
     "TuneConfig": "minitrain.tune.tune_config", "with_resources": "minitrain.tune.tune_config",
+    "with_parameters": "minitrain.tune.tune_config",
     "Tuner": "minitrain.tune.tuner",
     **{name: "minitrain.tune.search_space" for name in (
         "choice", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",

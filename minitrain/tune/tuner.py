@@ -31,7 +31,7 @@ from minitrain.tune.search_space import _unresolved_paths
 from minitrain.tune.stopper import MissingStopKey
 from minitrain.tune.run_config import CheckpointConfig, RunConfig
 from minitrain.tune.sweep_loop import Retention, SweepLimits, SweepLoop, SweepSpec
-from minitrain.tune.tune_config import TuneConfig, _WithResources
+from minitrain.tune.tune_config import TuneConfig, _WithParameters, _WithResources
 
 logger = logging.getLogger("minitrain")
 
@@ -71,6 +71,8 @@ def _check_trainable(trainable: Any, param_space: dict) -> None:
         raise ConfigError(f"Tuner(trainable={trainable.__name__}): class trainables (tune.Trainable) are not "
                           "supported; pass a function `def train(config): ... tune.report(...)`.")
     inner = trainable.trainable if isinstance(trainable, _WithResources) else trainable
+    if isinstance(inner, _WithParameters):
+        return  # with_parameters checked that it is called as trainable(config, **parameters)
     if count_required_parameters(inner) != 1:
         raise ConfigError(f"Tuner(trainable={getattr(inner, '__name__', inner)!r}) must take exactly one "
                           "argument, the trial's config dict.")

@@ -9,7 +9,7 @@ import pytest
 
 from minitrain import tune
 from minitrain.tune.stopper import CombinedStopper, MaximumIterationStopper, TrialPlateauStopper
-from tune_ray_trainables import SpecificError, counting, failing
+from tune_ray_trainables import SpecificError, counting, failing, with_data
 
 pytestmark = pytest.mark.e2e
 
@@ -57,3 +57,11 @@ def test_checkpoint_config_num_to_keep_for_function_trials(tmp_path):
     assert kept == ["checkpoint_000000", "checkpoint_000001", "checkpoint_000004"], kept
     assert [c.to_dict()["i"] for c, _ in result.best_checkpoints] == [0, 1, 4]
     assert result.checkpoint.to_dict()["i"] == 4
+
+
+def test_with_parameters_reaches_each_trial(tmp_path):
+    trainable = tune.with_resources(tune.with_parameters(with_data, data=list(range(100))), {"cpu": 1})
+    results = tune.Tuner(trainable, param_space={"k": tune.grid_search([1, 2])}, run_config=tune.RunConfig(
+        name="params", storage_path=str(tmp_path))).fit()
+    assert [r.metrics["total"] for r in results] == [4950, 9900]
+    assert [r.metrics["trial"] for r in results] == [r.trial_id for r in results]

@@ -21,3 +21,8 @@ def counting(config):
 def failing(config):
     """Ported from ray/python/ray/air/tests/test_errors.py: failing_fn."""
     raise SpecificError("Failing!")
+
+
+def with_data(config, data):
+    """A `tune.with_parameters` trainable: reports what it was given and its trial id."""
+    tune.report({"total": sum(data) * config["k"], "trial": tune.get_context().get_trial_id()})
