@@ -132,6 +132,7 @@ class Tuner:
         self.experiment_path = os.path.join(os.path.abspath(os.path.expanduser(str(run_config.storage_path))),
                                             run_config.name)
         self._restored = _restored
+        self._saved: Optional[tuple] = None  # a restored sweep's state as read, for get_results() before fit()
         self._results: Optional[ResultGrid] = None
 
     # ------------------------------------------------------------------ fit
@@ -141,6 +142,9 @@ class Tuner:
         `run_config.failure_config.max_failures`, then recorded in the grid; it never ends the sweep.
         Ctrl-C stops the trials (their fit()s stop their workers), saves the state and raises
         KeyboardInterrupt: `Tuner.restore(path, trainable)` goes on from there."""
+        if self.trainable is None:
+            raise ConfigError(f"Tuner.restore({self.experiment_path!r}) without trainable= gives the sweep's "
+                              "get_results() only; pass trainable= to go on with it.")
         with driver_logging(self.run_config.logging_config.log_level):
             return self._fit()
 
@@ -232,7 +236,12 @@ class Tuner:
         return name
 
     def get_results(self) -> ResultGrid:
-        """The ResultGrid of the last `fit()`; RuntimeError before one."""
+        """The ResultGrid of the last `fit()`; before one, of a `Tuner.restore`d sweep: its trials as its
+        state file holds them (nothing runs, as Ray's); RuntimeError otherwise."""
+        if self._results is None and self._saved is not None:
+            header, trials = self._saved
+            return ResultGrid([trial_result(self.experiment_path, t) for t in trials], self.experiment_path,
+                              header["metric"], header["mode"])
         if self._results is None:
             raise RuntimeError("Tuner.get_results(): call fit() first.")
         return self._results
@@ -247,7 +256,7 @@ class Tuner:
         return os.path.isfile(os.path.join(os.path.expanduser(str(path)), tr.STATE_FILE))
 
     @classmethod
-    def restore(cls, path: str, trainable: Any, *, resume_unfinished: bool = True, resume_errored: bool = False,
+    def restore(cls, path: str, trainable: Any = None, *, resume_unfinished: bool = True, resume_errored: bool = False,
                 restart_errored: bool = False, param_space: Optional[dict] = None,
                 tune_config: Optional[TuneConfig] = None, run_config: Optional[RunConfig] = None,
                 storage_filesystem: Any = None) -> "Tuner":
@@ -258,7 +267,8 @@ class Tuner:
         `param_space` and `tune_config` (scheduler, search_alg) when the sweep had trials left to create
         or a scheduler/searcher other than the default (a deliberate difference from Ray, which pickles
         them). `resume_errored` retries failed trials from their checkpoint, `restart_errored` from
-        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED.
+        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED. Without `trainable` the
+        Tuner only answers `get_results()` (the sweep as stored; nothing runs).
         """
         if not cls.can_restore(path, storage_filesystem):
             raise ConfigError(f"Tuner.restore({path!r}): no {tr.STATE_FILE} there, so there is no tuning run to "
@@ -269,6 +279,9 @@ class Tuner:
             tr.check_header(header, os.path.join(path, tr.STATE_FILE))
         except ValueError as exc:
             raise ConfigError(f"Tuner.restore({path!r}): {exc}") from None
+        saved = (header, copy.deepcopy(trials))
+        if trainable is None:
+            return cls._stored_results(path, saved)
         for trial in trials:
             if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
                 trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
@@ -290,8 +303,22 @@ class Tuner:
             tune_config = TuneConfig(metric=header["metric"], mode=header["mode"], search_alg=BasicVariantGenerator(
                 random_state=header.get("searcher_seed"), constant_grid_search=header.get("constant_grid_search", False)))
         run_config = dataclasses.replace(run_config or RunConfig(), name=name, storage_path=parent)
-        return cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
-                   _restored=(header, trials))
+        tuner = cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
+                    _restored=(header, trials))
+        tuner._saved = saved
+        return tuner
+
+    @classmethod
+    def _stored_results(cls, path: str, saved: tuple) -> "Tuner":
+        """A Tuner of the sweep in `path` that has no trainable: `get_results()` only."""
+        header, _ = saved
+        parent, name = os.path.split(path)
+        tuner = cls.__new__(cls)
+        tuner.trainable, tuner.param_space = None, {}
+        tuner.tune_config = TuneConfig(metric=header["metric"], mode=header["mode"])
+        tuner.run_config = RunConfig(name=name, storage_path=parent)
+        tuner.experiment_path, tuner._restored, tuner._saved, tuner._results = path, None, saved, None
+        return tuner
 
 
 def _replay(searcher: Any, scheduler: Any, stopper: Any, experiment_path: str, trials: list) -> None:

@@ -65,3 +65,22 @@ def test_with_parameters_reaches_each_trial(tmp_path):
         name="params", storage_path=str(tmp_path))).fit()
     assert [r.metrics["total"] for r in results] == [4950, 9900]
     assert [r.metrics["trial"] for r in results] == [r.trial_id for r in results]
+
+
+def test_restore_of_a_finished_sweep_gives_its_results_without_running(tmp_path):
+    """After ray/python/ray/tune/tests/test_tuner_restore.py: Tuner.restore(path).get_results()."""
+    path = str(tmp_path / "done")
+    fitted = tune.Tuner(counting, param_space={"n": 3, "x": tune.grid_search([0, 5])}, run_config=tune.RunConfig(
+        name="done", storage_path=str(tmp_path))).fit()
+    before = os.path.getmtime(os.path.join(path, "tuner_state.json"))
+    restored = tune.Tuner.restore(path).get_results()
+    assert [r.metrics["score"] for r in restored] == [r.metrics["score"] for r in fitted] == [2, 7]
+    assert [r.config for r in restored] == [r.config for r in fitted]
+    assert os.path.getmtime(os.path.join(path, "tuner_state.json")) == before  # nothing ran
+    assert [r.metrics["score"] for r in tune.Tuner.restore(path, trainable=counting).get_results()] == [2, 7]
+    with pytest.raises(Exception, match="without trainable"):
+        tune.Tuner.restore(path).fit()
+    failed = tune.Tuner(failing, run_config=tune.RunConfig(name="failed", storage_path=str(tmp_path))).fit()
+    assert isinstance(failed[0].error, SpecificError)
+    # from storage the type is rebuilt by name (its module is imported here), nothing unpickled
+    assert isinstance(tune.Tuner.restore(str(tmp_path / "failed")).get_results()[0].error, SpecificError)
