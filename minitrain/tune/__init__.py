@@ -17,8 +17,11 @@ import importlib
 # Loaded on first use, so a trial process (which needs only tune.report) starts without numpy, the
 # schedulers or the trainer.
 _EXPORTS = {
-    "Checkpoint": "minitrain.checkpoint", "CheckpointConfig": "minitrain.config",
-    "FailureConfig": "minitrain.config", "RunConfig": "minitrain.config",
+    "Checkpoint": "minitrain.checkpoint",
+    # Tune's own configs (Ray's ray.tune.RunConfig & co.), not Train v2's
+    "CheckpointConfig": "minitrain.tune.run_config", "FailureConfig": "minitrain.tune.run_config",
+    "RunConfig": "minitrain.tune.run_config", "SyncConfig": "minitrain.tune.run_config",
+    "Stopper": "minitrain.tune.stopper",
     "ResultGrid": "minitrain.tune.result_grid", "Result": "minitrain.tune.result_grid",
     "TrialResult": "minitrain.tune.result_grid",
     "ASHAScheduler": "minitrain.tune.schedulers", "AsyncHyperBandScheduler": "minitrain.tune.schedulers",
@@ -29,12 +32,13 @@ _EXPORTS = {
     "get_checkpoint": "minitrain.tune.session", "get_context": "minitrain.tune.session",
     "report": "minitrain.tune.session",
     "TuneConfig": "minitrain.tune.tune_config", "with_resources": "minitrain.tune.tune_config",
+    "with_parameters": "minitrain.tune.tune_config",
     "Tuner": "minitrain.tune.tuner",
     **{name: "minitrain.tune.search_space" for name in (
         "choice", "grid_search", "lograndint", "loguniform", "qlograndint", "qloguniform", "qrandint", "qrandn",
         "quniform", "randint", "randn", "sample_from", "uniform")},
 }
-_SUBMODULES = {"schedulers", "search"}
+_SUBMODULES = {"schedulers", "search", "stopper"}
 
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 

@@ -5,7 +5,9 @@ object a line: a `TrialReported` per result, then exactly one of `TrialFinished`
 `TrialInterrupted` before it exits. The sweep loop (minitrain.tune.sweep_loop) answers each
 `TrialReported` with one `Decision` line on the trial's stdin. Only this module turns these records
 into text and back: `encode`/`decode` for the report pipe, `encode_decision`/`decode_decision` for
-the answers. Nothing read from a trial is unpickled: the pipe carries JSON only.
+the answers. The pipe carries JSON only; a `TrialFailed` may hold the exception pickled (base64), which
+the tuner unpickles only to hand it back to the caller who started this trial process (as fit() does
+with a worker's exception), never from storage.
 """
 
 from __future__ import annotations
@@ -36,9 +38,11 @@ class TrialFinished:
 
 @dataclass(frozen=True)
 class TrialFailed:
-    """The trainable raised: `error` is the exception as text (the trial may be retried)."""
+    """The trainable raised: `error` is the exception as text (the trial may be retried); `pickled` the
+    exception itself (cloudpickle bytes, base64), when it could be pickled."""
 
     error: TrialError
+    pickled: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,8 @@ _ENCODERS: dict[type, tuple[str, Callable[[Any], dict]]] = {
     TrialReported: ("result", lambda m: {"metrics": m.metrics, "checkpoint": m.checkpoint}),
     TrialFinished: ("done", lambda m: {"stopped": m.stopped}),
     TrialFailed: ("error", lambda m: {"exc_type": m.error.exc_type, "message": m.error.message,
-                                      "traceback": m.error.traceback}),
+                                      "traceback": m.error.traceback,
+                                      **({"pickled": m.pickled} if m.pickled else {})}),
     TrialInterrupted: ("interrupted", lambda m: {}),
 }
 
@@ -92,7 +97,8 @@ _DECODERS: dict[str, Callable[[dict], TrialMessage]] = {
     "result": lambda d: TrialReported(_field(d, "metrics", (dict,)), _field(d, "checkpoint", (str,), optional=True)),
     "done": lambda d: TrialFinished(_field(d, "stopped", (bool,))),
     "error": lambda d: TrialFailed(TrialError(_field(d, "exc_type", (str,)), _field(d, "message", (str,)),
-                                              _field(d, "traceback", (str,)))),
+                                              _field(d, "traceback", (str,))),
+                                   _field(d, "pickled", (str,), optional=True)),
     "interrupted": lambda d: TrialInterrupted(),
 }
 

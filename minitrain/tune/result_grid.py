@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import base64
+import importlib
 import math
 import os
+import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any, Iterator, Optional
 
@@ -19,8 +23,9 @@ _SCOPES = ("all", "last", "avg", "last-5-avg", "last-10-avg")
 @dataclass
 class TrialResult(Result):
     """A trial's `Result`: `metrics` is its last result (with `training_iteration`, `time_total_s`,
-    ...), `checkpoint` its latest checkpoint, `path` its directory, `error` its failure (a
-    `RemoteWorkerError` naming the original type) or None. Unlike `fit()`'s Result, `config` is the
+    ...), `checkpoint` its latest checkpoint, `path` its directory, `error` its failure (the
+    exception the trial raised, of its own type; a `RemoteWorkerError` naming the type when it cannot
+    be rebuilt, see `trial_error`) or None. Unlike `fit()`'s Result, `config` is the
     trial's config (as in Ray Tune); `status` is TERMINATED or ERROR and `stop_reason` says when a
     scheduler stopped it early."""
 
@@ -36,11 +41,48 @@ class TrialResult(Result):
         return self._config
 
 
-def trial_result(experiment_path: str, trial: tr.Trial) -> TrialResult:
-    """The `TrialResult` of a trial, its history read from the tuning run's files."""
+def trial_error(error: tr.TrialError, pickled: Optional[str] = None) -> BaseException:
+    """A trial's failure as the exception it raised, as fit() gives a run's: unpickled from what the
+    trial process sent (`pickled`; live sweeps only, never read from storage), else rebuilt from its
+    type name when that type is in a module this process has already imported and takes the message,
+    else a `RemoteWorkerError` naming the type."""
+    if pickled:
+        try:
+            # Our own child process's bytes, over its pipe: the trust of fit()'s worker channel.
+            rebuilt = pickle.loads(base64.b64decode(pickled))
+            if isinstance(rebuilt, BaseException):
+                return rebuilt
+        except Exception:  # noqa: BLE001 - the type does not exist here: rebuild below
+            pass
+    rebuilt = _by_name(error.exc_type, error.message)
+    return rebuilt if rebuilt is not None else RemoteWorkerError(error.exc_type, error.message, error.traceback)
+
+
+def _by_name(exc_type: str, message: str) -> Optional[BaseException]:
+    """`exc_type(message)` for an exception type of an already imported module (nothing is imported:
+    the name may come from a state file), or None."""
+    module_name, _, qualname = exc_type.rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    if module is None and module_name == "builtins":
+        module = importlib.import_module("builtins")
+    cls: Any = module
+    for part in qualname.split(".") if module is not None else ():
+        cls = getattr(cls, part, None)
+    if not (isinstance(cls, type) and issubclass(cls, BaseException)):
+        return None
+    try:
+        rebuilt = cls(message)
+    except Exception:  # noqa: BLE001 - a constructor that wants other arguments
+        return None
+    return rebuilt if str(rebuilt) == message else None
+
+
+def trial_result(experiment_path: str, trial: tr.Trial, pickled_error: Optional[str] = None) -> TrialResult:
+    """The `TrialResult` of a trial, its history read from the tuning run's files; `pickled_error`
+    the live sweep's copy of its exception (see `trial_error`)."""
     error = None
     if trial.status == tr.TrialStatus.ERROR and trial.error:
-        error = RemoteWorkerError(trial.error.exc_type, trial.error.message, trial.error.traceback)
+        error = trial_error(trial.error, pickled_error)
     checkpoints = [(Checkpoint(path), metrics) for path, metrics in trial.checkpoints if os.path.exists(path)]
     latest = Checkpoint(trial.checkpoint) if trial.checkpoint and os.path.exists(trial.checkpoint) else None
     return TrialResult(metrics=trial.last_result, checkpoint=latest, error=error,

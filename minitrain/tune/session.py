@@ -30,14 +30,15 @@ class TrialStopped(BaseException):
 
 @dataclass(frozen=True)
 class TuneContext:
-    """What a trial knows about itself (Ray's `ray.tune.get_context()`)."""
+    """What a trial knows about itself (Ray's `ray.tune.get_context()`); outside a trial every id,
+    name and path is None (as Ray's) and the resources are empty."""
 
-    trial_id: str
-    trial_name: str
-    trial_dir: str
-    experiment_name: str
-    experiment_path: str
-    trial_resources: dict
+    trial_id: Optional[str] = None
+    trial_name: Optional[str] = None
+    trial_dir: Optional[str] = None
+    experiment_name: Optional[str] = None
+    experiment_path: Optional[str] = None
+    trial_resources: Optional[dict] = None
 
     def get_trial_id(self) -> str:
         """The trial's id, e.g. '3f2a1_00004' (stable across retries and restores)."""
@@ -56,8 +57,8 @@ class TuneContext:
         return self.experiment_name
 
     def get_trial_resources(self) -> dict:
-        """What the trial reserved: {'CPU': n, 'GPU': m}."""
-        return dict(self.trial_resources)
+        """What the trial reserved: {'CPU': n, 'GPU': m} ({} outside a trial)."""
+        return dict(self.trial_resources or {})
 
 
 class TrialSession:
@@ -156,8 +157,8 @@ def get_checkpoint() -> Optional[Checkpoint]:
 
 
 def get_context() -> TuneContext:
-    """The running trial's `TuneContext`."""
-    return _session("get_context").context
+    """The running trial's `TuneContext`; outside a trial one whose ids are None (as Ray's)."""
+    return _current.context if _current is not None else TuneContext()
 
 
 class ForwardingObserver:

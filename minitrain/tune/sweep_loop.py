@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import shutil
 import signal
 import struct
 import subprocess
@@ -33,6 +34,7 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
 from minitrain.storage import sweep_state as tr
+from minitrain.storage.retention import CheckpointRecord, retain
 from minitrain.storage.filesystem import StorageError
 from minitrain.tune import messages
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
@@ -42,6 +44,7 @@ from minitrain.tune.resources import ClusterRoom, Reservation
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
 from minitrain.tune.search import Searcher
 from minitrain.tune.session import TuneContext
+from minitrain.tune.stopper import MissingStopKey, NoopStopper, Stopper
 from minitrain.tune.trial_process import TrialPayload
 
 logger = logging.getLogger("minitrain")
@@ -67,6 +70,7 @@ class _Running:
         self.last_report = time.monotonic()
         self.stop_sent = False
         self.since_restore = 0
+        self.forced_error: Optional[tr.TrialError] = None  # the loop failed the trial (a `stop` key it lacks)
 
     def answer(self, decision: Decision) -> None:
         try:
@@ -83,6 +87,17 @@ class SweepLimits:
     max_concurrent: int = 0  # trials running at once (TuneConfig.max_concurrent_trials); 0: as the hosts allow
     max_failures: int = 0  # retries of a failing trial (FailureConfig.max_failures); -1: forever
     time_budget_s: Optional[float] = None  # no trial starts after this (TuneConfig.time_budget_s)
+    fail_fast: Any = False  # FailureConfig.fail_fast: the first trial in ERROR ends the sweep (True, "raise")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """Which checkpoints a function trial keeps (tune.CheckpointConfig): the best `num_to_keep` by
+    `attribute` in `order` (None: the most recent), and always the latest."""
+
+    num_to_keep: Optional[int] = None  # None: every checkpoint
+    attribute: Optional[str] = None
+    order: str = "max"
 
 
 @dataclass(frozen=True)
@@ -99,6 +114,7 @@ class SweepSpec:
     name_trial: Callable[[tr.Trial], None]  # sets a new trial's name and dirname (TuneConfig's creators)
     pythonpath: tuple[str, ...]  # the trial processes' PYTHONPATH: the driver's (so the trainable unpickles)
     limits: SweepLimits = SweepLimits()
+    retention: Retention = Retention()  # applied to checkpoints that `tune.report` saved in the trial directory
 
     @property
     def total_trials(self) -> int:
@@ -114,13 +130,18 @@ class SweepSpec:
 class SweepLoop:
     """Runs a sweep to its end (or raises KeyboardInterrupt after stopping the trials): `spec` says
     what the sweep is; `room` reserves hosts, `searcher` suggests configs, `scheduler` decides on
-    results, `reporter` shows the trial table; `trials` (those of a restored sweep, else empty) grows
-    as trials are created and is what the state file holds."""
+    results, `stopper` (RunConfig.stop) may stop a trial or the sweep after each result, `reporter`
+    shows the trial table; `trials` (those of a restored sweep, else empty) grows as trials are created
+    and is what the state file holds. After `run()`, `fail_fast_error` is the error that ended the
+    sweep under `fail_fast` (else None), and `raised` each failed trial's exception as it pickled it."""
 
     def __init__(self, spec: SweepSpec, trials: list[tr.Trial], *, room: ClusterRoom, searcher: Searcher,
-                 scheduler: TrialScheduler, reporter: Any):
+                 scheduler: TrialScheduler, reporter: Any, stopper: Optional[Stopper] = None):
         self.spec = spec
         self.room, self.searcher, self.scheduler, self.reporter = room, searcher, scheduler, reporter
+        self.stopper = stopper if stopper is not None else NoopStopper()
+        self.fail_fast_error: Optional[tuple[str, tr.TrialError]] = None  # (trial id, its error)
+        self.raised: dict[str, str] = {}  # trial id -> its last exception as the trial pickled it (base64)
         self.unplaceable = room.never_fits(spec.demand)  # every trial then ends as ERROR with this message
         self.trials = trials
         self.events: "queue.Queue" = queue.Queue()
@@ -300,21 +321,62 @@ class SweepLoop:
         result.update(training_iteration=trial.iteration, time_this_iter_s=this_iter,
                       time_total_s=trial.time_total_s, timestamp=int(time.time()), trial_id=trial.trial_id,
                       iterations_since_restore=running.since_restore, done=False)
+        evicted: list[str] = []
         if message.checkpoint:
             trial.checkpoint, trial.checkpoint_iteration = message.checkpoint, trial.iteration
             trial.checkpoints.append((message.checkpoint, result))
+            evicted = self._retain(trial)
         trial.last_result = result
         tr.append_history(self.spec.experiment_path, trial, result)
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
         self.searcher.on_trial_result(trial.trial_id, result)
         if decision == STOP and not running.stop_sent:
             trial.stop_reason = self._stop_reason(result)
+        if self._stopper_says_stop(running, result):
+            decision = STOP
         if decision == STOP or self.stopping:
             running.stop_sent = True
             running.answer(Decision.STOP)
         else:
             running.answer(Decision.CONTINUE)
         self._save()
+        for path in evicted:  # deleted once the state file no longer names them
+            shutil.rmtree(path, ignore_errors=True)
+
+    def _stopper_says_stop(self, running: _Running, result: dict) -> bool:
+        """Ask RunConfig.stop about this result: True stops the trial; its stop_all() stops the sweep;
+        a `stop` key the result lacks fails the trial (as Ray's TuneError)."""
+        trial = running.trial
+        try:
+            stop = self.stopper(trial.trial_id, result)
+        except MissingStopKey as exc:
+            running.forced_error = tr.TrialError("minitrain.tune.stopper.MissingStopKey", str(exc))
+            return True
+        if stop and not running.stop_sent:
+            trial.stop_reason = trial.stop_reason or \
+                f"stopped by RunConfig(stop=...) at training_iteration={trial.iteration}"
+        if self.stopper.stop_all() and not self.stopping:
+            self._stop_all(f"RunConfig(stop=...) stopped the sweep at {trial.name}'s training_iteration="
+                           f"{trial.iteration}")
+        return bool(stop)
+
+    def _retain(self, trial: tr.Trial) -> list[str]:
+        """Apply the sweep's retention to `trial`'s checkpoints; the paths to delete (only directories
+        `tune.report` made in the trial directory: a fit()'s own checkpoints are its to keep)."""
+        keep = self.spec.retention
+        if keep.num_to_keep is None:
+            return []
+        trial_dir = os.path.join(self.spec.experiment_path, trial.dirname)
+        records = [CheckpointRecord(path, metrics, index) for index, (path, metrics) in enumerate(trial.checkpoints)
+                   if os.path.dirname(os.path.normpath(path)) == trial_dir]
+        try:
+            outcome = retain(records, keep.num_to_keep, keep.attribute, keep.order)
+        except ValueError as exc:
+            logger.warning("trial %s: its checkpoints are all kept: %s", trial.name, exc)
+            return []
+        gone = {record.dir_name for record in outcome.evicted}
+        trial.checkpoints = [c for c in trial.checkpoints if c[0] not in gone]
+        return sorted(gone)
 
     def _stop_reason(self, result: dict) -> str:
         scheduler = self.scheduler
@@ -334,7 +396,7 @@ class SweepLoop:
         del self.running[trial.trial_id]
         self.room.release(running.reservation)
         ended = running.ended
-        if isinstance(ended, TrialFinished):
+        if isinstance(ended, TrialFinished) and running.forced_error is None:
             trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
                 trial.last_result = {**trial.last_result, "done": True}
@@ -344,10 +406,16 @@ class SweepLoop:
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
         elif isinstance(ended, TrialInterrupted) or (self.stopping and running.stop_sent and ended is None):
             trial.status = tr.TrialStatus.PENDING  # Ctrl-C: resumable
+        elif running.forced_error is not None:  # the loop failed it: no retry would do better
+            trial.error = running.forced_error
+            self._errored(trial)
         else:
             trial.error = ended.error if isinstance(ended, TrialFailed) else tr.TrialError(
                 "TrialProcessDied", f"the trial process {_describe_exit(returncode)} without reporting why; see "
                                     f"{tr.log_path(self.spec.experiment_path, trial)}")
+            self.raised.pop(trial.trial_id, None)
+            if isinstance(ended, TrialFailed) and ended.pickled:
+                self.raised[trial.trial_id] = ended.pickled
             self._failed(trial)
         self.reporter.trial_changed(trial)
         self._save()
@@ -361,9 +429,16 @@ class SweepLoop:
                            trial.num_failures, "inf" if max_failures < 0 else max_failures,
                            trial.checkpoint or "the start")
             return
+        self._errored(trial)
+
+    def _errored(self, trial: tr.Trial) -> None:
+        """`trial` ends in ERROR; under fail_fast the sweep stops with it."""
         trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
+        if self.spec.limits.fail_fast and self.fail_fast_error is None:
+            self.fail_fast_error = (trial.trial_id, trial.error)
+            self._stop_all(f"fail_fast: trial {trial.name} failed")
 
     def _stop_all(self, why: str) -> None:
         self.stopping = why

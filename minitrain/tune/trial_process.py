@@ -15,6 +15,7 @@ own. The cost is an interpreter start (about half a second) per trial.
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import os
@@ -62,6 +63,19 @@ def _read_payload(stream: Any) -> TrialPayload:
     return cloudpickle.loads(stream.read(size))  # from the tuner that started us, over our own stdin
 
 
+MAX_PICKLED_ERROR = 1 << 20  # a larger exception reaches the tuner as text only
+
+
+def _pickled(exc: BaseException) -> Optional[str]:
+    """The exception as base64 cloudpickle bytes, so the tuner hands the caller the same type (None when
+    it cannot be pickled or is too large)."""
+    try:
+        data = cloudpickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - an unpicklable exception still reaches the tuner as text
+        return None
+    return base64.b64encode(data).decode() if len(data) <= MAX_PICKLED_ERROR else None
+
+
 def main(argv: list[str]) -> int:
     """Run one trial: read its payload on stdin, write results as JSON lines to fd argv[0], obey the
     tuner's continue/stop answers; dies by SIGINT with the tuner. Returns the exit code."""
@@ -92,7 +106,7 @@ def main(argv: list[str]) -> int:
         return 130
     except BaseException as exc:  # noqa: BLE001 - every failure is reported to the tuner as a record
         session.send(TrialFailed(TrialError(f"{type(exc).__module__}.{type(exc).__qualname__}", str(exc)[:16384],
-                                            traceback.format_exc()[-65536:])))
+                                            traceback.format_exc()[-65536:]), _pickled(exc)))
         return 1
     session.send(TrialFinished(stopped=session.stop_requested))
     return 0

@@ -1,4 +1,5 @@
-"""`TuneConfig` and `with_resources` (L3), as Ray's `ray.tune.TuneConfig` and `ray.tune.with_resources`."""
+"""`TuneConfig`, `with_resources` and `with_parameters` (L3), as Ray's `ray.tune.TuneConfig`,
+`ray.tune.with_resources` and `ray.tune.with_parameters`."""
 
 from __future__ import annotations
 
@@ -79,6 +80,39 @@ class _WithResources:
 
     def __call__(self, config: dict) -> Any:
         return self.trainable(config)
+
+
+class _WithParameters:
+    """A function trainable called as `trainable(config, **parameters)` (Ray's `tune.with_parameters`).
+    The parameters travel pickled with the trainable to each trial process (Ray puts them in its object
+    store once; minitrain pickles them into each trial's payload)."""
+
+    def __init__(self, trainable: Callable, parameters: dict):
+        self.trainable, self.parameters = trainable, parameters
+        self.__name__ = getattr(trainable, "__name__", "trainable")
+
+    def __call__(self, config: dict) -> Any:
+        return self.trainable(config, **self.parameters)
+
+
+def with_parameters(trainable: Callable, **kwargs: Any) -> _WithParameters:
+    """`trainable` with large or unpicklable-by-config objects (data sets, models) passed as keyword
+    arguments: each trial calls `trainable(config, **kwargs)`. Composes with `with_resources`."""
+    if not callable(trainable) or isinstance(trainable, type):
+        raise ConfigError(f"tune.with_parameters(trainable={trainable!r}): pass a function trainable "
+                          "`def train(config, **kwargs)` (class trainables are not supported).")
+    if isinstance(trainable, _WithResources):
+        raise ConfigError("tune.with_parameters(tune.with_resources(fn, ...)): wrap the other way round, "
+                          "tune.with_resources(tune.with_parameters(fn, ...), resources), as Ray asks.")
+    import inspect
+
+    try:
+        inspect.signature(trainable).bind({}, **kwargs)
+    except TypeError as exc:
+        raise ConfigError(f"tune.with_parameters({getattr(trainable, '__name__', trainable)!r}, "
+                          f"{', '.join(kwargs)}): the trainable cannot be called as trainable(config, **kwargs): "
+                          f"{exc}") from None
+    return _WithParameters(trainable, dict(kwargs))
 
 
 def with_resources(trainable: Callable, resources: Any) -> _WithResources:

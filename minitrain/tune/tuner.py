@@ -15,7 +15,7 @@ import re
 import uuid
 from typing import Any, Callable, Optional
 
-from minitrain.config import CheckpointConfig, RunConfig
+from minitrain.config import RunConfig as TrainRunConfig
 from minitrain.dashboard.sweep import live_sweep_dashboard
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
@@ -24,12 +24,14 @@ from minitrain.storage import sweep_state as tr
 from minitrain.trainer import DataParallelTrainer, _driver_pythonpath, count_required_parameters
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
-from minitrain.tune.result_grid import ResultGrid, trial_result
+from minitrain.tune.result_grid import ResultGrid, trial_error, trial_result
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
-from minitrain.tune.sweep_loop import SweepLimits, SweepLoop, SweepSpec
-from minitrain.tune.tune_config import TuneConfig, _WithResources
+from minitrain.tune.stopper import MissingStopKey
+from minitrain.tune.run_config import CheckpointConfig, RunConfig
+from minitrain.tune.sweep_loop import Retention, SweepLimits, SweepLoop, SweepSpec
+from minitrain.tune.tune_config import TuneConfig, _WithParameters, _WithResources
 
 logger = logging.getLogger("minitrain")
 
@@ -69,22 +71,30 @@ def _check_trainable(trainable: Any, param_space: dict) -> None:
         raise ConfigError(f"Tuner(trainable={trainable.__name__}): class trainables (tune.Trainable) are not "
                           "supported; pass a function `def train(config): ... tune.report(...)`.")
     inner = trainable.trainable if isinstance(trainable, _WithResources) else trainable
+    if isinstance(inner, _WithParameters):
+        return  # with_parameters checked that it is called as trainable(config, **parameters)
     if count_required_parameters(inner) != 1:
         raise ConfigError(f"Tuner(trainable={getattr(inner, '__name__', inner)!r}) must take exactly one "
                           "argument, the trial's config dict.")
 
 
-def _check_run_config(run_config: RunConfig) -> None:
-    if run_config.storage_filesystem is not None or "://" in str(run_config.storage_path).replace("file://", ""):
-        raise ConfigError(f"Tuner(run_config=RunConfig(storage_path={run_config.storage_path!r})): minitrain.tune "
-                          "keeps a sweep on a local or shared (NFS) path; trials' TorchTrainers may still use "
-                          "remote storage in their own RunConfig.")
-    if run_config.checkpoint_config != CheckpointConfig():
+def _sweep_run_config(run_config: Any, trainable: Any) -> RunConfig:
+    """The sweep's Tune `RunConfig` from what was passed (Tune's, Train's, or None: a TorchTrainer's own),
+    with its name and storage path filled in."""
+    is_trainer = isinstance(trainable, DataParallelTrainer)
+    if run_config is None:
+        run_config = RunConfig.from_train(trainable.run_config) if is_trainer else RunConfig()
+        if is_trainer:  # the trainer's retention is its fit()'s own, not the sweep's
+            run_config = dataclasses.replace(run_config, checkpoint_config=CheckpointConfig())
+    elif isinstance(run_config, TrainRunConfig):
+        run_config = RunConfig.from_train(run_config)
+    elif not isinstance(run_config, RunConfig):
+        raise ConfigError("Tuner(run_config=...) must be a minitrain.tune.RunConfig (or a minitrain.RunConfig).")
+    if is_trainer and run_config.checkpoint_config != CheckpointConfig():
         raise ConfigError("Tuner(run_config=RunConfig(checkpoint_config=...)): set checkpoint retention on the "
-                          "TorchTrainer's RunConfig; a function trial keeps every checkpoint it reports.")
-    if run_config.worker_runtime_env:
-        raise ConfigError("Tuner(run_config=RunConfig(worker_runtime_env=...)) has no effect on trials; set it on "
-                          "the TorchTrainer's RunConfig.")
+                          "TorchTrainer's RunConfig; tune.RunConfig's checkpoint_config applies to function "
+                          "trials.")
+    return run_config.with_default_name(_trainable_name(trainable))
 
 
 def _format_vars(config: Any, param_space: dict) -> str:
@@ -117,15 +127,12 @@ class Tuner:
         self.tune_config = tune_config if tune_config is not None else TuneConfig()
         if not isinstance(self.tune_config, TuneConfig):
             raise ConfigError("Tuner(tune_config=...) must be a minitrain.tune.TuneConfig.")
-        if run_config is None:
-            run_config = trainable.run_config if isinstance(trainable, DataParallelTrainer) else RunConfig()
-        if not isinstance(run_config, RunConfig):
-            raise ConfigError("Tuner(run_config=...) must be a minitrain.RunConfig (tune.RunConfig).")
-        _check_run_config(run_config)
+        run_config = _sweep_run_config(run_config, trainable)
         self.trainable, self.run_config = trainable, run_config
         self.experiment_path = os.path.join(os.path.abspath(os.path.expanduser(str(run_config.storage_path))),
                                             run_config.name)
         self._restored = _restored
+        self._saved: Optional[tuple] = None  # a restored sweep's state as read, for get_results() before fit()
         self._results: Optional[ResultGrid] = None
 
     # ------------------------------------------------------------------ fit
@@ -135,6 +142,9 @@ class Tuner:
         `run_config.failure_config.max_failures`, then recorded in the grid; it never ends the sweep.
         Ctrl-C stops the trials (their fit()s stop their workers), saves the state and raises
         KeyboardInterrupt: `Tuner.restore(path, trainable)` goes on from there."""
+        if self.trainable is None:
+            raise ConfigError(f"Tuner.restore({self.experiment_path!r}) without trainable= gives the sweep's "
+                              "get_results() only; pass trainable= to go on with it.")
         with driver_logging(self.run_config.logging_config.log_level):
             return self._fit()
 
@@ -155,6 +165,7 @@ class Tuner:
         if isinstance(scheduler, (AsyncHyperBandScheduler, MedianStoppingRule)) and not (scheduler.metric and scheduler.mode):
             raise ConfigError(f"{scheduler.describe()} needs a metric and a mode: pass them to it or to TuneConfig.")
         num_samples = config.num_samples if config.num_samples > 0 else 10**9
+        stopper = self.run_config.stopper()
         if self._restored is None:
             if os.path.exists(os.path.join(self.experiment_path, tr.STATE_FILE)):
                 raise ConfigError(f"{self.experiment_path} already holds a tuning run. Resume it with "
@@ -172,31 +183,37 @@ class Tuner:
         else:
             header, trials = self._restored
             searcher.total_trials(header["num_samples"])  # the sweep's own count, whatever tune_config says
-            _replay(searcher, scheduler, self.experiment_path, trials)
+            _replay(searcher, scheduler, stopper, self.experiment_path, trials)
         tr.make_tune_dir(self.experiment_path)
         # The trial table, in the driver's live console (the status block if no other run holds it).
-        reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric)
+        reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric,
+                                    verbose=int(self.run_config.show_table))
         try:
             loop = SweepLoop(self._spec(header, demand), trials, room=room, searcher=searcher, scheduler=scheduler,
-                             reporter=reporter)
+                             reporter=reporter, stopper=stopper)
             # The trial table as a web page while it runs; minitrain's log lines go through the console too.
             with live_sweep_dashboard(self.experiment_path), reporter.console.owning_log_handlers(logger):
                 loop.run()
         finally:
             reporter.release()  # however the sweep ended, a later run's console may draw the status block
-        self._results = ResultGrid([trial_result(self.experiment_path, t) for t in loop.trials],
-                                   self.experiment_path, config.metric, config.mode)
+        self._results = ResultGrid([trial_result(self.experiment_path, t, loop.raised.get(t.trial_id))
+                                    for t in loop.trials], self.experiment_path, config.metric, config.mode)
+        failed = loop.fail_fast_error
+        if failed is not None and self.run_config.failure_config.fail_fast == "raise":
+            raise trial_error(failed[1], loop.raised.get(failed[0]))
         return self._results
 
     def _spec(self, header: dict, demand: Any) -> SweepSpec:
         """The sweep as SweepLoop runs it: this Tuner's settings and the state file's `header`."""
         config = self.tune_config
-        limits = SweepLimits(max_concurrent=config.max_concurrent_trials or 0,
-                             max_failures=self.run_config.failure_config.max_failures,
-                             time_budget_s=config.time_budget_s)
+        failure, keep = self.run_config.failure_config, self.run_config.checkpoint_config
+        limits = SweepLimits(max_concurrent=config.max_concurrent_trials or 0, max_failures=failure.max_failures,
+                             time_budget_s=config.time_budget_s, fail_fast=failure.fail_fast)
+        retention = Retention(keep.num_to_keep, keep.checkpoint_score_attribute, keep.checkpoint_score_order)
         return SweepSpec(experiment_path=self.experiment_path, experiment_name=self.run_config.name, header=header,
                          trainable=self.trainable, trial_resources=trial_resources(self.trainable), demand=demand,
-                         name_trial=self._namer(header["trainable"]), pythonpath=_driver_pythonpath(), limits=limits)
+                         name_trial=self._namer(header["trainable"]), pythonpath=_driver_pythonpath(), limits=limits,
+                         retention=retention)
 
     def _namer(self, trainable_name: str) -> Callable[[tr.Trial], None]:
         config = self.tune_config
@@ -219,7 +236,12 @@ class Tuner:
         return name
 
     def get_results(self) -> ResultGrid:
-        """The ResultGrid of the last `fit()`; RuntimeError before one."""
+        """The ResultGrid of the last `fit()`; before one, of a `Tuner.restore`d sweep: its trials as its
+        state file holds them (nothing runs, as Ray's); RuntimeError otherwise."""
+        if self._results is None and self._saved is not None:
+            header, trials = self._saved
+            return ResultGrid([trial_result(self.experiment_path, t) for t in trials], self.experiment_path,
+                              header["metric"], header["mode"])
         if self._results is None:
             raise RuntimeError("Tuner.get_results(): call fit() first.")
         return self._results
@@ -234,7 +256,7 @@ class Tuner:
         return os.path.isfile(os.path.join(os.path.expanduser(str(path)), tr.STATE_FILE))
 
     @classmethod
-    def restore(cls, path: str, trainable: Any, *, resume_unfinished: bool = True, resume_errored: bool = False,
+    def restore(cls, path: str, trainable: Any = None, *, resume_unfinished: bool = True, resume_errored: bool = False,
                 restart_errored: bool = False, param_space: Optional[dict] = None,
                 tune_config: Optional[TuneConfig] = None, run_config: Optional[RunConfig] = None,
                 storage_filesystem: Any = None) -> "Tuner":
@@ -245,7 +267,8 @@ class Tuner:
         `param_space` and `tune_config` (scheduler, search_alg) when the sweep had trials left to create
         or a scheduler/searcher other than the default (a deliberate difference from Ray, which pickles
         them). `resume_errored` retries failed trials from their checkpoint, `restart_errored` from
-        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED.
+        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED. Without `trainable` the
+        Tuner only answers `get_results()` (the sweep as stored; nothing runs).
         """
         if not cls.can_restore(path, storage_filesystem):
             raise ConfigError(f"Tuner.restore({path!r}): no {tr.STATE_FILE} there, so there is no tuning run to "
@@ -256,6 +279,9 @@ class Tuner:
             tr.check_header(header, os.path.join(path, tr.STATE_FILE))
         except ValueError as exc:
             raise ConfigError(f"Tuner.restore({path!r}): {exc}") from None
+        saved = (header, copy.deepcopy(trials))
+        if trainable is None:
+            return cls._stored_results(path, saved)
         for trial in trials:
             if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
                 trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
@@ -277,14 +303,28 @@ class Tuner:
             tune_config = TuneConfig(metric=header["metric"], mode=header["mode"], search_alg=BasicVariantGenerator(
                 random_state=header.get("searcher_seed"), constant_grid_search=header.get("constant_grid_search", False)))
         run_config = dataclasses.replace(run_config or RunConfig(), name=name, storage_path=parent)
-        return cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
-                   _restored=(header, trials))
+        tuner = cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
+                    _restored=(header, trials))
+        tuner._saved = saved
+        return tuner
+
+    @classmethod
+    def _stored_results(cls, path: str, saved: tuple) -> "Tuner":
+        """A Tuner of the sweep in `path` that has no trainable: `get_results()` only."""
+        header, _ = saved
+        parent, name = os.path.split(path)
+        tuner = cls.__new__(cls)
+        tuner.trainable, tuner.param_space = None, {}
+        tuner.tune_config = TuneConfig(metric=header["metric"], mode=header["mode"])
+        tuner.run_config = RunConfig(name=name, storage_path=parent)
+        tuner.experiment_path, tuner._restored, tuner._saved, tuner._results = path, None, saved, None
+        return tuner
 
 
-def _replay(searcher: Any, scheduler: Any, experiment_path: str, trials: list) -> None:
-    """Bring a fresh searcher and scheduler to where the interrupted sweep left them: the basic
-    generator skips the configs already drawn, other searchers learn the finished trials, and the
-    scheduler sees every kept result again (ASHA's rungs are rebuilt)."""
+def _replay(searcher: Any, scheduler: Any, stopper: Any, experiment_path: str, trials: list) -> None:
+    """Bring a fresh searcher, scheduler and stopper to where the interrupted sweep left them: the
+    basic generator skips the configs already drawn, other searchers learn the finished trials, and
+    the scheduler and the stopper see every kept result again (ASHA's rungs are rebuilt)."""
     if hasattr(searcher, "skip"):
         searcher.skip(len(trials))
     for trial in trials:
@@ -294,6 +334,10 @@ def _replay(searcher: Any, scheduler: Any, experiment_path: str, trials: list) -
         scheduler.on_trial_add(trial.trial_id)
         for result in history:
             scheduler.on_trial_result(trial.trial_id, result)
+            try:
+                stopper(trial.trial_id, result)
+            except MissingStopKey:
+                pass  # the trial ended with this error already
         if trial.status == tr.TrialStatus.TERMINATED:
             scheduler.on_trial_complete(trial.trial_id, trial.last_result)
         if trial.finished:
