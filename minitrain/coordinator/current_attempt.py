@@ -64,8 +64,11 @@ class CurrentAttempt:
                              committed_dir_names=tuple(sorted(checkpoints.committed_dir_names)))
         self.group = WorkerGroup.start(attempt, assignments, nodes, self._outbox, launch, resume, self._clock)
         self._ended = False
-        hosts = tuple(state.node_name for _, state in sorted(self.group.tracker.ranks.items()))
-        self._observers.on_attempt_start(AttemptInfo(attempt, hosts, self._clock()))
+        states = [state for _, state in sorted(self.group.tracker.ranks.items())]
+        hosts = tuple(state.node_name for state in states)
+        memory = {state.node_name: nodes[state.assignment.node_id].memory_bytes for state in states
+                  if state.assignment.node_id in nodes}
+        self._observers.on_attempt_start(AttemptInfo(attempt, hosts, self._clock(), memory))
 
     def end(self, restarting: bool) -> None:
         """Tell the observers, once, that the latest attempt is over (nothing when none started)."""

@@ -148,7 +148,8 @@ class RunMonitor(RunObserver):
         with self._lock:
             self._run.update(attempt=attempt.attempt)
             record = {"attempt": attempt.attempt, "started_at": attempt.started_at, "ended_at": None,
-                      "hosts": list(attempt.hosts), "failures": [], "root_cause": "", "restarting": False}
+                      "hosts": list(attempt.hosts), "host_memory_bytes": dict(attempt.host_memory_bytes),
+                      "failures": [], "root_cause": "", "restarting": False}
             self._attempts.append(record)
             self._latest.clear()
             self._worker_phases.clear()
@@ -340,8 +341,9 @@ class RunMonitor(RunObserver):
         return (len(times) - 1 - origin) / span
 
     def attempts(self) -> list[dict]:
-        """One dict per attempt: {"attempt", "started_at", "ended_at", "hosts", "failures": [{"rank",
-        "host", "kind", "exc_type", "message", "consequence"}], "root_cause", "restarting"}."""
+        """One dict per attempt: {"attempt", "started_at", "ended_at", "hosts", "host_memory_bytes" ({host:
+        its total memory}; absent in runs written before it existed), "failures": [{"rank", "host", "kind",
+        "exc_type", "message", "consequence"}], "root_cause", "restarting"}."""
         with self._lock:
             return json.loads(json.dumps(self._attempts, default=str))
 
@@ -392,6 +394,14 @@ class RunMonitor(RunObserver):
                 row["straggler"] = rank in flagged
                 rows.append(row)
             return rows
+
+    def nodes(self) -> list[dict]:
+        """The current attempt's hosts, by name: [{"host", "memory_bytes"}] (the host's total memory,
+        as its node agent said; the memory plots are drawn against it). [] before the first attempt."""
+        with self._lock:
+            current = self._attempts[-1] if self._attempts else {}
+            memory = current.get("host_memory_bytes") or {}
+            return [{"host": host, "memory_bytes": memory[host]} for host in sorted(memory)]
 
     def worker_phases(self) -> dict[int, tuple[str, float]]:
         """rank -> (its latest phase's name, since when) in the current attempt, as the workers told

@@ -72,11 +72,14 @@ class StackDump:
 
 @dataclass(frozen=True)
 class AttemptInfo:
-    """One attempt as it starts: `hosts[r]` is the node that runs rank r."""
+    """One attempt as it starts: `hosts[r]` is the node that runs rank r; `host_memory_bytes` maps each
+    of those hosts to its total memory in bytes, as its node agent's hello said (what a memory plot
+    is drawn against; empty where not known)."""
 
     attempt: int
     hosts: tuple[str, ...]
     started_at: float
+    host_memory_bytes: Mapping[str, int] = field(default_factory=dict, hash=False)
 
     @property
     def world_size(self) -> int:

@@ -32,6 +32,8 @@ class RunView(Protocol):
 
     def hints(self) -> list[dict]: ...
 
+    def nodes(self) -> list[dict]: ...
+
 
 class BadQuery(ValueError):
     """A query parameter the view cannot use (answered with 400 and this message)."""
@@ -75,6 +77,8 @@ VIEWS: dict[str, Callable[[RunView, Mapping[str, list[str]]], Any]] = {
     # still shows who straggled (the current ones alone are none once the attempt ended).
     "stragglers": lambda view, query: view.straggler_history(),
     "hints": lambda view, query: view.hints(),
+    # The current attempt's hosts and their total memory: the node memory plot's "total" lines.
+    "nodes": lambda view, query: view.nodes(),
 }
 
 

@@ -234,7 +234,8 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
 <section><h2>Step time per rank (own work, waits excluded)</h2><div id="timeline" class="plot"></div></section>
 <section><h2>Waits per step (report() and collectives: waiting for other ranks)</h2><div id="waits" class="plot"></div></section>
 <section><h2>Idle share of each step (data wait, and all waits)</h2><div id="idle" class="plot"></div></section>
-<section><h2>Memory (RSS) per rank and per node</h2><div id="memory" class="plot"></div></section>
+<section><h2>Memory (RSS) per rank, and per node against the host's total</h2><div id="memory" class="plot"></div>
+<div id="node-memory" class="plot"></div></section>
 <section><h2>GPU utilisation and memory (NVML)</h2><div id="gpu-util" class="plot"></div><div id="gpu-memory" class="plot"></div></section>
 <section><h2>Metrics (rank 0)</h2><div id="metric-plots" class="plots"></div></section>
 <section><h2>Attempts</h2>{sections["attempts"]}</section>

@@ -3,7 +3,8 @@
 Served by `minitrain.dashboard`'s server (same access rules: loopback without a token by default,
 any other address only with the viewer token) through extra routes:
 
-    GET /  and  /tune     the trial table (status, parameters, latest metric, iterations, stop reason);
+    GET /  and  /tune     the trial table (status, parameters, latest metric, iterations, start-up,
+                          stop reason);
                           a live page reloads itself every 2 s (a meta refresh: the page runs no script)
     GET /api/trials       the same rows as JSON, one object per trial
     GET /api/sweep        the sweep: name, metric, mode, trial counts by status
@@ -22,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import html
 import os
+import time
 from typing import Any, Iterator, Optional
 
 from minitrain.dashboard import live_dashboard
@@ -53,9 +55,11 @@ def _metric_of(header: dict) -> Optional[str]:
     return header.get("shown_metric") or header.get("metric")
 
 
-def trial_rows(header: dict, trials: list[tr.Trial]) -> list[dict]:
-    """One JSON-able object per trial, in trial order: the console table's columns and a little more."""
+def trial_rows(header: dict, trials: list[tr.Trial], now: Optional[float] = None) -> list[dict]:
+    """One JSON-able object per trial, in trial order: the console table's columns and a little more
+    (`now`, time.time() by default, for "starting for ...")."""
     metric = _metric_of(header)
+    now = time.time() if now is None else now
     rows = []
     for trial in trials:
         last = trial.last_result or {}
@@ -75,6 +79,9 @@ def trial_rows(header: dict, trials: list[tr.Trial]) -> list[dict]:
             "num_failures": trial.num_failures,
             "error": f"{error.exc_type}: {error.message.splitlines()[:1]}" if error else None,
             "checkpoint": trial.checkpoint,
+            "started_at": trial.started_at,  # its latest process's start (time.time())
+            "startup_s": trial.startup_s,  # from there to its first result; None until then
+            "startup": tr.startup_cell(trial, now),  # "starting for 0:00:07", then "0:00:07"
         })
     return rows
 
@@ -93,9 +100,9 @@ def _e(value: Any) -> str:
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def page_html(header: dict, trials: list[tr.Trial], live: bool) -> str:
-    """The trial table page; `live` adds the reload every REFRESH_S seconds."""
-    rows = trial_rows(header, trials)
+def page_html(header: dict, trials: list[tr.Trial], live: bool, now: Optional[float] = None) -> str:
+    """The trial table page; `live` adds the reload every REFRESH_S seconds (`now`: as `trial_rows`)."""
+    rows = trial_rows(header, trials, now)
     summary = sweep_summary(header, trials)
     metric = summary["metric"]
     keys: dict[str, None] = {}
@@ -103,14 +110,16 @@ def page_html(header: dict, trials: list[tr.Trial], live: bool) -> str:
         for key in row["params"]:
             keys.setdefault(key, None)
     param_keys = list(keys)
-    headers = ["Trial", "Status", *param_keys, "Iterations", "Total time (s)"] + ([metric] if metric else []) + ["Note"]
+    startup = any(row["started_at"] is not None for row in rows)
+    headers = (["Trial", "Status", *param_keys, "Iterations", "Total time (s)"] + ([metric] if metric else [])
+               + (["Start-up"] if startup else []) + ["Note"])
     body = []
     for row in rows:
         status = row["status"] + (" (stopped early)" if row["stopped_early"] else "")
         note = row["error"] or row["stop_reason"] or ""
         cells = [row["name"], status, *(tr.table_cell(row["params"].get(k, "")) for k in param_keys), row["iterations"],
                  f"{row['time_total_s']:.1f}"] + ([tr.table_cell(row["latest"]) if row["latest"] is not None else ""]
-                                                   if metric else []) + [note]
+                                                   if metric else []) + ([row["startup"]] if startup else []) + [note]
         body.append(f'<tr class="trial status-{_e(row["status"])}">' + "".join(f"<td>{_e(c)}</td>" for c in cells)
                     + "</tr>")
     if not body:

@@ -91,6 +91,10 @@ class Trial:
     time_total_s: float = 0.0
     checkpoints: list = field(default_factory=list)  # [(path, metrics)] in report order
     config_is_json: bool = True
+    # Start-up: when the trial's latest process started (time.time(); set at each start) and how long
+    # it took to its first result (None until then): "starting for 0:00:07", then the cost, in the tables.
+    started_at: Optional[float] = None
+    startup_s: Optional[float] = None
 
     @property
     def finished(self) -> bool:
@@ -141,7 +145,8 @@ _TRIAL_TYPES = {"trial_id": str, "name": str, "dirname": str, "index": int, "sta
                 "stop_reason": (str, type(None)), "error": (dict, type(None)), "num_failures": int,
                 "checkpoint": (str, type(None)), "checkpoint_iteration": int, "iteration": int,
                 "last_result": (dict, type(None)), "time_total_s": (int, float), "checkpoints": list,
-                "config_is_json": bool}
+                "config_is_json": bool, "started_at": (int, float, type(None)),
+                "startup_s": (int, float, type(None))}  # the last two: absent in files written before them
 _TRIAL_REQUIRED = ("trial_id", "name", "dirname", "config", "index")
 HEADER_FIELDS = {"name": str, "trainable": str, "num_samples": int, "total_trials": int, "id_prefix": str,
                  "metric": (str, type(None)), "mode": (str, type(None))}
@@ -167,6 +172,10 @@ def _check_trial(record: Any, number: int, location: str) -> dict:
                          "sweep directory (letters, digits and _.,=+-, not starting with a dot)")
     if "status" in record and record["status"] not in {s.value for s in TrialStatus}:
         raise ValueError(f"{where}.status is {record['status']!r}, not one of {[s.value for s in TrialStatus]}")
+    for key in ("started_at", "startup_s"):
+        value = record.get(key)
+        if value is not None and (isinstance(value, bool) or not 0 <= value < float("inf")):
+            raise ValueError(f"{where}.{key} is {record[key]!r}, not a time minitrain.tune writes")
     if any(not isinstance(c, list) or len(c) != 2 for c in record.get("checkpoints", [])):
         raise ValueError(f"{where}.checkpoints holds an entry that is not a [path, metrics] pair")
     return record
@@ -262,6 +271,23 @@ def make_tune_dir(experiment_path: str) -> None:
 def flat_config(config: Any) -> dict:
     """A trial's config with nested dicts as "a/b" keys; {} for a config that is not a dict."""
     return flatten_metrics(config) if isinstance(config, dict) else {}
+
+
+def startup_cell(trial: Trial, now: float) -> str:
+    """The trial's start-up as a table cell: "starting for 0:00:07" from its process's start until its
+    first result (`now`: time.time()), then how long that took ("0:00:07"); "" before it ever started."""
+    if trial.started_at is None:
+        return ""
+    if trial.startup_s is not None:
+        return _span(trial.startup_s)
+    if trial.status == TrialStatus.RUNNING:
+        return f"starting for {_span(now - trial.started_at)}"
+    return ""  # ended (or waiting to start again) before its first result
+
+
+def _span(seconds: float) -> str:
+    whole = int(max(seconds, 0.0))
+    return f"{whole // 3600}:{whole // 60 % 60:02d}:{whole % 60:02d}"
 
 
 def table_cell(value: Any) -> str:

@@ -22,8 +22,10 @@ MAX_ROWS = 30
 
 
 def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Optional[list[str]] = None,
-                 max_rows: int = MAX_ROWS) -> str:
-    """The table as text: one row per trial (the first `max_rows`, then a count of the rest)."""
+                 max_rows: int = MAX_ROWS, now: Optional[float] = None) -> str:
+    """The table as text: one row per trial (the first `max_rows`, then a count of the rest). Once a
+    trial started, a "start-up" column says "starting for 0:00:07" until its first result, then how
+    long that took (`now`: time.time() by default)."""
     counts: dict[str, int] = {}
     for trial in trials:
         counts[trial.status] = counts.get(trial.status, 0) + 1
@@ -35,6 +37,9 @@ def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Opti
                 keys.setdefault(key, None)
         param_keys = list(keys)[:6]
     header = ["Trial name", "status", *param_keys, "iter", "total time (s)"] + ([metric] if metric else [])
+    startup = any(trial.started_at is not None for trial in trials)
+    now = time.time() if now is None else now
+    header += ["start-up"] if startup else []
     rows = []
     for trial in trials[:max_rows]:
         config = tr.flat_config(trial.config)
@@ -43,6 +48,8 @@ def render_table(trials: list[tr.Trial], metric: Optional[str], param_keys: Opti
                f"{trial.time_total_s:.1f}"]
         if metric:
             row.append(tr.table_cell((trial.last_result or {}).get(metric, "")))
+        if startup:
+            row.append(tr.startup_cell(trial, now))
         rows.append(row)
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     lines = [f"Trial status: {summary or 'no trials yet'}",

@@ -267,6 +267,7 @@ class SweepLoop:
         env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
+        trial.started_at, trial.startup_s = time.time(), None  # "starting for ..." until its first result
         with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
@@ -312,6 +313,8 @@ class SweepLoop:
 
     def _on_result(self, running: _Running, message: TrialReported) -> None:
         trial, now = running.trial, time.monotonic()
+        if trial.startup_s is None and trial.started_at is not None:  # its start-up cost, kept
+            trial.startup_s = max(time.time() - trial.started_at, 0.0)
         trial.iteration += 1
         running.since_restore += 1
         this_iter = now - running.last_report

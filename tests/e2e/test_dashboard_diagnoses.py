@@ -6,7 +6,8 @@ report makes rank 0 wait for rank 1's commits.
 - item 6: before the first step the page says what start-up is doing (polled from its first second);
 - item 2: the page's ranks table, its step-time plot and /metrics single out rank 1, not rank 0 whose
   interval between reports includes its waits;
-- item 4: the memory, idle-share and waits plots are drawn, with the leak and data-pipeline hints;
+- item 4: the memory (per rank, and per node against the host's total), idle-share and waits plots
+  are drawn, with the leak and data-pipeline hints;
 - item 3: after the run, the post-hoc page (the real CLI on the run directory) shows what the live
   monitor showed at the end: the straggler banner and row, ENDED ranks, every report, the last report.
 And the console's start-up line on a real terminal (a pty).
@@ -32,6 +33,7 @@ import pytest
 import minitrain
 from minitrain import RunConfig, ScalingConfig
 from minitrain.coordinator.monitor import RunMonitor
+from minitrain.hosts import hostinfo
 from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer
 
@@ -131,6 +133,7 @@ def _watch_live(catcher, chromium, config, found):
         _wait_for(diagnosed, "the leak and data hints and rank 1 named a straggler")
         found["dom"] = chromium.dom(url)
         found["metrics"] = _get(url + "metrics")
+        found["nodes"] = _get(url + "api/nodes")
         chromium.screenshot(url, os.path.join(config["out"], "diagnoses.png"))
     except BaseException as exc:  # noqa: BLE001 - reported by the main thread
         found["error"] = exc
@@ -188,8 +191,13 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
     assert float(steps["1"]) > 2 * float(steps["0"]), steps
 
     # Item 4: the diagnoses over time, drawn, and their hints.
-    for plot in ("waits", "idle", "memory"):
+    for plot in ("waits", "idle", "memory", "node-memory"):
         assert re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot', dom), f"no {plot} plot"
+    # The node memory plot has the host's total as a line: its agent's figure, named in the legend.
+    [node] = found["nodes"]
+    assert node["memory_bytes"] == hostinfo.memory_bytes() > 0, node
+    total_line = f'node {node["host"]} total ({node["memory_bytes"] / 2**30:.1f} GiB)'
+    assert total_line in dom
     assert "memory climbs steadily across epochs" in dom and "likely a leak" in dom
     assert "the data pipeline is not keeping up" in dom
     assert "no GPU measured" in dom  # no NVML here: said, not an empty box
@@ -221,6 +229,7 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
             row = _row(after, rank)
             assert "<td>ENDED</td>" in row and " ago</td>" in row and f"<td>{rebuilt.run()['rounds']}</td>" in row
         assert "memory climbs steadily" in after and "the data pipeline is not keeping up" in after
+        assert _get(url + "api/nodes") == found["nodes"] and total_line in after
     finally:
         cli.send_signal(signal.SIGINT)
         cli.wait(timeout=DEADLINE_S)
@@ -274,3 +283,6 @@ def test_gpu_utilisation_and_memory_are_plotted_over_time(chromium):
     for plot in ("gpu-util", "gpu-memory"):
         assert re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot', dom), f"no {plot} plot"
     assert "rank 1 GPU 0" in dom and "GPU utilisation" in dom
+    # the node memory plot, against the host's total (FixedRun: h0 has 16 GiB)
+    assert re.search(r'id="node-memory"[^>]*>\s*<div class="uplot', dom), "no node memory plot"
+    assert "node h0 total (16.0 GiB)" in dom and "node h0 (its ranks)" in dom

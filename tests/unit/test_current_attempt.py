@@ -87,6 +87,8 @@ def test_start_places_the_group_and_tells_the_observers_and_end_is_told_once(tmp
     assert sorted(n for n, kind in outbox.sent if kind is StartWorkers) == ["n0", "n1"]
     [info] = told.named("on_attempt_start")
     assert info.attempt == 0 and info.hosts == ("host-n0", "host-n1") and commits.report_base == 0
+    # each host's total memory, from its agent's hello: what the dashboard's node memory plot shows
+    assert info.host_memory_bytes == {"host-n0": NODES["n0"].memory_bytes, "host-n1": NODES["n1"].memory_bytes}
     current.end(restarting=True)
     current.end(restarting=False)
     [end] = told.named("on_attempt_end")

@@ -135,7 +135,7 @@ def server(run_view, stacks_asked):
         yield started
 
 
-@pytest.mark.parametrize("name", ["run", "attempts", "checkpoints", "ranks", "stragglers"])
+@pytest.mark.parametrize("name", ["run", "attempts", "checkpoints", "ranks", "stragglers", "nodes"])
 def test_every_view_is_the_monitors_answer(server, run_view, name):
     status, headers, body = _request(server, "GET", f"/api/{name}")
     assert status == 200 and headers["Content-Type"] == "application/json"

@@ -429,3 +429,27 @@ def test_worker_phases_show_before_any_telemetry_and_ranks_end_ended(tmp_path):
                             message="boom", kind=FailureKind.EXCEPTION)
     monitor.on_attempt_end(AttemptEnd(0, (failure,), "rank 1 ValueError: boom", False, 4.5))
     assert [r["phase"] for r in monitor.ranks()] == ["ENDED", "FAILED"]
+
+
+def test_each_host_s_total_memory_is_kept_with_its_attempt_live_and_post_hoc(tmp_path):
+    """Issue 30 item 4: the node memory plot is drawn against each host's total memory, which the
+    attempt's start gives (from the agents' hellos); the run directory keeps it for the post-hoc page."""
+    storage = Storage.for_run(str(tmp_path), "exp")
+    storage.makedirs()
+    monitor = RunMonitor(storage, rule=RULE, clock=lambda: 5.0)
+    assert monitor.nodes() == []  # before the first attempt
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 3, 1.0))
+    monitor.on_attempt_start(AttemptInfo(0, ("hb", "ha", "hb"), 2.0, {"hb": 8 << 30, "ha": 16 << 30}))
+    assert monitor.nodes() == [{"host": "ha", "memory_bytes": 16 << 30}, {"host": "hb", "memory_bytes": 8 << 30}]
+    assert monitor.attempts()[0]["host_memory_bytes"] == {"hb": 8 << 30, "ha": 16 << 30}
+    monitor.on_attempt_end(AttemptEnd(0, (), "", True, 3.0))
+    monitor.on_attempt_start(AttemptInfo(1, ("hc",), 4.0, {"hc": 4 << 30}))  # the current attempt's hosts only
+    assert monitor.nodes() == [{"host": "hc", "memory_bytes": 4 << 30}]
+    monitor.on_run_end(RunOutcome(state="FINISHED", attempt=1, last_metrics=None))
+    assert RunMonitor.from_run_dir(storage).nodes() == monitor.nodes()
+    # A run directory written before the field existed: no totals, nothing breaks.
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / EVENTS_NAME).write_text(json.dumps(
+        {"time": 2.0, "kind": "attempt_started", "attempt": 0, "started_at": 2.0, "ended_at": None, "hosts": ["h"],
+         "failures": [], "root_cause": "", "restarting": False}) + "\n")
+    assert RunMonitor.from_run_dir(Storage.for_run(str(tmp_path), "old")).nodes() == []

@@ -1,6 +1,7 @@
 // minitrain dashboard: draws the plots (uPlot) from the data embedded in the page and, while the run
 // is live, polls the server every 2 s: /parts (the server-rendered sections), /api/metrics and
-// /api/samples (only what is new). The tables are rendered by the server only.
+// /api/samples (only what is new), /api/nodes (the hosts' total memory). The tables are rendered by
+// the server only.
 (function () {
   "use strict";
   var POLL_MS = 2000;
@@ -8,6 +9,7 @@
   var live = initial.live;
   var reports = initial.metrics.slice();
   var samples = initial.samples.slice();
+  var nodes = initial.nodes || [];  // the current attempt's hosts: [{host, memory_bytes}]
   var metricPlots = {};  // metric name -> uPlot
   var timeline = null;
   var palette = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
@@ -109,7 +111,8 @@
 
   // Series over time from the samples: pick(s) gives [[label, value], ...] for one sample; x is the
   // sample's time (rounded to the second with round: samples of several ranks then line up).
-  function seriesFrom(pick, round) {
+  // constants: [[label, value], ...] drawn as flat lines over the whole time range (a host's total).
+  function seriesFrom(pick, round, constants) {
     var byLabel = {}, labels = [], times = {};
     samples.forEach(function (s) {
       var t = round ? Math.round(s.time) : s.time;
@@ -125,6 +128,13 @@
     labels.forEach(function (l) {
       data.push(xs.map(function (t) { return t in byLabel[l] ? byLabel[l][t] : null; }));
     });
+    if (xs.length) {
+      (constants || []).forEach(function (pair) {
+        if (!isNumber(pair[1])) { return; }
+        labels.push(pair[0]);
+        data.push(xs.map(function () { return pair[1]; }));
+      });
+    }
     return { labels: labels, data: data };
   }
 
@@ -133,7 +143,7 @@
   function drawSeries(id, pick, opts) {
     var box = document.getElementById(id);
     if (!box) { return; }
-    var t = seriesFrom(pick, opts.round);
+    var t = seriesFrom(pick, opts.round, opts.constants);
     var key = t.labels.join(",");
     if (plots[id] && plots[id]._key === key) { plots[id].setData(t.data); return; }
     if (plots[id]) { plots[id].destroy(); delete plots[id]; }
@@ -141,7 +151,7 @@
     box.innerHTML = "";
     var series = [{}].concat(t.labels.map(function (l, i) {
       return { label: l, stroke: palette[i % palette.length], width: 1.5, spanGaps: true,
-               dash: l.indexOf("node") === 0 || l.indexOf("idle") >= 0 ? [6, 3] : undefined,
+               dash: l.indexOf(" total") >= 0 ? [2, 4] : l.indexOf("node") === 0 || l.indexOf("idle") >= 0 ? [6, 3] : undefined,
                value: function (u, v) { return v == null ? "–" : opts.format(v); } };
     }));
     plots[id] = new uPlot({ title: opts.title, width: width(box), height: 220, series: series,
@@ -166,8 +176,17 @@
               ["rank " + s.rank + " idle (all waits)", Math.min(idle / s.step_time_s, 1)]];
     }, { title: "", axis: "share of the step", empty: "no step measured yet", format: pct });
     drawSeries("memory", function (s) {
-      return [["rank " + s.rank, toMib(s.rss_bytes)], ["node " + s.host + " (its ranks)", toMib(s.rss_bytes)]];
-    }, { round: true, title: "", axis: "MiB", empty: "no memory measured yet", format: mib });
+      return [["rank " + s.rank, toMib(s.rss_bytes)]];
+    }, { round: true, title: "per rank", axis: "MiB", empty: "no memory measured yet", format: mib });
+    // Per node: the sum of its ranks' RSS, against the host's total memory (its agent's figure).
+    // The totals set the scale; a click on one's legend entry hides it and zooms in on the ranks.
+    drawSeries("node-memory", function (s) {
+      return [["node " + s.host + " (its ranks)", toMib(s.rss_bytes)]];
+    }, { round: true, title: "per node, against the host's total", axis: "MiB", empty: "", format: mib,
+         constants: nodes.map(function (n) {
+           return ["node " + n.host + " total (" + (n.memory_bytes / 1073741824).toFixed(1) + " GiB)",
+                   toMib(n.memory_bytes)];
+         }) });
     drawSeries("gpu-util", function (s) {
       return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.util_percent]; });
     }, { title: "GPU utilisation", axis: "%", empty: "no GPU measured (no NVML or no GPU on the workers)",
@@ -204,10 +223,12 @@
       getJSON("parts"),
       getJSON("api/metrics?since_index=" + lastIndex),
       getJSON("api/samples?since=" + lastTime),
+      getJSON("api/nodes"),
     ]).then(function (got) {
       replaceParts(got[0]);
       reports = reports.concat(got[1]);
       samples = samples.concat(got[2]);
+      nodes = got[3];
       drawMetrics();
       drawTimeline();
       drawDiagnoses();
