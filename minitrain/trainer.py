@@ -10,7 +10,6 @@ import inspect
 import logging
 import math
 import os
-import shutil
 import sys
 import signal
 import tempfile
@@ -20,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, code_pickle, fit_notes, knobs
+from minitrain import __version__, _session, code_pickle, fit_notes, knobs, run_directory
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
@@ -47,9 +46,8 @@ from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
 from minitrain.run_state import RunState, ray_status
 from minitrain.result import Result, Straggler
-from minitrain.storage.layout import LOGS_DIR, is_own_name
-from minitrain.storage.run_lock import RunLock
-from minitrain.storage.filesystem import VALIDATE_MARKER, Storage, StorageError
+from minitrain.storage.layout import LOGS_DIR
+from minitrain.storage.filesystem import VALIDATE_MARKER, Storage
 from minitrain.worker.backend import Backend, TorchBackend
 
 logger = logging.getLogger("minitrain")
@@ -163,11 +161,11 @@ class DataParallelTrainer:
         knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
         relay = relays_workers(self.scaling_config.num_workers)
         cluster = current_cluster()
-        storage = _prepare_storage(self.run_config, cluster)
+        storage = run_directory.prepare_storage(self.run_config, cluster)
         created_here, self._attempted = not storage.exists(""), False
         try:
-            with _locked(storage, self.run_config):  # one fit() per run directory
-                _validate_writable(storage, self.run_config)
+            with run_directory.locked(storage, self.run_config):  # one fit() per run directory
+                run_directory.validate_writable(storage, self.run_config)
                 if lives_in_this_process(storage):  # memory://: workers use a local copy, published at the end
                     with local_mirror(storage) as local:
                         return self._fit_on(cluster, local, published=storage, relay=relay)
@@ -195,7 +193,7 @@ class DataParallelTrainer:
             self._check_gpus()
         else:
             _preflight(cluster, storage)
-        checkpoints = _load_checkpoints(storage, self.run_config)
+        checkpoints = run_directory.load_checkpoints(storage, self.run_config)
         metrics_log = MetricsLog(storage)
         metrics_log.repair()
         if checkpoints.resumed:
@@ -253,7 +251,7 @@ class DataParallelTrainer:
             live.release()  # however the run ended, a later run's console may draw the status block
             log_sink.close()
             if not storage.is_local:
-                _upload_logs(storage, logs_dir)
+                run_directory.upload_logs(storage, logs_dir)
         if checkpoints.resumed and outcome.state is RunState.SUCCEEDED and outcome.last_metrics is None:
             logger.warning("%s", fit_notes.nothing_left_to_do(self.run_config.name, published, checkpoints))
         if published is not storage:  # name the files where they will be, not in the mirror
@@ -285,7 +283,7 @@ class DataParallelTrainer:
     @classmethod
     def can_restore(cls, path: str, storage_filesystem: Any = None) -> bool:
         """True when `path` (a run directory `<storage_path>/<name>`) holds a checkpoint index."""
-        storage = _storage_at(path, storage_filesystem)
+        storage = run_directory.storage_at(path, storage_filesystem)
         return storage.exists(INDEX_NAME)
 
     @classmethod
@@ -494,32 +492,6 @@ def _driver_pythonpath() -> tuple[str, ...]:
     return tuple(seen)
 
 
-def _storage_at(path: str, storage_filesystem: Any = None) -> Storage:
-    parent, _, name = path.rstrip("/").rpartition("/")
-    return Storage.for_run(parent or ".", name, storage_filesystem)
-
-
-def _prepare_storage(run_config: RunConfig, cluster: ClusterConfig) -> Storage:
-    """The run directory, refused (ConfigError) when it cannot be used or is not minitrain's to use."""
-    if run_config.storage_filesystem is None and (error := fit_notes.file_in_storage_path(run_config.storage_path)):
-        raise error
-    try:
-        storage = Storage.for_run(run_config.storage_path, run_config.name, run_config.storage_filesystem)
-    except (ValueError, ImportError) as exc:
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} cannot be used: {exc}") from None
-    if lives_in_this_process(storage) and not cluster.all_local:
-        remote = ", ".join(host.name for host in cluster.hosts if not host.local)
-        raise ConfigError(
-            f"RunConfig.storage_path={run_config.storage_path!r}: memory:// storage lives inside this process, "
-            f"so it works on this node only, and the cluster has other hosts ({remote}). Use storage every "
-            "host can reach: an NFS directory or an object store such as s3://.")
-    try:
-        _check_ownership(storage, run_config)
-    except StorageError as exc:
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
-    return storage
-
-
 @contextlib.contextmanager
 def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
     """SIGTERM to the driver (`kill`, a scheduler's stop, a container's shutdown) stops the run the way
@@ -552,52 +524,6 @@ def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
         signal.raise_signal(signal.SIGTERM)
 
 
-def _check_ownership(storage: Storage, run_config: RunConfig) -> None:
-    """Refuse a run directory reached through a symbolic link, and an existing directory that holds
-    files but is not a minitrain run (no index): minitrain writes into and deletes from its own run
-    directories only."""
-    where = f"RunConfig(name={run_config.name!r}, storage_path={run_config.storage_path!r})"
-    if storage.is_local and os.path.islink(storage.root):
-        target = os.path.realpath(storage.root)
-        raise ConfigError(
-            f"{where}: the run directory {storage.root} is a symbolic link to {target}. minitrain does not "
-            "run in (or delete from) a directory reached through a link anyone who can write the storage "
-            f"path could plant. Use the real path: storage_path={os.path.dirname(target)!r}, "
-            f"name={os.path.basename(target)!r}.")
-    entries = storage.list_entries()
-    if not entries or INDEX_NAME in entries:
-        return
-    foreign = [name for name in entries if not is_own_name(name)]
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
-        raise ConfigError(
-            f"{where}: the directory {storage.url()} already holds files that are not a minitrain run "
-            f"({shown}), and it has no {INDEX_NAME}. minitrain never writes into or deletes from a "
-            "directory it did not create. Choose another RunConfig(name=...) or storage_path, or move "
-            "those files away.")
-
-
-@contextlib.contextmanager
-def _locked(storage: Storage, run_config: RunConfig) -> Iterator[None]:
-    """Hold the run directory's lock (RunLockedError, a ConfigError, names the holder)."""
-    lock = RunLock(storage)
-    try:
-        lock.acquire()
-    except StorageError as exc:
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _validate_writable(storage: Storage, run_config: RunConfig) -> None:
-    try:
-        storage.validate_writable()
-    except StorageError as exc:
-        raise ConfigError(f"RunConfig.storage_path={run_config.storage_path!r} is not usable: {exc}") from None
-
-
 # Driver variables every worker receives (over the authenticated channel, never an ssh command line).
 _FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
 _NOT_FORWARDED = {"CUDA_VISIBLE_DEVICES"}  # each node decides its own
@@ -619,20 +545,6 @@ def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
     preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
-
-
-def _load_checkpoints(storage: Storage, run_config: RunConfig) -> CheckpointManager:
-    # A corrupted index is an error here, before any process starts; it never silently starts fresh.
-    return CheckpointManager.load(storage, run_config.checkpoint_config)
-
-
-def _upload_logs(storage: Storage, logs_dir: str) -> None:
-    try:
-        storage.upload_dir(logs_dir, LOGS_DIR)
-    except Exception as exc:  # the run's result matters more than its logs
-        logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url(LOGS_DIR), exc)
-        return
-    shutil.rmtree(logs_dir, ignore_errors=True)
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,

@@ -46,7 +46,7 @@ L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.console",
       "minitrain.checkpoint", "minitrain.net", "minitrain.data",
       "minitrain.code_pickle"}  # the workers' payload pickler: keeps the user's file names in tracebacks
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
-L3 = {"minitrain", "minitrain.trainer", "minitrain.fit_notes", "minitrain.train_api", "minitrain.result", "minitrain.torch",
+L3 = {"minitrain", "minitrain.trainer", "minitrain.run_directory", "minitrain.fit_notes", "minitrain.train_api", "minitrain.result", "minitrain.torch",
       "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
       "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
       "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)
