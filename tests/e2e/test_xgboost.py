@@ -12,7 +12,7 @@ xgboost = pytest.importorskip("xgboost", reason="XGBoostTrainer's tests need xgb
 pd = pytest.importorskip("pandas")
 
 import minitrain  # noqa: E402
-from minitrain import FailureConfig, RunConfig, ScalingConfig, tune  # noqa: E402
+from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, tune  # noqa: E402
 from minitrain.xgboost import RayTrainReportCallback, XGBoostTrainer  # noqa: E402
 
 from gbdt_trainables import make_frame, split, train_xgboost, xgboost_params  # noqa: E402
@@ -62,6 +62,26 @@ def test_a_worker_killed_mid_boosting_restarts_and_the_model_has_every_round(tmp
     assert resumed_from in (4, 6, 8), resumed_from  # the latest committed checkpoint (every 2 rounds)
     assert RayTrainReportCallback.get_model(result.checkpoint).num_boosted_rounds() == ROUNDS
     assert (pathlib.Path(result.path) / "logs" / "attempt_1").is_dir()
+
+
+def test_top_k_retention_keeps_the_best_rounds_by_the_reported_metric(tmp_path):
+    # Every 3rd round is checkpointed (4 of 12); keep the 2 with the lowest validation logloss, which
+    # falls round by round here, so the last two checkpoints are the ones kept.
+    checkpointing = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="valid-logloss",
+                                     checkpoint_score_order="min")
+    trainer = XGBoostTrainer(train_xgboost, train_loop_config={"rounds": ROUNDS, "frequency": 3},
+                             datasets=_datasets(), scaling_config=ScalingConfig(num_workers=2),
+                             run_config=RunConfig(name="topk", storage_path=str(tmp_path / "runs"),
+                                                  checkpoint_config=checkpointing))
+    result = trainer.fit()
+
+    kept = sorted((RayTrainReportCallback.get_model(c).num_boosted_rounds(), m["valid-logloss"])
+                  for c, m in result.best_checkpoints)
+    assert [rounds for rounds, _ in kept] == [9, 12]
+    assert kept[1][1] <= kept[0][1]  # the metric the retention ranked by, as reported
+    checkpoint_dirs = [p.name for p in pathlib.Path(result.path).iterdir()
+                       if p.is_dir() and p.name.startswith("checkpoint_")]
+    assert len(checkpoint_dirs) == 2  # the evicted rounds' directories are gone
 
 
 def test_a_tune_sweep_over_eta(tmp_path):
