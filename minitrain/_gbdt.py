@@ -3,8 +3,14 @@ lightgbm import): the legacy-argument check of Ray's trainers and the report cal
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, Union
+from typing import Any, Callable, Iterator, Mapping, Optional, Union
+
+from minitrain import train_api
+from minitrain.checkpoint import Checkpoint
 
 # Ray's issue that explains why the legacy (params/label_column/num_boost_round) trainer API was removed.
 LEGACY_API_ISSUE = "https://github.com/ray-project/ray/issues/50042"
@@ -68,6 +74,17 @@ class ReportSettings:
     def metrics(self, flat: dict) -> dict:
         """The metrics to report from a round's flattened evaluation (see `report_dict`)."""
         return report_dict(flat, self.names, self.postprocess)
+
+    @contextlib.contextmanager
+    def checkpoint(self, model: Any) -> Iterator[Optional[Checkpoint]]:
+        """On rank 0 (or outside a run), a checkpoint holding `model.save_model(filename)`, valid inside
+        the block; None on the other ranks, which report the same round without one."""
+        if train_api.get_context().get_world_rank() not in (0, None):
+            yield None
+            return
+        with tempfile.TemporaryDirectory() as directory:
+            model.save_model(os.path.join(directory, self.filename))
+            yield Checkpoint.from_directory(directory)
 
 
 def flatten_last(evals: Mapping[str, Mapping[str, Any]]) -> dict:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from lightgbm import Booster
 
@@ -54,22 +52,13 @@ class RayTrainReportCallback:
         with checkpoint.as_directory() as directory:
             return Booster(model_file=os.path.join(directory, filename))
 
-    @contextlib.contextmanager
-    def _checkpoint(self, model: Booster) -> Iterator[Optional[Checkpoint]]:
-        if train_api.get_context().get_world_rank() not in (0, None):
-            yield None
-            return
-        with tempfile.TemporaryDirectory() as directory:
-            model.save_model(os.path.join(directory, self._settings.filename))
-            yield Checkpoint.from_directory(directory)
-
     def __call__(self, env: Any) -> None:
         """Report this round; with a checkpoint every `frequency` rounds and at the last one."""
         flat = flatten_last(evaluation_results(env.evaluation_result_list))
         metrics = self._settings.metrics(flat)
         last = env.iteration == env.end_iteration - 1
         if (last and self._settings.checkpoint_at_end) or self._settings.due(env.iteration):
-            with self._checkpoint(env.model) as checkpoint:
+            with self._settings.checkpoint(env.model) as checkpoint:
                 train_api.report(metrics, checkpoint=checkpoint)
         else:
             train_api.report(metrics)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 from xgboost import Booster
 from xgboost.callback import TrainingCallback
@@ -49,17 +47,8 @@ class RayTrainReportCallback(TrainingCallback):
         flat = flatten_last(self._evals_log) if self._evals_log else {}
         return self._settings.metrics(flat)
 
-    @contextlib.contextmanager
-    def _checkpoint(self, model: Booster) -> Iterator[Optional[Checkpoint]]:
-        if train_api.get_context().get_world_rank() not in (0, None):
-            yield None
-            return
-        with tempfile.TemporaryDirectory() as directory:
-            model.save_model(os.path.join(directory, self._settings.filename))
-            yield Checkpoint.from_directory(directory)
-
     def _report_with_checkpoint(self, model: Booster) -> None:
-        with self._checkpoint(model) as checkpoint:
+        with self._settings.checkpoint(model) as checkpoint:
             train_api.report(self._report_dict(), checkpoint=checkpoint)
 
     def after_iteration(self, model: Booster, epoch: int, evals_log: Any) -> bool:
