@@ -7,7 +7,10 @@ cuda_restart: the last rank crashes twice, first on a CUDA error (an out-of-boun
     NCCL all_reduce that can never complete. With `FailureConfig(max_failures=2)` the run must
     finish in its third attempt, every rank in a fresh process that uses CUDA again (a restarted
     worker is forked from minitrain's fork server: CUDA must not have been initialised there).
-    Figures: crash -> first line of the next attempt, for each crash.
+    Figures: crash -> first line of the next attempt, for each crash. On a GPU the planted assert can
+    end the process before Python sees it: NCCL's watchdog thread finds the sticky CUDA error on its
+    pending work and aborts (SIGABRT). So the plant is noted before the kernel runs, and the proof
+    that it was a CUDA error is either the exception Python saw or the rank's own log of attempt 0.
 nvml_dashboard: every rank keeps its GPU busy while the driver reads the live dashboard's
     `/api/ranks` (MINITRAIN_DASHBOARD set to a free loopback port) until every rank's row shows its
     GPU's utilisation and memory from NVML, with the NVML index of the GPU the rank was given, and
@@ -49,6 +52,9 @@ def _plant_cuda_error(device, notes: str) -> None:
     import torch
 
     message = "no CUDA error was raised"
+    # Noted first: the watchdog's abort may end this process before the except clause below runs.
+    append_jsonl(os.path.join(notes, CRASHES), {"attempt": 0, "kind": "cuda_error", "time": time.time(),
+                                                 "message": ""})
     try:
         if device.type == "cuda":
             values = torch.zeros(4, device=device)
@@ -58,11 +64,10 @@ def _plant_cuda_error(device, notes: str) -> None:
         else:
             raise RuntimeError("planted failure (CPU mode: no CUDA error to plant)")
     except RuntimeError as exc:
-        message = str(exc)
-        append_jsonl(os.path.join(notes, CRASHES), {"attempt": 0, "kind": "cuda_error", "time": time.time(),
-                                                     "message": message[:400]})
+        append_jsonl(os.path.join(notes, CRASHES), {"attempt": 0, "kind": "seen", "time": time.time(),
+                                                     "message": str(exc)[:400]})
         raise
-    append_jsonl(os.path.join(notes, CRASHES), {"attempt": 0, "kind": "cuda_error", "time": time.time(),
+    append_jsonl(os.path.join(notes, CRASHES), {"attempt": 0, "kind": "seen", "time": time.time(),
                                                  "message": message})
     raise RuntimeError(f"planted failure: {message}")
 
@@ -116,21 +121,45 @@ def check_cuda_restart(spec: dict):
         require(len(lines) == 3, f"rank {rank} entered the training function {len(lines)} time(s), expected 3")
     victim = entries[workers - 1]
     require(len({line["pid"] for line in victim}) == 3, f"the crashed rank was not restarted in a new process: {victim}")
-    crashes = read_jsonl(os.path.join(notes, CRASHES))
-    require([c["kind"] for c in crashes] == ["cuda_error", "exit"], f"the planted crashes did not happen: {crashes}")
-    planted = crashes[0]["message"]
+    notes_lines = read_jsonl(os.path.join(notes, CRASHES))
+    crashes = [c for c in notes_lines if c["kind"] != "seen"]
+    require([c["kind"] for c in crashes] == ["cuda_error", "exit"], f"the planted crashes did not happen: {notes_lines}")
+    seen = [c["message"] for c in notes_lines if c["kind"] == "seen"]
+    planted, where = (seen[0], "the exception") if seen else (_victim_log(spec, workers - 1), "rank log")
     if not spec["cpu"]:
-        require("CUDA" in planted or "device-side" in planted, f"the planted CUDA error was not a CUDA error: {planted}")
+        require("CUDA" in planted or "device-side" in planted,
+                f"the planted CUDA error was not a CUDA error ({where}): {planted[-400:]}")
     restarts = []
     for crash in crashes:
         starts = [lines[crash["attempt"] + 1]["time"] for lines in entries.values()]
         restarts.append(round(min(starts) - crash["time"], 3))
     figures = {"restart_after_cuda_error_s": restarts[0], "restart_after_exit_s": restarts[1],
-               "planted_error": planted[:300], "entries": entries}
+               "planted_error": _cuda_line(planted), "planted_error_seen_in": where,
+               "python_saw_the_error": bool(seen), "entries": entries}
     error, used = ("a planted error", "") if spec["cpu"] else ("CUDA error", ", CUDA used again in the new processes")
     summary = (f"{workers} rank(s): {error} -> next attempt's first line {restarts[0]:.2f} s, exit(3) -> "
                f"{restarts[1]:.2f} s; finished in attempt 2{used}")
     return summary, figures
+
+
+def _victim_log(spec: dict, rank: int) -> str:
+    """Rank `rank`'s log of attempt 0 in the cuda_restart run's directory ('' when there is none)."""
+    from minitrain.storage import layout
+
+    path = os.path.join(spec["tmp"], "storage", "cuda_restart", layout.LOGS_DIR, layout.rank_log(0, rank))
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _cuda_line(text: str) -> str:
+    """The first line of `text` that names the CUDA error, else its start."""
+    for line in text.splitlines():
+        if "CUDA error" in line or "device-side" in line:
+            return line.strip()[:300]
+    return text[:300]
 
 
 # ---------------------------------------------------------------------- nvml_dashboard
