@@ -6,7 +6,6 @@ ray/python/ray/tune/tests/test_tuner_restore.py). The SIGKILL case: tests/e2e/te
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,7 +16,9 @@ import pytest
 
 from minitrain import tune
 from minitrain.storage import sweep_state as tr
-from tune_restore_trainables import Large, Small, fails_until_fixed, model_trainable
+from minitrain.tune import RunConfig, TuneConfig, Tuner
+from tune_restore_trainables import (Large, Small, dummy_train_fn_with_report, model_trainable,
+                                     train_fn_sometimes_failing)
 
 pytestmark = pytest.mark.e2e
 
@@ -82,21 +83,53 @@ def test_restore_after_sigint_with_objects_in_the_space(tmp_path, param_space):
     assert all(r.config["model"] in (Small, Large) for r in results)
 
 
-@pytest.mark.parametrize("how", ["resume_errored", "restart_errored"])
-def test_resume_and_restart_errored_trials(tmp_path, how):
-    """After test_tuner_restore.py::test_tuner_resume_errored_only / _restart_errored."""
-    out = str(tmp_path)
-    experiment = os.path.join(out, "errored")
-    results = tune.Tuner(fails_until_fixed, param_space={"out": out, "k": tune.grid_search([1, 2])},
-                         run_config=tune.RunConfig(name="errored", storage_path=out)).fit()
-    assert results.num_errors == 2 and all(isinstance(e, RuntimeError) for e in results.errors)
-    open(os.path.join(out, "fixed"), "w").close()
+# ------------------------------------------------------------------ ported from Ray's test_tuner_restore.py
+# (imports only: ray.air's RunConfig/TuneConfig/Tuner -> minitrain.tune's, session -> tune; tmpdir -> tmp_path)
 
-    assert tune.Tuner.restore(experiment, fails_until_fixed).fit().num_errors == 2  # errored trials stay so
-    results = tune.Tuner.restore(experiment, fails_until_fixed, **{how: True}).fit()
-    assert results.num_errors == 0 and results.num_terminated == 2
-    starts = [json.loads(line) for line in open(os.path.join(out, "starts.jsonl"))]
-    assert [s["start"] for s in starts] == [0, 0] + ([2, 2] if how == "resume_errored" else [0, 0])
-    for result in results:  # resumed: the reports after the checkpoint; restarted: all again; each once
-        assert [m["i"] for m in result._metrics_history] == [0, 1, 2, 3]
-        assert result.metrics["training_iteration"] == 4
+
+def test_tuner_restore_num_trials(tmp_path):
+    """Number of trials after restoring a finished run should be the same (Ray's reads `_metric`, the
+    return value of `_dummy_train_fn`; here the file's `_dummy_train_fn_with_report` and its `score`)."""
+    tuner = Tuner(dummy_train_fn_with_report, tune_config=TuneConfig(num_samples=4, metric="score", mode="max"),
+                  run_config=RunConfig(name="test_tuner_restore_num_trials", storage_path=str(tmp_path)))
+    results = tuner.fit()
+    assert len(results) == 4
+    assert results.get_best_result().metrics["score"] == 1
+    del tuner
+    tuner = Tuner.restore(str(tmp_path / "test_tuner_restore_num_trials"), trainable=dummy_train_fn_with_report)
+    results = tuner.get_results()
+    assert len(results) == 4
+    assert results.get_best_result().metrics["score"] == 1
+    results = tuner.fit()
+    assert len(results) == 4
+    assert results.get_best_result().metrics["score"] == 1
+
+
+@pytest.mark.parametrize("how", ["resume_errored", "restart_errored"])
+def test_tuner_restore_resume_or_restart_errored(tmp_path, how):
+    """Resuming errored trials should pick up from previous state; restarting should start from scratch.
+    The param space holds tuples of paths (not JSON): it and the trials' configs come back sealed."""
+    fail_marker = tmp_path / "fail_marker"
+    fail_marker.write_text("", encoding="utf-8")
+    name = f"test_tuner_restore_{how}"
+    tuner = Tuner(train_fn_sometimes_failing, tune_config=TuneConfig(num_samples=1),
+                  run_config=RunConfig(name=name, storage_path=str(tmp_path)),
+                  param_space={  # second and fourth trial fail
+                      "failing_hanging": tune.grid_search(
+                          [(None, None), (fail_marker, None), (None, None), (fail_marker, None)])})
+    results = tuner.fit()
+    assert len(results) == 4
+    assert len(results.errors) == 2
+    assert [r.metrics["it"] for r in results] == [2, 1, 2, 1]  # failed after the first report
+    del tuner
+    fail_marker.unlink()
+
+    assert Tuner.restore(str(tmp_path / name), train_fn_sometimes_failing).fit().num_errors == 2  # not retried
+    tuner = Tuner.restore(str(tmp_path / name), trainable=train_fn_sometimes_failing, **{how: True})
+    results = tuner.get_results()  # the restored results, before anything runs
+    assert len(results) == 4 and len(results.errors) == 2
+    assert [r.metrics["it"] for r in results] == [2, 1, 2, 1]
+    results = tuner.fit()
+    assert len(results) == 4 and len(results.errors) == 0
+    # resumed from the previous state they report twice more (3); restarted from scratch, 2
+    assert [r.metrics["it"] for r in results] == ([2, 3, 2, 3] if how == "resume_errored" else [2, 2, 2, 2])

@@ -3,8 +3,6 @@ process imports it; it imports only minitrain)."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import minitrain
@@ -31,13 +29,23 @@ def model_trainable(config):
                     checkpoint=minitrain.Checkpoint.from_dict({"i": i}))
 
 
-def fails_until_fixed(config):
-    """Two checkpointed iterations, then fails unless `<out>/fixed` exists; notes where each run started."""
+def dummy_train_fn_with_report(config):
+    """ray/python/ray/tune/tests/test_tuner_restore.py: _dummy_train_fn_with_report (session -> tune)."""
+    tune.report({"score": 1})
+
+
+def train_fn_sometimes_failing(config):
+    """ray/python/ray/tune/tests/test_tuner_restore.py: _train_fn_sometimes_failing, imports ported (session ->
+    tune). Fails after its `num_epochs` reports while the marker exists."""
+    failing, hanging = config["failing_hanging"]
     checkpoint = tune.get_checkpoint()
-    start = checkpoint.to_dict()["i"] + 1 if checkpoint else 0
-    with open(os.path.join(config["out"], "starts.jsonl"), "a") as f:
-        f.write(json.dumps({"trial": tune.get_context().get_trial_id(), "start": start}) + "\n")
-    for i in range(start, 4):
-        if i == 2 and not os.path.exists(os.path.join(config["out"], "fixed")):
-            raise RuntimeError("not fixed yet")
-        tune.report({"i": i, "k": config["k"]}, checkpoint=minitrain.Checkpoint.from_dict({"i": i}))
+    state = {"it": checkpoint.to_dict()["it"]} if checkpoint else {"it": 0}
+    for _ in range(config.get("num_epochs", 1)):
+        state["it"] += 1
+        tune.report(state, checkpoint=minitrain.Checkpoint.from_dict(state))
+    if failing and failing.exists():
+        raise RuntimeError("I am failing")
+    if hanging and hanging.exists():
+        time.sleep(60)
+    state["it"] += 1
+    tune.report(state, checkpoint=minitrain.Checkpoint.from_dict(state))
