@@ -155,3 +155,37 @@ def test_a_spec_file_not_written_by_minitrain_is_a_clear_error(tmp_path, key_dir
     (tmp_path / tr.SPEC_FILE).write_text("[1]")
     with pytest.raises(ValueError, match="not a JSON object"):
         restore_spec.load(str(tmp_path))
+
+
+def _planted_payload(marker):
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+    return pickle.dumps(Payload())
+
+
+def test_tuner_restore_never_unpickles_a_forged_trial_config(tmp_path, key_dir):
+    """A trial whose config is not JSON runs again from its sealed copy only: a planted one is refused,
+    naming the trial, and nothing of it runs; a genuine one comes back as the object it was."""
+    from minitrain.tune import Tuner
+
+    marker = tmp_path / "pwned"
+    path = tmp_path / "sweep"
+    path.mkdir()
+    trial = tr.new_trial("abcde_00000", "train_abcde_00000", "train_abcde_00000", {"cls": ValueError}, 0)
+    trial.status = tr.TrialStatus.PENDING
+    header = {"name": "sweep", "trainable": "train", "metric": None, "mode": None, "id_prefix": "abcde",
+              "num_samples": 1, "total_trials": 1}
+    for sealed, ok in ((base64.b64encode(b"\0" * 32 + _planted_payload(marker)).decode(), False),
+                       (restore_spec.seal_value({"cls": ValueError}), True)):
+        trial.config_sealed = sealed
+        tr.write_state(str(path), header, [trial])
+        if ok:
+            tuner = Tuner.restore(str(path), lambda config: None, param_space={}, tune_config=tune.TuneConfig(),
+                                  run_config=tune.RunConfig())
+            assert tuner._restored[1][0].config == {"cls": ValueError}
+        else:
+            with pytest.raises(Exception, match="train_abcde_00000.*seal does not verify"):
+                Tuner.restore(str(path), lambda config: None, param_space={}, tune_config=tune.TuneConfig(),
+                              run_config=tune.RunConfig())
+    assert not marker.exists()
