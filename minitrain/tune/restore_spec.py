@@ -8,7 +8,8 @@ experiment directory and unpickles it on restore. minitrain unpickles nothing un
   (`tune.uniform` & co., written as `{"__minitrain_domain__": {...}}`): read back without any pickle, on any
   machine;
 - `basic_tune_config`: the TuneConfig as JSON when it uses only the default searcher (BasicVariantGenerator,
-  JSON points) and the FIFO scheduler and no name creators, else null;
+  JSON points) and the FIFO scheduler and no name creators, else null; `basic_run_config`: the RunConfig as
+  JSON when its `stop` is None or a dict and the rest plain values, else null (these restore on any machine);
 - `sealed`: cloudpickles of the param space (only when it is not JSON: `sample_from` functions, classes,
   other objects), the TuneConfig and the RunConfig, each sealed with the user's key
   (minitrain.storage.user_key) and unpickled only when the seal verifies;
@@ -33,6 +34,8 @@ from minitrain.storage import sweep_state as tr
 from minitrain.storage import user_key
 from minitrain.tune.schedulers import FIFOScheduler
 from minitrain.tune.search import BasicVariantGenerator
+from minitrain.config import LoggingConfig
+from minitrain.tune.run_config import CheckpointConfig, FailureConfig, RunConfig, SyncConfig
 from minitrain.tune.search_space import Domain
 from minitrain.tune.tune_config import TuneConfig
 
@@ -144,6 +147,41 @@ def _tune_config_from(record: Any, where: str) -> TuneConfig:
         raise ValueError(f"{where}: {exc}") from None
 
 
+# ---------------------------------------------------------------------------------- a plain RunConfig
+
+
+def _basic_run_config(config: Any) -> Optional[dict]:
+    """Tune's `config` as JSON when it holds only plain values (`stop` None or a dict), else None."""
+    if not isinstance(config, RunConfig) or config.sync_config not in (None, SyncConfig()):
+        return None
+    try:
+        stop = encode_space(config.stop) if isinstance(config.stop, dict) else None
+        log_to_file = encode_space(config.log_to_file)
+    except _NotJson:
+        return None
+    if (config.stop is not None and stop is None) or not isinstance(config.verbose, (int, type(None))):
+        return None
+    failure, keep = config.failure_config, config.checkpoint_config
+    return {"stop": stop, "verbose": None if config.verbose is None else int(config.verbose),
+            "log_to_file": log_to_file, "log_level": config.logging_config.log_level,
+            "failure_config": {"max_failures": failure.max_failures, "fail_fast": failure.fail_fast},
+            "checkpoint_config": dataclasses.asdict(keep)}
+
+
+def _run_config_from(record: Any, where: str) -> RunConfig:
+    keys = {"stop", "verbose", "log_to_file", "log_level", "failure_config", "checkpoint_config"}
+    if not isinstance(record, dict) or set(record) != keys or not isinstance(record["failure_config"], dict) \
+            or not isinstance(record["checkpoint_config"], dict):
+        raise ValueError(f"{where} is not a RunConfig as minitrain.tune writes one")
+    try:
+        return RunConfig(stop=record["stop"], verbose=record["verbose"], log_to_file=record["log_to_file"],
+                         logging_config=LoggingConfig(log_level=record["log_level"]),
+                         failure_config=FailureConfig(**record["failure_config"]),
+                         checkpoint_config=CheckpointConfig(**record["checkpoint_config"]))
+    except Exception as exc:  # noqa: BLE001 - the constructors' ConfigError/TypeError name the field
+        raise ValueError(f"{where}: {exc}") from None
+
+
 # ---------------------------------------------------------------------------------- sealed pickles
 
 
@@ -170,7 +208,7 @@ def capture(param_space: dict, tune_config: TuneConfig, run_config: Any) -> dict
     """The spec record of a sweep about to start (call it before the searcher or scheduler change):
     everything is pickled now, so a later change to these objects is not in it."""
     record: dict = {"version": SPEC_VERSION, "param_space": None, "basic_tune_config": None,
-                    "sealed": {}, "not_kept": {}}
+                    "basic_run_config": _basic_run_config(run_config), "sealed": {}, "not_kept": {}}
     objects = {"tune_config": tune_config, "run_config": run_config}
     try:
         record["param_space"] = encode_space(param_space)
@@ -216,6 +254,8 @@ def load(experiment_path: str) -> Stored:
         stored.param_space = decode_space(record["param_space"], f"{where}: param_space")
     if record.get("basic_tune_config") is not None:
         stored.tune_config = _tune_config_from(record["basic_tune_config"], f"{where}: basic_tune_config")
+    if record.get("basic_run_config") is not None:
+        stored.run_config = _run_config_from(record["basic_run_config"], f"{where}: basic_run_config")
     for name in _SEALED:
         text = record["sealed"].get(name)
         if text is None:

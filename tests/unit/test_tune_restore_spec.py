@@ -5,6 +5,7 @@ seal verifies, and a forged or foreign pickle never unpickled."""
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import os
 import pickle
@@ -103,7 +104,10 @@ def test_a_json_space_and_default_tune_config_restore_without_any_key(tmp_path, 
     config = tune.TuneConfig(metric="loss", mode="min", num_samples=3, max_concurrent_trials=2,
                              search_alg=BasicVariantGenerator(points_to_evaluate=[{"lr": 0.01}], random_state=3,
                                                               constant_grid_search=True))
-    _write(tmp_path, SPACE, config, tune.RunConfig(stop={"training_iteration": 2}))
+    run_config = tune.RunConfig(name="n", stop={"training_iteration": 2}, verbose=0,
+                                failure_config=tune.FailureConfig(max_failures=3),
+                                checkpoint_config=tune.CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="a"))
+    _write(tmp_path, SPACE, config, run_config)
     os.unlink(key_dir / "restore.key")  # another machine: the sealed copies cannot be used
     stored = restore_spec.load(str(tmp_path))
     assert restore_spec.encode_space(stored.param_space) == restore_spec.encode_space(SPACE)
@@ -111,7 +115,8 @@ def test_a_json_space_and_default_tune_config_restore_without_any_key(tmp_path, 
     assert (restored.metric, restored.mode, restored.num_samples, restored.max_concurrent_trials) == ("loss", "min", 3, 2)
     gen = restored.search_alg
     assert (gen._points, gen.seed, gen.constant_grid_search) == ([{"lr": 0.01}], 3, True)
-    assert stored.run_config is None and "does not exist" in stored.why["run_config"]
+    assert "does not exist" in stored.why["run_config"]  # its sealed copy; the JSON one serves
+    assert dataclasses.replace(stored.run_config, name="n") == run_config
 
 
 def test_objects_come_back_from_their_sealed_copy(tmp_path, key_dir):
@@ -141,7 +146,7 @@ def test_a_forged_pickle_is_never_unpickled(tmp_path, key_dir):
         record["sealed"] = {name: base64.b64encode(blob).decode() for name in record["sealed"]}
         spec_path.write_text(json.dumps(record))
         stored = restore_spec.load(str(tmp_path))
-        assert (stored.param_space, stored.run_config) == (None, None)
+        assert stored.param_space is None and stored.run_config == tune.RunConfig()  # from its JSON
         assert "does not verify" in stored.why["param_space"] and "does not verify" in stored.why["tune_config"]
         assert type(stored.tune_config.search_alg) is BasicVariantGenerator  # from its JSON, not the forgery
     assert not marker.exists()
