@@ -87,10 +87,7 @@ def main(argv: list[str]) -> int:
                                          "hidden": tune.choice([16, 32, 64])}}
     if tune.Tuner.can_restore(path):
         print(f"resuming the sweep in {path}")
-        tuner = tune.Tuner.restore(path, trainer, param_space=param_space,
-                                   tune_config=tune.TuneConfig(scheduler=ASHAScheduler(
-                                       metric="val_loss", mode="min", max_t=args.epochs, grace_period=1,
-                                       reduction_factor=2)))
+        tuner = tune.Tuner.restore(path, trainer)  # the sweep's param space, ASHA and seed come back with it
     else:
         tuner = tune.Tuner(
             trainer, param_space=param_space,

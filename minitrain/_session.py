@@ -83,8 +83,10 @@ class TrialLink(Protocol):
     TorchTrainer.fit()): a fit() run inside a trial reports each of its report rounds to the trial
     (Ray's TuneReportCallback, implicit)."""
 
-    def run_observer(self) -> Any:
-        """A new driver-side observer (minitrain.coordinator.observers.RunObserver) for one fit()."""
+    def run_observer(self, callbacks: Any = ()) -> Any:
+        """A new driver-side observer (minitrain.coordinator.observers.RunObserver) for one fit();
+        `callbacks` are that fit()'s RunConfig.callbacks (a Tune callback among them may change what is
+        forwarded)."""
 
 
 _trial: Optional[TrialLink] = None  # the trial this process runs, if it runs one

@@ -171,13 +171,17 @@ STRAGGLER_MIN_SAMPLES: Knob[int] = Knob(
     "MINITRAIN_STRAGGLER_MIN_SAMPLES", 5, _count("samples a rank needs before it is judged"),
     "Samples a rank needs before the straggler rule judges it (unset: 5, or the window when that is "
     "smaller): the default of MonitoringConfig.straggler_min_samples.")
+KEY_DIR: Knob[Optional[str]] = Knob(
+    "MINITRAIN_KEY_DIR", None, _text,
+    "The private directory (0700) of the user's restore key, restore.key, which seals what a sweep stores for "
+    "Tuner.restore that is not JSON (minitrain.storage.user_key); unset: ~/.minitrain.")
 TUNE_PARENT: Knob[Optional[int]] = Knob(
     "MINITRAIN_TUNE_PARENT", None, _pid,
     "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",
     internal=True)
 
 KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
-                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, TUNE_PARENT)
+                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT)
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:

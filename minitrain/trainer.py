@@ -265,7 +265,7 @@ class DataParallelTrainer:
         order they are told of each event: the run monitor first (always on), then the console status,
         the tuning trial's forwarding when this process runs one (minitrain.tune), the callbacks."""
         trial = _session.current_trial()
-        return [self._monitor, self._console_status, *([trial.run_observer()] if trial is not None else []),
+        return [self._monitor, self._console_status, *([trial.run_observer(self.run_config.callbacks or ())] if trial is not None else []),
                 *self._callback_runners(spec, storage)]
 
     def _callback_runners(self, spec: RunSpec, storage: Storage) -> list:

@@ -4,6 +4,9 @@
 with a fresh, uniquely named bucket per test. One server per test module (per xdist worker); buckets
 are unique so tests never see each other's keys. Skipped when s3fs or moto[server] is missing.
 
+``_private_key_dir`` (automatic): MINITRAIN_KEY_DIR for the whole session, so no test makes a key in the home
+directory.
+
 ``relay``: a started agent relay for the modules that test worker streams through it (each module gives
 its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 """
@@ -19,6 +22,23 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # the default "prepend" import mode already does this; importlib doesn't
     sys.path.insert(0, _TESTS_DIR)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_key_dir(tmp_path_factory):
+    """Sweeps seal what they store for Tuner.restore with the user's key (minitrain.storage.user_key): the
+    tests' key lives in a session temp directory, never in the home directory (subprocesses inherit it)."""
+    import os
+
+    path = tmp_path_factory.mktemp("minitrain_keys")
+    path.chmod(0o700)
+    before = os.environ.get("MINITRAIN_KEY_DIR")
+    os.environ["MINITRAIN_KEY_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("MINITRAIN_KEY_DIR", None)
+    else:
+        os.environ["MINITRAIN_KEY_DIR"] = before
 
 
 @pytest.fixture

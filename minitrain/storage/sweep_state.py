@@ -3,7 +3,8 @@
 `<storage_path>/<name>/` holds one directory per trial (a TorchTrainer trial's is fit()'s run directory;
 a function trial's holds the checkpoints it reported), `tuner_state.json` (this module: every trial's
 id, name, config, status, failures, latest checkpoint and last result; replaced atomically after every
-change) and `.tune/<trial dirname>.jsonl` (every result of the trial, in order) and `.log` (the
+change), `.tune/sweep_spec.json` (the param space, TuneConfig and RunConfig, written once, for
+`Tuner.restore`) and `.tune/<trial dirname>.jsonl` (every result of the trial, in order) and `.log` (the
 trial process's output).
 
 It sits below minitrain.tune and minitrain.dashboard because both read it: the tuner (its sweep loop
@@ -25,6 +26,7 @@ from minitrain.storage.retention import flatten_metrics
 STATE_FILE = "tuner_state.json"
 TUNE_DIR = ".tune"
 STATE_VERSION = 1
+SPEC_FILE = f"{TUNE_DIR}/sweep_spec.json"  # what Tuner.restore needs beyond the state file (minitrain.tune.restore_spec)
 
 
 
@@ -91,6 +93,9 @@ class Trial:
     time_total_s: float = 0.0
     checkpoints: list = field(default_factory=list)  # [(path, metrics)] in report order
     config_is_json: bool = True
+    # A config that is not JSON is kept as its repr in `config`, and here as a pickle sealed with the user's key
+    # (minitrain.tune.restore_spec.seal_value), so that Tuner.restore can run the trial again with it.
+    config_sealed: Optional[str] = None
     # Start-up: when the trial's latest process started (time.time(); set at each start) and how long
     # it took to its first result (None until then): "starting for 0:00:07", then the cost, in the tables.
     started_at: Optional[float] = None
@@ -145,7 +150,7 @@ _TRIAL_TYPES = {"trial_id": str, "name": str, "dirname": str, "index": int, "sta
                 "stop_reason": (str, type(None)), "error": (dict, type(None)), "num_failures": int,
                 "checkpoint": (str, type(None)), "checkpoint_iteration": int, "iteration": int,
                 "last_result": (dict, type(None)), "time_total_s": (int, float), "checkpoints": list,
-                "config_is_json": bool, "started_at": (int, float, type(None)),
+                "config_is_json": bool, "config_sealed": (str, type(None)), "started_at": (int, float, type(None)),
                 "startup_s": (int, float, type(None))}  # the last two: absent in files written before them
 _TRIAL_REQUIRED = ("trial_id", "name", "dirname", "config", "index")
 HEADER_FIELDS = {"name": str, "trainable": str, "num_samples": int, "total_trials": int, "id_prefix": str,
@@ -211,6 +216,27 @@ def read_state(experiment_path: str) -> tuple[dict, list[Trial]]:
         record["error"] = TrialError.from_record(record["error"]) if record.get("error") else None
         trials.append(Trial(**record))
     return data, trials
+
+
+def write_spec(experiment_path: str, record: dict) -> None:
+    """Write the sweep's spec file (`SPEC_FILE`, once at the sweep's start; no link followed)."""
+    sweep_storage(experiment_path).write_text_atomic(SPEC_FILE, json.dumps(record, indent=1))
+
+
+def read_spec(experiment_path: str) -> Optional[dict]:
+    """The sweep's spec file as written, None when there is none (a sweep from before it existed);
+    ValueError when it is not a JSON object."""
+    location = os.path.join(experiment_path, SPEC_FILE)
+    try:
+        with open(location) as f:
+            data = json.load(f)
+    except FileNotFoundError:
+        return None
+    except ValueError as exc:
+        raise ValueError(f"{location} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{location} is not a JSON object; it was not written by minitrain.tune or is damaged")
+    return data
 
 
 def history_path(experiment_path: str, trial: Trial) -> str:

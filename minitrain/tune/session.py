@@ -16,7 +16,7 @@ import shutil
 import signal
 import threading
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from minitrain.checkpoint import Checkpoint
 from minitrain.metrics import encode_metrics
@@ -99,9 +99,13 @@ class TrialSession:
             self.stop_requested = True
         return decision
 
-    def run_observer(self) -> "ForwardingObserver":
-        """A new observer for one fit() run in this trial (the `minitrain._session.TrialLink` seam)."""
-        return ForwardingObserver(self)
+    def run_observer(self, callbacks: Sequence[Any] = ()) -> "ForwardingObserver":
+        """A new observer for one fit() run in this trial (the `minitrain._session.TrialLink` seam);
+        `callbacks` are that fit()'s RunConfig.callbacks: a `TuneReportCallback` among them adds
+        `checkpoint_path` to the forwarded metrics, as Ray's does."""
+        from minitrain.tune.integration.ray_train import TuneReportCallback
+
+        return ForwardingObserver(self, checkpoint_path=any(isinstance(c, TuneReportCallback) for c in callbacks))
 
     @property
     def iteration(self) -> int:
@@ -163,10 +167,12 @@ def get_context() -> TuneContext:
 
 class ForwardingObserver:
     """Forwards each report round of a `fit()` run in this trial to the tuner, rank 0's metrics and the
-    committed checkpoint (Ray's TuneReportCallback); a STOP answer stops the fit() as Ctrl-C would."""
+    committed checkpoint (what Ray's TuneReportCallback forwards; with `checkpoint_path`, the metrics also
+    name the checkpoint's directory under Ray's key); a STOP answer stops the fit() as Ctrl-C would."""
 
-    def __init__(self, session: TrialSession):
+    def __init__(self, session: TrialSession, checkpoint_path: bool = False):
         self._session = session
+        self._checkpoint_path = checkpoint_path
         self._run_path = ""
 
     def on_run_start(self, run: Any) -> None:
@@ -179,6 +185,8 @@ class ForwardingObserver:
         checkpoint = None
         if round_.checkpoint is not None:
             checkpoint = f"{self._run_path.rstrip('/')}/{round_.checkpoint.dir_name}"
+            if self._checkpoint_path:
+                metrics = {**metrics, "checkpoint_path": checkpoint}  # Ray's CHECKPOINT_PATH_KEY
         if self._session.report(metrics, checkpoint) is Decision.STOP:
             # Ctrl-C's path: the controller notes the signal and stops the workers with their grace period.
             os.kill(os.getpid(), signal.SIGINT)

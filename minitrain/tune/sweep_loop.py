@@ -36,7 +36,7 @@ from minitrain.procs import decode_returncode
 from minitrain.storage import sweep_state as tr
 from minitrain.storage.retention import CheckpointRecord, retain
 from minitrain.storage.filesystem import StorageError
-from minitrain.tune import messages
+from minitrain.tune import messages, restore_spec
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
                                      TrialReported)
 from minitrain.tune.placement import Demand
@@ -240,6 +240,11 @@ class SweepLoop:
             self.exhausted = True
             return None
         trial = tr.new_trial(trial_id, "", "", config, index)
+        if not trial.config_is_json:  # kept sealed, so that Tuner.restore can run it again with this config
+            try:
+                trial.config_sealed = restore_spec.seal_value(config)
+            except Exception as exc:  # noqa: BLE001 - unpicklable, or no key: a restore says it cannot resume it
+                logger.debug("trial %s: its config is not JSON and cannot be kept for a restore: %s", trial_id, exc)
         self.spec.name_trial(trial)
         self.trials.append(trial)
         self.scheduler.on_trial_add(trial_id)

@@ -21,7 +21,9 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
 from minitrain.storage import sweep_state as tr
+from minitrain.storage.user_key import KeyUnavailable
 from minitrain.trainer import DataParallelTrainer, _driver_pythonpath, count_required_parameters
+from minitrain.tune import restore_spec
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
 from minitrain.tune.result_grid import ResultGrid, trial_error, trial_result
@@ -150,6 +152,8 @@ class Tuner:
 
     def _fit(self) -> ResultGrid:
         config = self.tune_config
+        # what Tuner.restore needs, taken before the searcher and scheduler change (a new sweep only)
+        spec = restore_spec.capture(self.param_space, config, self.run_config) if self._restored is None else None
         room, demand = ClusterRoom(current_cluster()), trial_demand(self.trainable)
         unplaceable = room.never_fits(demand)
         if unplaceable and config.num_samples == -1:  # no set of trials to record it for: say it now
@@ -185,6 +189,8 @@ class Tuner:
             searcher.total_trials(header["num_samples"])  # the sweep's own count, whatever tune_config says
             _replay(searcher, scheduler, stopper, self.experiment_path, trials)
         tr.make_tune_dir(self.experiment_path)
+        if spec is not None:
+            tr.write_spec(self.experiment_path, spec)
         # The trial table, in the driver's live console (the status block if no other run holds it).
         reporter = ProgressReporter(config.metric or scheduler.metric or searcher.metric,
                                     verbose=int(self.run_config.show_table))
@@ -263,12 +269,13 @@ class Tuner:
         """A Tuner that goes on with the sweep in `path` when `fit()` is called: finished trials are
         kept, unfinished ones resume from their latest checkpoint, trials not created yet are created.
 
-        minitrain never unpickles a Tuner from storage, so pass the trainable again, and the same
-        `param_space` and `tune_config` (scheduler, search_alg) when the sweep had trials left to create
-        or a scheduler/searcher other than the default (a deliberate difference from Ray, which pickles
-        them). `resume_errored` retries failed trials from their checkpoint, `restart_errored` from
-        scratch; `resume_unfinished=False` ends unfinished trials as TERMINATED. Without `trainable` the
-        Tuner only answers `get_results()` (the sweep as stored; nothing runs).
+        As Ray, only the trainable must be passed again: the sweep's `param_space`, `tune_config` and
+        `run_config` come from what it stored when it started (minitrain.tune.restore_spec: JSON, or a pickle
+        sealed with the user's key, never an unauthenticated pickle). Passing one of them again replaces the
+        stored one (e.g. a param space holding objects that cannot be pickled). `resume_errored` retries
+        failed trials from their checkpoint, `restart_errored` from scratch; `resume_unfinished=False` ends
+        unfinished trials as TERMINATED. Without `trainable` the Tuner only answers `get_results()` (the
+        sweep as stored; nothing runs).
         """
         if not cls.can_restore(path, storage_filesystem):
             raise ConfigError(f"Tuner.restore({path!r}): no {tr.STATE_FILE} there, so there is no tuning run to "
@@ -282,26 +289,29 @@ class Tuner:
         saved = (header, copy.deepcopy(trials))
         if trainable is None:
             return cls._stored_results(path, saved)
-        for trial in trials:
-            if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
-                trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
-                if restart_errored:
-                    trial.checkpoint, trial.checkpoint_iteration = None, 0
-            elif not trial.finished:
-                if not resume_unfinished:
-                    trial.status, trial.stop_reason = tr.TrialStatus.TERMINATED, "not resumed (resume_unfinished=False)"
-                    continue
-                if not trial.config_is_json:
-                    raise ConfigError(f"Tuner.restore: trial {trial.name} was unfinished but its config is not JSON "
-                                      "(it was saved as text), so it cannot be resumed. Keep configs to plain values.")
-                trial.status = tr.TrialStatus.PENDING
-        if len(trials) < header["total_trials"] and not param_space:
+        try:
+            stored = restore_spec.load(path)
+        except ValueError as exc:
+            raise ConfigError(f"Tuner.restore({path!r}): {exc}") from None
+        _reopen_trials(path, trials, resume_unfinished, resume_errored, restart_errored)
+        if param_space is None:
+            param_space = stored.param_space
+        if len(trials) < header["total_trials"] and param_space is None:
             raise ConfigError(f"Tuner.restore({path!r}): {header['total_trials'] - len(trials)} trial(s) were not "
-                              "created yet; pass the same param_space (and tune_config) again to create them.")
-        parent, name = os.path.split(path)
-        if tune_config is None:
+                              f"created yet, and the sweep's param_space cannot be restored: "
+                              f"{stored.why.get('param_space')}. Pass the same param_space= again.")
+        tune_config = tune_config if tune_config is not None else stored.tune_config
+        if tune_config is None and stored.present:
+            raise ConfigError(f"Tuner.restore({path!r}): the sweep's tune_config cannot be restored: "
+                              f"{stored.why.get('tune_config')}. Pass the same tune_config= again.")
+        if tune_config is None:  # a sweep that stored no spec: the default searcher, as its header says
             tune_config = TuneConfig(metric=header["metric"], mode=header["mode"], search_alg=BasicVariantGenerator(
                 random_state=header.get("searcher_seed"), constant_grid_search=header.get("constant_grid_search", False)))
+        run_config = run_config if run_config is not None else stored.run_config
+        if run_config is None and stored.present:
+            raise ConfigError(f"Tuner.restore({path!r}): the sweep's run_config cannot be restored: "
+                              f"{stored.why.get('run_config')}. Pass the same run_config= again.")
+        parent, name = os.path.split(path)
         run_config = dataclasses.replace(run_config or RunConfig(), name=name, storage_path=parent)
         tuner = cls(trainable, param_space=param_space, tune_config=tune_config, run_config=run_config,
                     _restored=(header, trials))
@@ -319,6 +329,39 @@ class Tuner:
         tuner.run_config = RunConfig(name=name, storage_path=parent)
         tuner.experiment_path, tuner._restored, tuner._saved, tuner._results = path, None, saved, None
         return tuner
+
+
+def _reopen_trials(path: str, trials: list, resume_unfinished: bool, resume_errored: bool,
+                   restart_errored: bool) -> None:
+    """Make the trials that a restore runs again PENDING: unfinished ones (unless `resume_unfinished` is
+    False: TERMINATED), and errored ones under `resume_errored` (from their checkpoint) or `restart_errored`
+    (from scratch). A config that is not JSON comes back from its sealed copy."""
+    for trial in trials:
+        if trial.status == tr.TrialStatus.ERROR and (resume_errored or restart_errored):
+            trial.status, trial.error, trial.num_failures = tr.TrialStatus.PENDING, None, 0
+            if restart_errored:
+                trial.checkpoint, trial.checkpoint_iteration = None, 0
+        elif not trial.finished:
+            if not resume_unfinished:
+                trial.status, trial.stop_reason = tr.TrialStatus.TERMINATED, "not resumed (resume_unfinished=False)"
+                continue
+            trial.status = tr.TrialStatus.PENDING
+        else:
+            continue
+        if not trial.config_is_json:
+            trial.config = _unsealed_config(path, trial)
+
+
+def _unsealed_config(path: str, trial: tr.Trial) -> Any:
+    why = "it was not sealed (it could not be pickled, or there was no key)"
+    if trial.config_sealed is not None:
+        try:
+            return restore_spec.unseal_value(trial.config_sealed)
+        except (ValueError, KeyUnavailable) as exc:
+            why = str(exc)
+    raise ConfigError(f"Tuner.restore({path!r}): trial {trial.name} runs again, but its config is not JSON and its "
+                      f"stored copy cannot be used: {why}. Keep configs to plain values, or restore as the user who "
+                      "ran the sweep (with the same key).")
 
 
 def _replay(searcher: Any, scheduler: Any, stopper: Any, experiment_path: str, trials: list) -> None:

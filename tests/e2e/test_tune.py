@@ -222,10 +222,15 @@ def test_restore_after_the_tuner_is_killed_finishes_every_trial_once(tmp_path):
     finished_before = {t.trial_id for t in before if t.status == tr.TrialStatus.TERMINATED}
 
     assert tune.Tuner.can_restore(experiment)
-    results = tune.Tuner.restore(experiment, resumable, param_space=restore_space(out)).fit()
+    # as Ray's: only the trainable again; the param space, the seeded searcher and the limits are the sweep's own
+    results = tune.Tuner.restore(experiment, resumable).fit()
 
     assert len(results) == 4 and len({r.trial_id for r in results}) == 4
     assert all(r.status == "TERMINATED" and r.error is None for r in results)
+    uninterrupted = BasicVariantGenerator(random_state=0)  # the configs an uninterrupted sweep draws
+    uninterrupted.set_search_properties(None, None, restore_space(out))
+    uninterrupted.total_trials(4)
+    assert [r.config for r in results] == [uninterrupted.suggest(str(i)) for i in range(4)]
     for result in results:  # every iteration reported exactly once, in order
         assert [m["i"] for m in result._metrics_history] == list(range(6)), result.trial_id
         assert [m["training_iteration"] for m in result._metrics_history] == list(range(1, 7))

@@ -9,7 +9,8 @@ import pytest
 
 from minitrain import tune
 from minitrain.tune.stopper import CombinedStopper, MaximumIterationStopper, TrialPlateauStopper
-from tune_ray_trainables import SpecificError, counting, failing, with_data
+import minitrain
+from tune_ray_trainables import SpecificError, counting, failing, train_driver_fn, with_data
 
 pytestmark = pytest.mark.e2e
 
@@ -84,3 +85,26 @@ def test_restore_of_a_finished_sweep_gives_its_results_without_running(tmp_path)
     assert isinstance(failed[0].error, SpecificError)
     # from storage the type is rebuilt by name (its module is imported here), nothing unpickled
     assert isinstance(tune.Tuner.restore(str(tmp_path / "failed")).get_results()[0].error, SpecificError)
+
+
+def test_tune_report_callback_forwards_each_train_report_with_its_checkpoint_path(tmp_path):
+    """Ray's Train/Tune interop guide (ray.tune.integration.ray_train.TuneReportCallback), imports ported."""
+    from minitrain.tune.integration.ray_train import TuneReportCallback
+
+    with pytest.raises(RuntimeError, match="must be used in a Tune session"):
+        TuneReportCallback()  # as Ray's, outside a trial
+    train_storage = str(tmp_path / "train")
+    results = tune.Tuner(train_driver_fn, param_space={
+        "train_loop_config": {"lr": tune.grid_search([0.1, 0.2]), "epochs": 3}, "num_workers": 2,
+        "storage_path": train_storage}, tune_config=tune.TuneConfig(metric="loss", mode="min", max_concurrent_trials=1),
+        run_config=tune.RunConfig(name="interop", storage_path=str(tmp_path))).fit()
+    assert results.num_errors == 0, [str(r.error) for r in results]
+    best = results.get_best_result()
+    assert best.config["train_loop_config"]["lr"] == 0.1
+    history = best.metrics_dataframe
+    assert list(history["epoch"]) == [0, 1, 2] and list(history["training_iteration"]) == [1, 2, 3]
+    run_dir = os.path.join(train_storage, f"train-trial_id={best.trial_id}")
+    assert list(history["checkpoint_path"]) == [os.path.join(run_dir, f"checkpoint_{i:06d}") for i in range(3)]
+    # the path names the Train run's committed checkpoint; the trial holds it too
+    assert minitrain.Checkpoint(best.metrics["checkpoint_path"]).to_dict() == {"epoch": 2}
+    assert best.checkpoint.to_dict() == {"epoch": 2}

@@ -26,3 +26,26 @@ def failing(config):
 def with_data(config, data):
     """A `tune.with_parameters` trainable: reports what it was given and its trial id."""
     tune.report({"total": sum(data) * config["k"], "trial": tune.get_context().get_trial_id()})
+
+
+def train_fn_per_worker(config):
+    """Ray's Train/Tune interop guide: each worker reports a loss, rank 0 a checkpoint every epoch."""
+    for epoch in range(config["epochs"]):
+        checkpoint = None
+        if minitrain.get_context().get_world_rank() == 0:
+            checkpoint = minitrain.Checkpoint.from_dict({"epoch": epoch})
+        minitrain.report({"loss": config["lr"] * (config["epochs"] - epoch), "epoch": epoch}, checkpoint=checkpoint)
+
+
+def train_driver_fn(config):
+    """Ray's Train/Tune interop guide, imports ported: a TorchTrainer in a function trainable, its reports
+    forwarded by `TuneReportCallback`."""
+    from minitrain.torch import TorchTrainer
+    from minitrain.tune.integration.ray_train import TuneReportCallback
+
+    trainer = TorchTrainer(
+        train_fn_per_worker, train_loop_config=config["train_loop_config"],
+        scaling_config=minitrain.ScalingConfig(num_workers=config["num_workers"]),
+        run_config=minitrain.RunConfig(name=f"train-trial_id={tune.get_context().get_trial_id()}",
+                                       storage_path=config["storage_path"], callbacks=[TuneReportCallback()]))
+    trainer.fit()

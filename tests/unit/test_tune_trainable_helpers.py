@@ -54,3 +54,15 @@ def test_rays_import_paths_of_the_search_classes():
     from minitrain.tune.search.searcher import Searcher as S
     assert (B, C, S) == (BasicVariantGenerator, ConcurrencyLimiter, Searcher)
     assert isinstance(uniform(0, 1), Domain) and tune.uniform is uniform
+
+
+def test_rays_import_paths_of_the_schedulers():
+    """Ray's modules under ray.tune.schedulers resolve to the same classes (import-only port)."""
+    from minitrain.tune import schedulers
+    from minitrain.tune.schedulers.async_hyperband import ASHAScheduler, AsyncHyperBandScheduler
+    from minitrain.tune.schedulers.median_stopping_rule import MedianStoppingRule
+    from minitrain.tune.schedulers.trial_scheduler import FIFOScheduler, TrialScheduler
+    assert (ASHAScheduler, AsyncHyperBandScheduler, MedianStoppingRule, FIFOScheduler, TrialScheduler) == (
+        schedulers.ASHAScheduler, schedulers.AsyncHyperBandScheduler, schedulers.MedianStoppingRule,
+        schedulers.FIFOScheduler, schedulers.TrialScheduler)
+    assert TrialScheduler.CONTINUE == "CONTINUE" and TrialScheduler.STOP == "STOP"

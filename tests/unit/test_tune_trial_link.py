@@ -61,3 +61,26 @@ def test_what_lies_below_tune_never_imports_it(module):
         elif isinstance(node, ast.ImportFrom) and node.module:
             imported.update([node.module] + [f"{node.module}.{alias.name}" for alias in node.names])
     assert not [name for name in imported if name.startswith("minitrain.tune")]
+
+
+def test_a_tune_report_callback_adds_rays_checkpoint_path_to_the_forwarded_metrics(linked):
+    """Ray's TuneReportCallback: rank 0's metrics, plus `checkpoint_path` when the round committed one."""
+    from types import SimpleNamespace
+
+    from minitrain.tune.integration.ray_train import CHECKPOINT_PATH_KEY, TuneReportCallback
+
+    sent = []
+    linked.report = lambda metrics, checkpoint: sent.append((metrics, checkpoint))
+    run = SimpleNamespace(run_path="file:///runs/r")
+    for callbacks, key in (([TuneReportCallback()], True), ((), False)):
+        observer = linked.run_observer(callbacks)
+        observer.on_run_start(run)
+        observer.on_round(SimpleNamespace(metrics_by_rank=[{"loss": 1.0}, {"loss": 2.0}],
+                                          checkpoint=SimpleNamespace(dir_name="checkpoint_000000")))
+        observer.on_round(SimpleNamespace(metrics_by_rank=[{"loss": 0.5}], checkpoint=None))
+        path = "/runs/r/checkpoint_000000"
+        first = {"loss": 1.0, CHECKPOINT_PATH_KEY: path} if key else {"loss": 1.0}
+        assert sent == [(first, path), ({"loss": 0.5}, None)]
+        sent.clear()
+    # every fit() in a trial is forwarded: the callback's own hook adds nothing (each round reaches the trial once)
+    assert TuneReportCallback().after_report(None, [{"loss": 1.0}], None) is None

@@ -89,7 +89,9 @@ class BasicVariantGenerator(Searcher):
 
     def total_trials(self, num_samples: int) -> int:
         self._num_samples = num_samples
-        return len(self._points) + search_space.count_variants(self._space, max(num_samples - len(self._points), 0))
+        # Ray: each point replaces one sample and is itself grid-searched over the grids it leaves unset.
+        return sum(search_space.count_variants(_merged(self._space, point), 1) for point in self._points) + \
+            search_space.count_variants(self._space, max(num_samples - len(self._points), 0))
 
     def _iterator(self) -> Iterator[dict]:
         for point in self._points:
