@@ -285,11 +285,12 @@ class Ledger:
         finally:
             os.close(dir_fd)
 
-    def _read(self, dir_fd: int, totals: Totals) -> Snapshot:
+    def _read(self, dir_fd: int, totals: Totals, locked: bool = False) -> Snapshot:
         claims, problems = [], []
         for name in sorted(os.listdir(dir_fd)):
             if name.startswith(TEMP_PREFIX):
-                _remove_if_stale(dir_fd, name)
+                if locked:  # a claim is being written only under the ledger lock: this one's writer died
+                    _remove_if_stale(dir_fd, name)
             elif name.startswith(CLAIM_PREFIX) and name.endswith(CLAIM_SUFFIX):
                 claim, problem = self._read_claim(dir_fd, name)
                 if claim is not None:
@@ -355,7 +356,7 @@ class Ledger:
         dir_fd = self._open_dir()
         try:
             with self._locked(dir_fd):
-                wanted = choose(self._read(dir_fd, totals))
+                wanted = choose(self._read(dir_fd, totals, locked=True))
                 if wanted is None:
                     return None
                 uid = os.geteuid()

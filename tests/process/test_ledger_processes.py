@@ -1,0 +1,102 @@
+"""The resource ledger across real processes: a SIGKILLed holder's claim is free again, a waiting
+process gets the host when the holder ends, and ten processes racing for two slots never hold three."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from minitrain.hosts import hostinfo
+from minitrain.hosts.cluster import ClusterConfig, HostSpec
+from minitrain.hosts.demand import Need
+from minitrain.hosts.hold import this_host_ledger, this_host_totals
+from minitrain.hosts.reserve import reserve
+
+CLAIMANT = Path(__file__).with_name("ledger_claimant.py")
+LOCAL = ClusterConfig(hosts=(HostSpec("localhost"),))
+
+
+@pytest.fixture
+def ledger_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITRAIN_LEDGER_DIR", str(tmp_path / "ledger"))
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+
+
+def _holder(env) -> subprocess.Popen:
+    holder = subprocess.Popen([sys.executable, str(CLAIMANT), "hold", "-"], env=env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_sigkilled_holder_releases_at_once(ledger_env):
+    holder = _holder(ledger_env)
+    try:
+        claims = this_host_ledger("localhost").snapshot(this_host_totals()).claims
+        assert [(c.run, c.pid) for c in claims] == [("holder", holder.pid)]
+        holder.kill()
+        holder.wait(30)
+        # The process is gone, so is its lock: the very next look finds nothing held (no wait, no retry).
+        assert this_host_ledger("localhost").snapshot(this_host_totals()).claims == ()
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+def test_a_waiting_run_starts_when_a_killed_holder_dies(ledger_env):
+    holder = _holder(ledger_env)
+    told = []
+
+    def on_wait(text):
+        told.append(text)
+        if len(told) == 1:
+            os.kill(holder.pid, signal.SIGKILL)
+
+    try:
+        with reserve(LOCAL, Need(1, cpus=float(hostinfo.cpu_count())), "second", on_wait=on_wait,
+                     poll_s=0.01) as second:
+            assert second.claims["localhost"].pid == os.getpid()
+        assert f"held by run holder (" in told[0] and f"pid {holder.pid}" in told[0]
+    finally:
+        holder.kill()
+        holder.wait(30)
+
+
+def test_ten_processes_racing_for_two_slots_never_hold_three(ledger_env, tmp_path):
+    markers = tmp_path / "holding"
+    markers.mkdir()
+    racers = [subprocess.Popen([sys.executable, str(CLAIMANT), "race", str(markers)], env=ledger_env,
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(10)]
+    for racer in racers:
+        assert racer.stdout.readline().strip() == "ready"
+    for racer in racers:  # all at once: their first claims land in the same few milliseconds
+        racer.stdin.write("go\n")
+        racer.stdin.flush()
+    counts = []
+    for racer in racers:
+        out, _ = racer.communicate(timeout=120)
+        assert racer.returncode == 0
+        counts.append(int(out.strip()))
+    assert max(counts) <= 2, f"more than two held the host's two slots at once: {counts}"
+    assert this_host_ledger("localhost").snapshot(this_host_totals()).claims == ()
+
+
+def test_one_after_the_other_in_a_loop(ledger_env):
+    """The second run gets the host after every release of the first, never while it holds it."""
+    for _ in range(20):
+        holder = _holder(ledger_env)
+        released = []
+
+        def on_wait(text):
+            if not released:
+                holder.stdin.close()  # the holder's run ends
+                holder.wait(30)
+                released.append(True)
+
+        with reserve(LOCAL, Need(1, cpus=float(hostinfo.cpu_count())), "second", on_wait=on_wait, poll_s=0.01):
+            assert released and holder.returncode == 0
