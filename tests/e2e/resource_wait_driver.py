@@ -33,16 +33,20 @@ def train(config):
         pass
 
 
+def whole_host_trainer(name: str, out: str, storage: str, hold: bool = False) -> TorchTrainer:
+    """The trainer this driver fits (a Tune test hands it to a Tuner: its trials claim the same)."""
+    return TorchTrainer(train, train_loop_config={"name": name, "out": out, "hold": hold},
+                        scaling_config=ScalingConfig(num_workers=1, resources_per_worker={"CPU": hostinfo.cpu_count()}),
+                        run_config=RunConfig(name=name, storage_path=storage))
+
+
 def main() -> int:
     name, out, storage = sys.argv[1:4]
-    trainer = TorchTrainer(train, train_loop_config={"name": name, "out": out, "hold": "--hold" in sys.argv},
-                           scaling_config=ScalingConfig(num_workers=1,
-                                                        resources_per_worker={"CPU": hostinfo.cpu_count()}),
-                           run_config=RunConfig(name=name, storage_path=storage))
-    result = trainer.fit()
+    result = whole_host_trainer(name, out, storage, hold="--hold" in sys.argv).fit()
     print(f"result {name} {result.metrics}", flush=True)
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main())
+
