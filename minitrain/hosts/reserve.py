@@ -202,3 +202,32 @@ def _reservation(cluster: ClusterConfig, hosts: list[Host], snapshots: list[Snap
     return Reservation(restricted, agent_env, claims, waited_s,
                        [h for h in hosts if h.spec.name in claims])
 
+
+
+def ledger_report(cluster: ClusterConfig, pythonpath: tuple[str, ...] = ()) -> str:
+    """What each host of `cluster` has and what its ledger holds now, for people (``--status``): per
+    host its totals, then one line per claim, per GPU busy outside minitrain, per refused entry. A
+    host that cannot be asked says why instead."""
+    lines = []
+    for spec in cluster.hosts:
+        try:
+            host = LocalHost(spec) if spec.local else RemoteHost(spec, cluster, pythonpath)
+            try:
+                snapshot = host.snapshot()
+            finally:
+                host.close()
+        except (LaunchError, OSError) as exc:
+            lines.append(f"{spec.name}: cannot read its ledger: {exc}")
+            continue
+        totals = snapshot.totals
+        lines.append(f"{spec.name}: {len(totals.gpus)} GPUs, {totals.cpus:g} CPUs, "
+                     f"{totals.memory_bytes / 2**30:.1f} GiB; free now: {len(snapshot.free_gpus())} GPUs "
+                     f"({','.join(map(str, snapshot.free_gpus())) or '-'}), {snapshot.free_cpus():g} CPUs")
+        for claim in snapshot.claims:
+            lines.append(f"  {claim.who()}: {claim.holds()}")
+        for index, pids in sorted(snapshot.foreign_busy().items()):
+            lines.append(f"  GPU {index} busy with pid {', '.join(map(str, pids))} outside minitrain")
+        lines.extend(f"  refused: {problem}" for problem in snapshot.problems)
+        if not snapshot.claims and not snapshot.foreign_busy():
+            lines.append("  nothing held")
+    return "\n".join(lines)

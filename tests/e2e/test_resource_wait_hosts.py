@@ -16,8 +16,10 @@ import time
 import pytest
 
 import minitrain
+import minitrain.hosts.cluster
 from minitrain import RunConfig, ScalingConfig
 from minitrain.hosts import hostinfo
+from minitrain.hosts.reserve import ledger_report
 from minitrain.torch import TorchTrainer
 
 pytestmark = [pytest.mark.e2e, pytest.mark.cluster]
@@ -59,6 +61,8 @@ def test_a_run_over_ssh_waits_for_the_remote_hosts_ledger(netns_cluster, tmp_pat
     logging.getLogger("minitrain").addHandler(handler)
     try:
         assert holder.stdout.readline().strip() == "held"
+        report = ledger_report(minitrain.hosts.cluster.current_cluster(), (str(ROOT),))  # --status, over SSH
+        assert report.startswith(f"{host.ip}: ") and f"  run holder (root, pid {holder.pid}," in report
         out = tmp_path / "out"
         out.mkdir()
         trainer = TorchTrainer(record_the_ledger, train_loop_config={"out": str(out), "ledger": ledger},

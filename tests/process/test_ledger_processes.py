@@ -100,3 +100,17 @@ def test_one_after_the_other_in_a_loop(ledger_env):
 
         with reserve(LOCAL, Need(1, cpus=float(hostinfo.cpu_count())), "second", on_wait=on_wait, poll_s=0.01):
             assert released and holder.returncode == 0
+
+
+def test_launch_status_lists_what_the_ledger_holds(ledger_env):
+    holder = _holder(ledger_env)
+    try:
+        shown = subprocess.run([sys.executable, "-m", "minitrain.launch", "--status"], env=ledger_env,
+                               capture_output=True, text=True, timeout=60)
+    finally:
+        holder.kill()
+        holder.wait(30)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("localhost: ")
+    assert f"  run holder (" in shown.stdout and f"pid {holder.pid}," in shown.stdout
+    assert f"{float(hostinfo.cpu_count()):g} CPUs" in shown.stdout
