@@ -7,8 +7,10 @@ of placement). Without NVML (no driver, no library, or it fails) the GPUs are `h
 without UUIDs or processes.
 
 Only the GPUs this process may use count: CUDA_VISIBLE_DEVICES, when set, names them by index or by
-UUID (``GPU-...``). A UUID list keeps the runs' agents on exactly those devices whatever the CUDA
-device order, so `Gpu.visible_entry` is the UUID when NVML gave one.
+UUID (``GPU-...``). `Gpu.visible_entry` names a GPU for a run's agent the way this host names them:
+its index (with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so that CUDA numbers GPUs as NVML does: see
+`PCI_ORDER`), or its UUID when CUDA_VISIBLE_DEVICES names GPUs by UUID or CUDA_DEVICE_ORDER is set to
+another order.
 """
 
 from __future__ import annotations
@@ -33,20 +35,35 @@ class Gpu:
     uuid: str = ""
     name: str = ""
     busy_pids: tuple[int, ...] = ()
+    entry: str = ""
 
     @property
     def visible_entry(self) -> str:
-        """This GPU as a CUDA_VISIBLE_DEVICES entry: its UUID when known, else its index."""
-        return self.uuid or str(self.index)
+        """This GPU as a CUDA_VISIBLE_DEVICES entry for a run's agent on its host (see the module doc)."""
+        return self.entry or str(self.index)
+
+
+# An agent given NVML indices also gets this, so CUDA resolves them as NVML counts (by PCI bus), not
+# fastest first: the two orders differ on hosts with mixed GPUs.
+PCI_ORDER = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
 
 def host_gpus(environ: Mapping[str, str] = os.environ) -> tuple[Gpu, ...]:
     """The GPUs processes started with `environ` may use, from NVML when it answers, else from
     `hostinfo.gpu_ids(environ)`. Never raises: a broken driver means no GPUs, and says why in the log."""
     found = _nvml_gpus()
-    if found is None:
-        return tuple(Gpu(index) for index in hostinfo.gpu_ids(environ))
     visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if found is None:
+        ids = hostinfo.gpu_ids(environ)
+        entries = [e.strip() for e in visible.split(",")] if visible is not None else []
+        # UUID lists count by position: the agent must be given the entries themselves
+        return tuple(Gpu(i, entry=entries[i] if not all(e.isdigit() for e in entries[:len(ids)]) else "")
+                     for i in ids)
+    by_uuid_order = environ.get("CUDA_DEVICE_ORDER", "PCI_BUS_ID") != "PCI_BUS_ID"
+    if visible is not None and any(e.strip().startswith(("GPU-", "MIG-")) for e in visible.split(",")):
+        by_uuid_order = True
+    found = tuple(Gpu(g.index, g.uuid, g.name, g.busy_pids, g.uuid if by_uuid_order and g.uuid else "")
+                  for g in found)
     if visible is None:
         return found
     by_index = {gpu.index: gpu for gpu in found}

@@ -49,7 +49,7 @@ def snapshot_to_dict(snapshot: Snapshot) -> dict:
 
 def snapshot_from_dict(data: dict) -> Snapshot:
     totals = data["totals"]
-    gpus = tuple(Gpu(g["index"], g["uuid"], g["name"], tuple(g["busy_pids"])) for g in totals["gpus"])
+    gpus = tuple(Gpu(g["index"], g["uuid"], g["name"], tuple(g["busy_pids"]), g["entry"]) for g in totals["gpus"])
     claims = tuple(Claim(**{**c, "gpus": tuple(c["gpus"])}) for c in data["claims"])
     return Snapshot(data["host"], Totals(gpus, totals["cpus"], totals["memory_bytes"]), claims,
                     tuple(data["problems"]), data["foreign_taken"])

@@ -16,7 +16,7 @@ that name no CPUs or memory) it returns at once and touches no ledger. Otherwise
 
 The `Reservation` says what the run got: a cluster of only the hosts it placed workers on, each with
 ``slots`` = its workers there, and per host the CUDA_VISIBLE_DEVICES its agent gets (the claimed GPUs,
-by UUID when NVML knows them), so the controller's rank placement lands exactly on the claim.
+as `minitrain.hosts.gpus` names them), so the controller's rank placement lands exactly on the claim.
 `Reservation.release()` gives every claim back (a run that dies drops them with its processes).
 Waiting runs are not queued: whichever looks first after a release wins.
 """
@@ -31,6 +31,7 @@ from typing import Callable, Optional, Union
 from minitrain.errors import ConfigError, LaunchError
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need, host_table, plan, room, waiting_text
+from minitrain.hosts.gpus import PCI_ORDER
 from minitrain.hosts.hold import RemoteHost, this_host_ledger, this_host_totals
 from minitrain.hosts.ledger import Claim, HeldClaim, Snapshot
 
@@ -192,9 +193,12 @@ def _reservation(cluster: ClusterConfig, hosts: list[Host], snapshots: list[Snap
         if claim is None:
             continue
         kept.append(HostSpec(spec.name, counts[spec.name], local=spec.local))
-        if claim.gpus:  # by UUID when NVML named them: right whatever the CUDA device order
-            entries = ",".join(gpus_of[spec.name][i].visible_entry for i in claim.gpus)
-            agent_env[spec.name] = {"CUDA_VISIBLE_DEVICES": entries}
+        if claim.gpus:  # as the host names them (minitrain.hosts.gpus)
+            gpus = [gpus_of[spec.name][i] for i in claim.gpus]
+            entries = [gpu.visible_entry for gpu in gpus]
+            agent_env[spec.name] = {"CUDA_VISIBLE_DEVICES": ",".join(entries)}
+            if all(gpu.uuid and entry.isdigit() for gpu, entry in zip(gpus, entries)):  # NVML's indices
+                agent_env[spec.name].update(PCI_ORDER)
     for host in hosts:  # hosts without workers hold nothing: their holders go now
         if host.spec.name not in claims:
             host.close()

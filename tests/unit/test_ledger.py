@@ -263,3 +263,75 @@ def test_a_waiting_run_gets_the_host_when_the_holder_releases(local_ledger):
     with reserve(LOCAL, _whole_host(), "second", on_wait=on_wait, poll_s=0.01) as second:
         assert second.claims["localhost"].run == "second"
     assert len(told) == 1 and "held by run holder" in told[0]
+
+
+# ---------------------------------------------------------------------------------- GPUs as agents get them
+
+class _FakeNvml:
+    """pynvml's calls host_gpus makes, over a list of (uuid, busy pids): a named fake of the NVML library."""
+
+    def __init__(self, gpus):
+        self.gpus = gpus
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index):
+        return index
+
+    def nvmlDeviceGetUUID(self, handle):
+        return self.gpus[handle][0]
+
+    def nvmlDeviceGetName(self, handle):
+        return b"Fake GPU"
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle):
+        return [type("P", (), {"pid": pid})() for pid in self.gpus[handle][1]]
+
+    def nvmlDeviceGetGraphicsRunningProcesses(self, handle):
+        return []
+
+
+@pytest.mark.parametrize("environ, entries", [
+    ({}, ["0", "1", "2"]),
+    ({"CUDA_VISIBLE_DEVICES": "2,0"}, ["2", "0"]),
+    ({"CUDA_VISIBLE_DEVICES": "GPU-c,GPU-a"}, ["GPU-c", "GPU-a"]),
+    ({"CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, ["GPU-a", "GPU-b", "GPU-c"]),
+])
+def test_host_gpus_name_gpus_as_the_host_does(monkeypatch, environ, entries):
+    from minitrain.hosts import gpus
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", _FakeNvml([("GPU-a", ()), ("GPU-b", (9,)), ("GPU-c", ())]))
+    found = gpus.host_gpus(environ)
+    assert [g.visible_entry for g in found] == entries
+    assert {g.index: g.busy_pids for g in found}.get(1, ()) in ((9,), ())
+
+
+def test_host_gpus_without_nvml_follow_cuda_visible_devices(monkeypatch):
+    from minitrain.hosts import gpus
+
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", None)  # import fails: no NVML
+    assert [g.visible_entry for g in gpus.host_gpus({"CUDA_VISIBLE_DEVICES": "3,5"})] == ["3", "5"]
+    assert [g.visible_entry for g in gpus.host_gpus({"CUDA_VISIBLE_DEVICES": "GPU-x,GPU-y"})] == ["GPU-x", "GPU-y"]
+
+
+def test_reserved_gpus_reach_the_agents_as_the_host_names_them(local_ledger, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", _FakeNvml([("GPU-a", ()), ("GPU-b", (9,)), ("GPU-c", ())]))
+    with reserve(LOCAL, Need(2, gpus=1.0), "two") as two:
+        assert two.agent_env == {"localhost": {"CUDA_VISIBLE_DEVICES": "0,1", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+        assert two.cluster.hosts == (HostSpec("localhost", 2, local=True),)
+        with reserve(LOCAL, Need(1, gpus=1.0), "one") as one:
+            assert one.agent_env["localhost"]["CUDA_VISIBLE_DEVICES"] == "2"
+            with pytest.raises(ResourcesBusyError, match=r"held by run two .*; run one "):
+                reserve(LOCAL, Need(1, gpus=1.0), "three", timeout_s=0)
+    monkeypatch.setenv("MINITRAIN_LEDGER_FOREIGN_GPUS", "taken")  # GPU 1 computes for pid 9, outside minitrain
+    with reserve(LOCAL, Need(2, gpus=1.0), "two") as two:
+        assert two.agent_env["localhost"]["CUDA_VISIBLE_DEVICES"] == "0,2"
+        with pytest.raises(ResourcesBusyError, match=r"GPU 1 busy with pid 9 outside minitrain \(taken\)"):
+            reserve(LOCAL, Need(1, gpus=1.0), "three", timeout_s=0)
