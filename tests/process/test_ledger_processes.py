@@ -4,9 +4,12 @@ process gets the host when the holder ends, and ten processes racing for two slo
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +18,7 @@ from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need
 from minitrain.hosts.hold import this_host_ledger, this_host_totals
-from minitrain.hosts.reserve import reserve
+from minitrain.hosts.reserve import ResourcesBusyError, reserve
 
 CLAIMANT = Path(__file__).with_name("ledger_claimant.py")
 LOCAL = ClusterConfig(hosts=(HostSpec("localhost"),))
@@ -114,3 +117,61 @@ def test_launch_status_lists_what_the_ledger_holds(ledger_env):
     assert shown.stdout.startswith("localhost: ")
     assert f"  run holder (" in shown.stdout and f"pid {holder.pid}," in shown.stdout
     assert f"{float(hostinfo.cpu_count()):g} CPUs" in shown.stdout
+
+
+NOBODY = 65534
+
+
+def _as_nobody(script: str, **kwargs) -> subprocess.Popen:
+    """`sh -c script` as the user nobody (setpriv, util-linux): another user of the host."""
+    return subprocess.Popen(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "sh", "-c", script],
+                            **kwargs)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("setpriv") or not shutil.which("flock"),
+                    reason="acting as another user needs root, setpriv and flock (util-linux)")
+def test_another_users_claim_counts_and_neither_user_can_erase_the_others(monkeypatch):
+    """Two users share the ledger: nobody's live claim, checked (its file, uid and pid agree), holds the host
+    for root's run until nobody's process ends, and nobody cannot remove root's claim (the sticky bit)."""
+    # pytest's tmp_path is root's alone (0700 above it): the other user needs a path it can reach
+    with tempfile.TemporaryDirectory(prefix="minitrain-ledger-test-") as shared:
+        os.chmod(shared, 0o755)
+        monkeypatch.setenv("MINITRAIN_LEDGER_DIR", os.path.join(shared, "ledger"))
+        _two_users_share_the_ledger()
+
+
+def _two_users_share_the_ledger() -> None:
+    from minitrain.hosts.ledger import Claim
+
+    ledger = this_host_ledger("localhost")
+    totals = this_host_totals()
+    ledger.snapshot(totals)  # creates the directory, mode 1777
+    claim = Claim("theirs", "nobody", NOBODY, 0, 1.0, (), totals.cpus, 0)
+    before, after = claim.to_json().split('"pid": 0')
+    text = f"'{before}\"pid\": '$$'{after}'"  # the shell puts its own pid in
+    # nobody writes its claim as minitrain does (a temporary name, locked, then renamed into place) and holds
+    # its flock as the process the claim names (exec keeps the shell's pid: flock holds, its child waits)
+    theirs = _as_nobody(f"cd {ledger.directory} && echo {text} > .tmp-nobody && exec flock .tmp-nobody "
+                        f"sh -c 'mv .tmp-nobody claim-nobody.json && echo ok && exec cat'",
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert theirs.stdout.readline().strip() == "ok"
+
+        def counted():
+            claims = ledger.snapshot(totals).claims
+            return [(c.run, c.uid, c.pid) for c in claims]
+
+        assert counted() == [("theirs", NOBODY, theirs.pid)]
+        with pytest.raises(ResourcesBusyError, match=r"held by run theirs \(nobody, pid"):
+            reserve(LOCAL, Need(1, cpus=totals.cpus), "mine", timeout_s=0)
+        with reserve(LOCAL, Need(1, cpus=0.0, memory_bytes=1), "mine") as mine:
+            own = os.path.join(ledger.directory, mine.claims["localhost"].file)
+            erase = _as_nobody(f"rm -f {own}", stderr=subprocess.PIPE, text=True)
+            _, err = erase.communicate(timeout=30)
+            assert erase.returncode != 0 and "Operation not permitted" in err and os.path.exists(own)
+        theirs.stdin.close()  # nobody's run ends: its lock goes, and its claim with it
+        theirs.wait(30)
+        assert counted() == []
+    finally:
+        theirs.kill()
+        theirs.wait(30)
