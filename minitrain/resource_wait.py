@@ -5,7 +5,7 @@
 
 - a log line says what it waits for and who holds it, when it starts waiting and whenever that
   changes ("waiting for 2 GPUs on gpu1 since 12:03: held by run X (alice, pid 4242, since 11:40): ...");
-- on a terminal the status block shows that line, refreshed at every look; off a terminal it is
+- on a terminal the status block shows that line (one holder a line), refreshed at every look; off a terminal it is
   repeated as a status line every `MonitoringConfig.status_interval_s`;
 - the monitor has it (`RunMonitor.note_waiting`), so the dashboard shows it in place of the start-up.
 """
@@ -45,8 +45,9 @@ class _WaitDisplay:
             self._logged = who
             self._lined = time.monotonic()
             logger.info("run %r is %s", self._run, text)
-        if self._live.mode == "block":
-            self._live.show([f"minitrain: {self._run} | {text}"])
+        if self._live.mode == "block":  # one holder a line: the block cuts lines at the terminal's width
+            what, _, who = text.partition(": held by ")
+            self._live.show([f"minitrain: {self._run} | {what}"] + [f"  held by {h}" for h in who.split("; ") if h])
         elif time.monotonic() - self._lined >= self._every_s:
             self._lined = time.monotonic()
             self._live.line(f"minitrain: {self._run} | {text}")
