@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
@@ -38,6 +39,7 @@ from minitrain.hosts.ledger import Claim, HeldClaim, Snapshot
 POLL_S = 0.1
 REMOTE_POLL_S = 0.5
 TOTALS_EVERY_S = 2.0
+_MAX_PARALLEL = 32
 
 
 class ResourcesBusyError(LaunchError):
@@ -105,14 +107,24 @@ class Reservation:
 
 
 def _open(cluster: ClusterConfig, pythonpath: tuple[str, ...]) -> list[Host]:
-    hosts: list[Host] = []
-    try:
-        for spec in cluster.hosts:
-            hosts.append(LocalHost(spec) if spec.local else RemoteHost(spec, cluster, pythonpath))
-    except BaseException:
+    """Every host's ledger, in the cluster's order; the remote holders are started in parallel (each is an
+    ssh connection and a Python start-up). When one fails, the others are closed and its error raised."""
+    def start(spec: HostSpec) -> Host:
+        return LocalHost(spec) if spec.local else RemoteHost(spec, cluster, pythonpath)
+
+    with ThreadPoolExecutor(max_workers=min(_MAX_PARALLEL, len(cluster.hosts)),
+                            thread_name_prefix="minitrain-ledger-open") as pool:
+        futures = [pool.submit(start, spec) for spec in cluster.hosts]
+    hosts, error = [], None
+    for future in futures:
+        try:
+            hosts.append(future.result())
+        except BaseException as exc:  # noqa: BLE001 - raised below, once every holder is closed
+            error = error or exc
+    if error is not None:
         for host in hosts:
             host.close()
-        raise
+        raise error
     return hosts
 
 
