@@ -64,6 +64,12 @@ class LedgerError(LaunchError):
     it and the fix."""
 
 
+def _printable(text: str) -> str:
+    """`text` with every non-printable character (terminal escapes, newlines) as '?': another user's claim
+    is shown on this user's terminal."""
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def _user_name(uid: int) -> str:
     try:
         return pwd.getpwuid(uid).pw_name
@@ -112,8 +118,8 @@ class Claim:
                 raise ValueError(f"{name} is {value!r}, not a number >= 0")
         if not isinstance(data.get("run"), str) or not isinstance(data.get("user"), str):
             raise ValueError("run and user must be strings")
-        return cls(data["run"][:200], data["user"][:64], ints["uid"], ints["pid"], float(numbers["since"]),
-                   tuple(gpus), float(numbers["cpus"]), ints["memory_bytes"], file)
+        return cls(_printable(data["run"][:200]), _printable(data["user"][:64]), ints["uid"], ints["pid"],
+                   float(numbers["since"]), tuple(gpus), float(numbers["cpus"]), ints["memory_bytes"], file)
 
     def holds(self) -> str:
         """'2 GPUs (0,1), 4 CPUs, 8.0 GiB'."""
@@ -219,15 +225,15 @@ class Ledger:
         """The ledger directory's descriptor: created mode 1777 when missing; a link, a non-directory,
         or a directory other users cannot claim in (and that this user cannot repair) is refused."""
         path = self.directory
+        created = False
         try:
-            os.mkdir(path, 0o700)
+            os.mkdir(path, 0o700)  # made shared (1777) below, through its descriptor: the umask would cut it
+            created = True
         except FileExistsError:
             pass
         except OSError as exc:
             raise LedgerError(f"cannot create the resource ledger {path}: {exc.strerror}. Set "
                               f"MINITRAIN_LEDGER_DIR to a directory every user of this host can write.") from None
-        else:
-            os.chmod(path, 0o1777)  # after mkdir: the umask would have cut the mode
         try:
             fd = os.open(path, _DIR_FLAGS)
         except OSError as exc:
@@ -241,8 +247,9 @@ class Ledger:
         if st.st_mode & 0o1777 != 0o1777:
             if st.st_uid == os.geteuid():
                 os.fchmod(fd, 0o1777)
-                log.info("the resource ledger %s had mode %o; made it 1777 so every user's runs can claim there",
-                         path, st.st_mode & 0o7777)
+                if not created:
+                        log.info("the resource ledger %s had mode %o; made it 1777 so every user's runs can claim "
+                             "there", path, st.st_mode & 0o7777)
             else:
                 os.close(fd)
                 raise LedgerError(
@@ -257,7 +264,12 @@ class Ledger:
         try:
             fd = os.open(LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=dir_fd)
         except PermissionError:  # another user's lock file: flock needs only read access
-            fd = os.open(LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            try:
+                fd = os.open(LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+            except PermissionError:
+                raise LedgerError(f"{os.path.join(self.directory, LOCK_NAME)} is not readable by this user: no "
+                                  f"run can take the ledger's lock. Its owner should run `chmod 644` on it (or "
+                                  f"remove it; the next run makes a new one).") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise LedgerError(f"{os.path.join(self.directory, LOCK_NAME)} is a symbolic link: refused. "

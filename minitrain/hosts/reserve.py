@@ -181,7 +181,7 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
             claims = _try_claim(hosts, counts, need, run) if counts is not None else None
             if claims is not None:
                 return _reservation(cluster, hosts, snapshots, counts, claims, clock() - started)
-            text = waiting_text(need, [s for s in snapshots], since)
+            text = waiting_text(need, snapshots, since)
             waited = clock() - started
             if timeout_s is not None and waited >= timeout_s:
                 raise ResourcesBusyError(f"run {run!r} gave up after {waited:.0f} s (MINITRAIN_RESOURCE_WAIT_S="
@@ -217,7 +217,6 @@ def _reservation(cluster: ClusterConfig, hosts: list[Host], snapshots: list[Snap
     restricted = dataclasses.replace(cluster, hosts=tuple(kept))
     return Reservation(restricted, agent_env, claims, waited_s,
                        [h for h in hosts if h.spec.name in claims])
-
 
 
 def ledger_report(cluster: ClusterConfig, pythonpath: tuple[str, ...] = ()) -> str:

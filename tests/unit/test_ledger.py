@@ -336,3 +336,9 @@ def test_reserved_gpus_reach_the_agents_as_the_host_names_them(local_ledger, mon
         assert two.agent_env["localhost"]["CUDA_VISIBLE_DEVICES"] == "0,2"
         with pytest.raises(ResourcesBusyError, match=r"GPU 1 busy with pid 9 outside minitrain \(taken\)"):
             reserve(LOCAL, Need(1, gpus=1.0), "three", timeout_s=0)
+
+
+def test_another_users_names_reach_the_terminal_without_control_characters():
+    claim = Claim.from_json(_content(run="evil\x1b[2J\nrun", user="bob\r"))
+    assert claim.run == "evil?[2J?run" and claim.user == "bob?"
+
