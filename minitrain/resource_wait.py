@@ -40,13 +40,12 @@ class _WaitDisplay:
     def __call__(self, text: str) -> None:
         self.waited = True
         self._monitor.note_waiting(text)
-        who = text.split(": ", 1)[-1]  # the holders: a new line only when they change
+        what, _, who = text.partition(": held by ")  # the holders: a new log line only when they change
         if who != self._logged:
             self._logged = who
             self._lined = time.monotonic()
             logger.info("run %r is %s", self._run, text)
         if self._live.mode == "block":  # one holder a line: the block cuts lines at the terminal's width
-            what, _, who = text.partition(": held by ")
             self._live.show([f"minitrain: {self._run} | {what}"] + [f"  held by {h}" for h in who.split("; ") if h])
         elif time.monotonic() - self._lined >= self._every_s:
             self._lined = time.monotonic()

@@ -106,7 +106,11 @@ class RemoteHost:
         self._tail: list[str] = []
         threading.Thread(target=self._read, daemon=True, name=f"minitrain-hold-{host.name}").start()
         threading.Thread(target=self._read_stderr, daemon=True, name=f"minitrain-hold-{host.name}-err").start()
-        self._answer("ready")
+        try:
+            self._answer("ready")
+        except BaseException:  # ssh could not start it there: reap what was started
+            self.close()
+            raise
 
     def _read(self) -> None:
         for raw in iter(self._process.stdout.readline, b""):

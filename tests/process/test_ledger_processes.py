@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from minitrain.errors import LaunchError
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need
@@ -175,3 +176,13 @@ def _two_users_share_the_ledger() -> None:
     finally:
         theirs.kill()
         theirs.wait(30)
+
+
+def test_a_host_whose_ledger_cannot_be_reached_says_why(ledger_env):
+    from minitrain.hosts.reserve import ledger_report
+
+    report = ledger_report(ClusterConfig(hosts=(HostSpec("host.invalid"),)))
+    assert report.startswith("host.invalid: cannot read its ledger: the resource ledger of host host.invalid did "
+                             "not answer (it ended: ")
+    with pytest.raises(LaunchError, match="host.invalid did not answer"):
+        reserve(ClusterConfig(hosts=(HostSpec("host.invalid"),)), Need(1, gpus=1.0), "r")
