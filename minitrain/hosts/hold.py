@@ -105,7 +105,8 @@ class RemoteHost:
         self._lines: queue.Queue = queue.Queue()
         self._tail: list[str] = []
         threading.Thread(target=self._read, daemon=True, name=f"minitrain-hold-{host.name}").start()
-        threading.Thread(target=self._read_stderr, daemon=True, name=f"minitrain-hold-{host.name}-err").start()
+        self._stderr = threading.Thread(target=self._read_stderr, daemon=True, name=f"minitrain-hold-{host.name}-err")
+        self._stderr.start()
         try:
             self._answer("ready")
         except BaseException:  # ssh could not start it there: reap what was started
@@ -128,6 +129,8 @@ class RemoteHost:
             raw = None
         message = json.loads(raw) if raw else {}
         if key not in message:
+            if not raw:  # it ended: its last words on stderr say why (ssh's, or a traceback's)
+                self._stderr.join(timeout=2.0)
             why = message.get("error") or "it ended" + (": " + " / ".join(self._tail) if self._tail else "")
             raise LaunchError(f"the resource ledger of host {self.spec.name} did not answer ({why})")
         return message[key]
