@@ -138,6 +138,14 @@ def _wait_seconds(text: str) -> Optional[float]:
     return value
 
 
+def _ledger_dir(text: str) -> Optional[str]:
+    if text.lower() == "off":
+        return None
+    if not text.startswith("/"):
+        raise ValueError("must be an absolute path (every run on the host must find the same directory), or off")
+    return text
+
+
 def _foreign_gpus(text: str) -> str:
     value = text.lower()
     if value not in ("report", "taken"):
@@ -197,10 +205,11 @@ TUNE_PARENT: Knob[Optional[int]] = Knob(
     "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",
     internal=True)
 
-LEDGER_DIR: Knob[str] = Knob(
-    "MINITRAIN_LEDGER_DIR", "/var/tmp/minitrain-ledger", _text,
+LEDGER_DIR: Knob[Optional[str]] = Knob(
+    "MINITRAIN_LEDGER_DIR", "/var/tmp/minitrain-ledger", _ledger_dir,
     "The directory of this host's resource ledger, where every run claims the GPUs (and named CPUs and "
-    "memory) it holds (minitrain.hosts.ledger); made mode 1777 when missing.")
+    "memory) it holds (minitrain.hosts.ledger); made mode 1777 when missing. off: runs started here claim "
+    "nothing and never wait (under a scheduler such as Slurm, which gives each job its own GPUs).")
 RESOURCE_WAIT_S: Knob[Optional[float]] = Knob(
     "MINITRAIN_RESOURCE_WAIT_S", None, _wait_seconds,
     "Seconds a run waits for the GPUs/CPUs/memory other runs hold on its hosts: unset (or forever) waits "

@@ -27,7 +27,7 @@ from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need
 from minitrain.hosts.gpus import Gpu, host_gpus
-from minitrain.hosts.ledger import Claim, HeldClaim, Ledger, Snapshot, Totals
+from minitrain.hosts.ledger import Claim, HeldClaim, Ledger, LedgerError, Snapshot, Totals
 from minitrain.hosts.ssh import remote_python_command, ssh_argv
 
 _ANSWER_TIMEOUT_S = 60.0
@@ -39,8 +39,12 @@ def this_host_totals() -> Totals:
 
 
 def this_host_ledger(name: str) -> Ledger:
-    """This host's ledger, where and as the knobs say."""
-    return Ledger(knobs.LEDGER_DIR.get(), host=name, foreign_taken=knobs.LEDGER_FOREIGN_GPUS.get() == "taken")
+    """This host's ledger, where and as the knobs say; LedgerError when MINITRAIN_LEDGER_DIR=off here."""
+    directory = knobs.LEDGER_DIR.get()
+    if directory is None:
+        raise LedgerError(f"host {name} has MINITRAIN_LEDGER_DIR=off: it keeps no resource ledger. Set it off in "
+                          f"the driver too (no run then claims), or unset it on that host.")
+    return Ledger(directory, host=name, foreign_taken=knobs.LEDGER_FOREIGN_GPUS.get() == "taken")
 
 
 def snapshot_to_dict(snapshot: Snapshot) -> dict:
@@ -57,13 +61,17 @@ def snapshot_from_dict(data: dict) -> Snapshot:
 
 def serve(name: str, stdin=sys.stdin, stdout=sys.stdout) -> int:
     """Answer requests until stdin ends; release the claim then. See the module doc."""
-    ledger = this_host_ledger(name)
     held: Optional[HeldClaim] = None
 
     def answer(message: dict) -> None:
         stdout.write(json.dumps(message) + "\n")
         stdout.flush()
 
+    try:
+        ledger = this_host_ledger(name)
+    except LedgerError as exc:  # said to the driver, which raises it there
+        answer({"error": str(exc)})
+        return 1
     try:
         answer({"ready": True})
         for line in stdin:

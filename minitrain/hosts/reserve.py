@@ -1,7 +1,8 @@
 """A run's hold on its hosts' ledgers: claim what it needs, or wait until it can (L1, the driver's side).
 
 `reserve` is called by `fit()` before any agent starts. For a run that claims nothing (CPU workers
-that name no CPUs or memory) it returns at once and touches no ledger. Otherwise:
+that name no CPUs or memory), or with ``MINITRAIN_LEDGER_DIR=off`` in the driver, it returns at once
+and touches no ledger. Otherwise:
 
 1. each host's ledger is opened: this machine's in this process (the driver holds the claim), a
    remote host's through a holder started over SSH (`minitrain.hosts.hold`);
@@ -29,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
+from minitrain import knobs
 from minitrain.errors import ConfigError, LaunchError
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need, host_table, plan, room, waiting_text
@@ -165,7 +167,7 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
             on_wait: Callable[[str], None] = lambda text: None, pythonpath: tuple[str, ...] = (),
             poll_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic) -> Reservation:
     """Claim `need` on `cluster`'s hosts for run `run`, waiting as the module doc says."""
-    if not need.claims:
+    if not need.claims or knobs.LEDGER_DIR.get() is None:  # MINITRAIN_LEDGER_DIR=off: a scheduler decides
         return Reservation(cluster)
     hosts = _open(cluster, pythonpath)
     try:

@@ -342,3 +342,12 @@ def test_another_users_names_reach_the_terminal_without_control_characters():
     claim = Claim.from_json(_content(run="evil\x1b[2J\nrun", user="bob\r"))
     assert claim.run == "evil?[2J?run" and claim.user == "bob?"
 
+
+
+def test_with_the_ledger_off_a_run_claims_nothing(local_ledger, monkeypatch):
+    monkeypatch.setenv("MINITRAIN_LEDGER_DIR", "off")
+    reservation = reserve(LOCAL, _whole_host(), "r", timeout_s=0)
+    assert reservation.cluster is LOCAL and reservation.claims == {} and not os.path.exists(local_ledger)
+    monkeypatch.setenv("MINITRAIN_LEDGER_DIR", "relative/dir")
+    with pytest.raises(ConfigError, match="MINITRAIN_LEDGER_DIR='relative/dir': must be an absolute path"):
+        reserve(LOCAL, _whole_host(), "r")
