@@ -351,3 +351,28 @@ def test_with_the_ledger_off_a_run_claims_nothing(local_ledger, monkeypatch):
     monkeypatch.setenv("MINITRAIN_LEDGER_DIR", "relative/dir")
     with pytest.raises(ConfigError, match="MINITRAIN_LEDGER_DIR='relative/dir': must be an absolute path"):
         reserve(LOCAL, _whole_host(), "r")
+
+
+def test_the_remote_holder_answers_one_line_per_request_and_releases_at_the_end(local_ledger, monkeypatch):
+    """minitrain.hosts.hold.serve, as the driver speaks to it over ssh (here over in-memory streams)."""
+    import io
+
+    from minitrain.hosts.hold import serve, snapshot_from_dict
+
+    need = {"workers": 1, "gpus": 0.0, "cpus": 1.0, "memory_bytes": 0, "strategy": "PACK"}
+    requests = [{"op": "snapshot"}, {"op": "claim", "workers": 1, "need": need, "run": "remote-run"},
+                {"op": "snapshot"}, {"op": "bogus"}]
+    out = io.StringIO()
+    assert serve("gpu9", io.StringIO("".join(json.dumps(r) + "\n" for r in requests)), out) == 0
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert answers[0] == {"ready": True}
+    assert snapshot_from_dict(answers[1]["snapshot"]).claims == ()
+    assert answers[2]["claim"]["run"] == "remote-run" and answers[2]["claim"]["cpus"] == 1.0
+    (claim,) = snapshot_from_dict(answers[3]["snapshot"]).claims
+    assert claim.run == "remote-run" and snapshot_from_dict(answers[3]["snapshot"]).host == "gpu9"
+    assert answers[4] == {"error": "unknown request 'bogus'"}
+    assert os.listdir(local_ledger) == [ledger_mod.LOCK_NAME]  # stdin ended: the claim went with it
+    monkeypatch.setenv("MINITRAIN_LEDGER_DIR", "off")
+    out = io.StringIO()
+    assert serve("gpu9", io.StringIO(""), out) == 1
+    assert "host gpu9 has MINITRAIN_LEDGER_DIR=off" in json.loads(out.getvalue())["error"]
