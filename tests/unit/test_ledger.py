@@ -376,3 +376,16 @@ def test_the_remote_holder_answers_one_line_per_request_and_releases_at_the_end(
     out = io.StringIO()
     assert serve("gpu9", io.StringIO(""), out) == 1
     assert "host gpu9 has MINITRAIN_LEDGER_DIR=off" in json.loads(out.getvalue())["error"]
+
+
+def test_an_agent_is_started_with_its_hosts_claimed_gpus():
+    import shlex
+
+    from minitrain.hosts.launcher import ClusterLauncher
+
+    cluster = ClusterConfig(hosts=(HostSpec("gpu1", 2), HostSpec("localhost", 1)))
+    env = {"gpu1": {"CUDA_VISIBLE_DEVICES": "4,5", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+    argv = ClusterLauncher(cluster, agent_env=env)._argv(cluster.hosts[0], "10.0.0.1:5000", "run")
+    remote = shlex.split(argv[-1])
+    assert "CUDA_VISIBLE_DEVICES=4,5" in remote and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in remote
+    assert remote.index("CUDA_VISIBLE_DEVICES=4,5") < remote.index("minitrain.agent")
