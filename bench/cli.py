@@ -17,6 +17,7 @@ Workloads (each module's docstring says exactly what it measures and how):
   ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
+  ledger      a run waiting for the whole host: holds it after the holder releases, and after it is SIGKILLed
   scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
 
@@ -40,7 +41,7 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "scale", "multihost")
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "scale", "multihost")
 DEFAULT = tuple(w for w in ORDER if w != "multihost")
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
 KEPT_MAX_BYTES = 16 << 20
@@ -65,14 +66,16 @@ class Sizes:
     async_steps: int
     workers: tuple
     seconds: float
+    ledger_rounds: int
+    ledger_kills: int
 
 
 FULL = Sizes(repeats=5, warmup=True, calls=20000, ddp_steps=1000, restarts=20, early_crashes=5, agent_kills=5,
              agent_stops=5, train_s=5.0, stall_s=60.0, torchrun_runs=3, size_mib=1024, async_steps=40,
-             workers=(64, 256, 1024, 4096), seconds=20.0)
+             workers=(64, 256, 1024, 4096), seconds=20.0, ledger_rounds=100, ledger_kills=10)
 QUICK = Sizes(repeats=1, warmup=False, calls=2000, ddp_steps=50, restarts=1, early_crashes=1, agent_kills=1,
               agent_stops=1, train_s=1.0, stall_s=30.0, torchrun_runs=1, size_mib=16, async_steps=4,
-              workers=(64,), seconds=3.0)
+              workers=(64,), seconds=3.0, ledger_rounds=3, ledger_kills=1)
 
 
 def _sizes(args: argparse.Namespace) -> dict:
@@ -132,6 +135,12 @@ def _run_async(tmp, s, args):
                           max(1, min(s["repeats"], 3)))
 
 
+def _run_ledger(tmp, s, args):
+    from bench.ledger import bench_ledger
+
+    return bench_ledger(tmp, s["ledger_rounds"], s["ledger_kills"])
+
+
 def _run_scale(tmp, s, args):
     from bench.scale.workload import bench_scale
 
@@ -148,7 +157,7 @@ def _run_multihost(tmp, s, args):
 
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
-                                "async": _run_async, "scale": _run_scale, "multihost": _run_multihost}
+                                "async": _run_async, "ledger": _run_ledger, "scale": _run_scale, "multihost": _run_multihost}
 
 
 def _workers(text: str) -> tuple:
@@ -198,6 +207,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, help="checkpoint: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
+    p.add_argument("--ledger-rounds", type=int, help="ledger: hand-overs from a releasing holder (default 100)")
+    p.add_argument("--ledger-kills", type=int, help="ledger: SIGKILLed holders, of each kind (default 10)")
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
     p.add_argument("--seconds", type=float, help="scale: seconds of reporting per count (default 20)")
     p.add_argument("--client-procs", type=int, default=0, help="scale: fake-client processes (default: 1 per "

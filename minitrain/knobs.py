@@ -125,6 +125,35 @@ def _count(what: str) -> Callable[[str], int]:
     return parse
 
 
+def _wait_seconds(text: str) -> Optional[float]:
+    if text.lower() in ("inf", "forever"):
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise ValueError("must be a number of seconds >= 0 (0 fails at once when the hosts are busy), or "
+                         "forever")
+    return value
+
+
+def _ledger_dir(text: str) -> Optional[str]:
+    if text.lower() == "off":
+        return None
+    if not text.startswith("/"):
+        raise ValueError("must be an absolute path (every run on the host must find the same directory), or off")
+    return text
+
+
+def _foreign_gpus(text: str) -> str:
+    value = text.lower()
+    if value not in ("report", "taken"):
+        raise ValueError("use report (a GPU busy with a process outside minitrain is reported) or taken (it is "
+                         "also kept out of placement)")
+    return value
+
+
 def _pid(text: str) -> Optional[int]:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("must be a process id (minitrain sets it for the trial processes of a sweep)")
@@ -180,8 +209,23 @@ TUNE_PARENT: Knob[Optional[int]] = Knob(
     "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",
     internal=True)
 
+LEDGER_DIR: Knob[Optional[str]] = Knob(
+    "MINITRAIN_LEDGER_DIR", "/var/tmp/minitrain-ledger", _ledger_dir,
+    "The directory of this host's resource ledger, where every run claims the GPUs (and named CPUs and "
+    "memory) it holds (minitrain.hosts.ledger); made mode 1777 when missing. off: runs started here claim "
+    "nothing and never wait (under a scheduler such as Slurm, which gives each job its own GPUs).")
+RESOURCE_WAIT_S: Knob[Optional[float]] = Knob(
+    "MINITRAIN_RESOURCE_WAIT_S", None, _wait_seconds,
+    "Seconds a run waits for the GPUs/CPUs/memory other runs hold on its hosts: unset (or forever) waits "
+    "as long as it takes, 0 fails at once (minitrain.hosts.reserve).")
+LEDGER_FOREIGN_GPUS: Knob[str] = Knob(
+    "MINITRAIN_LEDGER_FOREIGN_GPUS", "report", _foreign_gpus,
+    "A GPU busy with a process outside any minitrain claim: report (default: named in the waiting line and "
+    "--status) or taken (also kept out of placement).")
+
 KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
-                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT)
+                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT,
+                                LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS)
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, code_pickle, fit_notes, knobs, run_directory
+from minitrain import __version__, _session, code_pickle, fit_notes, knobs, resource_wait, run_directory
 from minitrain.hosts import hostinfo
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
@@ -208,7 +208,7 @@ class DataParallelTrainer:
         spec = RunSpec(
             run_id=uuid.uuid4().hex,
             num_workers=self.scaling_config.num_workers,
-            node_ids=tuple(host.name for host in cluster.hosts),
+            **_hosts_of(cluster),
             launch=LaunchSettings(
                 experiment_name=self.run_config.name,
                 run_path=storage.url(),
@@ -223,8 +223,6 @@ class DataParallelTrainer:
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
-            node_slots={host.name: host.slots for host in cluster.hosts},
-            local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config
@@ -239,8 +237,13 @@ class DataParallelTrainer:
         self._attempted = True
         try:
             # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.
-            with live_dashboard(self._monitor, dump_stacks=stack_desk.dump), live.owning_log_handlers(logger):
-                outcome = run_coordinator(spec, ClusterLauncher(cluster, pythonpath=_driver_pythonpath()), log_sink,
+            with live_dashboard(self._monitor, dump_stacks=stack_desk.dump), live.owning_log_handlers(logger), \
+                    resource_wait.holding(cluster, self.scaling_config, self.run_config.name, live, self._monitor,
+                                          _driver_pythonpath(), monitoring.status_interval_s) as held:
+                # Waited for (or claimed at once) in the hosts' ledgers: the run gets only what it holds.
+                spec = dataclasses.replace(spec, **_hosts_of(held.cluster))
+                launcher = ClusterLauncher(held.cluster, pythonpath=_driver_pythonpath(), agent_env=held.agent_env)
+                outcome = run_coordinator(spec, launcher, log_sink,
                                           checkpoints, metrics_log,
                                           observers=[*self._run_observers(spec, storage), stack_desk])
         except LaunchError as exc:
@@ -535,6 +538,13 @@ def _worker_env(run_config: RunConfig, cluster: ClusterConfig) -> dict[str, str]
     env.update({name: os.environ[name] for name in cluster.env_vars_to_forward if name in os.environ})
     env.update(run_config.worker_runtime_env.get("env_vars", {}))
     return env
+
+
+def _hosts_of(cluster: ClusterConfig) -> dict:
+    """The RunSpec fields that name the run's hosts."""
+    return dict(node_ids=tuple(host.name for host in cluster.hosts),
+                node_slots={host.name: host.slots for host in cluster.hosts},
+                local_node_ids=frozenset(host.name for host in cluster.hosts if host.local))
 
 
 def _preflight(cluster: ClusterConfig, storage: Storage) -> None:

@@ -390,10 +390,17 @@ class NetnsCluster:
                  "PermitRootLogin prohibit-password", "PubkeyAuthentication yes", "PasswordAuthentication no",
                  "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no", "UseDNS no",
                  "PrintMotd no", "PrintLastLog no", "X11Forwarding no", "MaxStartups 200", "MaxSessions 200",
-                 "Subsystem sftp internal-sftp"]  # no AcceptEnv: the client's environment stays out
+                 "Subsystem sftp internal-sftp",  # no AcceptEnv: the client's environment stays out
+                 # The hosts share this machine's filesystem: each gets a resource ledger of its own, as a
+                 # separate machine has (minitrain.hosts.ledger), so a run's claims on h0 are not h1's.
+                 f"SetEnv MINITRAIN_LEDGER_DIR={self.ledger_dir(host)}"]
         if penalties:  # OpenSSH >= 9.8 would block a source after repeated probes/cut connections
             lines.append("PerSourcePenalties no")
         return "".join(line + "\n" for line in lines)
+
+    def ledger_dir(self, host) -> str:
+        """The resource ledger directory of `host` (its sessions get it as MINITRAIN_LEDGER_DIR)."""
+        return str(self.workdir / f"ledger-h{self.host(host).index}")  # under workdir: goes with it
 
     def _start_sshd(self, host: ClusterHost) -> None:
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory

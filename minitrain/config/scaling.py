@@ -37,10 +37,10 @@ def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
                               f"Use {canonical!r}.")
         kept_amount = _number(amount, owner, f"{name}[{key!r}]", at_least=0,
                               fix="Use an amount >= 0 (fractions are allowed; 0 drops the resource).")
-        if kept_amount and key not in ("CPU", "GPU"):
+        if kept_amount and key not in ("CPU", "GPU", "memory"):
             raise ConfigError(
-                f"{owner}.{name} has {key!r}: {amount!r}, but minitrain reserves only 'CPU' and 'GPU' per "
-                f"worker and does not support {key!r}. Remove {key!r} (or set it to 0); {_HOSTS_FIX}: "
+                f"{owner}.{name} has {key!r}: {amount!r}, but minitrain reserves only 'CPU', 'GPU' and 'memory' "
+                f"per worker and does not support {key!r}. Remove {key!r} (or set it to 0); {_HOSTS_FIX}: "
                 f"list only hosts that have enough {key!r}.")
         if kept_amount:
             kept[key] = kept_amount
@@ -62,12 +62,14 @@ class ScalingConfig:
 
     `num_workers=0` runs the training function in the driver process (local mode). With
     `resources_per_worker=None` each worker takes 1 CPU, or 1 GPU and no CPU when `use_gpu=True`.
-    `resources_per_worker` holds 'CPU' and 'GPU' amounts only; zero amounts are dropped; the stored
+    `resources_per_worker` holds 'CPU', 'GPU' and 'memory' (bytes, as Ray) amounts only; zero amounts
+    are dropped; named CPUs and memory are claimed in each host's resource ledger (runs wait for each
+    other: `minitrain.hosts.reserve`), never enforced on the worker processes; the stored
     mapping is read-only and does not contain the implied `GPU: 1` of `use_gpu=True` (see
     `effective_resources_per_worker`). Workers are placed on the hosts the user lists
     (`minitrain.init(hosts=...)` / `ClusterConfig`, or the launcher's `--hosts`), so choose hosts
     there. Raises `ConfigError` for elastic `(min, max)` worker counts, `use_tpu=True`, any other
-    resource name ('memory', 'TPU', custom names), and any `accelerator_type`, `label_selector` or
+    resource name ('TPU', custom names), and any `accelerator_type`, `label_selector` or
     `topology` but None (minitrain does not select hosts by accelerator type or labels, and has no
     TPUs); the defaults are accepted, so a Ray script that leaves them unset ports unchanged.
     """
@@ -159,8 +161,8 @@ class ScalingConfig:
 
     @property
     def additional_resources_per_worker(self) -> dict[str, float]:
-        """Per-worker resources other than CPU and GPU, as a new dict: always empty, because
-        `resources_per_worker` accepts only 'CPU' and 'GPU' (kept for Ray compatibility)."""
+        """Per-worker resources other than CPU and GPU, as a new dict: 'memory' when named (the only
+        other resource `resources_per_worker` accepts)."""
         return {k: v for k, v in self.effective_resources_per_worker.items() if k not in ("CPU", "GPU")}
 
     @property

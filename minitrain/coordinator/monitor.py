@@ -105,6 +105,7 @@ class RunMonitor(RunObserver):
         self._detector = StragglerDetector(rule or StragglerRule.from_env())
         self._run: dict = {"run_id": "", "name": "", "run_path": "", "started_at": None, "ended_at": None,
                            "attempt": 0, "num_workers": 0}
+        self._waiting: Optional[str] = None  # what the run waits for before it starts (note_waiting)
         self._state = RunState.PENDING  # the controller's, as on_state told it
         self._state_since: Optional[float] = None  # when the run moved to it
         self._state_reason = ""  # why (the controller's words: "starting node agents")
@@ -135,6 +136,12 @@ class RunMonitor(RunObserver):
             self._per_rank = samples_per_rank(run.num_workers)
             entry = dict(self._run)
         self._event("run_started", run.started_at, entry)
+
+    def note_waiting(self, text: Optional[str]) -> None:
+        """What the run waits for before it starts (`minitrain.hosts.reserve`'s line), or None once it got
+        it: `run()["waiting"]`, which the dashboard shows."""
+        with self._lock:
+            self._waiting = text
 
     def on_state(self, previous: RunState, next_state: RunState, reason: str, attempt: int) -> None:
         now = self._clock()
@@ -305,14 +312,14 @@ class RunMonitor(RunObserver):
     # ------------------------------------------------------------------ read side
 
     def run(self) -> dict:
-        """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers",
+        """{"run_id", "name", "run_path", "state", "started_at", "ended_at", "attempt", "num_workers", "waiting",
         "total", "progress", "eta_s", "steps_per_s", "rounds", "state_since", "state_reason"}; state is the controller's run state as
         `run_state.ray_status` words it (PENDING, LAUNCHING, STARTING, RUNNING, RESTARTING, STOPPING,
         FINISHED, ERRORED or ABORTED); steps_per_s as the module doc says, None when not known."""
         now = self._clock()
         with self._lock:
             info = dict(self._run, state=ray_status(self._state), state_since=self._state_since,
-                        state_reason=self._state_reason)
+                        state_reason=self._state_reason, waiting=self._waiting)
             rate = self._steps_per_s(now)
             total = self._total
             progress = eta = None

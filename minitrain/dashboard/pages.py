@@ -111,6 +111,8 @@ def stragglers_html(episodes: list[dict]) -> str:
 
 def startup_html(run: dict, ranks: list[dict]) -> str:
     """Until the first step: what start-up is doing and for how long (`diagnoses.startup_status`)."""
+    if run.get("waiting"):  # before any agent: the run waits for what other runs hold on its hosts
+        return f'<div id="startup" class="notice">{_e(run["waiting"])}</div>'
     status = startup_status(run, ranks, time.time())
     if status is None:
         return '<div id="startup"></div>'

@@ -122,10 +122,14 @@ class ClusterLauncher:
     machine then dials that address too, so that the addresses it reports are reachable from the
     other hosts). `pythonpath` is put first on every agent's PYTHONPATH, so agents and workers import
     the same minitrain and user modules as the driver (the hosts must share them: NFS, containers).
+    `agent_env` (host -> variables) is added to that host's agent's environment: the GPUs the run
+    claimed there (`minitrain.hosts.reserve`), so its workers use those GPUs and no others.
     """
 
-    def __init__(self, cluster: ClusterConfig, pythonpath: tuple[str, ...] = ()):
+    def __init__(self, cluster: ClusterConfig, pythonpath: tuple[str, ...] = (),
+                 agent_env: Optional[dict[str, dict[str, str]]] = None):
         self._cluster = cluster
+        self._agent_env = agent_env or {}  # host -> what its agent's environment adds (its claimed GPUs)
         self._hosts = {host.name: host for host in cluster.hosts}
         self._pythonpath = pythonpath
         self._routes: dict[str, str] = {}
@@ -159,7 +163,8 @@ class ClusterLauncher:
             return [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
                     "--node-id", host.name, "--run-id", run_id]
         command = remote_agent_command(python, coordinator_address, host.name, run_id,
-                                       self._cluster.resolved_workdir(), self._pythonpath)
+                                       self._cluster.resolved_workdir(), self._pythonpath,
+                                       self._agent_env.get(host.name, {}))
         return ssh_argv(host, self._cluster.ssh, command)
 
     def start(self, node_ids: list[str], address_for, token: str, run_id: str,
@@ -173,7 +178,7 @@ class ClusterLauncher:
 
         def start_agent(node_id: str) -> AgentProcess:
             argv = self._argv(self._hosts[node_id], address_for(node_id), run_id)
-            process = procs.spawn(argv, env=env, stdout=subprocess.DEVNULL)
+            process = procs.spawn(argv, env={**env, **self._agent_env.get(node_id, {})}, stdout=subprocess.DEVNULL)
             process.stdin.write(token.encode() + b"\n" + tls_cert)
             process.stdin.close()
             agent = AgentProcess(node_id, process)

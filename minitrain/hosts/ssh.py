@@ -100,7 +100,7 @@ def _pythonpath_env(pythonpath: Sequence[str]) -> dict[str, str]:
 
 
 def remote_agent_command(python: str, coordinator_address: str, node_id: str, run_id: str, workdir: str,
-                         pythonpath: Sequence[str] = ()) -> str:
+                         pythonpath: Sequence[str] = (), extra_env: Mapping[str, str] = {}) -> str:
     """The remote shell line that starts a node agent: a ready string for `ssh_argv`. Pure.
 
     ``cd WORKDIR && exec env PYTHONUNBUFFERED=1 [PYTHONPATH=P1:P2] PYTHON -m minitrain.agent
@@ -108,11 +108,18 @@ def remote_agent_command(python: str, coordinator_address: str, node_id: str, ru
     those words back. ``exec`` makes the agent the ssh session's process: when the session ends, the
     agent is the one that sees it. PYTHONPATH, when given, replaces the host's own. The run token is
     not here: write it as the first line of the ssh process's stdin, the run's certificate after it.
+    `extra_env` (no secrets: it is on the command line) is added: the GPUs the run claimed there.
     """
-    env = {"PYTHONUNBUFFERED": "1", **_pythonpath_env(pythonpath)}
+    env = {"PYTHONUNBUFFERED": "1", **_pythonpath_env(pythonpath), **extra_env}
     argv = [python, "-m", "minitrain.agent", "--coordinator", coordinator_address, "--node-id", node_id,
             "--run-id", run_id]
     return _shell_line(workdir, env, argv)
+
+
+def remote_python_command(python: str, workdir: str, pythonpath: Sequence[str], args: Sequence[str]) -> str:
+    """The remote shell line that runs ``PYTHON ARGS...`` in `workdir` with the agents' PYTHONPATH, as
+    the session's process (``exec``): for the resource ledger's holder (`minitrain.hosts.hold`). Pure."""
+    return _shell_line(workdir, {"PYTHONUNBUFFERED": "1", **_pythonpath_env(pythonpath)}, [python, *args])
 
 
 # ---------------------------------------------------------------------------------- pre-flight

@@ -2,6 +2,7 @@
 
     python -m minitrain.launch --num-workers 2 examples/quickstart.py:train_func --config '{"epochs": 3}'
     python -m minitrain.launch examples/quickstart.py --epochs 3
+    python -m minitrain.launch --status          # what each host's resource ledger holds now
 
 With `FILE.py:FUNCTION`, the function is trained by a `TorchTrainer` built from the options. With a
 plain `FILE.py`, the script runs as `__main__` (it builds its own trainer) with the remaining
@@ -37,8 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m minitrain.launch",
         description="Train a function (FILE.py:FUNCTION) or run a script (FILE.py) under minitrain.",
     )
-    parser.add_argument("target", help="FILE.py:FUNCTION to train, or FILE.py to run as __main__ "
+    parser.add_argument("target", nargs="?", help="FILE.py:FUNCTION to train, or FILE.py to run as __main__ "
                         "(every argument after FILE.py goes to the script)")
+    parser.add_argument("--status", action="store_true",
+                        help="list what each host's resource ledger holds now (the hosts of --hosts/--hostfile, "
+                        "else MINITRAIN_HOSTS, else this machine) and exit")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error found before training starts")
     group = parser.add_argument_group("trainer options (FILE.py:FUNCTION only)")
@@ -148,6 +152,19 @@ def _train_function(options: argparse.Namespace, path: str, function_name: str) 
     return 0
 
 
+def _status(options: argparse.Namespace) -> int:
+    """--status: what each host's resource ledger holds now (minitrain.hosts.reserve.ledger_report)."""
+    import minitrain
+    from minitrain.hosts.cluster import current_cluster
+    from minitrain.hosts.reserve import ledger_report
+
+    _init_cluster(options)
+    # A remote host imports this minitrain, as the agents do (the hosts share the install).
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(minitrain.__file__)))
+    print(ledger_report(current_cluster(), (package_root,)))
+    return 0
+
+
 def _run_script(path: str, script_args: list[str]) -> int:
     if not os.path.isfile(path):
         raise SystemExit(f"minitrain.launch: no such file: {path}")
@@ -184,8 +201,10 @@ def _main(argv: list[str]) -> int:
     before, target, after = split_target(argv)
     parser = build_parser()
     if target is None:
-        parser.parse_args(before)  # prints the usage error for the missing target
-        return 2
+        options = parser.parse_args(before)
+        if not options.status:
+            parser.error("the following arguments are required: target")
+        return _status(options)
     path, colon, function_name = target.rpartition(":")
     if not colon or not function_name.isidentifier():
         options = parser.parse_args([*before, target])  # options before a script are still checked

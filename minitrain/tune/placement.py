@@ -1,4 +1,8 @@
-"""Where each trial runs: a ledger of the hosts' free slots, CPUs and GPUs (L3, pure).
+"""Where each trial runs: the sweep's own count of the hosts' free slots, CPUs and GPUs (L3, pure).
+
+This counts the sweep's trials only. What every run on a host holds, other users' and other sweeps'
+included, is the host's resource ledger (`minitrain.hosts.ledger`), which each trial's `fit()` claims in
+(and waits on) like any run.
 
 The tuner places a trial on concrete hosts before starting it, reserves what it takes until the trial
 ends, and hands the trial process only those hosts (its `fit()` cannot place ranks elsewhere). Without

@@ -130,6 +130,18 @@ def test_detect_quick(tmp_path):
 
 
 @pytest.mark.e2e
+def test_ledger_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "ledger")
+    figures = workloads["ledger"]["figures"]
+    assert len(figures["after_release_s"]) == cli.QUICK.ledger_rounds
+    assert len(figures["kill_free_s"]) == len(figures["kill_start_s"]) == cli.QUICK.ledger_kills
+    assert all(v > 0 for v in figures["after_release_s"] + figures["kill_free_s"] + figures["kill_start_s"])
+    assert [r["measure"] for r in workloads["ledger"]["rows"]] == [
+        "second run holds the host after the first releases", "SIGKILLed holder: the ledger shows the host free",
+        "SIGKILLed holder: a waiting run holds the host"]
+
+
+@pytest.mark.e2e
 def test_scale_quick(tmp_path):
     workloads, stdout = run_quick(tmp_path, "scale", "--transport", "both")
     runs = workloads["scale"]["figures"]["runs"]

@@ -186,7 +186,7 @@ BAD = [
     (ScalingConfig, {"use_gpu": True, "resources_per_worker": {"GPU": 0}}, ConfigError, "resources_per_worker", 0),
     (ScalingConfig, {"placement_strategy": "pack"}, ConfigError, "placement_strategy", "pack"),
     (ScalingConfig, {"placement_strategy": None}, ConfigError, "placement_strategy", None),
-    (ScalingConfig, {"resources_per_worker": {"memory": 1e9}}, ConfigError, "resources_per_worker", "memory"),
+    (ScalingConfig, {"resources_per_worker": {"memory": -1}}, ConfigError, "resources_per_worker['memory']", -1),
     (ScalingConfig, {"resources_per_worker": {"CPU": 1, "custom": 0.5}}, ConfigError, "resources_per_worker",
      "custom"),
     (ScalingConfig, {"resources_per_worker": {"TPU": 4}}, ConfigError, "resources_per_worker", "TPU"),
@@ -320,6 +320,12 @@ def test_gpu_workers_take_no_cpu_by_default():
     assert (c.num_cpus_per_worker, c.num_gpus_per_worker) == (1.0, 0.0)
 
 
+def test_memory_per_worker_is_kept_for_the_ledger():
+    s = ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1, "memory": 2e9})
+    assert s.additional_resources_per_worker == {"memory": 2e9}
+    assert s.total_resources == {"CPU": 2.0, "memory": 4e9}
+
+
 def test_resources_per_worker_normalisation():
     s = ScalingConfig(num_workers=2, use_gpu=True,
                       resources_per_worker={"CPU": 4, "memory": 0, "custom": 0, "TPU": 0})
@@ -355,7 +361,7 @@ def test_unsupported_ray_fields_accept_their_defaults():
     ({"label_selector": {"zone": "a"}}, r"does not select hosts by label.*minitrain\.init\(hosts="),
     ({"num_workers": 2, "label_selector": [{"a": "1"}, {"a": "2"}]}, r"does not select hosts by label"),
     ({"topology": "2x2"}, r"TPU setting.*CPUs or GPUs"),
-    ({"resources_per_worker": {"memory": 2e9}}, r"only 'CPU' and 'GPU'.*Remove 'memory'.*--hosts"),
+    ({"resources_per_worker": {"HBM": 2e9}}, r"only 'CPU', 'GPU' and 'memory'.*Remove 'HBM'.*--hosts"),
 ])
 def test_unsupported_scaling_fields_raise_with_a_fix(kwargs, fix):
     with pytest.raises(ConfigError, match=fix):

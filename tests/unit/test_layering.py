@@ -71,7 +71,9 @@ BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.
                "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh",
                "minitrain.coordinator.monitor",  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
                # bench ddp times the telemetry bookkeeping of one report() and one sample directly
-               "minitrain.waits", "minitrain.worker.telemetry"}
+               "minitrain.waits", "minitrain.worker.telemetry",
+               # bench ledger times a run's claim on the host's resource ledger directly (issue 29's targets)
+               "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 # House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by
 # the transport modules, which convert between messages and records (minitrain.rpc.convert) and carry
