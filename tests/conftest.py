@@ -7,6 +7,9 @@ are unique so tests never see each other's keys. Skipped when s3fs or moto[serve
 ``_private_key_dir`` (automatic): MINITRAIN_KEY_DIR for the whole session, so no test makes a key in the home
 directory.
 
+``_private_ledger_dir`` (automatic): MINITRAIN_LEDGER_DIR for the whole session, so the runs of the tests
+claim resources in a ledger of their own, never in the host's /var/tmp one (which other users' runs share).
+
 ``relay``: a started agent relay for the modules that test worker streams through it (each module gives
 its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 """
@@ -39,6 +42,23 @@ def _private_key_dir(tmp_path_factory):
         os.environ.pop("MINITRAIN_KEY_DIR", None)
     else:
         os.environ["MINITRAIN_KEY_DIR"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_ledger_dir(tmp_path_factory):
+    """Runs claim what they hold in their host's resource ledger (minitrain.hosts.ledger): the tests' runs
+    use a session temp directory (subprocesses inherit it), so a GPU machine's real ledger is left alone
+    and nothing stays behind. Tests of the ledger itself set their own."""
+    import os
+
+    path = tmp_path_factory.mktemp("minitrain_ledger")
+    before = os.environ.get("MINITRAIN_LEDGER_DIR")
+    os.environ["MINITRAIN_LEDGER_DIR"] = str(path)
+    yield path
+    if before is None:
+        os.environ.pop("MINITRAIN_LEDGER_DIR", None)
+    else:
+        os.environ["MINITRAIN_LEDGER_DIR"] = before
 
 
 @pytest.fixture
