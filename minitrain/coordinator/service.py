@@ -25,7 +25,7 @@ from minitrain.commands import AgentCommand, WorkerCommand
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.observers import GpuSample, TelemetrySample
 from minitrain.lease import Lease
-from minitrain.records import Phase, ReportRecord
+from minitrain.records import Phase, ReportRecord, WorkerFailure
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
@@ -310,15 +310,15 @@ class _WorkerIntake:
             return False
         attempt, rank = message.attempt, message.rank
         kind = message.WhichOneof("body")
-        if kind == "report":
-            report = message.report
-            record = ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
-                                  report.checkpoint_dir_name, report.wants_ack, report.staged,
-                                  report.wants_receipt)
+        if kind == "report" or kind == "report_batch":
+            batch = (message.report,) if kind == "report" else message.report_batch.reports
+            records = [ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
+                                    report.checkpoint_dir_name, report.wants_ack, report.staged,
+                                    report.wants_receipt) for report in batch]
             if reports is None:
-                self._put(ev.ReportsReceived((record,)))
+                self._put(ev.ReportsReceived(tuple(records)))
             else:
-                reports.append(record)
+                reports.extend(records)
             return True
         put = self._put
         _send_reports(put, reports)
@@ -341,6 +341,14 @@ class _WorkerIntake:
         elif kind == "failure":
             failure = convert.failure_from_message(rank, "", 0, message.failure)
             put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
+        elif kind not in ("hello", "heartbeat"):
+            # A message this coordinator cannot read: a worker from another minitrain version. Dropping
+            # it in silence once hung a run whose reports all came in a newer message kind.
+            failure = WorkerFailure(rank=rank, node="", pid=0, phase=Phase.TRAINING, time=time.time(),
+                                    exc_type="ProtocolMismatch", message=f"rank {rank} sent a message this coordinator does not know "
+                                            f"({kind or 'empty'}): the worker runs another minitrain version "
+                                            "than the driver; install the same version on every host")
+            put(ev.WorkerFailed(attempt, failure, b""))
         return True
 
     def closed(self, reports: Optional[list] = None) -> None:

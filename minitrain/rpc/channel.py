@@ -18,7 +18,6 @@ them; their own deadlines (the agent's lease, the worker's assignment wait) stil
 
 from __future__ import annotations
 
-import queue
 from typing import Optional
 
 import grpc
@@ -69,18 +68,6 @@ CLIENT_OPTIONS = (
 
 
 END_OF_STREAM = object()
-
-
-def queued_requests(outbox: "queue.SimpleQueue"):
-    """The request iterator of a client stream: yields what is put into `outbox` until END_OF_STREAM.
-
-    gRPC's own thread pulls from it, so putting a message never waits on the network.
-    """
-    while True:
-        item = outbox.get()
-        if item is END_OF_STREAM:
-            return
-        yield item
 
 
 def client_channel(address: str, cert_pem: Optional[bytes] = None) -> grpc.Channel:

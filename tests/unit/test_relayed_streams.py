@@ -24,10 +24,19 @@ from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc import auth
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
-from minitrain.rpc.channel import END_OF_STREAM, client_channel, queued_requests
+from minitrain.rpc.channel import END_OF_STREAM, client_channel
 
 RUN_ID, TOKEN, NODE = "run-relay", "t" * 43, "node-a"
 DEADLINE_S = 20.0
+
+
+def queued_requests(outbox: "queue.SimpleQueue"):
+    """A client stream's request iterator: what is put into `outbox`, one message each, until END_OF_STREAM."""
+    while True:
+        item = outbox.get()
+        if item is END_OF_STREAM:
+            return
+        yield item
 
 
 class _NullLogs:

@@ -43,8 +43,10 @@ class Upward:
 
     def send_up(self, item: pb.RelayedMessage) -> None:
         with self._cond:
-            if not item.closed and item.message.WhichOneof("body") == "report":
-                self.reports.append(item.message.report)
+            kind = None if item.closed else item.message.WhichOneof("body")
+            if kind in ("report", "report_batch"):  # a batch: consecutive reports of one worker
+                batch = [item.message.report] if kind == "report" else item.message.report_batch.reports
+                self.reports.extend(batch)
                 self.stream = item.stream
             self._cond.notify_all()
 

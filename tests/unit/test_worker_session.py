@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -32,8 +33,8 @@ class FakeClient:
     def report_message(self, round_, metrics_json, dir_name, staged):
         return WorkerClient.report_message(self, round_, metrics_json, dir_name, staged)  # the real message
 
-    def put(self, message):
-        self.sent.append(message)
+    def put(self, report):
+        self.sent.append(SimpleNamespace(report=report.to_message()))  # what the sender would send
 
     def send_phase(self, phase):
         self.phases.append(Phase(phase))

@@ -234,7 +234,7 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry")
+    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry", "report_batch")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -247,6 +247,7 @@ class WorkerMessage(_message.Message):
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     LIST_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
+    REPORT_BATCH_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     attempt: int
     rank: int
@@ -259,7 +260,14 @@ class WorkerMessage(_message.Message):
     heartbeat: Heartbeat
     list_checkpoints: ListCheckpoints
     telemetry: Telemetry
-    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ...) -> None: ...
+    report_batch: ReportBatch
+    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., report_batch: _Optional[_Union[ReportBatch, _Mapping]] = ...) -> None: ...
+
+class ReportBatch(_message.Message):
+    __slots__ = ("reports",)
+    REPORTS_FIELD_NUMBER: _ClassVar[int]
+    reports: _containers.RepeatedCompositeFieldContainer[Report]
+    def __init__(self, reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
 
 class Telemetry(_message.Message):
     __slots__ = ("sampled_at", "reports", "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "cpu_percent", "rss_bytes", "gpus", "total")
