@@ -166,8 +166,32 @@ def bench_train(config: dict) -> None:
                    report_call_mean_us=sum(inside) / len(inside) * 1e6,
                    report_call_p99_us=inside[int(len(inside) * 0.99)] * 1e6,
                    report_window_wait_s=waits.get("window_wait_s"))
+    figures["report_parts_us"] = report_parts_us()
     if minitrain.get_context().get_world_rank() == 0:
         write_json(config["out"], figures)
+
+
+def report_parts_us(calls: int = 20000) -> dict:
+    """What report()'s parts cost on this machine, in us a call (mean of `calls`): the clocks it reads,
+    the metrics' encoding, the telemetry's wait accounting and the queued record. On a VM a clock read
+    or a lock can cost far more than on bare metal; the parts say which."""
+    from minitrain import waits
+    from minitrain.metrics import encode_metrics
+    from minitrain.worker.client import QueuedReport
+
+    recorder = waits._recorder
+    parts = {"time.time": time.time, "time.perf_counter": time.perf_counter,
+             "time.monotonic": time.monotonic,
+             "encode_metrics": lambda: encode_metrics({"step": 1, "loss": 0.5}),
+             "waits.begin+end": lambda: recorder.end(waits.REPORT, recorder.begin(waits.REPORT)),
+             "QueuedReport": lambda: QueuedReport(1, "{}", "", False)}
+    out = {}
+    for name, part in parts.items():
+        started = time.perf_counter()
+        for _ in range(calls):
+            part()
+        out[name] = (time.perf_counter() - started) / calls * 1e6
+    return out
 
 
 def role_torchrun_ddp(spec: dict) -> None:

@@ -15,6 +15,9 @@ def _numpy_scalar(value: Any) -> Any:
 
 
 _CIRCULAR = object()
+# json.dumps(metrics, default=...) builds an encoder per call; report() is a hot path, so one is kept
+# (stateless: safe from any thread). Same output as json.dumps with that default.
+_ENCODER = json.JSONEncoder(default=_numpy_scalar)
 
 
 def _find_unencodable(value: Any, path: str, seen: frozenset = frozenset()) -> tuple[str, Any] | None:
@@ -67,7 +70,7 @@ def encode_metrics(metrics: Any) -> str:
         raise ValueError(f"minitrain.report(metrics) expects a dict of metrics, got "
                          f"{type(metrics).__name__}. Pass e.g. {{'loss': loss.item()}}.")
     try:
-        text = json.dumps(metrics, default=_numpy_scalar)
+        text = _ENCODER.encode(metrics)
     except (TypeError, ValueError):
         pass
     else:
