@@ -125,6 +125,16 @@ def _count(what: str) -> Callable[[str], int]:
     return parse
 
 
+def _slurm(text: str) -> Optional[bool]:
+    value = text.lower()
+    if value == "auto":
+        return None
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError("use auto (the default: Slurm mode inside an allocation), 1 (require an allocation) or 0 "
+                     "(ignore the allocation: run as outside Slurm)")
+
+
 def _pid(text: str) -> Optional[int]:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("must be a process id (minitrain sets it for the trial processes of a sweep)")
@@ -140,6 +150,10 @@ HOSTS: Knob[Optional[str]] = Knob(
 HOSTFILE: Knob[Optional[str]] = Knob(
     "MINITRAIN_HOSTFILE", None, _text,
     "Path of a file naming one host per line, used as MINITRAIN_HOSTS is (minitrain.hosts.cluster).")
+SLURM: Knob[Optional[bool]] = Knob(
+    "MINITRAIN_SLURM", None, _slurm,
+    "Slurm mode: auto (default: inside an allocation, SLURM_JOB_ID set, runs take their hosts from it and "
+    "start agents with srun), 1 (require an allocation) or 0 (ignore it) (minitrain.hosts.cluster).")
 DASHBOARD: Knob[Optional[str]] = Knob(
     "MINITRAIN_DASHBOARD", None, _text,
     "Where fit() and Tuner.fit() serve the live dashboard and /metrics: unset for 127.0.0.1 on a free port, "
@@ -176,7 +190,7 @@ TUNE_PARENT: Knob[Optional[int]] = Knob(
     "The pid of the sweep that started this trial process, which ends with it (minitrain.tune).",
     internal=True)
 
-KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
+KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
                                 STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, TUNE_PARENT)
 
 
