@@ -224,7 +224,7 @@ class DataParallelTrainer:
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
             node_slots={host.name: host.slots for host in cluster.hosts},
-            local_node_ids=frozenset(host.name for host in cluster.hosts if host.local),
+            local_node_ids=cluster.replaced_at_once(),
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config

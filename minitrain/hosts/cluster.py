@@ -238,6 +238,12 @@ class ClusterConfig:
         """True when every host is this machine (no ssh needed)."""
         return all(host.local for host in self.hosts)
 
+    def replaced_at_once(self) -> frozenset:
+        """The hosts whose lost agent is replaced at once, without a remote host's backoff: this machine,
+        and every node of a Slurm allocation (the node is the job's until the job ends: an agent step
+        that died is started again inside the allocation; a node Slurm lost fails its new step at once)."""
+        return frozenset(host.name for host in self.hosts if host.local or self.launcher == "srun")
+
     def resolved_python(self) -> str:
         """The interpreter to run on the hosts: `python`, or the driver's `sys.executable`."""
         return self.python if self.python is not None else sys.executable
