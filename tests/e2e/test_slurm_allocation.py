@@ -102,3 +102,19 @@ def test_a_nodes_step_that_dies_restarts_the_attempt_from_the_last_checkpoint(sl
     firsts = [r["time"] for r in _records(out, "first_step_*.json") if r["pid"] in {s["pid"] for s in resumed}]
     print(f"slurm step killed -> first step of the new attempt: {max(firsts) - killed_at:.2f} s")
     assert slurm_cluster.steps(job) == []
+
+
+def test_the_example_batch_script_trains_as_documented(slurm_cluster, tmp_path):
+    """examples/slurm/train.sbatch as a user submits it from the repository root (its #SBATCH lines:
+    --requeue, --signal, --open-mode=append), with this interpreter and a small run."""
+    log = tmp_path / "job.log"
+    export = ",".join(["ALL", f"PYTHON={sys.executable}", f"PYTHONPATH={ROOT}", "NUM_WORKERS=2", "EPOCHS=2",
+                       f"STORAGE={tmp_path / 'results'}", "MINITRAIN_DASHBOARD=0"])
+    script = (ROOT / "examples" / "slurm" / "train.sbatch").read_text()
+    job = slurm_cluster.sbatch(script, f"--chdir={ROOT}", f"--output={log}", f"--export={export}")
+    record = slurm_cluster.wait_job(job, 180)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", _log(log)
+    assert record["Requeue"] == "1"  # what the script's #SBATCH lines asked for
+    assert f"job {job} on {record['NodeList']}, restart 0" in _log(log)
+    assert "minitrain.launch: finished; metrics: " in _log(log)
+    assert (tmp_path / "results" / f"quickstart-{job}" / INDEX_NAME).exists()
