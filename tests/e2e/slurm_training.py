@@ -83,11 +83,26 @@ def train_with_checkpoints(config):
         time.sleep(config["step_s"])
 
 
+def _record_the_token(out: str) -> None:
+    """Write each run token the coordinator makes to OUT/token, so that the test can look for it on every
+    command line and in every environment of the run (a test's own hook; nothing else sees it)."""
+    from minitrain.coordinator import run as run_module
+
+    made = run_module.new_token
+
+    def new_token():
+        token = made()
+        _write(out, "token", {"token": token})
+        return token
+    run_module.new_token = new_token
+
+
 def main(argv: list[str]) -> int:
     from minitrain import FailureConfig, RunConfig, ScalingConfig
     from minitrain.torch import TorchTrainer
 
     out, results, steps, step_s = argv[0], argv[1], int(argv[2]), float(argv[3])
+    _record_the_token(out)
     result = TorchTrainer(train_with_checkpoints,
                           train_loop_config={"out": out, "steps": steps, "step_s": step_s},
                           scaling_config=ScalingConfig(num_workers=2),

@@ -10,8 +10,10 @@ import os
 import pathlib
 import shlex
 import sys
+import threading
 import time
 
+import psutil
 import pytest
 
 from minitrain.storage.layout import INDEX_NAME
@@ -69,13 +71,54 @@ def test_a_batch_job_trains_ddp_across_both_nodes_with_its_agents_as_steps(slurm
     assert slurm_cluster.steps(job) == []
 
 
+class Watcher:
+    """Reads, every 100 ms while the test runs, the command line and environment of every process that srun,
+    slurmstepd or minitrain started (the driver, srun, the steps' agents and workers), as they live."""
+
+    NAMES = ("srun", "slurmstepd", "minitrain", "slurm_training")
+
+    def __init__(self):
+        self.seen: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def _watch(self):
+        while not self._stop.is_set():
+            for process in psutil.process_iter(["cmdline"]):
+                cmdline = " ".join(process.info["cmdline"] or [])
+                if any(name in cmdline for name in self.NAMES):
+                    try:
+                        environ = open(f"/proc/{process.pid}/environ", "rb").read().decode(errors="replace")
+                    except OSError:
+                        continue
+                    self.seen += [cmdline, environ]
+            time.sleep(0.1)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+
 def test_a_nodes_step_that_dies_restarts_the_attempt_from_the_last_checkpoint(slurm_cluster, tmp_path):
+    """...and the run token is on no command line and in no environment of the run, first agents or
+    relaunched."""
     out, log = tmp_path / "out", tmp_path / "job.log"
     out.mkdir()
     steps = 12
     driver = shlex.join([sys.executable, str(TRAINING), str(out), str(tmp_path / "results"), str(steps), "0.5"])
-    job = slurm_cluster.sbatch(_script(driver), "--nodes=2", f"--output={log}", "--open-mode=append")
+    with Watcher() as watcher:
+        job = slurm_cluster.sbatch(_script(driver), "--nodes=2", f"--output={log}", "--open-mode=append")
+        _lose_the_second_nodes_step(slurm_cluster, job, tmp_path, out, log, steps)
+    token = json.loads((out / "token").read_text())["token"]
+    assert any("minitrain.agent" in text for text in watcher.seen), "the watcher saw no agent: it proves nothing"
+    assert not any(token in text for text in watcher.seen)
 
+
+def _lose_the_second_nodes_step(slurm_cluster, job, tmp_path, out, log, steps):
     # once two checkpoints are committed, cancel the agent's step on the second node (scancel JOB.STEP)
     index = tmp_path / "results" / "lost_step" / INDEX_NAME
     _wait_for(lambda: index.exists() and len(json.loads(index.read_text())["checkpoint_results"]) >= 2, 90,
