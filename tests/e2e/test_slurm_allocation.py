@@ -9,6 +9,7 @@ import json
 import os
 import pathlib
 import shlex
+import subprocess
 import sys
 import threading
 import time
@@ -161,3 +162,22 @@ def test_the_example_batch_script_trains_as_documented(slurm_cluster, tmp_path):
     assert f"job {job} on {record['NodeList']}, restart 0" in _log(log)
     assert "minitrain.launch: finished; metrics: " in _log(log)
     assert (tmp_path / "results" / f"quickstart-{job}" / INDEX_NAME).exists()
+
+
+def test_salloc_runs_the_driver_outside_the_nodes(slurm_cluster, tmp_path):
+    """The salloc recipe: the driver runs where salloc runs (here the root namespace, as on a login node,
+    a host that is none of the nodes), reads the allocation salloc made and starts the agents as steps."""
+    out = tmp_path / "out"
+    out.mkdir()
+    launch = [sys.executable, "-m", "minitrain.launch", "--num-workers", "2", "--name", "salloc",
+              "--storage-path", str(tmp_path / "results"), "--config", json.dumps({"out": str(out), "steps": 2}),
+              f"{TRAINING}:train_ddp"]
+    env = {**slurm_cluster.env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(TRAINING.parent)]),
+           "MINITRAIN_DASHBOARD": "0", "MINITRAIN_STATUS": "lines"}
+    done = subprocess.run(["salloc", "--nodes=2", *launch], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "minitrain.launch: finished; metrics: " in done.stdout
+    ranks = {r["rank"]: r for r in _records(out, "rank_*.json")}
+    assert [ranks[r]["node"] for r in (0, 1)] == slurm_cluster.nodes
+    assert os.readlink("/proc/self/ns/net") not in {r["netns"] for r in ranks.values()}  # not where the driver ran
