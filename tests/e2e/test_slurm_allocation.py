@@ -158,7 +158,7 @@ def test_the_example_batch_script_trains_as_documented(slurm_cluster, tmp_path):
     job = slurm_cluster.sbatch(script, f"--chdir={ROOT}", f"--output={log}", f"--export={export}")
     record = slurm_cluster.wait_job(job, 180)
     assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", _log(log)
-    assert record["Requeue"] == "1"  # what the script's #SBATCH lines asked for
+    assert record["JobName"] == "minitrain-quickstart" and record["TimeLimit"] == "00:30:00"  # its #SBATCH lines
     assert f"job {job} on {record['NodeList']}, restart 0" in _log(log)
     assert "minitrain.launch: finished; metrics: " in _log(log)
     assert (tmp_path / "results" / f"quickstart-{job}" / INDEX_NAME).exists()
