@@ -181,3 +181,20 @@ def test_salloc_runs_the_driver_outside_the_nodes(slurm_cluster, tmp_path):
     ranks = {r["rank"]: r for r in _records(out, "rank_*.json")}
     assert [ranks[r]["node"] for r in (0, 1)] == slurm_cluster.nodes
     assert os.readlink("/proc/self/ns/net") not in {r["netns"] for r in ranks.values()}  # not where the driver ran
+
+
+def test_explicit_hosts_override_the_allocation(slurm_cluster, tmp_path):
+    """MINITRAIN_HOSTS inside an allocation wins: the run uses those hosts (here the batch node alone, as
+    localhost), not the allocation's nodes, and starts no agent step."""
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    out.mkdir()
+    launch = shlex.join([sys.executable, "-m", "minitrain.launch", "--num-workers", "2", "--name", "explicit",
+                         "--storage-path", str(tmp_path / "results"),
+                         "--config", json.dumps({"out": str(out), "steps": 1}), f"{TRAINING}:train_ddp"])
+    job = slurm_cluster.sbatch(_script(f"export MINITRAIN_HOSTS=localhost:2\n{launch}"), "--nodes=2",
+                               f"--output={log}")
+    record = slurm_cluster.wait_job(job, 120)
+    assert record["JobState"] == "COMPLETED", _log(log)
+    ranks = [r for r in _records(out, "rank_*.json")]
+    assert [r["node"] for r in ranks] == [slurm_cluster.nodes[0]] * 2  # both on the batch node
+    assert "minitrain-agent" not in _log(log) and ranks[0]["netns"] == ranks[1]["netns"]

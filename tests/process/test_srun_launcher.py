@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -151,3 +152,23 @@ def test_preflight_without_srun_says_so(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # no srun anywhere
     with pytest.raises(PreflightError, match="srun is not installed here"):
         preflight(CLUSTER, expected_version=minitrain.__version__)
+
+
+# ---------------------------------------------------------------------------------- a bad allocation
+
+
+def test_a_bad_allocation_stops_the_launcher_before_anything_starts(tmp_path):
+    """`python -m minitrain.launch` inside an allocation whose node list does not parse: exit 2, one line
+    naming the variable, its value and the fix; no run directory, no process."""
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MINITRAIN_HOSTS"))},
+           "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "gpu[01-", "SLURM_JOB_CPUS_PER_NODE": "4",
+           "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-m", "minitrain.launch", "--num-workers", "2", "--storage-path",
+                           str(tmp_path / "results"), "examples/quickstart.py:train_func"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "minitrain.launch: SLURM_JOB_NODELIST='gpu[01-': has a '[' that is never closed. Expected a Slurm "
+        "hostlist such as 'gpu[01-04,07],cpu5' (what `scontrol show hostnames` expands); check the variable, "
+        "or name the hosts explicitly with minitrain.init(hosts=...)"]
+    assert not (tmp_path / "results").exists()
