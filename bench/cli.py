@@ -6,6 +6,7 @@
     python -m bench scale --workers 64,256,1024,4096
     python -m bench scale --workers 1024,4096 --transport both   # relayed and direct at each count
     sudo python -m bench --only multihost    # optional: a fake 2-host cluster over SSH
+    sudo python -m bench --only slurm        # optional: a real Slurm of 2 nodes (Debian's packages)
 
 Workloads (each module's docstring says exactly what it measures and how):
   job         trivial 2-worker job, whole-process wall time, vs torchrun --standalone; with `memory`:
@@ -20,6 +21,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   ledger      a run waiting for the whole host: holds it after the holder releases, and after it is SIGKILLed
   scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
+  slurm       (not in the default set: needs root and Slurm) 2 Slurm nodes: sbatch -> first step, one node's
+              agent step cancelled -> first step of the new attempt
 
 Machine load moves every figure: the machine's CPU, cores and load average are printed with them.
 The exit status is 1 when a workload could not be measured (its error is printed), not when a
@@ -41,8 +44,10 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "scale", "multihost")
-DEFAULT = tuple(w for w in ORDER if w != "multihost")
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "scale", "multihost",
+         "slurm")
+OPTIONAL = ("multihost", "slurm")  # need root and system packages: run only when asked
+DEFAULT = tuple(w for w in ORDER if w not in OPTIONAL)
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
 KEPT_MAX_BYTES = 16 << 20
 
@@ -155,9 +160,16 @@ def _run_multihost(tmp, s, args):
     return bench_multihost(tmp, max(1, min(s["repeats"], 3)), s["warmup"], keep_dns=args.keep_dns)
 
 
+def _run_slurm(tmp, s, args):
+    from bench.slurm import bench_slurm
+
+    return bench_slurm(tmp, max(1, min(s["repeats"], 3)))
+
+
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
-                                "async": _run_async, "ledger": _run_ledger, "scale": _run_scale, "multihost": _run_multihost}
+                                "async": _run_async, "ledger": _run_ledger, "scale": _run_scale,
+                                "multihost": _run_multihost, "slurm": _run_slurm}
 
 
 def _workers(text: str) -> tuple:
@@ -189,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition, no warm-up (used by CI)")
     p.add_argument("--only", type=_selection, help=f"comma-separated workloads (default: {','.join(DEFAULT)})")
     p.add_argument("--repeats", type=int, help="repetitions of job, ddp (default 5), checkpoint, async, "
-                                               "multihost (at most 3)")
+                                               "multihost and slurm (at most 3)")
     p.add_argument("--json", metavar="PATH", help="also write every figure, the rows and the table as JSON")
     p.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes (its disk is measured)")
     p.add_argument("--save-logs", metavar="DIR", help="keep every job's outputs and records (and profiles) in DIR")

@@ -154,6 +154,16 @@ def _foreign_gpus(text: str) -> str:
     return value
 
 
+def _slurm(text: str) -> Optional[bool]:
+    value = text.lower()
+    if value == "auto":
+        return None
+    if value in _ON or value in _OFF:
+        return value in _ON
+    raise ValueError("use auto (the default: Slurm mode inside an allocation), 1 (require an allocation) or 0 "
+                     "(ignore the allocation: run as outside Slurm)")
+
+
 def _pid(text: str) -> Optional[int]:
     if not text.isdigit() or int(text) < 1:
         raise ValueError("must be a process id (minitrain sets it for the trial processes of a sweep)")
@@ -169,6 +179,10 @@ HOSTS: Knob[Optional[str]] = Knob(
 HOSTFILE: Knob[Optional[str]] = Knob(
     "MINITRAIN_HOSTFILE", None, _text,
     "Path of a file naming one host per line, used as MINITRAIN_HOSTS is (minitrain.hosts.cluster).")
+SLURM: Knob[Optional[bool]] = Knob(
+    "MINITRAIN_SLURM", None, _slurm,
+    "Slurm mode: auto (default: inside an allocation, SLURM_JOB_ID set, runs take their hosts from it and "
+    "start agents with srun), 1 (require an allocation) or 0 (ignore it) (minitrain.hosts.cluster).")
 DASHBOARD: Knob[Optional[str]] = Knob(
     "MINITRAIN_DASHBOARD", None, _text,
     "Where fit() and Tuner.fit() serve the live dashboard and /metrics: unset for 127.0.0.1 on a free port, "
@@ -223,7 +237,7 @@ LEDGER_FOREIGN_GPUS: Knob[str] = Knob(
     "A GPU busy with a process outside any minitrain claim: report (default: named in the waiting line and "
     "--status) or taken (also kept out of placement).")
 
-KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
+KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
                                 STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT,
                                 LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS)
 

@@ -544,7 +544,7 @@ def _hosts_of(cluster: ClusterConfig) -> dict:
     """The RunSpec fields that name the run's hosts."""
     return dict(node_ids=tuple(host.name for host in cluster.hosts),
                 node_slots={host.name: host.slots for host in cluster.hosts},
-                local_node_ids=frozenset(host.name for host in cluster.hosts if host.local))
+                local_node_ids=cluster.replaced_at_once())
 
 
 def _preflight(cluster: ClusterConfig, storage: Storage) -> None:

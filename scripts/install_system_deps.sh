@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # System packages some tests need: openssh-server for a private sshd per network namespace and iproute2
 # for `ip netns` (the fake multi-host cluster, scripts/netns_cluster.py; the system ssh service is not
-# used), and chromium for the dashboard's browser test (tests/e2e/test_dashboard.py, headless).
+# used), chromium for the dashboard's browser test (tests/e2e/test_dashboard.py, headless), and Debian's
+# Slurm (slurmctld, slurmd, slurm-client) with munge for the real Slurm cluster of the Slurm tests
+# (tests/slurm_cluster.py, which also installs them itself when they are missing).
 # Idempotent: installs only what is missing, and only as root with apt-get; otherwise says why it
 # skipped (those tests then skip themselves with the reason). Never fails CI.
 set -uo pipefail
@@ -9,6 +11,10 @@ missing=""
 [ -x /usr/sbin/sshd ] || missing="$missing openssh-server"
 command -v ip >/dev/null 2>&1 || missing="$missing iproute2"
 command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
+[ -x /usr/sbin/slurmctld ] || missing="$missing slurmctld"
+[ -x /usr/sbin/slurmd ] || missing="$missing slurmd"
+command -v srun >/dev/null 2>&1 || missing="$missing slurm-client"
+[ -x /usr/sbin/munged ] || missing="$missing munge"
 if [ -z "$missing" ]; then
     exit 0
 fi

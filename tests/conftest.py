@@ -123,3 +123,14 @@ def netns_cluster(request, tmp_path):
     from cluster import fixture_body
 
     yield from fixture_body(request, tmp_path)
+
+
+# ---------------------------------------------------------------------------------- a real Slurm cluster
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A running Slurm cluster (tests/slurm_cluster.py): munged, slurmctld and two slurmd, each node a
+    network namespace named by its address. One per session (per xdist worker); installs Debian's Slurm
+    packages when missing, skips with the reason where it cannot run; always torn down."""
+    from slurm_cluster import session_cluster
+
+    yield from session_cluster(tmp_path_factory)

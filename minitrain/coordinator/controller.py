@@ -76,7 +76,9 @@ class RunSpec:
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
     node_slots: Mapping[str, Optional[int]] = field(default_factory=dict)
-    local_node_ids: frozenset = frozenset()  # nodes on this machine: a lost agent there is replaced at once
+    # Nodes whose lost agent is replaced at once, without a remote host's backoff: this machine's, and a
+    # Slurm allocation's (ClusterConfig.replaced_at_once).
+    local_node_ids: frozenset = frozenset()
     agent_start_timeout_s: float = 60.0
 
 

@@ -4,7 +4,9 @@ A cluster is a list of hosts plus the SSH options that reach them. It comes from
 
 1. `init(hosts=...)` or `init(hostfile=...)`, the process-wide cluster (as Ray's `ray.init`);
 2. the environment: ``MINITRAIN_HOSTS`` (a host list) or ``MINITRAIN_HOSTFILE`` (a hostfile path);
-3. the default: this machine alone, ``localhost`` run without ssh.
+3. a Slurm allocation (``SLURM_JOB_ID`` set, unless ``MINITRAIN_SLURM=0``): its nodes and slots
+   (`minitrain.hosts.slurm_env`), with agents started as job steps by ``srun`` instead of ssh;
+4. the default: this machine alone, ``localhost`` run without ssh.
 
 `current_cluster()` returns the first that applies. Two host syntaxes are accepted:
 
@@ -29,11 +31,16 @@ from typing import Optional, Union
 
 from minitrain import knobs
 from minitrain.errors import ConfigError
+from minitrain.hosts import slurm_env
 
 # The names of the environment variables read here (their table is minitrain.knobs); minitrain.tune
 # sets them for its trial processes.
 HOSTS_ENV_VAR = knobs.HOSTS.name
 HOSTFILE_ENV_VAR = knobs.HOSTFILE.name
+SLURM_ENV_VAR = knobs.SLURM.name
+
+# How agents are started on the hosts that are not this machine.
+LAUNCHERS = ("ssh", "srun")
 
 LOCAL_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -185,6 +192,8 @@ class ClusterConfig:
     start (and what they put first on PYTHONPATH); None means the driver's cwd. Both must be absolute
     (or `python` a bare command name): they are quoted, so ``~`` would not be expanded remotely.
     `env_vars_to_forward` names extra driver environment variables whose values workers receive.
+    `launcher` is how agents start on hosts that are not this machine: ``"ssh"``, or ``"srun"`` (a job
+    step per host inside the Slurm allocation `slurm_job_id`, see `minitrain.hosts.srun`).
     """
 
     hosts: tuple[HostSpec, ...]
@@ -192,6 +201,8 @@ class ClusterConfig:
     python: Optional[str] = None
     env_vars_to_forward: tuple[str, ...] = ()
     workdir: Optional[str] = None
+    launcher: str = "ssh"
+    slurm_job_id: Optional[str] = None
 
     def __post_init__(self):
         hosts = tuple(self.hosts) if isinstance(self.hosts, (list, tuple)) else None
@@ -213,11 +224,25 @@ class ClusterConfig:
             raise ConfigError(f"ClusterConfig.env_vars_to_forward must be a tuple of environment variable "
                               f"names, got {names!r}. Write ('WANDB_PROJECT',) for one name.")
         object.__setattr__(self, "env_vars_to_forward", tuple(names))
+        if self.launcher not in LAUNCHERS:
+            raise ConfigError(f"ClusterConfig.launcher must be one of {LAUNCHERS}, got {self.launcher!r}. "
+                              f"'srun' is chosen by itself inside a Slurm allocation.")
+        if (self.launcher == "srun") != (self.slurm_job_id is not None):
+            raise ConfigError(f"ClusterConfig.slurm_job_id must be the allocation's job id exactly when "
+                              f"launcher='srun', got launcher={self.launcher!r}, "
+                              f"slurm_job_id={self.slurm_job_id!r}. Build a Slurm cluster with "
+                              f"cluster_from_slurm().")
 
     @property
     def all_local(self) -> bool:
         """True when every host is this machine (no ssh needed)."""
         return all(host.local for host in self.hosts)
+
+    def replaced_at_once(self) -> frozenset:
+        """The hosts whose lost agent is replaced at once, without a remote host's backoff: this machine,
+        and every node of a Slurm allocation (the node is the job's until the job ends: an agent step
+        that died is started again inside the allocation; a node Slurm lost fails its new step at once)."""
+        return frozenset(host.name for host in self.hosts if host.local or self.launcher == "srun")
 
     def resolved_python(self) -> str:
         """The interpreter to run on the hosts: `python`, or the driver's `sys.executable`."""
@@ -392,6 +417,36 @@ def cluster_from_environment(environ: Optional[Mapping[str, str]] = None) -> Opt
     return None
 
 
+def cluster_from_slurm(environ: Optional[Mapping[str, str]] = None) -> Optional[ClusterConfig]:
+    """The cluster of the Slurm allocation described by `environ` (default: os.environ), or None.
+
+    None outside an allocation (``SLURM_JOB_ID`` unset) and with ``MINITRAIN_SLURM=0``; with
+    ``MINITRAIN_SLURM=1`` outside an allocation, a `ConfigError`. Inside one: every node of
+    ``SLURM_JOB_NODELIST`` with its slots (`minitrain.hosts.slurm_env`), none of them local (even the
+    node this driver runs on gets its agent as a job step, with the step's share of the allocation),
+    agents started by ``srun``. A bad Slurm variable raises `slurm_env.SlurmEnvironmentError`.
+    """
+    environ = os.environ if environ is None else environ
+    mode = knobs.SLURM.get(environ)
+    if mode is False:
+        return None
+    allocation = slurm_env.allocation_from_environment(environ)
+    if allocation is None:
+        if mode:
+            raise ConfigError(f"{SLURM_ENV_VAR}=1 requires a Slurm allocation, but {slurm_env.JOB_ID} is not "
+                              f"set. Run inside sbatch or salloc, or unset {SLURM_ENV_VAR}.")
+        return None
+    hosts = []
+    for name, slots in zip(allocation.nodes, allocation.slots):
+        try:
+            hosts.append(HostSpec(name, slots, local=False))
+        except ConfigError as error:
+            raise slurm_env.SlurmEnvironmentError(
+                f"{slurm_env.NODELIST} names {name!r}, which minitrain cannot use as a host name: {error}") \
+                from None
+    return ClusterConfig(hosts=tuple(hosts), launcher="srun", slurm_job_id=allocation.job_id)
+
+
 # ---------------------------------------------------------------------------------- ambient cluster
 
 _lock = threading.Lock()
@@ -440,7 +495,8 @@ def use_cluster(cluster: ClusterConfig) -> ClusterConfig:
 
 
 def current_cluster() -> ClusterConfig:
-    """The cluster of the next run: the `init()` one, else the environment's, else localhost alone.
+    """The cluster of the next run: the `init()` one, else ``MINITRAIN_HOSTS``/``MINITRAIN_HOSTFILE``,
+    else the Slurm allocation this process runs in (`cluster_from_slurm`), else localhost alone.
 
     The environment is read on every call (no caching), so changing it between runs takes effect.
     """
@@ -451,6 +507,9 @@ def current_cluster() -> ClusterConfig:
     from_env = cluster_from_environment()
     if from_env is not None:
         return from_env
+    from_slurm = cluster_from_slurm()
+    if from_slurm is not None:
+        return from_slurm
     return ClusterConfig(hosts=(HostSpec("localhost", None, local=True),))
 
 

@@ -1,7 +1,9 @@
-"""Starting node agents (L1): a local subprocess today; SSH hosts reuse the same handle type.
+"""Starting node agents (L1): a local subprocess, an ssh session, or a Slurm job step (``srun``), all
+behind the same handle type: the process here (the agent, ssh or srun) ends when the agent does.
 
 The run token, and for a multi-host run the run's TLS certificate after it, go to the agent on its
-stdin (over the SSH channel for a remote host), never on its command line or in its environment.
+stdin (over the SSH channel for a remote host, srun's stdin forwarding for a step), never on its
+command line or in its environment.
 The agent's own stderr (not its workers' output, which travels over gRPC) is relayed to the driver's
 log so a crash at start-up is explained.
 """
@@ -21,6 +23,7 @@ from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.errors import LaunchError
 from minitrain.hosts.ssh import remote_agent_command, ssh_argv
+from minitrain.hosts.srun import srun_argv, srun_environment
 
 logger = logging.getLogger("minitrain")
 
@@ -114,8 +117,9 @@ def _relay(agent: AgentProcess) -> None:
 
 
 class ClusterLauncher:
-    """Starts one agent per host of a `ClusterConfig`: over SSH for remote hosts, as a local subprocess
-    (in its own session) for this machine. Node ids are the host names.
+    """Starts one agent per host of a `ClusterConfig`: over SSH for remote hosts (as a Slurm job step
+    with srun when the cluster's launcher is "srun"), as a local subprocess (in its own session) for
+    this machine. Node ids are the host names.
 
     The coordinator binds only the local addresses the hosts reach this machine by: 127.0.0.1 when
     every host is this machine, else the address on the route to each remote host (an agent on this
@@ -159,9 +163,13 @@ class ClusterLauncher:
 
     def _argv(self, host: HostSpec, coordinator_address: str, run_id: str) -> list[str]:
         python = self._cluster.resolved_python()
+        agent = [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
+                 "--node-id", host.name, "--run-id", run_id]
         if host.local:
-            return [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
-                    "--node-id", host.name, "--run-id", run_id]
+            return agent
+        if self._cluster.launcher == "srun":
+            return srun_argv(host.name, agent, self._cluster.resolved_workdir(),
+                             job_id=self._cluster.slurm_job_id)
         command = remote_agent_command(python, coordinator_address, host.name, run_id,
                                        self._cluster.resolved_workdir(), self._pythonpath,
                                        self._agent_env.get(host.name, {}))
@@ -175,6 +183,8 @@ class ClusterLauncher:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
+        if self._cluster.launcher == "srun":
+            env = srun_environment(env)
 
         def start_agent(node_id: str) -> AgentProcess:
             argv = self._argv(self._hosts[node_id], address_for(node_id), run_id)

@@ -1,8 +1,8 @@
 """A run's hold on its hosts' ledgers: claim what it needs, or wait until it can (L1, the driver's side).
 
 `reserve` is called by `fit()` before any agent starts. For a run that claims nothing (CPU workers
-that name no CPUs or memory), or with ``MINITRAIN_LEDGER_DIR=off`` in the driver, it returns at once
-and touches no ledger. Otherwise:
+that name no CPUs or memory), with ``MINITRAIN_LEDGER_DIR=off`` in the driver, or inside a Slurm
+allocation (the scheduler owns the nodes), it returns at once and touches no ledger. Otherwise:
 
 1. each host's ledger is opened: this machine's in this process (the driver holds the claim), a
    remote host's through a holder started over SSH (`minitrain.hosts.hold`);
@@ -167,7 +167,10 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
             on_wait: Callable[[str], None] = lambda text: None, pythonpath: tuple[str, ...] = (),
             poll_s: Optional[float] = None, clock: Callable[[], float] = time.monotonic) -> Reservation:
     """Claim `need` on `cluster`'s hosts for run `run`, waiting as the module doc says."""
-    if not need.claims or knobs.LEDGER_DIR.get() is None:  # MINITRAIN_LEDGER_DIR=off: a scheduler decides
+    # MINITRAIN_LEDGER_DIR=off, or the hosts are a Slurm allocation's: a scheduler decides. (Slurm gives
+    # each job its own GPUs and renumbers them from 0 in the job's cgroup, so two jobs sharing a node
+    # would wait on each other's "GPU 0" in a ledger they share.)
+    if not need.claims or knobs.LEDGER_DIR.get() is None or cluster.launcher == "srun":
         return Reservation(cluster)
     hosts = _open(cluster, pythonpath)
     try:

@@ -23,6 +23,7 @@ from typing import Optional, Union
 
 from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions
 from minitrain.errors import LaunchError
+from minitrain.hosts.srun import PREFLIGHT_STEP_NAME, srun_argv, srun_environment
 
 # The line of the pre-flight script's answer; anything else on stdout (a chatty .bashrc) is ignored.
 PREFLIGHT_MARKER = "MINITRAIN_PREFLIGHT "
@@ -132,7 +133,8 @@ def preflight(cluster: ClusterConfig, *, storage_probe: Optional[tuple[str, str]
               run: Runner = subprocess.run) -> None:
     """Check every host of `cluster` at once; raise one `PreflightError` naming each host not ready.
 
-    Per host, in one ssh session (local hosts: one subprocess, no ssh): ssh reaches it (BatchMode),
+    Per host, in one ssh session (local hosts: one subprocess, no ssh; a Slurm cluster: one job step
+    started with srun, see `minitrain.hosts.srun`): ssh reaches it (BatchMode),
     the cluster's python exists and runs in the cluster's workdir, ``import minitrain`` there gives
     `expected_version`, and with ``storage_probe=(path, content)`` the file at `path` holds `content`
     (the caller wrote it first with fresh random content: this proves the storage is shared).
@@ -160,28 +162,37 @@ def _check_host(cluster: ClusterConfig, host: HostSpec, storage_probe: Optional[
     python, workdir = cluster.resolved_python(), cluster.resolved_workdir()
     argv = [python, "-c", PREFLIGHT_SCRIPT] + ([storage_probe[0]] if storage_probe else [])
     kwargs = dict(capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
-    if host.local:
+    srun = not host.local and cluster.launcher == "srun"
+    if host.local or srun:
         env = dict(os.environ)
         if pythonpath:
             env["PYTHONPATH"] = os.pathsep.join([*pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        command, kwargs = argv, dict(kwargs, cwd=workdir, env=env)
+        if srun:
+            command = srun_argv(host.name, argv, workdir, job_id=cluster.slurm_job_id,
+                                step_name=PREFLIGHT_STEP_NAME)
+            kwargs = dict(kwargs, env=srun_environment(env))
+        else:
+            command, kwargs = argv, dict(kwargs, cwd=workdir, env=env)
     else:
         command = ssh_argv(host, cluster.ssh, _shell_line(workdir, _pythonpath_env(pythonpath), argv))
     try:
         result = run(command, **kwargs)
     except subprocess.TimeoutExpired:
-        what = "the check" if host.local else "ssh"
+        what = "the check" if host.local else "srun" if srun else "ssh"
         return [f"{what} did not answer within {timeout_s:g} s"]
     except FileNotFoundError as error:
+        if srun:
+            return ["srun is not installed here (no 'srun' on PATH), although this is a Slurm allocation; "
+                    "install Slurm's client commands, or set MINITRAIN_SLURM=0 and name the hosts"]
         if not host.local:
             return ["the ssh client is not installed here (no 'ssh' on PATH)"]
         if error.filename == workdir:
             return [f"the workdir {workdir} does not exist"]
         return [f"python {python} not found"]
     except OSError as error:
-        what = f"python {python}" if host.local else "ssh"
+        what = f"python {python}" if host.local else "srun" if srun else "ssh"
         return [f"cannot run {what}: {error.strerror or error}"]
-    return _judge(host, result, python, workdir, storage_probe, expected_version)
+    return _judge(host, result, python, workdir, storage_probe, expected_version, srun)
 
 
 def _tail(text: Optional[str]) -> str:
@@ -204,6 +215,14 @@ def _ssh_hint(stderr: Optional[str]) -> str:
     return ""
 
 
+def _srun_error(stderr: str) -> str:
+    """srun's own first error line (its later lines repeat it per task)."""
+    for line in stderr.splitlines():
+        if line.startswith("srun: error:"):
+            return line[len("srun: error:"):].strip()
+    return _tail(stderr)
+
+
 def _answer(stdout: Optional[str]) -> Optional[dict]:
     for line in reversed((stdout or "").splitlines()):
         if line.startswith(PREFLIGHT_MARKER):
@@ -216,10 +235,12 @@ def _answer(stdout: Optional[str]) -> Optional[dict]:
 
 
 def _judge(host: HostSpec, result: subprocess.CompletedProcess, python: str, workdir: str,
-           storage_probe: Optional[tuple[str, str]], expected_version: str) -> list[str]:
+           storage_probe: Optional[tuple[str, str]], expected_version: str, srun: bool = False) -> list[str]:
     code = result.returncode
     answer = _answer(result.stdout) if code == 0 else None
     if answer is None:
+        if srun and "srun:" in (result.stderr or ""):
+            return [f"srun failed: {_srun_error(result.stderr)} (exit {code})"]
         if code == 255 and not host.local:
             return [f"ssh failed: {_tail(result.stderr)} (exit 255){_ssh_hint(result.stderr)}"]
         if code == 127:

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--storage-path", default=None, help="run directory root (default ~/minitrain_results)")
     group.add_argument("--max-failures", type=int, default=0, help="restarts allowed (-1 = unlimited)")
     group.add_argument("--backend", default=None, choices=("gloo", "nccl"), help="torch.distributed backend")
-    hosts = parser.add_argument_group("hosts (both targets; default: this machine only)")
+    hosts = parser.add_argument_group("hosts (both targets; default: the Slurm allocation inside one, else this "
+                                      "machine only)")
     hosts.add_argument("--hosts", default=None, help="comma-separated hosts, e.g. gpu1:8,gpu2:8 (host:slots)")
     hosts.add_argument("--hostfile", default=None, help="DeepSpeed/MPI hostfile: 'host slots=N' per line")
     hosts.add_argument("--ssh-user", default=None)

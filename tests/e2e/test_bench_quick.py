@@ -176,3 +176,18 @@ def test_multihost_quick(tmp_path):
         assert run["detect_s"] >= 0 and run["raised_s"] >= run["detect_s"], run
         assert "WorkerGroupError" in run["error_head"], run
     assert figures["leftover_processes"] == 0
+
+
+@pytest.mark.e2e
+@pytest.mark.cluster
+def test_slurm_quick(tmp_path):
+    from slurm_cluster import skip_reason  # tests/slurm_cluster.py
+
+    if reason := skip_reason():
+        pytest.skip(reason)
+    workloads, stdout = run_quick(tmp_path, "slurm")
+    figures = workloads["slurm"]["figures"]
+    assert "skipped" not in figures, figures.get("skipped")
+    run = figures["runs"][0]
+    assert run["startup_s"] > 0 and run["restart_s"] > 0 and run["resumed_at_step"] >= 1, run
+    assert "Slurm step of one node killed -> first step of the new attempt" in stdout

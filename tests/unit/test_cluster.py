@@ -16,9 +16,11 @@ from minitrain.errors import ConfigError
 
 @pytest.fixture
 def clean_cluster(monkeypatch):
-    """No init() cluster and no MINITRAIN_HOSTS/HOSTFILE; the module state is restored afterwards."""
+    """No init() cluster, no MINITRAIN_HOSTS/HOSTFILE and no Slurm job (the suite may run inside sbatch);
+    the module state is restored afterwards."""
     monkeypatch.delenv(cluster.HOSTS_ENV_VAR, raising=False)
     monkeypatch.delenv(cluster.HOSTFILE_ENV_VAR, raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     saved = cluster._initialized
     cluster.shutdown()
     yield

@@ -353,6 +353,14 @@ def test_with_the_ledger_off_a_run_claims_nothing(local_ledger, monkeypatch):
         reserve(LOCAL, _whole_host(), "r")
 
 
+def test_inside_a_slurm_allocation_a_run_claims_nothing(local_ledger):
+    """Slurm owns an allocation's nodes and renumbers each job's GPUs from 0: a shared ledger would make two
+    jobs on one node wait for each other's "GPU 0"."""
+    slurm = ClusterConfig(hosts=(HostSpec("localhost"),), launcher="srun", slurm_job_id="42")
+    reservation = reserve(slurm, _whole_host(), "r", timeout_s=0)
+    assert reservation.cluster is slurm and reservation.claims == {} and not os.path.exists(local_ledger)
+
+
 def test_the_remote_holder_answers_one_line_per_request_and_releases_at_the_end(local_ledger, monkeypatch):
     """minitrain.hosts.hold.serve, as the driver speaks to it over ssh (here over in-memory streams)."""
     import io
