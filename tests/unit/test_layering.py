@@ -72,6 +72,8 @@ BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.
                "minitrain.coordinator.monitor",  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
                # bench ddp times the telemetry bookkeeping of one report() and one sample directly
                "minitrain.waits", "minitrain.worker.telemetry",
+               # the GPU check times report()'s parts (encoding, the queued record) on the machine
+               "minitrain.metrics", "minitrain.worker.client",
                # bench ledger times a run's claim on the host's resource ledger directly (issue 29's targets)
                "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
