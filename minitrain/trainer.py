@@ -36,7 +36,9 @@ from minitrain.coordinator.run import run_coordinator
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
+from minitrain.errors import (
+    ConfigError, ControllerError, LaunchError, PreemptionError, WorkerGroupError, rebuild_exception,
+)
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
@@ -143,7 +145,10 @@ class DataParallelTrainer:
         """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
         past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
         and KeyboardInterrupt after stopping the workers when interrupted. SIGTERM to the driver stops
-        the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`)."""
+        the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`),
+        except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
+        default): then, as any preemption signal to the driver or an agent, it stops the run at a round
+        every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
         with _sigterm_stops_like_ctrl_c():
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
@@ -218,6 +223,7 @@ class DataParallelTrainer:
                 cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
                 worker_env=_worker_env(self.run_config, cluster),
                 relay=relay,
+                preemption_signals=self.run_config.failure_config.preemption_signals,
             ),
             failure_policy=self.run_config.failure_config,
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
@@ -257,6 +263,8 @@ class DataParallelTrainer:
         if published is not storage:  # name the files where they will be, not in the mirror
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
+        if outcome.preemption is not None:
+            raise _preemption_error(outcome, checkpoints, self.run_config.failure_config.max_preemption_failures)
         return _result_or_raise(outcome, storage, checkpoints, published,
                                 stragglers=self._monitor.straggler_history())
 
@@ -511,6 +519,10 @@ def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
         received.append(signum)
         signal.raise_signal(signal.SIGINT)  # what Ctrl-C does, whichever handler is in place now
 
+    # While the controller's loop runs, a SIGTERM listed in FailureConfig.preemption_signals marks the
+    # run preempted instead (coordinator/preemption_signals.py replaces this handler for that time).
+    on_sigterm.yields_to_preemption = True  # type: ignore[attr-defined]
+
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
@@ -545,6 +557,23 @@ def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
     preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+
+
+def _preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int) -> PreemptionError:
+    """The error of a preempted run: resumable while the run's preemptions (this one counted) stay
+    within `FailureConfig.max_preemption_failures` (-1: always)."""
+    resumable = budget == -1 or checkpoints.preemptions <= budget
+    latest = checkpoints.latest
+    message = outcome.error_message
+    if latest is not None:
+        message += f" The latest committed checkpoint is {latest.dir_name}."
+    if resumable:
+        message += " Run the same fit() again (same RunConfig name and storage_path) to resume from it."
+    else:
+        message += (f" The run was preempted {checkpoints.preemptions} time(s), more than "
+                    f"FailureConfig.max_preemption_failures={budget}: it is not to be resumed.")
+    return PreemptionError(outcome.preemption, drain_timed_out=outcome.drain_timed_out, message=message,
+                           resumable=resumable, checkpoint_dir=latest.dir_name if latest is not None else "")
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
