@@ -107,9 +107,12 @@ def preemption_message(preemption: Preemption, reason: str, failures: str) -> st
     failures of the attempt when a rank failed meanwhile."""
     where = ", ".join(f"{name} on {'the driver' if node == DRIVER else 'node ' + node}"
                       for node, name in preemption.signals)
-    agreed = (f"every rank reported the agreed round {preemption.round}" if preemption.completed
-              else "the workers were stopped before every rank reported an agreed round")
-    text = f"Training was preempted ({where}): {agreed}; {reason}."
+    if preemption.completed:
+        text = (f"Training was preempted ({where}): every rank reported the agreed round {preemption.round} "
+                "and the run stopped.")
+    else:
+        text = (f"Training was preempted ({where}) and stopped before every rank reported an agreed round "
+                f"({reason}).")
     return f"{text}\n\n{failures}" if failures else text
 
 
