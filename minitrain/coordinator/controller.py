@@ -31,7 +31,7 @@ from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
     Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo,
-    PrepareForkServers, RelaunchAgents, Rules, Seen, StartAttempt, StopWorkers, decide,
+    PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
@@ -231,7 +231,7 @@ class Controller:
             return seen
         tracker = group.tracker
         preempt_reached = False
-        if self._preemption.active:  # a scan of the ranks: only while a preemption is being agreed
+        if self._loop.stage is Stage.PREEMPT:  # a scan of the ranks: only while a preemption is agreed
             self._preemption.settle(tracker)
             preempt_reached = self._preemption.reached(tracker)
         failed = tracker.failed()

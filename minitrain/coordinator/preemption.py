@@ -113,13 +113,13 @@ class Preemption:
                        self.round, tracker.attempt, dict(sorted(self._answers.items())))
 
     def reached(self, tracker: AttemptTracker) -> bool:
-        """Every rank reported the agreed round (or finished, exited or failed before it), and not every
-        rank finished (then the run simply ends). Remembered once true (`completed`)."""
+        """Every rank reported the agreed round (or finished before it), and not every rank finished
+        (then the run simply ends). Remembered once true (`completed`). Asked only while the run waits
+        for the round: a rank killed later has not reported it."""
         if self.round is None or self._attempt != tracker.attempt or tracker.all_done():
             return False
         round_ = self.round
-        if all(s.done or s.exited or s.failure is not None or (s.last_round is not None and s.last_round >= round_)
-               for s in tracker.ranks.values()):
+        if all(s.done or (s.last_round is not None and s.last_round >= round_) for s in tracker.ranks.values()):
             self.completed = True
         return self.completed
 
