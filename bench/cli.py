@@ -17,6 +17,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
+  preempt     a preemption signal (driver, agent) -> every rank knows the agreed round; work lost; signal
+              -> agreed checkpoint committed -> driver exited
   scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
 
@@ -40,7 +42,7 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "scale", "multihost")
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "preempt", "scale", "multihost")
 DEFAULT = tuple(w for w in ORDER if w != "multihost")
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
 KEPT_MAX_BYTES = 16 << 20
@@ -132,6 +134,12 @@ def _run_async(tmp, s, args):
                           max(1, min(s["repeats"], 3)))
 
 
+def _run_preempt(tmp, s, args):
+    from bench.preempt import bench_preempt
+
+    return bench_preempt(tmp, 2 if args.quick else 10, s["size_mib"])
+
+
 def _run_scale(tmp, s, args):
     from bench.scale.workload import bench_scale
 
@@ -148,7 +156,8 @@ def _run_multihost(tmp, s, args):
 
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
-                                "async": _run_async, "scale": _run_scale, "multihost": _run_multihost}
+                                "async": _run_async, "preempt": _run_preempt, "scale": _run_scale,
+                                "multihost": _run_multihost}
 
 
 def _workers(text: str) -> tuple:
@@ -195,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-stops", type=int, help="detect: agent SIGSTOPs (default 5)")
     p.add_argument("--train-s", type=float, help="restart, detect: seconds of training per attempt (default 5)")
     p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60)")
-    p.add_argument("--size-mib", type=int, help="checkpoint: total checkpoint size (default 1024)")
+    p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
