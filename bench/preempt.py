@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -138,6 +139,7 @@ def _one_job(tmp: str, index: int, size_mib: int, target: str) -> dict:
         with open(os.path.join(out, f"steps_rank{rank}.txt")) as handle:
             done = [int(line) for line in handle if line.strip()]
         lost = max(lost, sum(1 for s in done if s > known[rank]["step"]))
+    shutil.rmtree(spec["storage"], ignore_errors=True)  # ten 1 GiB runs need not stay on disk
     return {"target": target, "knows_s": max(k["time"] for k in known) - sent, "lost_steps": lost,
             "committed_s": latest["committed_at"] - sent, "exited_s": exited - sent, "saved_step": saved_step,
             "round": outcome["round"]}
