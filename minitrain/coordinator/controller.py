@@ -123,11 +123,14 @@ class Controller:
         raises ConfigError after the teardown.
         """
         self.begin()
-        try:
-            with sigint_noted(self.interrupt), preemption_noted(self._preemption_signals(), self.preempt):
-                self._run_loop()
-        finally:
-            self._tear_down()
+        # A preemption signal during the teardown is noted and ignored (the run is ending anyway), rather
+        # than killing the driver by its default action before the index is written.
+        with preemption_noted(self._preemption_signals(), self.preempt):
+            try:
+                with sigint_noted(self.interrupt):
+                    self._run_loop()
+            finally:
+                self._tear_down()
         return self._conclude()
 
     def begin(self) -> None:
