@@ -36,9 +36,7 @@ from minitrain.coordinator.run import run_coordinator
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import (
-    ConfigError, ControllerError, LaunchError, PreemptionError, WorkerGroupError, rebuild_exception,
-)
+from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
@@ -264,7 +262,8 @@ class DataParallelTrainer:
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
         if outcome.preemption is not None:
-            raise _preemption_error(outcome, checkpoints, self.run_config.failure_config.max_preemption_failures)
+            raise fit_notes.preemption_error(outcome, checkpoints,
+                                             self.run_config.failure_config.max_preemption_failures)
         return _result_or_raise(outcome, storage, checkpoints, published,
                                 stragglers=self._monitor.straggler_history())
 
@@ -557,23 +556,6 @@ def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
     preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
-
-
-def _preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int) -> PreemptionError:
-    """The error of a preempted run: resumable while the run's preemptions (this one counted) stay
-    within `FailureConfig.max_preemption_failures` (-1: always)."""
-    resumable = budget == -1 or checkpoints.preemptions <= budget
-    latest = checkpoints.latest
-    message = outcome.error_message
-    if latest is not None:
-        message += f" The latest committed checkpoint is {latest.dir_name}."
-    if resumable:
-        message += " Run the same fit() again (same RunConfig name and storage_path) to resume from it."
-    else:
-        message += (f" The run was preempted {checkpoints.preemptions} time(s), more than "
-                    f"FailureConfig.max_preemption_failures={budget}: it is not to be resumed.")
-    return PreemptionError(outcome.preemption, drain_timed_out=outcome.drain_timed_out, message=message,
-                           resumable=resumable, checkpoint_dir=latest.dir_name if latest is not None else "")
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
