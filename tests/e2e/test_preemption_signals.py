@@ -242,3 +242,14 @@ def test_the_launch_command_exits_143_when_preempted_and_1_past_the_budget(tmp_p
     launch.send_signal(signal.SIGUSR2)
     output = _finish(launch)
     assert launch.returncode == 143 and "minitrain.launch: preempted" in output, output
+
+
+def test_past_max_preemption_failures_the_error_is_not_resumable(tmp_path):
+    driver = _start(tmp_path, max_preemption_failures=0)
+    _wait_for(tmp_path / "progress", driver)
+    driver.send_signal(signal.SIGUSR2)
+    output = _finish(driver)
+    outcome = _outcome(output)
+    assert outcome["resumable"] is False and "more than FailureConfig.max_preemption_failures=0" in output
+    assert _index(tmp_path)["preemptions"] == 1
+    _nothing_left(tmp_path)

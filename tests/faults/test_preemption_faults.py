@@ -5,9 +5,9 @@ Every fit() runs in a process of its own (a signal to the driver must not reach 
 run is fit() again until it finishes, as a requeued job would.
 
 Invariants on every example:
-- a fit() whose preemption fired ends in PreemptionError (exit 143), with `drain_timed_out` exactly when
-  a second signal came during the agreed round's upload; one whose preemption never fired (its step was
-  already past) finishes;
+- a fit() ends in PreemptionError (exit 143) only when its preemption fired, with `drain_timed_out` exactly
+  when a second signal came during the agreed round's upload; otherwise (its step was already past, or the
+  agreed round lay past the last report) it finishes;
 - every checkpoint the index names is complete and loads, and holds the step its metrics say; the latest is
   the one the error names; no staging or uncommitted directory is left;
 - each fit() resumes from a step >= the previous one's (a commit is never lost), and after a single signal
@@ -32,7 +32,7 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from fault_training import CHECKPOINT_FILES, N_STEPS, PREEMPTED_EXIT, RUN_NAME
-from test_fault_injection import FAULTS_DIR, TAG_VAR, _tagged_processes
+from test_fault_injection import FAULTS_DIR, TAG_VAR, _profile, _tagged_processes
 from minitrain.procs import wait_until_gone
 
 pytestmark = pytest.mark.e2e
@@ -93,9 +93,8 @@ def _run_schedule(schedule: dict, root: Path) -> tuple[list[dict], str]:
         code, output = _fit(root, schedule, fit_index, tag)
         assert wait_until_gone(_tagged_processes(tag), timeout=15) == [], f"fit {fit_index} left processes"
         fired = (root / "out" / "markers" / f"preemption_{fit_index}").exists()
-        if code == 0:
-            assert not fired or fit_index == len(schedule["preemptions"]), output[-4000:]
-            records.append({"fit": fit_index, "finished": True})
+        if code == 0:  # its preemption never fired, or the agreed round lay past the last report
+            records.append({"fit": fit_index, "finished": True, "fired": fired})
             break
         assert code == PREEMPTED_EXIT and fired, f"fit {fit_index} exited {code}:\n{output[-4000:]}"
         outcome = _line(output, "PREEMPTED")
@@ -121,7 +120,7 @@ def reference_params() -> str:
     root = Path(tempfile.mkdtemp(prefix="mt-preempt-ref-"))
     try:
         records, params = _run_schedule({"every": 2, "preemptions": []}, root)
-        assert records == [{"fit": 0, "finished": True}] and params
+        assert records == [{"fit": 0, "finished": True, "fired": False}] and params
         return params
     finally:
         shutil.rmtree(root, ignore_errors=True)
@@ -142,6 +141,7 @@ def _check(schedule: dict, reference_params: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@settings(_profile())
 @given(SCHEDULES)
 def test_any_preemption_schedule_keeps_the_invariants(reference_params, schedule):
     note(f"schedule: {schedule}")
