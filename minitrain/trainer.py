@@ -33,6 +33,7 @@ from minitrain.console import LiveConsole
 from minitrain.coordinator.console_status import ConsoleStatus
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
+from minitrain.coordinator.preemption_signals import preemption_deferred
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
@@ -147,7 +148,8 @@ class DataParallelTrainer:
         except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
         default): then, as any preemption signal to the driver or an agent, it stops the run at a round
         every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
-        with _sigterm_stops_like_ctrl_c():
+        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.num_workers else ()
+        with _sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
                     return self._fit()

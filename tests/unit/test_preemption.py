@@ -155,3 +155,44 @@ def test_without_an_agreed_round_the_outcome_names_the_signals():
     info = preemption.outcome_info(None)
     assert info == PreemptionInfo(15_000, {"n7": []}, round=-1, signal="SIGUSR2")
 
+
+
+# ---------------------------------------------------------------------------- the driver's handlers
+
+
+def test_a_signal_before_the_loop_is_kept_for_it_and_one_after_is_dropped():
+    import os
+    import signal as signals
+    import threading
+
+    from minitrain.coordinator.preemption_signals import preemption_deferred, preemption_noted
+
+    if threading.current_thread() is not threading.main_thread():
+        return  # handlers are installed from the main thread only
+    noted = []
+    with preemption_deferred(("SIGUSR2",)):
+        os.kill(os.getpid(), signals.SIGUSR2)  # storage checks, agents starting: kept, the driver lives
+        with preemption_noted(("SIGUSR2",), noted.append):
+            assert noted == ["SIGUSR2"]  # handed to the loop as it starts
+            os.kill(os.getpid(), signals.SIGUSR2)
+            assert noted == ["SIGUSR2", "SIGUSR2"]
+        os.kill(os.getpid(), signals.SIGUSR2)  # the loop is over: kept for nobody
+    assert noted == ["SIGUSR2", "SIGUSR2"]
+    assert signals.getsignal(signals.SIGUSR2) is signals.SIG_DFL
+
+
+def test_a_users_own_handler_is_left_alone():
+    import signal as signals
+    import threading
+
+    from minitrain.coordinator.preemption_signals import preemption_deferred, preemption_noted
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    mine = lambda signum, frame: None  # noqa: E731
+    saved = signals.signal(signals.SIGUSR2, mine)
+    try:
+        with preemption_deferred(("SIGUSR2",)), preemption_noted(("SIGUSR2",), lambda name: None):
+            assert signals.getsignal(signals.SIGUSR2) is mine
+    finally:
+        signals.signal(signals.SIGUSR2, saved)
