@@ -31,17 +31,13 @@ live ranks run on until each has reported it (or exited, or failed too: a peer b
 with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
 then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
 
-The preempt stage exists because a preempted run should stop at a checkpoint every rank agrees on,
-without a collective in the user's loop (coordinator/preemption.py): while RUNNING, the first signal
-sends every rank the notice (AgreePreemption) and the loop waits, at most `Rules.preempt_timeout_s`
-from the signal, until every rank reported the agreed round (`Seen.preempt_reached`); then the attempt
-is stopped as for Ctrl-C (gracefully, ending ABORTED; `fit()` raises PreemptionError). A second signal,
-the timeout, or a failed rank kills the workers at once: the last committed checkpoint stands. A run
-that finishes meanwhile (the signal came after the last step) ends SUCCEEDED as usual. A signal in any
-other state stops the run at once on its way (nothing can be agreed before every rank trains); during a
-stop only a second signal matters, and kills the workers at once, keeping the stop's outcome. A
-preempted run is never restarted inside `fit()`: its machines are going away (the resume is the next
-`fit()`, counted against `FailureConfig.max_preemption_failures`).
+The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
+user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
+(AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
+`Rules.preempt_timeout_s` after the signal) the attempt is stopped gracefully towards ABORTED. A second
+signal, the timeout or a failed rank kills the workers at once; a run that finishes meanwhile succeeds.
+In other states a signal stops the run gracefully; during a stop only a second one matters. A preempted
+run is never restarted inside `fit()`: its machines are going away (the resume is the next `fit()`).
 """
 
 from __future__ import annotations
