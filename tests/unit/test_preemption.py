@@ -196,3 +196,43 @@ def test_a_users_own_handler_is_left_alone():
             assert signals.getsignal(signals.SIGUSR2) is mine
     finally:
         signals.signal(signals.SIGUSR2, saved)
+
+
+# ---------------------------------------------------------------------------- the worker's side
+
+
+class _Client:
+    """The part of WorkerClient a PreemptionGate uses."""
+
+    def __init__(self, noticed=False, round_=None):
+        self.preemption_noticed = noticed
+        self._round = round_
+        self.held = 0
+
+    def wait_preemption_round(self, timeout_s):
+        assert self._round is not None, "would wait for the round"
+        return PreemptionRound(self._round, 1_000, (("n1", (0, 1)),), "SIGUSR2")
+
+    def wait_closed(self, timeout_s):
+        self.held += 1
+
+
+def test_the_gate_says_none_before_the_round_and_the_info_from_it_on():
+    from minitrain.worker.preemption import PreemptionGate
+
+    assert PreemptionGate(_Client()).info(100) is None  # no notice: an attribute read, no wait
+    gate = PreemptionGate(_Client(noticed=True, round_=5))
+    assert gate.info(4) is None
+    info = gate.info(5)
+    assert info == PreemptionInfo(1_000, {"n1": [0, 1]}, round=5, signal="SIGUSR2") and gate.info(9) == info
+
+
+def test_the_gate_holds_a_rank_only_past_the_agreed_round():
+    from minitrain.worker.preemption import PreemptionGate
+
+    client = _Client(noticed=True, round_=5)
+    gate = PreemptionGate(client)
+    gate.after_report(5)  # its report of round 4: the round-5 report (the checkpoint) comes next
+    assert client.held == 0
+    gate.after_report(6)  # its report of round 5 is in: nothing is computed past it
+    assert client.held == 1
