@@ -102,6 +102,8 @@ def main() -> int:
         filesystem = SlowLocalFileSystem(delay_s=config["slow_upload_s"])
     if config.get("signal_in_commit"):
         _signal_in_commit(out)
+    if config.get("hosts"):  # e.g. "localhost:1,127.0.0.1:1": two local node agents, one rank each
+        minitrain.init(hosts=config["hosts"])
     trainer = TorchTrainer(train, train_loop_config=config,
                            scaling_config=ScalingConfig(num_workers=config.get("workers", 2)),
                            run_config=RunConfig(name="p", storage_path=os.path.join(out, "results"),

@@ -56,11 +56,12 @@ def _outcome(output: str) -> dict:
     return json.loads(line[len("DRIVER: preempted "):])
 
 
-def _agent_pid(driver: subprocess.Popen) -> int:
+def _agent_pid(driver: subprocess.Popen, node_id: str = "") -> int:
     for child in psutil.Process(driver.pid).children(recursive=True):
-        if "minitrain.agent" in " ".join(child.cmdline()):
+        command = " ".join(child.cmdline())
+        if "minitrain.agent" in command and f"--node-id {node_id}" in command:
             return child.pid
-    raise AssertionError("no agent among the driver's children")
+    raise AssertionError(f"no agent {node_id} among the driver's children")
 
 
 def _seen(tmp_path) -> dict[int, dict]:
@@ -131,6 +132,20 @@ def test_a_signal_to_an_agent_with_ranks_drifting_apart_gives_one_round(tmp_path
     assert "SIGUSR2 on node localhost" in output and outcome["drain_timed_out"] is False
     seen = _assert_agreed(tmp_path, outcome)
     assert _assert_committed(tmp_path, outcome["checkpoint_dir"]) == seen[0]["step"]
+    _nothing_left(tmp_path)
+
+
+def test_a_signal_to_one_of_two_agents_names_its_node_and_every_rank_agrees(tmp_path):
+    driver = _start(tmp_path, hosts="localhost:1,127.0.0.1:1")
+    _wait_for(tmp_path / "progress", driver)
+    os.kill(_agent_pid(driver, "127.0.0.1"), signal.SIGUSR2)
+    output = _finish(driver)
+    assert driver.returncode == 143, output
+    outcome = _outcome(output)
+    assert outcome["nodes"] == {"127.0.0.1": [1]} and "SIGUSR2 on node 127.0.0.1" in output
+    seen = _assert_agreed(tmp_path, outcome)
+    assert all(s["nodes"] == ["127.0.0.1"] and s["ranks"] == [1] for s in seen.values())
+    _assert_committed(tmp_path, outcome["checkpoint_dir"])
     _nothing_left(tmp_path)
 
 
