@@ -19,6 +19,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
   ledger      a run waiting for the whole host: holds it after the holder releases, and after it is SIGKILLed
+  preempt     a preemption signal (driver, agent) -> every rank knows the agreed round; work lost; signal
+              -> agreed checkpoint committed -> driver exited
   scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
   slurm       (not in the default set: needs root and Slurm) 2 Slurm nodes: sbatch -> first step, one node's
@@ -44,8 +46,8 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "scale", "multihost",
-         "slurm")
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "preempt", "scale",
+         "multihost", "slurm")
 OPTIONAL = ("multihost", "slurm")  # need root and system packages: run only when asked
 DEFAULT = tuple(w for w in ORDER if w not in OPTIONAL)
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
@@ -146,6 +148,12 @@ def _run_ledger(tmp, s, args):
     return bench_ledger(tmp, s["ledger_rounds"], s["ledger_kills"])
 
 
+def _run_preempt(tmp, s, args):
+    from bench.preempt import bench_preempt
+
+    return bench_preempt(tmp, 2 if args.quick else 10, s["size_mib"])
+
+
 def _run_scale(tmp, s, args):
     from bench.scale.workload import bench_scale
 
@@ -168,8 +176,8 @@ def _run_slurm(tmp, s, args):
 
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
-                                "async": _run_async, "ledger": _run_ledger, "scale": _run_scale,
-                                "multihost": _run_multihost, "slurm": _run_slurm}
+                                "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt,
+                                "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm}
 
 
 def _workers(text: str) -> tuple:
@@ -216,7 +224,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-stops", type=int, help="detect: agent SIGSTOPs (default 5)")
     p.add_argument("--train-s", type=float, help="restart, detect: seconds of training per attempt (default 5)")
     p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60)")
-    p.add_argument("--size-mib", type=int, help="checkpoint: total checkpoint size (default 1024)")
+    p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
     p.add_argument("--ledger-rounds", type=int, help="ledger: hand-overs from a releasing holder (default 100)")

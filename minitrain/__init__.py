@@ -47,6 +47,8 @@ _EXPORTS = {
     "WorkerProcessError": "minitrain.errors",
     "WorkerHangError": "minitrain.errors",
     "NodeLostError": "minitrain.errors",
+    "PreemptionError": "minitrain.errors",
+    "PreemptionInfo": "minitrain.records",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -65,6 +65,12 @@ def bound(session: Session) -> Iterator[Session]:
         _bound.reset(token)
 
 
+def current_or_none() -> Optional[Session]:
+    """The current session (as `current` finds it), or None outside a training function."""
+    session = _bound.get()
+    return session if session is not None else _current
+
+
 def current(function_name: str) -> Session:
     """The current session; RuntimeError naming `function_name` when called outside training."""
     session = _bound.get()

@@ -40,6 +40,7 @@ class StartWorkers:
     env: Mapping[str, str]
     relay: bool = False
     coordinator_address: str = ""
+    preemption_signals: tuple[str, ...] = ()  # names of the signals the agent turns into PreemptionSignal
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,4 +146,23 @@ class Release:
     """Every rank of the attempt finished: rank 0 (which holds the TCPStore) may exit."""
 
 
-WorkerCommand = Union[Assignment, Rendezvous, PhaseAck, ReportReceipt, ReportAck, CheckpointList, Release]
+@dataclass(frozen=True, slots=True)
+class PreemptionNotice:
+    """The run is preempted: say how many reports this rank has made (`PreemptionSeen`), and make no
+    report past the next one until the agreed round is known (minitrain.worker.preemption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionRound:
+    """The agreed round: `get_preemption_info()` is non-None once this rank made `round` reports.
+    `node_ranks`: (node id, its ranks) of each preempted node; `deadline_ms`: UNIX ms; `signal`: the
+    first signal's name."""
+
+    round: int
+    deadline_ms: int
+    node_ranks: tuple[tuple[str, tuple[int, ...]], ...]
+    signal: str
+
+
+WorkerCommand = Union[Assignment, Rendezvous, PhaseAck, ReportReceipt, ReportAck, CheckpointList, Release,
+                      PreemptionNotice, PreemptionRound]

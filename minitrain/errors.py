@@ -58,6 +58,31 @@ class ControllerError(TrainingFailedError):
         return (self.__class__, (self.controller_failure,))
 
 
+class PreemptionError(TrainingFailedError):
+    """The run was preempted (a preemption signal reached the driver or a node agent) and stopped at the
+    agreed round; Ray's `ray.train.PreemptionError`, with its constructor and attributes.
+
+    `preemption_info`: the `PreemptionInfo` every rank saw (its `round` is the agreed round).
+    `drain_timed_out`: True when the workers were killed before every rank reached that round (a second
+    signal, or `FailureConfig.preemption_timeout_s` ran out); the last committed checkpoint stands
+    either way. minitrain extensions: `resumable` (False once the run's preemptions exceed
+    `FailureConfig.max_preemption_failures`; `python -m minitrain.launch` exits 143 when True, 1 when
+    False) and `checkpoint_dir`, the latest committed checkpoint a resume starts from ("" for none).
+    """
+
+    def __init__(self, preemption_info, drain_timed_out: bool = False, message: str = "",
+                 resumable: bool = True, checkpoint_dir: str = ""):
+        super().__init__(message or "Training was preempted.")
+        self.preemption_info = preemption_info
+        self.drain_timed_out = drain_timed_out
+        self.resumable = resumable
+        self.checkpoint_dir = checkpoint_dir
+
+    def __reduce__(self):
+        return (self.__class__, (self.preemption_info, self.drain_timed_out, self.args[0], self.resumable,
+                                 self.checkpoint_dir))
+
+
 class LaunchError(MinitrainError):
     """Nodes or workers could not be started (agent start-up, pre-flight)."""
 

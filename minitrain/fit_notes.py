@@ -2,6 +2,7 @@
 started (L3). Each line is self-sufficient: it names the run, what happened and what to do next.
 
 - `interrupted`: the line of a Ctrl-C, with the checkpoint the same command resumes from;
+- `preemption_error`: the PreemptionError of a preempted run, resumable or not (max_preemption_failures);
 - `nothing_left_to_do`: a resumed run whose training function returned without a single report;
 - `file_in_storage_path`: a ConfigError for a storage path that is (or passes through) a file;
 - `remove_unstarted_run`: deletes what fit() created in a run directory when no attempt started.
@@ -12,7 +13,8 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from minitrain.errors import ConfigError
+from minitrain.errors import ConfigError, PreemptionError
+from minitrain.records import RunOutcome
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import is_own_name
@@ -68,3 +70,20 @@ def remove_unstarted_run(storage: Storage) -> None:
             os.rmdir(storage.root)
     except Exception:  # noqa: BLE001 - a leftover is better than hiding the real error
         pass
+
+
+def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int) -> PreemptionError:
+    """The error of a preempted run: resumable while the run's preemptions (this one counted) stay
+    within `FailureConfig.max_preemption_failures` (-1: always)."""
+    resumable = budget == -1 or checkpoints.preemptions <= budget
+    latest = checkpoints.latest
+    message = outcome.error_message
+    if latest is not None:
+        message += f" The latest committed checkpoint is {latest.dir_name}."
+    if resumable:
+        message += " Run the same fit() again (same RunConfig name and storage_path) to resume from it."
+    else:
+        message += (f" The run was preempted {checkpoints.preemptions} time(s), more than "
+                    f"FailureConfig.max_preemption_failures={budget}: it is not to be resumed.")
+    return PreemptionError(outcome.preemption, drain_timed_out=outcome.drain_timed_out, message=message,
+                           resumable=resumable, checkpoint_dir=latest.dir_name if latest is not None else "")

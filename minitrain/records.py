@@ -177,6 +177,33 @@ class RunPayload:
     backend: Any = None
 
 
+@dataclass(frozen=True)
+class PreemptionInfo:
+    """An imminent preemption, as `minitrain.get_preemption_info()` returns it (Ray's
+    `ray.train.PreemptionInfo`: the same constructor, fields and properties).
+
+    `deadline_ms`: when the run stops at the latest (UNIX time in milliseconds: the first signal plus
+    `FailureConfig.preemption_timeout_s`). `preempted_node_to_ranks`: each signalled node id -> the
+    world ranks on it (every node of the attempt when the driver was signalled). minitrain extensions:
+    `round`, the agreed round (this attempt's report count from which every rank sees the info: the
+    round whose report should carry the checkpoint), and `signal`, the first signal's name."""
+
+    deadline_ms: Optional[int]
+    preempted_node_to_ranks: dict
+    round: int = -1
+    signal: str = ""
+
+    @property
+    def preempted_node_ids(self) -> list:
+        """The preempted node ids, sorted."""
+        return sorted(self.preempted_node_to_ranks)
+
+    @property
+    def preempted_ranks(self) -> list:
+        """Every affected rank across the preempted nodes, sorted ascending."""
+        return sorted({rank for ranks in self.preempted_node_to_ranks.values() for rank in ranks})
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What the coordinator hands back to the trainer when a run ends."""
@@ -189,6 +216,9 @@ class RunOutcome:
     exceptions: dict = field(default_factory=dict)  # rank -> pickled exception, for WorkerGroupError
     error_message: str = ""
     return_value: bytes = b""  # rank 0's pickled return value
+    # set when the run was preempted (ended ABORTED after a preemption signal): fit() raises PreemptionError
+    preemption: Optional[PreemptionInfo] = None
+    drain_timed_out: bool = False  # the preemption stopped the workers before every rank reached its round
 
 
 @dataclass(frozen=True)

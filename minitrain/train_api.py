@@ -11,6 +11,7 @@ from typing import Any, Optional
 
 from minitrain import _session, waits
 from minitrain.context import TrainContext
+from minitrain.records import PreemptionInfo
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 
 
@@ -73,16 +74,19 @@ def get_context() -> TrainContext:
     return _session.current("get_context").context
 
 
-def get_preemption_info() -> None:
-    """None: no preemption notice has been received. Always None for now, because minitrain does not
-    detect preemptions yet (Slurm/SIGTERM preemption detection is a later issue).
+def get_preemption_info() -> Optional[PreemptionInfo]:
+    """A `PreemptionInfo` once the run is preempted and this rank has made the agreed number of
+    reports (`info.round`), else None. Every rank sees it first after the same number of reports, so
+    the next report, with a checkpoint, is one round that commits on every rank; after that report
+    the rank is held until minitrain stops it (docs/preemption.md).
 
-    Ray returns a `PreemptionInfo` while a node is being drained, else None. Unlike the other
-    functions here (and unlike Ray, which raises RuntimeError outside a training function) it never
-    raises: it returns None inside a training function, on every rank and in local mode, and outside
-    one alike, and it never waits for the other ranks.
+    Unlike Ray, it is not a collective: a rank that never calls it is not waited for, and calling it
+    costs an attribute read until a preemption signal comes (then it waits, milliseconds, for the
+    agreed round). It never raises: outside a training function and in local mode it returns None.
     """
-    return None
+    session = _session.current_or_none()
+    asker = getattr(session, "get_preemption_info", None)
+    return asker() if asker is not None else None
 
 
 def get_all_reported_checkpoints(consistency_mode: Any = None,

@@ -33,6 +33,7 @@ from minitrain.console import LiveConsole
 from minitrain.coordinator.console_status import ConsoleStatus
 from minitrain.coordinator.monitor import RunMonitor
 from minitrain.coordinator.run import run_coordinator
+from minitrain.coordinator.preemption_signals import preemption_deferred
 from minitrain.coordinator.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
@@ -143,8 +144,12 @@ class DataParallelTrainer:
         """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
         past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
         and KeyboardInterrupt after stopping the workers when interrupted. SIGTERM to the driver stops
-        the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`)."""
-        with _sigterm_stops_like_ctrl_c():
+        the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`),
+        except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
+        default): then, as any preemption signal to the driver or an agent, it stops the run at a round
+        every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
+        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.num_workers else ()
+        with _sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
                     return self._fit()
@@ -218,6 +223,7 @@ class DataParallelTrainer:
                 cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
                 worker_env=_worker_env(self.run_config, cluster),
                 relay=relay,
+                preemption_signals=self.run_config.failure_config.preemption_signals,
             ),
             failure_policy=self.run_config.failure_config,
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
@@ -260,6 +266,9 @@ class DataParallelTrainer:
         if published is not storage:  # name the files where they will be, not in the mirror
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
+        if outcome.preemption is not None:
+            raise fit_notes.preemption_error(outcome, checkpoints,
+                                             self.run_config.failure_config.max_preemption_failures)
         return _result_or_raise(outcome, storage, checkpoints, published,
                                 stragglers=self._monitor.straggler_history())
 
@@ -513,6 +522,10 @@ def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
     def on_sigterm(signum: int, frame: Any) -> None:
         received.append(signum)
         signal.raise_signal(signal.SIGINT)  # what Ctrl-C does, whichever handler is in place now
+
+    # While the controller's loop runs, a SIGTERM listed in FailureConfig.preemption_signals marks the
+    # run preempted instead (coordinator/preemption_signals.py replaces this handler for that time).
+    on_sigterm.yields_to_preemption = True  # type: ignore[attr-defined]
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:

@@ -71,6 +71,11 @@ class NodeAgent:
         self._workers: dict[tuple[int, int], WorkerProcess] = {}
         self._lock = threading.Lock()
         self._signalled: Optional[str] = None  # set by a signal handler, without any lock (see note_signal)
+        # Preemption signals (StartWorkers.preemption_signals): appended by their handler, sent by run()
+        self._preemptions: list[tuple[str, float]] = []
+        self._preemptions_sent = 0
+        self._preemption_handlers: set[str] = set()
+        self._parent_pid = os.getppid()
         self._oom_baseline = procs.oom_kill_count()
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
@@ -109,6 +114,7 @@ class NodeAgent:
         try:
             while self._serving():
                 command = self._stream.next_command(timeout_s=COMMAND_POLL_S)
+                self._send_preemptions()
                 if command is not None:
                     self._execute(command)
                 elif self._serving():  # idle (not woken by the stream's end): tend the children
@@ -145,9 +151,37 @@ class NodeAgent:
         if self._signalled is None:
             self._signalled = f"received {name}"
 
+    def note_preemption(self, signum: int) -> None:
+        """A preemption signal's handler: remember it and wake the command loop, which tells the
+        coordinator (`_send_preemptions`). Nothing else happens here: no lock, no I/O, no stop (the
+        coordinator decides). A SIGTERM after the agent's parent died is the parent-death signal,
+        not a preemption: it stops the agent as before."""
+        name = signal.Signals(signum).name
+        if signum == signal.SIGTERM and os.getppid() != self._parent_pid:
+            self.note_signal(name)
+            return
+        self._preemptions.append((name, time.time()))
+        self._stream.wake()
+
+    def _send_preemptions(self) -> None:
+        while self._preemptions_sent < len(self._preemptions):
+            name, received_at = self._preemptions[self._preemptions_sent]
+            self._preemptions_sent += 1
+            logger.warning("received %s: telling the coordinator the node is preempted", name)
+            self._stream.preemption(name, received_at)
+
+    def _install_preemption_handlers(self, names: tuple[str, ...]) -> None:
+        """From the run's first StartWorkers on (the main thread runs commands), the run's preemption
+        signals are reported, not obeyed; before that there are no workers whose work could be saved."""
+        for name in names:
+            if name not in self._preemption_handlers:
+                self._preemption_handlers.add(name)
+                signal.signal(signal.Signals[name], lambda signum, _frame: self.note_preemption(signum))
+
     def _execute(self, command: cmd.AgentCommand) -> None:
         """Act on one of the coordinator's commands (a Shutdown never comes here: it ends the stream)."""
         if isinstance(command, cmd.StartWorkers):
+            self._install_preemption_handlers(command.preemption_signals)
             self._start_workers(command)
         elif isinstance(command, cmd.StopWorkers):
             # Stopping waits out the grace period; do it aside so commands keep flowing.

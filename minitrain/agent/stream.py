@@ -110,6 +110,11 @@ class CoordinatorStream:
                 self._ended.set()
         self._commands.put(_WAKE)
 
+    def wake(self) -> None:
+        """Make a waiting `next_command` return now. Safe in a signal handler: SimpleQueue.put is
+        reentrant (Python documents it for signal handlers and __del__)."""
+        self._commands.put(_WAKE)
+
     @property
     def ended(self) -> bool:
         """True once the stream ended (see the module docstring for why it does)."""
@@ -198,6 +203,10 @@ class CoordinatorStream:
     def log_line(self, attempt: int, rank: int, stderr: bool, line: str) -> None:
         """Forward one output line (without its newline) of worker `rank` of `attempt`."""
         self._outbox.put(self._message(logs=pb.LogLines(attempt=attempt, rank=rank, stderr=stderr, lines=[line])))
+
+    def preemption(self, signal_name: str, received_at: float) -> None:
+        """Say this agent received the preemption signal `signal_name`."""
+        self._outbox.put(self._message(preemption=pb.PreemptionSignal(signal=signal_name, received_at=received_at)))
 
     def stack_dump(self, attempt: int, rank: int, text: str) -> None:
         """Send the thread stacks worker `rank` of `attempt` wrote ("" when it wrote none in time)."""

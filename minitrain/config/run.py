@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -82,10 +83,21 @@ class FailureConfig:
     stopped. `controller_failure_limit`: only -1 (the default) is accepted; any other value raises
     `ConfigError`, because minitrain has no separate controller budget: a failed worker-group
     start-up is a worker failure and counts against `max_failures` (set that instead).
-    `max_preemption_failures` (as Ray: an int >= -1, default -1 = unlimited): in Ray the budget for
-    node preemptions, counted apart from `max_failures`. minitrain does not detect preemptions yet, so
-    it validates the value and uses it nowhere: every failure, a preempted node's included, counts
-    against `max_failures`. The run's one failure budget is the controller's `Rules`
+    `preemption_signals` (minitrain extension; default ("SIGUSR2", "SIGTERM")): the signals that mark
+    the run preempted when the driver or any node agent receives one (names such as "SIGUSR2" or
+    numbers; stored as names; an empty tuple turns preemption off, and SIGTERM to the driver then
+    stops the run as Ctrl-C does). Every rank then learns one agreed report round from the
+    coordinator, `minitrain.get_preemption_info()` is non-None on every rank from that round on, the
+    round commits, and `fit()` raises `PreemptionError` (docs/preemption.md).
+    `preemption_timeout_s` (minitrain extension, default 20 s): the most time from the first
+    preemption signal to the agreed round's commit; past it, or at a second signal, the workers are
+    killed at once and the last committed checkpoint stands. Keep it below the scheduler's kill delay
+    (Slurm's KillWait, Kubernetes' terminationGracePeriodSeconds: 30 s by default).
+    `max_preemption_failures` (as Ray: an int >= -1, default -1 = unlimited): how many preemptions
+    the run may be resumed from. A preemption ends the `fit()` it interrupts (its machines are going
+    away), so the resume is the next `fit()` of the same run; `PreemptionError.resumable` is False
+    once the run's preemptions exceed the budget (0: never resume). It never counts against
+    `max_failures`. The run's one failure budget is the controller's `Rules`
     (`minitrain.coordinator.decide`), built from this config.
     """
 
@@ -98,6 +110,8 @@ class FailureConfig:
     max_preemption_failures: int = -1
     relax_collectives_on_preemption: bool = False
     preemption_grace_s: float = 0.0
+    preemption_signals: tuple = ("SIGUSR2", "SIGTERM")
+    preemption_timeout_s: float = 20.0
 
     def __post_init__(self) -> None:
         _reject_deprecated("FailureConfig", {"fail_fast": self.fail_fast}, {
@@ -125,13 +139,19 @@ class FailureConfig:
             "Use -1 (the default) for unlimited, 0 to fail on the first preemption, or N to restart "
             "after up to N preemptions."))
         _ray_only(self.relax_collectives_on_preemption, owner, "relax_collectives_on_preemption", False,
-                  "minitrain does not detect preemptions, so no rank is ever left out of a collective",
-                  "Remove it: every preemption is a failure that restarts the whole worker group from the "
-                  "latest checkpoint (budget: max_failures).")
+                  "minitrain never leaves a rank out of a collective: a preemption stops every rank at "
+                  "one agreed round",
+                  "Remove it: on a preemption every rank checkpoints at the same agreed round "
+                  "(docs/preemption.md).")
         _ray_only(self.preemption_grace_s, owner, "preemption_grace_s", 0.0,
-                  "minitrain does not detect preemptions, so there is no preemption deadline to extend",
-                  "Remove it; to give stopping workers more time between SIGTERM and SIGKILL, set "
-                  "worker_stop_grace_s.")
+                  "minitrain has no preemption deadline to extend past: the agreed round must commit "
+                  "within preemption_timeout_s",
+                  "Remove it; to give the agreed checkpoint more time, set preemption_timeout_s.")
+        object.__setattr__(self, "preemption_signals", _signal_names(self.preemption_signals, owner))
+        object.__setattr__(self, "preemption_timeout_s", _number(
+            self.preemption_timeout_s, owner, "preemption_timeout_s", above=0,
+            fix="Use the seconds a preempted run may take to commit its agreed checkpoint, below the "
+                "scheduler's kill delay (e.g. 20 for Slurm's default KillWait of 30 s)."))
         if self.worker_hang_floor_s is not None:
             object.__setattr__(self, "worker_hang_floor_s", _number(
                 self.worker_hang_floor_s, owner, "worker_hang_floor_s", above=0,
@@ -413,3 +433,36 @@ class RunConfig:
         """`storage_path` and `name` joined with "/": the run directory, as a local path or URL."""
         separator = "" if self.storage_path.endswith("/") else "/"
         return f"{self.storage_path}{separator}{self.name}"
+
+
+# Signals that cannot mark a preemption: uncaught (KILL, STOP), Ctrl-C's own (INT), or what every
+# child's exit sends (CHLD).
+_NOT_PREEMPTION_SIGNALS = frozenset({"SIGKILL", "SIGSTOP", "SIGINT", "SIGCHLD"})
+
+
+def _signal_names(value: Any, owner: str) -> tuple[str, ...]:
+    """`preemption_signals` as a tuple of signal names ("SIGUSR2"), from names or numbers."""
+    fix = ('Use signal names or numbers, e.g. ("SIGUSR2", "SIGTERM") (the default), or () to turn '
+           "preemption handling off.")
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list, frozenset, set)):
+        raise _fail(owner, "preemption_signals", "a tuple of signals", value, fix)
+    names: list[str] = []
+    for item in value:
+        try:
+            if isinstance(item, str):
+                name = item.upper() if item.upper().startswith("SIG") else "SIG" + item.upper()
+                number = signal.Signals[name]
+            elif isinstance(item, int) and not isinstance(item, bool):
+                number = signal.Signals(item)
+            else:
+                raise KeyError(item)
+        except (KeyError, ValueError):
+            raise _fail(owner, "preemption_signals", "a tuple of signals", value,
+                        f"{item!r} is not a signal here. " + fix) from None
+        if number.name in _NOT_PREEMPTION_SIGNALS:
+            raise _fail(owner, "preemption_signals", "a tuple of signals", value,
+                        f"{number.name} cannot mark a preemption (it cannot be caught, or it means something "
+                        "else to minitrain). " + fix)
+        if number.name not in names:
+            names.append(number.name)
+    return tuple(names)

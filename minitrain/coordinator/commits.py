@@ -37,6 +37,7 @@ class CheckpointBook(Protocol):
     latest: Optional[CheckpointRecord]
     records: tuple
     committed_dir_names: set
+    preemptions: int  # fit()s of the run a preemption ended, before this one's
 
     def commit(self, record: CheckpointRecord, staged: tuple[str, ...] = ()):
         """Move staged uploads into the checkpoint directory, then register it: index, then evictions."""
@@ -49,6 +50,9 @@ class CheckpointBook(Protocol):
 
     def save(self) -> None:
         """Write the index now."""
+
+    def note_preemption(self) -> None:
+        """A preemption ends this fit(): count it in the index (written by the next save)."""
 
 
 @dataclass

@@ -30,16 +30,18 @@ from minitrain.coordinator import events as ev
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
-    Action, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, StartAttempt, StopWorkers, decide,
+    Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo,
+    PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.membership import AgentHandles, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
-from minitrain.coordinator.outcome import log_late, log_move, run_outcome
+from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
 from minitrain.coordinator.outbox import Outbox
+from minitrain.coordinator.preemption import DRIVER, Preemption
+from minitrain.coordinator.preemption_signals import preemption_noted
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
@@ -101,6 +103,7 @@ class Controller:
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
         self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
+        self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
@@ -122,11 +125,14 @@ class Controller:
         raises ConfigError after the teardown.
         """
         self.begin()
-        try:
-            with sigint_noted(self.interrupt):
-                self._run_loop()
-        finally:
-            self._tear_down()
+        # A preemption signal during the teardown is noted and ignored (the run is ending anyway), rather
+        # than killing the driver by its default action before the index is written.
+        with preemption_noted(self._preemption_signals(), self.preempt):
+            try:
+                with sigint_noted(self.interrupt):
+                    self._run_loop()
+            finally:
+                self._tear_down()
         return self._conclude()
 
     def begin(self) -> None:
@@ -142,6 +148,8 @@ class Controller:
 
     def _tear_down(self) -> None:
         self._shutdown_agents()
+        if was_preempted(self._loop):  # counted against max_preemption_failures by the next fit()
+            self._commits.checkpoints.note_preemption()
         self._commits.persist()
         self._commits.delete_uncommitted()
 
@@ -149,7 +157,7 @@ class Controller:
         spec = self._spec
         outcome = run_outcome(self._loop, self._current.tracker, self._commits.history,
                               max_failures=spec.failure_policy.max_failures, run_path=spec.launch.run_path,
-                              start_error=self._start_error)
+                              start_error=self._start_error, preemption=self._preemption)
         self._current.end(restarting=False)
         self._observers.on_run_end(outcome)
         if self._loop.interrupts:
@@ -189,6 +197,14 @@ class Controller:
         `on_stacks` (and the rank's log). The loop acts on it within one turn."""
         self._events.put(ev.StacksWanted(rank))
 
+    def preempt(self, signal_name: str) -> None:
+        """What a preemption signal to the driver does (its handler calls it): queues the fact, which
+        wakes the loop at once (SimpleQueue.put may be called from a signal handler)."""
+        self._events.put(ev.PreemptionSignalled(DRIVER, signal_name, self._clock()))
+
+    def _preemption_signals(self) -> tuple[str, ...]:
+        return tuple(getattr(self._spec.failure_policy, "preemption_signals", ()))
+
     def interrupt(self) -> None:
         """What Ctrl-C does (the SIGINT handler calls it): only counts; the loop acts on it within one
         turn (the workers are stopped gracefully, the run ends ABORTED, `run()` raises KeyboardInterrupt)."""
@@ -214,11 +230,15 @@ class Controller:
         interrupted, self._interrupts = self._interrupts > 0, 0
         seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
                     lost_nodes=bool(membership.lost),
-                    start_error=self._start_error, interrupted=interrupted)
+                    start_error=self._start_error, interrupted=interrupted, preempted=self._preemption.take_new())
         group = self._current.group
         if group is None:
             return seen
         tracker = group.tracker
+        preempt_reached = False
+        if self._loop.stage is Stage.PREEMPT:  # a scan of the ranks: only while a preemption is agreed
+            self._preemption.settle(tracker)
+            preempt_reached = self._preemption.reached(tracker)
         failed = tracker.failed()
         return dataclasses.replace(
             seen, has_attempt=True, failed=failed, finished=tracker.finished(),
@@ -227,7 +247,7 @@ class Controller:
             watched=self._hangs.watched(tracker, now),
             # a scan of the ranks: only while a failed attempt is not being stopped yet
             round_pending=failed and not tracker.stop_requested and tracker.round_pending(),
-            root_cause=tracker.root_cause_line())
+            root_cause=tracker.root_cause_line(), preempt_reached=preempt_reached)
 
     # ------------------------------------------------------------------ actions
 
@@ -261,6 +281,7 @@ class Controller:
                 action.ranks, {r: hangs.deadline(group.tracker, r) for r in action.ranks})),
             CloseStreams: on_group(lambda group, action: group.close_streams()),
             PrepareForkServers: on_group(lambda group, action: group.prepare_fork_servers()),
+            AgreePreemption: on_group(lambda group, action: self._preemption.notify(group.tracker)),
         }
 
     def _on_group(self, execute: Callable[[WorkerGroup, Action], None]) -> Callable[[Action], None]:
@@ -311,7 +332,8 @@ class Controller:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._membership.connected,
-                ev.AgentLost: self._on_agent_lost}
+                ev.AgentLost: self._on_agent_lost, ev.PreemptionSignalled: self._preemption.signalled,
+                ev.PreemptionSeen: self._preemption.seen}
 
     def _handle(self, event: ev.RunEvent) -> None:
         self._handlers[type(event)](event)

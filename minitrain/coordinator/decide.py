@@ -17,7 +17,10 @@ A `Stage` says what the loop waits for inside a state, each with a deadline:
         RESTARTING/DRAIN --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ]
         STARTING/WORKERS (attempt + 1)
     RUNNING/WORKERS --a rank silent past its hang deadline--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
-    any --finished | budget spent | Ctrl-C | launch failed--> STOPPING/EXIT -> STOPPING/DRAIN -> terminal
+    RUNNING/WORKERS --preemption signal--> RUNNING/PREEMPT --every rank reported the agreed round-->
+        STOPPING(ABORTED)/EXIT ...; --a second signal, the timeout, a failure--> STOPPING(ABORTED), killed at once
+    any --finished | budget spent | Ctrl-C | launch failed | preemption signal--> STOPPING/EXIT ->
+        STOPPING/DRAIN -> terminal
     (a spent budget goes through STOPPING/CATCH_UP first when a failed rank's last round is pending)
 
 The catch-up stage exists because `report()` is not a barrier: a rank may fail right after its report()
@@ -27,6 +30,14 @@ returns only after every rank reported. So while such a round is pending (`Seen.
 live ranks run on until each has reported it (or exited, or failed too: a peer blocked in a collective
 with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
 then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
+
+The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
+user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
+(AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
+`Rules.preempt_timeout_s` after the signal) the attempt is stopped gracefully towards ABORTED. A second
+signal, the timeout or a failed rank kills the workers at once; a run that finishes meanwhile succeeds.
+In other states a signal stops the run gracefully; during a stop only a second one matters. A preempted
+run is never restarted inside `fit()`: its machines are going away (the resume is the next `fit()`).
 """
 
 from __future__ import annotations
@@ -46,7 +57,9 @@ DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (n
 # How long the live ranks of a failed attempt may take to report the round a failed rank reported last:
 # rank skew is usually a step or a checkpoint upload; a peer blocked in a collective never gets there.
 CATCH_UP_S = 10.0
+PREEMPT_TIMEOUT_S = 20.0  # FailureConfig.preemption_timeout_s's default
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
+PREEMPTED = "preempted"  # how every preemption's reason begins (outcome.py, the trainer read it)
 
 
 class Stage(enum.Enum):
@@ -56,6 +69,7 @@ class Stage(enum.Enum):
     WORKERS = "workers"  # the attempt finishes or a rank fails
     STACKS = "stacks"  # every live rank's thread stacks arrived (a rank was found silent)
     CATCH_UP = "catch_up"  # every live rank reported the round a failed rank reported last
+    PREEMPT = "preempt"  # every rank reported the round agreed after a preemption signal
     EXIT = "exit"  # every process of the attempt exited
     DRAIN = "drain"  # every stream of the attempt delivered its last message
     DONE = "done"  # the run is in its terminal state
@@ -74,13 +88,16 @@ class Rules:
     stop_margin_s: float = STOP_MARGIN_S
     drain_s: float = DRAIN_S
     catch_up_s: float = CATCH_UP_S
+    preempt_timeout_s: float = PREEMPT_TIMEOUT_S
 
     @classmethod
     def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
-        """The rules of a run whose failure settings are `failure` (its `max_failures` and
-        `worker_stop_grace_s`), waiting up to `agent_start_timeout_s` for its node agents."""
+        """The rules of a run whose failure settings are `failure` (its `max_failures`,
+        `worker_stop_grace_s` and `preemption_timeout_s`), waiting up to `agent_start_timeout_s` for
+        its node agents."""
         return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
-                   agent_start_timeout_s=agent_start_timeout_s)
+                   agent_start_timeout_s=agent_start_timeout_s,
+                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S))
 
     def allows_retry(self, failures: int) -> bool:
         """Whether the run restarts after its `failures`-th failure (this one included).
@@ -106,6 +123,7 @@ class Loop:
     target: Optional[RunState] = None  # the terminal state STOPPING leads to
     reason: str = ""  # why the run is in this state (the last move's reason)
     interrupts: int = 0  # Ctrl-C presses so far
+    preemptions: int = 0  # preemption signals so far
     hung: tuple[int, ...] = ()  # STACKS: the ranks found silent
 
     @property
@@ -143,6 +161,8 @@ class Seen:
     watched: Mapping[int, "Watch"] = field(default_factory=dict)  # live training ranks with a hang deadline
     root_cause: str = ""  # one line naming the attempt's root-cause failure
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
+    preempted: int = 0  # preemption signals since the last decision
+    preempt_reached: bool = False  # every rank reported the round agreed after a preemption
 
 
 # ---------------------------------------------------------------------- actions
@@ -208,6 +228,12 @@ class ForgetAgents:
 
 
 @dataclass(frozen=True)
+class AgreePreemption:
+    """Tell every rank of the attempt that the run is preempted; the round follows their answers
+    (coordinator/preemption.py)."""
+
+
+@dataclass(frozen=True)
 class LogLate:
     """The stage's deadline passed before what it waited for happened: say so."""
 
@@ -215,7 +241,7 @@ class LogLate:
 
 
 Action = Union[MoveTo, StartAttempt, StopWorkers, CollectStacks, DeclareHung, CloseStreams,
-               PrepareForkServers, RelaunchAgents, ForgetAgents, LogLate]
+               PrepareForkServers, RelaunchAgents, ForgetAgents, AgreePreemption, LogLate]
 
 
 @dataclass(frozen=True)
@@ -235,6 +261,8 @@ def decide(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return Decision(loop)
     if seen.interrupted:
         return _interrupt(loop, seen, now, rules)
+    if seen.preempted:
+        return _preempt(loop, seen, now, rules)
     if loop.state is RunState.PENDING:
         return Decision(replace(loop, state=RunState.LAUNCHING, stage=Stage.AGENTS, reason="starting node agents",
                                 deadline=now + rules.agent_start_timeout_s),
@@ -247,6 +275,8 @@ def decide(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return _stacks(loop, seen, now, rules)
     if loop.stage is Stage.CATCH_UP:
         return _catch_up(loop, seen, now, rules)
+    if loop.stage is Stage.PREEMPT:
+        return _preempting(loop, seen, now, rules)
     if loop.stage is Stage.EXIT:
         return _exit(loop, seen, now, rules)
     return _drain(loop, seen, now, rules)
@@ -259,11 +289,64 @@ def _interrupt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     loop = replace(loop, interrupts=loop.interrupts + 1)
     if loop.state is not RunState.STOPPING:
         return _stop(loop, seen, now, rules, RunState.ABORTED, INTERRUPTED)
+    return _kill_during_stop(loop, now, rules)
+
+
+def _kill_during_stop(loop: Loop, now: float, rules: Rules) -> Decision:
+    """STOPPING, told to hurry (a second Ctrl-C or preemption signal): kill what is left at once."""
     if loop.stage is Stage.EXIT:
         return Decision(loop, (StopWorkers(0.0),))
     if loop.stage is Stage.CATCH_UP:  # the pending round is given up
         return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_margin_s), (StopWorkers(0.0),))
     return Decision(loop)
+
+
+def _preempt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """Preemption signals arrived. The first one while every rank trains starts the agreement (the
+    PREEMPT stage); in any other state it stops the run now (gracefully: no round can be agreed before
+    every rank trains, and what is committed stands). A later one, or several at once, kills the
+    workers at once; during a stop only such a later signal matters."""
+    first = loop.preemptions == 0
+    loop = replace(loop, preemptions=loop.preemptions + seen.preempted)
+    again = not first or seen.preempted > 1
+    if loop.state is RunState.STOPPING:
+        return _kill_during_stop(loop, now, rules) if again else Decision(loop)
+    if again:
+        return _stop_now(loop, seen, now, rules, f"{PREEMPTED}: a second signal stopped the run at once")
+    if loop.state is RunState.RUNNING and loop.stage is Stage.WORKERS and not seen.failed and not seen.finished:
+        reason = f"{PREEMPTED}: checkpointing at a round every rank agrees on"
+        return Decision(replace(loop, stage=Stage.PREEMPT, reason=reason, deadline=now + rules.preempt_timeout_s),
+                        (AgreePreemption(),))
+    return _stop(loop, seen, now, rules, RunState.ABORTED, f"{PREEMPTED} before every rank was training")
+
+
+def _stop_now(loop: Loop, seen: Seen, now: float, rules: Rules, reason: str) -> Decision:
+    """Head for ABORTED through STOPPING and kill the attempt's workers without a grace period."""
+    loop = replace(loop, state=RunState.STOPPING, target=RunState.ABORTED, reason=reason)
+    move = MoveTo(RunState.STOPPING, reason, RunState.ABORTED)
+    if not seen.has_attempt:
+        return _end(loop, (move,))
+    if not seen.all_exited:
+        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_margin_s),
+                        (move, StopWorkers(0.0)))
+    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
+
+
+def _preempting(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """RUNNING after a preemption signal: wait until every rank reported the agreed round, then stop
+    the attempt gracefully (ABORTED). A run that finished meanwhile succeeds; a failed rank or the
+    timeout kills the workers at once."""
+    if seen.start_error or seen.failed:
+        return _stop_now(loop, seen, now, rules, f"{PREEMPTED}, and a rank failed meanwhile: {seen.root_cause}")
+    if seen.finished:
+        return _stop(loop, seen, now, rules, RunState.SUCCEEDED, "every rank finished")
+    if seen.preempt_reached:
+        return _stop(loop, seen, now, rules, RunState.ABORTED, f"{PREEMPTED}: every rank reported the agreed round")
+    if now <= loop.deadline:
+        return Decision(loop)
+    decision = _stop_now(loop, seen, now, rules, f"{PREEMPTED}: the agreed round was not reached within "
+                                                 f"{rules.preempt_timeout_s:g} s")
+    return replace(decision, actions=(LogLate(Stage.PREEMPT),) + decision.actions)
 
 
 def _stop(loop: Loop, seen: Seen, now: float, rules: Rules, target: RunState, reason: str) -> Decision:

@@ -147,3 +147,21 @@ class WorkerFailed(RunEvent):
     attempt: int
     failure: WorkerFailure
     exc_pickle: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSignalled(RunEvent):
+    """A preemption signal reached the driver (`node_id` "") or the agent of `node_id`."""
+
+    node_id: str
+    signal: str
+    time: float
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionSeen(RunEvent):
+    """A rank read the preemption notice after it had made `rounds` reports in `attempt`."""
+
+    attempt: int
+    rank: int
+    rounds: int

@@ -16,6 +16,7 @@ from typing import Optional
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.commits import History
 from minitrain.coordinator.decide import CATCH_UP_S, Loop, MoveTo, Rules, Stage
+from minitrain.coordinator.preemption import DRIVER, Preemption
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState, ray_status
@@ -65,6 +66,9 @@ def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: floa
         logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
     elif stage is Stage.STACKS:
         logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt, stack_wait_s)
+    elif stage is Stage.PREEMPT:
+        logger.error("attempt %d: not every rank reported the round agreed after the preemption signal in time; "
+                     "killing the workers (the last committed checkpoint stands)", tracker.attempt)
     elif stage is Stage.CATCH_UP:
         round_, behind = tracker.ranks_behind()
         logger.warning("attempt %d: rank(s) %s did not report round %s within %g s (blocked, perhaps in a "
@@ -72,19 +76,44 @@ def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: floa
                        ",".join(map(str, behind)), round_, catch_up_s)
 
 
+def was_preempted(loop: Loop) -> bool:
+    """The run ended ABORTED because of a preemption signal (not Ctrl-C, not a finished run)."""
+    return loop.preemptions > 0 and loop.state is RunState.ABORTED and not loop.interrupts
+
+
 def run_outcome(loop: Loop, tracker: Optional[AttemptTracker], history: History, *, max_failures: int,
-                run_path: str, start_error: str) -> RunOutcome:
+                run_path: str, start_error: str, preemption: Optional[Preemption] = None) -> RunOutcome:
     """How the run ended: its loop's state, the latest attempt (`tracker`, None when none started:
-    then the loop's reason is the error) with rank 0's `history`, and `failure_message`."""
+    then the loop's reason is the error) with rank 0's `history`, and `failure_message`; for a
+    preempted run (`was_preempted`), what `preemption` recorded and `preemption_message`."""
+    info = preemption.outcome_info(tracker) if preemption is not None and was_preempted(loop) else None
+    extra = {} if info is None else {"preemption": info, "drain_timed_out": not preemption.completed}
     if tracker is None:  # no attempt started: the agents did not come up
-        return RunOutcome(state=loop.state, attempt=loop.attempt, last_metrics=None, error_message=loop.reason)
+        return RunOutcome(state=loop.state, attempt=loop.attempt, last_metrics=None, error_message=loop.reason,
+                          **extra)
     failures = tuple(tracker.failures())
     message = failure_message(tracker, max_failures, run_path, start_error)
+    if info is not None:
+        message = preemption_message(preemption, loop.reason, message)
     return RunOutcome(
         state=loop.state, attempt=tracker.attempt, last_metrics=history.last_metrics,
         metrics_history=tuple(history.metrics), failures=failures, exceptions=tracker.exc_pickles(),
-        error_message=message, return_value=history.return_value,
+        error_message=message, return_value=history.return_value, **extra,
     )
+
+
+def preemption_message(preemption: Preemption, reason: str, failures: str) -> str:
+    """The PreemptionError's text: which signals came where, how the stop went (`reason`), and the
+    failures of the attempt when a rank failed meanwhile."""
+    where = ", ".join(f"{name} on {'the driver' if node == DRIVER else 'node ' + node}"
+                      for node, name in preemption.signals)
+    if preemption.completed:
+        text = (f"Training was preempted ({where}): every rank reported the agreed round {preemption.round} "
+                "and the run stopped.")
+    else:
+        text = (f"Training was preempted ({where}) and stopped before every rank reported an agreed round "
+                f"({reason}).")
+    return f"{text}\n\n{failures}" if failures else text
 
 
 def failure_message(tracker: AttemptTracker, max_failures: int, run_path: str, start_error: str) -> str:

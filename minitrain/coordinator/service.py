@@ -228,6 +228,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
                 elif kind == "exited":
                     self._events.put(_exited_event(node_id, message.exited))
+                elif kind == "preemption" and state["node_id"]:
+                    signalled = message.preemption
+                    self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
                 elif kind == "stack_dump":
                     dump = message.stack_dump
                     header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
@@ -341,6 +344,8 @@ class _WorkerIntake:
         elif kind == "failure":
             failure = convert.failure_from_message(rank, "", 0, message.failure)
             put(ev.WorkerFailed(attempt, failure, message.failure.exc_pickle))
+        elif kind == "preemption_seen":
+            put(ev.PreemptionSeen(attempt, rank, message.preemption_seen.rounds))
         elif kind not in ("hello", "heartbeat"):
             # A message this coordinator cannot read: a worker from another minitrain version. Dropping
             # it in silence once hung a run whose reports all came in a newer message kind.

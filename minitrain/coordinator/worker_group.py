@@ -34,6 +34,7 @@ class LaunchSettings:
     cwd: str
     worker_env: Mapping[str, str]
     relay: bool = False  # the workers' streams go through their agents' relays
+    preemption_signals: tuple[str, ...] = ()  # what the agents report as preemptions (FailureConfig)
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ class WorkerGroup:
                 cwd=settings.cwd,
                 env=node_env(settings.worker_env, nodes[node_id], node_assignments),
                 relay=settings.relay,
+                preemption_signals=settings.preemption_signals,
             )
             if not outbox.to_agent(node_id, command):
                 group.tracker.on_node_lost(node_id, "its stream closed before the workers started", clock())

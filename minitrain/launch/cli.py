@@ -11,7 +11,11 @@ arguments as its `sys.argv[1:]`.
 A mistake found before any process starts (a `ConfigError`, a Ray argument minitrain refuses) ends
 with one line on stderr and exit code 2; `--debug` adds its traceback. Ctrl-C ends with the line
 fit() wrote (what was stopped, what the same command resumes from) and exit code 130, as a shell
-reports a process SIGINT ended.
+reports a process SIGINT ended. A preempted run (`PreemptionError`: a preemption signal reached the
+driver or a node agent, every rank checkpointed at the agreed round) ends with exit code 143 (128 +
+SIGTERM: what a scheduler expects of a process it asked to stop, and retryable under Kubeflow's
+ExitCode restart policy) while `FailureConfig.max_preemption_failures` allows a resume, and with 1 once
+it does not. A script target's exit code is the script's own.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Callable, Optional
 _USER_MODULE = "__minitrain_user_module__"
 EXIT_USAGE = 2  # a mistake in the command or its configs, found before any process started
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
+EXIT_PREEMPTED = 143  # 128 + SIGTERM: preempted at an agreed checkpoint; run the same command to resume
 logger = logging.getLogger("minitrain")
 
 
@@ -146,6 +151,9 @@ def _train_function(options: argparse.Namespace, path: str, function_name: str) 
     )
     try:
         result = trainer.fit()
+    except minitrain.PreemptionError as exc:
+        print(f"minitrain.launch: preempted\n{exc}", file=sys.stderr)
+        return EXIT_PREEMPTED if exc.resumable else 1
     except minitrain.TrainingFailedError as exc:
         print(f"minitrain.launch: training failed\n{exc}", file=sys.stderr)
         return 1

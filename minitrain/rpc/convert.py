@@ -78,7 +78,8 @@ def telemetry_message(sample: TelemetrySample) -> pb.Telemetry:
 def _start_workers(c: cmd.StartWorkers) -> pb.AgentCommand:
     return pb.AgentCommand(start=pb.StartWorkers(
         attempt=c.attempt, workers=[pb.WorkerLaunch(rank=w.rank, local_rank=w.local_rank) for w in c.workers],
-        cwd=c.cwd, env=dict(c.env), relay=c.relay, coordinator_address=c.coordinator_address))
+        cwd=c.cwd, env=dict(c.env), relay=c.relay, coordinator_address=c.coordinator_address,
+        preemption_signals=list(c.preemption_signals)))
 
 
 _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
@@ -103,7 +104,8 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
         s = message.start
         return cmd.StartWorkers(
             attempt=s.attempt, workers=tuple(cmd.WorkerLaunch(w.rank, w.local_rank) for w in s.workers),
-            cwd=s.cwd, env=dict(s.env), relay=s.relay, coordinator_address=s.coordinator_address)
+            cwd=s.cwd, env=dict(s.env), relay=s.relay, coordinator_address=s.coordinator_address,
+            preemption_signals=tuple(s.preemption_signals))
     if kind == "stop":
         return cmd.StopWorkers(attempt=message.stop.attempt, grace_s=message.stop.grace_s)
     if kind == "dump_stacks":
@@ -144,6 +146,10 @@ _WORKER_COMMANDS: dict[type, Callable[..., pb.WorkerCommand]] = {
     cmd.PhaseAck: lambda c: pb.WorkerCommand(phase_ack=pb.PhaseAck(phase=int(c.phase))),
     cmd.CheckpointList: _checkpoint_list,
     cmd.Release: lambda c: pb.WorkerCommand(release=pb.Release()),
+    cmd.PreemptionNotice: lambda c: pb.WorkerCommand(preemption_notice=pb.PreemptionNotice()),
+    cmd.PreemptionRound: lambda c: pb.WorkerCommand(preemption_round=pb.PreemptionRound(
+        round=c.round, deadline_ms=c.deadline_ms, signal=c.signal,
+        preempted=[pb.NodeRanks(node_id=node, ranks=list(ranks)) for node, ranks in c.node_ranks])),
 }
 
 
@@ -184,4 +190,10 @@ def worker_command_from_message(message: pb.WorkerCommand) -> Optional[cmd.Worke
             cmd.CheckpointEntry(e.dir_name, json.loads(e.metrics_json)) for e in listing.checkpoints))
     if kind == "release":
         return cmd.Release()
+    if kind == "preemption_notice":
+        return cmd.PreemptionNotice()
+    if kind == "preemption_round":
+        r = message.preemption_round
+        return cmd.PreemptionRound(round=r.round, deadline_ms=r.deadline_ms, signal=r.signal,
+                                   node_ranks=tuple((n.node_id, tuple(n.ranks)) for n in r.preempted))
     return None

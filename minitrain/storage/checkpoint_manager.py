@@ -25,10 +25,12 @@ Index JSON (Ray's key names where Ray has one; unlike Ray, the version is record
      "checkpoint_results": [{"checkpoint_dir_name", "metrics", "report_index", "attempt", "committed_at"}, ...],
      "latest_checkpoint_result": {...} or null,
      "current_report_index": 7,
-     "created_uncommitted": ["checkpoint_000004", ...]}
+     "created_uncommitted": ["checkpoint_000004", ...],
+     "preemptions": 1}
 `checkpoint_results` are the kept checkpoints in manager order (worst first). Directory names are
 relative to the run directory, so the run directory can be moved. Format 1 (no
-`created_uncommitted`) is read as created nothing.
+`created_uncommitted`) is read as created nothing; an index without `preemptions` (the `fit()`s a
+preemption ended, counted against `FailureConfig.max_preemption_failures`) as none.
 
 A resumed run with a different `CheckpointConfig` re-applies retention with the new config at load
 time, in memory only: the checkpoints it drops stay on disk, and stay named by the index on disk,
@@ -172,6 +174,7 @@ class CheckpointManager:
         self._records: tuple[CheckpointRecord, ...] = ()
         self._latest: Optional[CheckpointRecord] = None
         self._report_index = 0
+        self._preemptions = 0  # fit()s of this run that a preemption ended (FailureConfig.max_preemption_failures)
         self._persisted_names: frozenset[str] = frozenset()  # named by the index on disk
         self._pending_evictions: tuple[CheckpointRecord, ...] = ()  # dropped at load by a new config
         self._created: frozenset[str] = frozenset()  # made by this run, not committed: ours to delete
@@ -193,6 +196,10 @@ class CheckpointManager:
             data = json.loads(storage.read_text(INDEX_NAME))
             stored_config, records, latest, current = _parse_index(data)
             manager._created = _parse_created(data)
+            preemptions = data.get("preemptions", 0)
+            if isinstance(preemptions, bool) or not isinstance(preemptions, int) or preemptions < 0:
+                raise _Shape(f"'preemptions' must be an int >= 0, got {preemptions!r}")
+            manager._preemptions = preemptions
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise CheckpointIndexError(_corrupt(url, f"it is not valid JSON: {exc}")) from exc
         except _Shape as exc:
@@ -233,6 +240,15 @@ class CheckpointManager:
     def report_index(self) -> int:
         """How many report rounds the run has processed (persisted with the index)."""
         return self._report_index
+
+    @property
+    def preemptions(self) -> int:
+        """How many `fit()`s of this run a preemption ended (persisted with the index)."""
+        return self._preemptions
+
+    def note_preemption(self) -> None:
+        """A preemption ends this `fit()`: count it; persisted by the next `save`/commit."""
+        self._preemptions += 1
 
     @property
     def committed_dir_names(self) -> set[str]:
@@ -337,6 +353,7 @@ class CheckpointManager:
             "checkpoint_results": [_record_json(record) for record in records],
             "latest_checkpoint_result": None if latest is None else _record_json(latest),
             "current_report_index": report_index,
+            "preemptions": self._preemptions,
             "created_uncommitted": sorted(self._created - {record.dir_name for record in records}),
         }
         self.storage.write_text_atomic(INDEX_NAME, json.dumps(snapshot, indent=2) + "\n")

@@ -108,6 +108,10 @@ class WorkerClient:
         self.recorded_round = -1
         self._released = False
         self._checkpoint_lists: dict[int, list] = {}
+        # A preemption (minitrain.worker.preemption): set by the stream thread, read by report().
+        self.preemption_noticed = False
+        self.rounds_reported = lambda: 0  # the session's report count, answered to a PreemptionNotice
+        self._preemption_round: Optional[cmd.PreemptionRound] = None
         self._closed = False
         self._close_reason = ""
         self._reader = threading.Thread(target=self._read, name="minitrain-stream", daemon=True)
@@ -211,6 +215,14 @@ class WorkerClient:
             self._released = True
         elif isinstance(command, cmd.CheckpointList):
             self._checkpoint_lists[command.request_id] = [(e.dir_name, e.metrics) for e in command.checkpoints]
+        elif isinstance(command, cmd.PreemptionNotice):
+            # First noticed, then counted: a report() that did not see the flag was counted (the
+            # training thread adds its report before it looks), so the answer covers every report made
+            # without waiting for the round (coordinator/preemption.py's agreed_round).
+            self.preemption_noticed = True
+            self._send(preemption_seen=pb.PreemptionSeen(rounds=self.rounds_reported()))
+        elif isinstance(command, cmd.PreemptionRound):
+            self._preemption_round = command
 
     def _send(self, **body) -> None:
         """Queue a message with the given body field; returns at once."""
@@ -300,6 +312,15 @@ class WorkerClient:
         """Block until `recorded_round` reaches `round_` (the coordinator recorded this worker's
         reports up to it); StreamClosed or TimeoutError otherwise."""
         self._wait_until(lambda: self.recorded_round >= round_, timeout_s, f"receipt for report {round_}")
+
+    def wait_preemption_round(self, timeout_s: float) -> cmd.PreemptionRound:
+        """The agreed round of a preemption, once the coordinator sent it; StreamClosed / TimeoutError."""
+        return self._wait_for("_preemption_round", timeout_s, "the agreed preemption round")
+
+    def wait_closed(self, timeout_s: float) -> None:
+        """Block until the coordinator ends the stream (a preempted rank past its round waits here to be
+        stopped); raises StreamClosed then, TimeoutError after `timeout_s`."""
+        self._wait_until(lambda: False, timeout_s, "the end of the preempted run")
 
     def list_checkpoints(self, request_id: int, rounds: int, timeout_s: float) -> list[tuple[str, dict]]:
         """Ask for the run's committed checkpoints, [(dir_name, metrics)] in retention order, as they

@@ -33,6 +33,7 @@ from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.records import Phase
 from minitrain.rpc import report_window
 from minitrain.worker.client import WorkerClient
+from minitrain.worker.preemption import PreemptionGate
 
 logger = logging.getLogger("minitrain")
 
@@ -127,6 +128,8 @@ class WorkerSession:
         self._collective_store: Any = None
         self._collective_lock = threading.Lock()
         self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0, "window_wait_s": 0.0}
+        self._preemption = PreemptionGate(client)
+        client.rounds_reported = lambda: self._round
 
     # ------------------------------------------------------------------ public contract
 
@@ -153,10 +156,16 @@ class WorkerSession:
                 self._async.submit(lambda: self._client.put(message))
             else:
                 self._client.put(message)
-            return
-        self._report_checkpoint(text, checkpoint, checkpoint_dir_name,
-                                CheckpointUploadMode(checkpoint_upload_mode),
-                                delete_local_checkpoint_after_upload, checkpoint_upload_fn)
+        else:
+            self._report_checkpoint(text, checkpoint, checkpoint_dir_name,
+                                    CheckpointUploadMode(checkpoint_upload_mode),
+                                    delete_local_checkpoint_after_upload, checkpoint_upload_fn)
+        if self._client.preemption_noticed:  # after the count went up: see WorkerClient._apply
+            self._preemption.after_report(self._round)
+
+    def get_preemption_info(self) -> Any:
+        """`minitrain.get_preemption_info()` on this rank (minitrain.worker.preemption)."""
+        return self._preemption.info(self._round)
 
     def get_checkpoint(self) -> Optional[Checkpoint]:
         """The latest committed checkpoint at attempt start, then this rank's last reported one."""

@@ -179,6 +179,18 @@ def test_multihost_quick(tmp_path):
 
 
 @pytest.mark.e2e
+def test_preempt_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "preempt")
+    figures = workloads["preempt"]["figures"]
+    jobs = figures["jobs"]
+    assert [job["target"] for job in jobs] == ["driver", "agent"]
+    for job in jobs:
+        assert 0 < job["knows_s"] < job["exited_s"] and job["lost_steps"] >= 0 and job["round"] > 0
+    measures = [row["measure"] for row in workloads["preempt"]["rows"]]
+    assert measures[0].startswith("signal -> every rank knows") and measures[1].startswith("work lost")
+    assert measures[2].startswith("signal -> committed -> exited")
+
+
 @pytest.mark.cluster
 def test_slurm_quick(tmp_path):
     from slurm_cluster import skip_reason  # tests/slurm_cluster.py

@@ -1,6 +1,8 @@
-"""SIGTERM to the driver and a callback that hangs (issue 26 probes): the run stops as with Ctrl-C (workers stopped with their grace,
-the index and the event log written, no process of the run left), then the driver dies by SIGTERM, the
-status a scheduler that sent it expects. A user's own SIGTERM handler is left alone."""
+"""SIGTERM to the driver and a callback that hangs (issue 26 probes): with SIGTERM not among
+FailureConfig.preemption_signals (by default it is one: tests/e2e/test_preemption_signals.py), the run
+stops as with Ctrl-C (workers stopped with their grace, the index and the event log written, no
+process of the run left), then the driver dies by SIGTERM, the status a scheduler that sent it expects.
+A user's own SIGTERM handler is left alone."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_sigterm_stops_the_run_like_ctrl_c_then_the_driver_dies_by_sigterm(tmp_path):
-    driver = _start_driver(tmp_path)
+    driver = _start_driver(tmp_path, preemption_signals=["SIGUSR2"])
     try:
         _wait_for(tmp_path / "progress.json", driver)
         driver.send_signal(signal.SIGTERM)

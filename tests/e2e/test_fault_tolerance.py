@@ -64,7 +64,9 @@ DRIVER = textwrap.dedent("""
         try:
             TorchTrainer(train, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
                          run_config=RunConfig(name="ft", storage_path=os.path.join(OUT, "results"),
-                                              failure_config=FailureConfig(worker_stop_grace_s=config["grace"]))).fit()
+                                              failure_config=FailureConfig(
+                                                  worker_stop_grace_s=config["grace"],
+                                                  preemption_signals=tuple(config["preemption_signals"])))).fit()
         except KeyboardInterrupt:
             print("DRIVER: KeyboardInterrupt", flush=True)
             sys.exit(130)
@@ -73,7 +75,8 @@ DRIVER = textwrap.dedent("""
 
 
 def _start_driver(tmp_path, **config):
-    config = {"ignore_sigterm": False, "finish": False, "grace": 5.0, **config}
+    config = {"ignore_sigterm": False, "finish": False, "grace": 5.0, "preemption_signals": ["SIGUSR2", "SIGTERM"],
+              **config}
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     return subprocess.Popen([sys.executable, str(script), str(tmp_path), json.dumps(config)], cwd=tmp_path,

@@ -343,6 +343,79 @@ def _report_checkpoint(config: dict, module, optimizer, step: int, fault: Option
             raise AssertionError("the injected upload fault did not end the report")
 
 
+# ---------------------------------------------------------------------------------- the "preemption signal" kind
+# A schedule of preemptions (tests/faults/test_preemption_faults.py): fit() number i fires preemption i,
+# from rank 0 at its step, to the driver or to rank 0's node agent, once or twice, before the step's report
+# or while rank 0 uploads a checkpoint of that step (its uploads made slow, the signal 0.3 s into them).
+PREEMPTED_EXIT = 143
+
+
+def _agent_pid() -> int:
+    import psutil
+
+    for parent in psutil.Process().parents():
+        if "minitrain.agent" in " ".join(parent.cmdline()):
+            return parent.pid
+    raise AssertionError("no node agent above this worker")
+
+
+def _send_preemption(target_pid: int, twice: bool) -> None:
+    os.kill(target_pid, signal.SIGUSR2)
+    if twice:  # 0.2 s later: two signals pending at once are one signal (POSIX merges them)
+        threading.Timer(0.2, os.kill, (target_pid, signal.SIGUSR2)).start()
+
+
+def _preempt_if_due(config: dict, step: int) -> bool:
+    """Rank 0: fire this fit()'s preemption if it is due at `step` (once: a marker notes it). Returns
+    True when this step's report must carry a checkpoint (the signal lands during its upload)."""
+    preemptions = config.get("preemptions") or []
+    index = config.get("fit_index", 0)
+    if index >= len(preemptions) or preemptions[index]["step"] != step:
+        return False
+    marker = os.path.join(config["out"], "markers", f"preemption_{index}")
+    if os.path.exists(marker):
+        return False
+    _touch(marker)
+    due = preemptions[index]
+    target = config["driver_pid"] if due["target"] == "driver" else _agent_pid()
+    if not due["during_upload"]:
+        _send_preemption(target, due["twice"])
+        return False
+    _touch(os.path.join(config["out"], SLOW_WRITERS, str(os.getpid())))  # this rank's uploads crawl
+    threading.Timer(0.3, _send_preemption, (target, due["twice"])).start()
+    return True
+
+
+def preemption_driver(root: str, schedule: dict, fit_index: int) -> int:
+    """One fit() of a preemption schedule ({"every", "preemptions": [...]}): prints PREEMPTED <json> (exit
+    143) or FINISHED <json> (exit 0). Called from `python -c` (workers unpickle train_fn by module)."""
+    from minitrain import FailureConfig, PreemptionError, RunConfig, ScalingConfig
+    from minitrain.torch import TorchTrainer
+
+    out = os.path.join(root, "out")
+    for sub in ("pids", "daemons", "markers", "attempts", SLOW_WRITERS):
+        os.makedirs(os.path.join(out, sub), exist_ok=True)
+    results = os.path.join(root, "results")
+    config = {"out": out, "faults": [], "every": schedule["every"], "run_dir": os.path.join(results, RUN_NAME),
+              "preload": ImportWhenLoaded("torch._dynamo"), "preemptions": schedule["preemptions"],
+              "fit_index": fit_index, "driver_pid": os.getpid()}
+    trainer = TorchTrainer(
+        train_fn, train_loop_config=config, scaling_config=ScalingConfig(num_workers=2),
+        run_config=RunConfig(name=RUN_NAME, storage_path=results,
+                             storage_filesystem=SlowWriterFileSystem(slow_dir=os.path.join(out, SLOW_WRITERS)),
+                             failure_config=FailureConfig(worker_stop_grace_s=STOP_GRACE_S,
+                                                          preemption_timeout_s=30.0)))
+    try:
+        result = trainer.fit()
+    except PreemptionError as exc:
+        print("PREEMPTED " + json.dumps({"round": exc.preemption_info.round, "drain_timed_out": exc.drain_timed_out,
+                                         "checkpoint_dir": exc.checkpoint_dir, "resumable": exc.resumable}),
+              flush=True)
+        return PREEMPTED_EXIT
+    print("FINISHED " + json.dumps({"metrics": result.metrics}), flush=True)
+    return 0
+
+
 def _start_daemon(out: str) -> None:
     """What user code does now and then: a daemon in a session of its own (out of the worker's process
     group) with an environment of its own (no run tag: only its noted pid finds it). The agent must end
@@ -400,7 +473,9 @@ def train_fn(config: dict):
         index, fault = _claim_fault(config, rank, step, token)
         if fault is not None and fault.kind in PROCESS_KINDS:
             _fire(fault)
-        if rank == 0 and (step + 1) % config["every"] == 0:
+        forced = rank == 0 and _preempt_if_due(config, step)  # the "preemption signal" kind
+        preempted = minitrain.get_preemption_info() is not None
+        if rank == 0 and (forced or preempted or (step + 1) % config["every"] == 0):
             _report_checkpoint(config, module, optimizer, step,
                                fault if fault is not None and fault.kind in CHECKPOINT_KINDS else None)
         else:

@@ -41,3 +41,30 @@ def test_signals_inside_a_held_lock_are_noted_without_taking_it(agent):
                 break
     assert agent._signalled == "received SIGTERM"
     assert not agent._stream.ended  # the command loop acts on it, outside any handler
+
+
+def test_a_preemption_signal_is_noted_and_wakes_the_loop_without_stopping_the_agent(agent):
+    saved = signal.getsignal(signal.SIGUSR2)
+    try:
+        agent._install_preemption_handlers(("SIGUSR2", "SIGTERM"))
+        with agent._stream._ended._cond:  # inside a held lock, as above
+            os.kill(os.getpid(), signal.SIGUSR2)
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(1000):
+                if len(agent._preemptions) == 2:
+                    break
+        assert [name for name, _ in agent._preemptions] == ["SIGUSR2", "SIGTERM"]
+        assert agent._signalled is None and not agent._stream.ended  # the coordinator decides, not the agent
+        assert agent._stream.next_command(timeout_s=0.0) is None  # the handler woke the command loop
+    finally:
+        signal.signal(signal.SIGUSR2, saved)
+
+
+def test_sigterm_after_the_parent_died_stops_the_agent_as_before(agent):
+    agent._install_preemption_handlers(("SIGTERM",))
+    agent._parent_pid = -1  # as if the parent that started it were gone (the parent-death signal)
+    os.kill(os.getpid(), signal.SIGTERM)
+    for _ in range(1000):
+        if agent._signalled is not None:
+            break
+    assert agent._signalled == "received SIGTERM" and not agent._preemptions

@@ -102,7 +102,8 @@ def test_disk_holds_exactly_the_kept_checkpoints(any_storage):
     assert names(manager.best()) == ["checkpoint_000010", "checkpoint_000007"]
     index = json.loads(storage.read_text(INDEX_NAME))
     assert set(index) == {"minitrain_version", "format", "checkpoint_config", "checkpoint_results",
-                          "latest_checkpoint_result", "current_report_index", "created_uncommitted"}
+                          "latest_checkpoint_result", "current_report_index", "created_uncommitted",
+                              "preemptions"}
     assert index["checkpoint_config"] == {"num_to_keep": 2, "checkpoint_score_attribute": "score",
                                           "checkpoint_score_order": "max"}
     assert [r["checkpoint_dir_name"] for r in index["checkpoint_results"]] == names(manager.records)

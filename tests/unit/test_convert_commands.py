@@ -16,7 +16,8 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 AGENT_COMMANDS = [
     cmd.StartWorkers(attempt=2, workers=(cmd.WorkerLaunch(4, 0), cmd.WorkerLaunch(5, 1)), cwd="/w",
                      env={"A": "1", "B": ""}, relay=True),
-    cmd.StartWorkers(attempt=0, workers=(), cwd="", env={}, coordinator_address="10.0.0.1:5000"),
+    cmd.StartWorkers(attempt=0, workers=(), cwd="", env={}, coordinator_address="10.0.0.1:5000",
+                     preemption_signals=("SIGUSR2", "SIGTERM")),
     cmd.StopWorkers(attempt=3, grace_s=2.5),
     cmd.DumpStacks(attempt=1),
     cmd.PrepareForkServers(count=8),
@@ -37,6 +38,9 @@ WORKER_COMMANDS = [
                                                   cmd.CheckpointEntry("c2", {}))),
     cmd.CheckpointList(request_id=1, checkpoints=()),
     cmd.Release(),
+    cmd.PreemptionNotice(),
+    cmd.PreemptionRound(round=7, deadline_ms=1_800_000_000_123, node_ranks=(("n1", (0, 1)), ("n2", ())),
+                        signal="SIGUSR2"),
 ]
 
 

@@ -45,7 +45,7 @@ def test_retries_left_counts_down_to_the_last_allowed_retry(max_failures):
 
 
 def test_the_preemption_budget_is_validated_but_not_a_second_budget():
-    # minitrain detects no preemptions: max_preemption_failures is checked, and only max_failures counts.
+    # A preemption ends the fit() (counted in the index for the next one): it never spends max_failures.
     assert FailureConfig(max_preemption_failures=3).max_preemption_failures == 3
     rules = Rules.from_config(FailureConfig(max_failures=0, max_preemption_failures=3))
     assert not rules.allows_retry(1)

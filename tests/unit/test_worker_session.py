@@ -24,6 +24,7 @@ class FakeClient:
     """The part of WorkerClient a session uses: records messages, acknowledges at once."""
 
     run_id, attempt, rank = "run-1", 2, 0
+    preemption_noticed = False  # no preemption in these tests (tests/e2e/test_preemption_signals.py)
 
     def __init__(self):
         self.sent = []

@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed")
+    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
@@ -33,6 +33,7 @@ class AgentMessage(_message.Message):
     LOGS_FIELD_NUMBER: _ClassVar[int]
     STACK_DUMP_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     hello: AgentHello
@@ -42,7 +43,16 @@ class AgentMessage(_message.Message):
     logs: LogLines
     stack_dump: StackDump
     relayed: RelayedUp
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ...) -> None: ...
+    preemption: PreemptionSignal
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ...) -> None: ...
+
+class PreemptionSignal(_message.Message):
+    __slots__ = ("signal", "received_at")
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_AT_FIELD_NUMBER: _ClassVar[int]
+    signal: str
+    received_at: float
+    def __init__(self, signal: _Optional[str] = ..., received_at: _Optional[float] = ...) -> None: ...
 
 class RelayedUp(_message.Message):
     __slots__ = ("items",)
@@ -191,7 +201,7 @@ class WorkerLaunch(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ...) -> None: ...
 
 class StartWorkers(_message.Message):
-    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay")
+    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay", "preemption_signals")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -205,13 +215,15 @@ class StartWorkers(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_SIGNALS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerLaunch]
     cwd: str
     env: _containers.ScalarMap[str, str]
     coordinator_address: str
     relay: bool
-    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ...) -> None: ...
+    preemption_signals: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrepareForkServers(_message.Message):
     __slots__ = ("count",)
@@ -234,7 +246,7 @@ class Shutdown(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
-    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry", "report_batch")
+    __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry", "report_batch", "preemption_seen")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
@@ -248,6 +260,7 @@ class WorkerMessage(_message.Message):
     LIST_CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     TELEMETRY_FIELD_NUMBER: _ClassVar[int]
     REPORT_BATCH_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_SEEN_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     attempt: int
     rank: int
@@ -261,13 +274,20 @@ class WorkerMessage(_message.Message):
     list_checkpoints: ListCheckpoints
     telemetry: Telemetry
     report_batch: ReportBatch
-    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., report_batch: _Optional[_Union[ReportBatch, _Mapping]] = ...) -> None: ...
+    preemption_seen: PreemptionSeen
+    def __init__(self, run_id: _Optional[str] = ..., attempt: _Optional[int] = ..., rank: _Optional[int] = ..., hello: _Optional[_Union[WorkerHello, _Mapping]] = ..., store_ready: _Optional[_Union[StoreReady, _Mapping]] = ..., phase: _Optional[_Union[PhaseChange, _Mapping]] = ..., report: _Optional[_Union[Report, _Mapping]] = ..., done: _Optional[_Union[WorkerDone, _Mapping]] = ..., failure: _Optional[_Union[WorkerFailure, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., list_checkpoints: _Optional[_Union[ListCheckpoints, _Mapping]] = ..., telemetry: _Optional[_Union[Telemetry, _Mapping]] = ..., report_batch: _Optional[_Union[ReportBatch, _Mapping]] = ..., preemption_seen: _Optional[_Union[PreemptionSeen, _Mapping]] = ...) -> None: ...
 
 class ReportBatch(_message.Message):
     __slots__ = ("reports",)
     REPORTS_FIELD_NUMBER: _ClassVar[int]
     reports: _containers.RepeatedCompositeFieldContainer[Report]
     def __init__(self, reports: _Optional[_Iterable[_Union[Report, _Mapping]]] = ...) -> None: ...
+
+class PreemptionSeen(_message.Message):
+    __slots__ = ("rounds",)
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    rounds: int
+    def __init__(self, rounds: _Optional[int] = ...) -> None: ...
 
 class Telemetry(_message.Message):
     __slots__ = ("sampled_at", "reports", "step_time_s", "report_wait_s", "collective_wait_s", "data_wait_s", "cpu_percent", "rss_bytes", "gpus", "total")
@@ -380,7 +400,7 @@ class WorkerFailure(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ..., exc_type: _Optional[str] = ..., message: _Optional[str] = ..., traceback: _Optional[str] = ..., exc_pickle: _Optional[bytes] = ..., failed_at: _Optional[float] = ...) -> None: ...
 
 class WorkerCommand(_message.Message):
-    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list", "release", "report_receipt")
+    __slots__ = ("assignment", "rendezvous", "abort", "phase_ack", "report_ack", "checkpoint_list", "release", "report_receipt", "preemption_notice", "preemption_round")
     ASSIGNMENT_FIELD_NUMBER: _ClassVar[int]
     RENDEZVOUS_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +409,8 @@ class WorkerCommand(_message.Message):
     CHECKPOINT_LIST_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
     REPORT_RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_NOTICE_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTION_ROUND_FIELD_NUMBER: _ClassVar[int]
     assignment: Assignment
     rendezvous: Rendezvous
     abort: Abort
@@ -397,7 +419,33 @@ class WorkerCommand(_message.Message):
     checkpoint_list: CheckpointList
     release: Release
     report_receipt: ReportReceipt
-    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., report_receipt: _Optional[_Union[ReportReceipt, _Mapping]] = ...) -> None: ...
+    preemption_notice: PreemptionNotice
+    preemption_round: PreemptionRound
+    def __init__(self, assignment: _Optional[_Union[Assignment, _Mapping]] = ..., rendezvous: _Optional[_Union[Rendezvous, _Mapping]] = ..., abort: _Optional[_Union[Abort, _Mapping]] = ..., phase_ack: _Optional[_Union[PhaseAck, _Mapping]] = ..., report_ack: _Optional[_Union[ReportAck, _Mapping]] = ..., checkpoint_list: _Optional[_Union[CheckpointList, _Mapping]] = ..., release: _Optional[_Union[Release, _Mapping]] = ..., report_receipt: _Optional[_Union[ReportReceipt, _Mapping]] = ..., preemption_notice: _Optional[_Union[PreemptionNotice, _Mapping]] = ..., preemption_round: _Optional[_Union[PreemptionRound, _Mapping]] = ...) -> None: ...
+
+class PreemptionNotice(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class NodeRanks(_message.Message):
+    __slots__ = ("node_id", "ranks")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, node_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PreemptionRound(_message.Message):
+    __slots__ = ("round", "deadline_ms", "preempted", "signal")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_MS_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
+    SIGNAL_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    deadline_ms: int
+    preempted: _containers.RepeatedCompositeFieldContainer[NodeRanks]
+    signal: str
+    def __init__(self, round: _Optional[int] = ..., deadline_ms: _Optional[int] = ..., preempted: _Optional[_Iterable[_Union[NodeRanks, _Mapping]]] = ..., signal: _Optional[str] = ...) -> None: ...
 
 class Release(_message.Message):
     __slots__ = ()
