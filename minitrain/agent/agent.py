@@ -251,7 +251,11 @@ class NodeAgent:
             tls_cert = self._tls_cert.decode("ascii")
         bootstrap = {"coordinator": coordinator, "token": self._token, "tls_cert": tls_cert,
                      "run_id": self._run_id, "attempt": attempt, "rank": rank, "node_id": self._node_id,
-                     "agent_pid": os.getpid(), "stack_fd": stack_fd}
+                     "agent_pid": os.getpid(), "stack_fd": stack_fd,
+                     # A scheduler may signal every process of the node (Slurm's --signal reaches the
+                     # whole job step): the agent reports the run's preemption signals, the workers must
+                     # not die of them. SIGTERM stays: it is how an agent stops its workers.
+                     "ignore_signals": [name for name in start.preemption_signals if name != "SIGTERM"]}
         try:
             process.stdin.write(json.dumps(bootstrap).encode() + b"\n")
             process.stdin.close()

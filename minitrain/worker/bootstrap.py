@@ -274,6 +274,16 @@ def _arm_stack_dumps(fd: int | None) -> None:
     faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
 
 
+def _ignore_signals(names) -> None:
+    """Ignore the run's preemption signals other than SIGTERM (the agent's bootstrap names them): the
+    agent on this node reports them to the coordinator, which agrees a round; a worker that died of the
+    same signal (a scheduler signals every process of the node) would lose that round."""
+    import signal
+
+    for name in names:
+        signal.signal(signal.Signals[name], signal.SIG_IGN)
+
+
 def main() -> None:
     """Entry point of `python -m minitrain.worker`."""
     from minitrain import procs
@@ -294,6 +304,7 @@ def main() -> None:
                                      then=lambda: _preimport("torch._dynamo"))
     bootstrap = read_bootstrap(sys.stdin)
     procs.die_with_parent(expected_parent=bootstrap.get("agent_pid"))
+    _ignore_signals(bootstrap.get("ignore_signals", ()))
     _arm_stack_dumps(stack_fd if stack_fd is not None else bootstrap.get("stack_fd"))
     sys.stdin.close()
     sys.stdin = open(os.devnull)

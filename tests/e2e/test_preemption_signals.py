@@ -135,6 +135,26 @@ def test_a_signal_to_an_agent_with_ranks_drifting_apart_gives_one_round(tmp_path
     _nothing_left(tmp_path)
 
 
+def test_a_signal_to_every_process_of_the_node_still_gives_the_agreed_round(tmp_path):
+    """Slurm's --signal (and scancel --signal) reaches every process of a job step: the agent and its
+    workers get SIGUSR2 at once. The workers must not die of it (its default action), or the round the
+    agent's report agrees would be lost."""
+    driver = _start(tmp_path)
+    _wait_for(tmp_path / "progress", driver)
+    agent = psutil.Process(_agent_pid(driver))
+    workers = agent.children(recursive=True)
+    assert workers, "no worker under the agent"
+    for process in [agent, *workers]:
+        process.send_signal(signal.SIGUSR2)
+    output = _finish(driver)
+    assert driver.returncode == 143, output
+    outcome = _outcome(output)
+    assert "SIGUSR2 on node localhost" in output and outcome["drain_timed_out"] is False
+    seen = _assert_agreed(tmp_path, outcome)
+    assert _assert_committed(tmp_path, outcome["checkpoint_dir"]) == seen[0]["step"]
+    _nothing_left(tmp_path)
+
+
 def test_a_signal_to_one_of_two_agents_names_its_node_and_every_rank_agrees(tmp_path):
     driver = _start(tmp_path, hosts="localhost:1,127.0.0.1:1")
     _wait_for(tmp_path / "progress", driver)
