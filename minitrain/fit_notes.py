@@ -72,10 +72,14 @@ def remove_unstarted_run(storage: Storage) -> None:
         pass
 
 
-def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int) -> PreemptionError:
+def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int,
+                     earlier_requeues: int = 0) -> PreemptionError:
     """The error of a preempted run: resumable while the run's preemptions (this one counted) stay
-    within `FailureConfig.max_preemption_failures` (-1: always)."""
-    resumable = budget == -1 or checkpoints.preemptions <= budget
+    within `FailureConfig.max_preemption_failures` (-1: always). `earlier_requeues`: how many times the
+    scheduler already requeued the job (Slurm's SLURM_RESTART_COUNT): each was a preemption too, also
+    one the run directory never saw (a node failure, a requeue before the first commit)."""
+    preemptions = max(checkpoints.preemptions, earlier_requeues + 1)
+    resumable = budget == -1 or preemptions <= budget
     latest = checkpoints.latest
     message = outcome.error_message
     if latest is not None:
@@ -83,7 +87,7 @@ def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget
     if resumable:
         message += " Run the same fit() again (same RunConfig name and storage_path) to resume from it."
     else:
-        message += (f" The run was preempted {checkpoints.preemptions} time(s), more than "
+        message += (f" The run was preempted {preemptions} time(s), more than "
                     f"FailureConfig.max_preemption_failures={budget}: it is not to be resumed.")
     return PreemptionError(outcome.preemption, drain_timed_out=outcome.drain_timed_out, message=message,
                            resumable=resumable, checkpoint_dir=latest.dir_name if latest is not None else "")

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import cloudpickle
 
 from minitrain import __version__, _session, code_pickle, fit_notes, knobs, resource_wait, run_directory
-from minitrain.hosts import hostinfo
+from minitrain.hosts import hostinfo, slurm_env, slurm_requeue
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
 from minitrain.checkpoint import Checkpoint
@@ -267,8 +267,13 @@ class DataParallelTrainer:
             outcome = dataclasses.replace(outcome, error_message=outcome.error_message.replace(
                 storage.url(), published.url()))
         if outcome.preemption is not None:
-            raise fit_notes.preemption_error(outcome, checkpoints,
-                                             self.run_config.failure_config.max_preemption_failures)
+            slurm = cluster.launcher == "srun"
+            error = fit_notes.preemption_error(outcome, checkpoints,
+                                               self.run_config.failure_config.max_preemption_failures,
+                                               earlier_requeues=slurm_env.restart_count(os.environ) if slurm else 0)
+            if slurm and error.resumable:  # the job runs its script again and resumes (docs/slurm.md)
+                slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
+            raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
                                 stragglers=self._monitor.straggler_history())
 

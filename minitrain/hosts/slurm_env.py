@@ -44,6 +44,7 @@ STEP_GPUS = "SLURM_STEP_GPUS"
 TASKS_ASKED = ("SLURM_NTASKS_PER_NODE", "SLURM_NTASKS", "SLURM_NPROCS")
 STEP_ID = "SLURM_STEP_ID"
 STEP_NUM_TASKS = "SLURM_STEP_NUM_TASKS"
+RESTART_COUNT = "SLURM_RESTART_COUNT"  # how many times Slurm requeued this job (unset before the first)
 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.:%-]+")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
@@ -310,3 +311,13 @@ def allocation_from_environment(environ: Mapping[str, str]) -> Optional[SlurmAll
     nodes = expand_hostlist(nodelist, variable)
     slots, slots_from = _slots(environ, nodes)
     return SlurmAllocation(job_id=job_id, nodes=nodes, slots=slots, slots_from=slots_from)
+
+
+def restart_count(environ: Mapping[str, str]) -> int:
+    """How many times Slurm has requeued this job (``SLURM_RESTART_COUNT``; 0 when unset)."""
+    value = _get(environ, RESTART_COUNT)
+    if value is None:
+        return 0
+    if not value.isdigit():
+        raise _error(RESTART_COUNT, value, "is not a count", "Slurm sets it to a whole number; unset it")
+    return int(value)

@@ -83,6 +83,48 @@ def train_with_checkpoints(config):
         time.sleep(config["step_s"])
 
 
+def train_seeded(config):
+    """A seeded DDP model (gloo, CPU) with momentum, a deterministic batch per step and rank, and a
+    checkpoint of the model and optimizer every step: an uninterrupted run and a preempted-and-requeued
+    one must end with the same bits. Rank 0 writes the final parameters' bytes as hex."""
+    import torch
+
+    from minitrain.torch import prepare_model
+
+    where = _where()
+    torch.manual_seed(0)
+    model = prepare_model(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    start = 0
+    checkpoint = minitrain.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as directory:
+            state = torch.load(os.path.join(directory, "state.pt"), weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        start = state["step"] + 1
+    _write(config["out"], f"start_{where['pid']}.json", {**where, "start": start,
+                                                        "restart": os.environ.get("SLURM_RESTART_COUNT")})
+    for step in range(start, config["steps"]):
+        generator = torch.Generator().manual_seed(1000 * step + where["rank"])
+        x = torch.randn(8, 4, generator=generator)
+        loss = ((model(x) - x.sum(dim=1, keepdim=True)) ** 2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with tempfile.TemporaryDirectory() as directory:
+            if where["rank"] == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step},
+                           os.path.join(directory, "state.pt"))
+            minitrain.report({"step": step}, checkpoint=minitrain.Checkpoint.from_directory(directory))
+        if where["rank"] == 0:
+            _write(config["out"], "progress.json", {"step": step, "restart": os.environ.get("SLURM_RESTART_COUNT")})
+        time.sleep(config["step_s"])
+    if where["rank"] == 0:
+        bits = b"".join(p.detach().numpy().tobytes() for p in model.parameters()).hex()
+        _write(config["out"], "final_params.json", {"hex": bits})
+
+
 def _record_the_token(out: str) -> None:
     """Write each run token the coordinator makes to OUT/token, so that the test can look for it on every
     command line and in every environment of the run (a test's own hook; nothing else sees it)."""

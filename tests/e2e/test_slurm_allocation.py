@@ -198,3 +198,47 @@ def test_explicit_hosts_override_the_allocation(slurm_cluster, tmp_path):
     ranks = [r for r in _records(out, "rank_*.json")]
     assert [r["node"] for r in ranks] == [slurm_cluster.nodes[0]] * 2  # both on the batch node
     assert "minitrain-agent" not in _log(log) and ranks[0]["netns"] == ranks[1]["netns"]
+
+
+def _seeded_job(slurm_cluster, tmp_path, name: str, *sbatch_args: str) -> tuple[str, pathlib.Path, pathlib.Path]:
+    out, log = tmp_path / name, tmp_path / f"{name}.log"
+    out.mkdir()
+    config = json.dumps({"out": str(out), "steps": 12, "step_s": 0.3})
+    launch = shlex.join([sys.executable, "-m", "minitrain.launch", "--num-workers", "2", "--name", "seeded",
+                         "--storage-path", str(tmp_path / f"{name}_results"), "--config", config,
+                         f"{TRAINING}:train_seeded"])
+    job = slurm_cluster.sbatch(_script(launch), "--nodes=2", f"--output={log}", "--open-mode=append", *sbatch_args)
+    return job, out, log
+
+
+def test_a_preemption_signal_gives_one_agreed_checkpoint_and_a_requeue_that_ends_bit_identical(slurm_cluster,
+                                                                                                 tmp_path):
+    """scancel --signal=USR2 reaches every process of the job's steps (agents and workers): the ranks agree a
+    round, it commits, the driver asks Slurm to requeue the job (scontrol requeue), and the requeued job (same
+    id, SLURM_RESTART_COUNT=1) resumes from the agreed checkpoint and ends with the same parameter bits as
+    the same job run without interruption."""
+    baseline, baseline_out, baseline_log = _seeded_job(slurm_cluster, tmp_path, "uninterrupted")
+    record = slurm_cluster.wait_job(baseline, 120)
+    assert record["JobState"] == "COMPLETED", _log(baseline_log)
+
+    job, out, log = _seeded_job(slurm_cluster, tmp_path, "preempted", "--requeue")
+    _wait_for(lambda: (out / "progress.json").exists() and json.loads((out / "progress.json").read_text())["step"] >= 3,
+              90, lambda: f"step 3 of the first run ({_log(log)})")
+    signalled_at = time.time()
+    slurm_cluster.run(["scancel", "--signal=USR2", job])
+    record = slurm_cluster.wait_job(job, 180)
+    text = _log(log)
+    assert record["JobState"] == "COMPLETED" and record["ExitCode"] == "0:0", text
+    assert record.get("Restarts") == "1", record
+    assert "requeued" in text and "preempted" in text.lower()
+    starts = _records(out, "start_*.json")
+    first = [s for s in starts if s["restart"] in (None, "0")]
+    resumed = [s for s in starts if s["restart"] == "1"]
+    assert len(first) == 2 and len(resumed) == 2, starts
+    assert {s["start"] for s in first} == {0}
+    agreed = {s["start"] for s in resumed}
+    assert len(agreed) == 1 and agreed.pop() >= 4, resumed  # both ranks resumed after the same agreed round
+    final = json.loads((out / "final_params.json").read_text())["hex"]
+    assert final == json.loads((baseline_out / "final_params.json").read_text())["hex"]
+    print(f"signal -> resumed job's first start record: {max(p.stat().st_mtime for p in out.glob('start_*.json')) - signalled_at:.1f} s")
+    assert slurm_cluster.steps(job) == []

@@ -1,0 +1,50 @@
+"""Requeue the Slurm job of a preempted run, so the job runs again and resumes (L1: stdlib + L0).
+
+`fit()` calls `requeue_after_preemption` when a run in Slurm mode (`ClusterConfig.launcher == "srun"`)
+ended with a resumable `PreemptionError`: the run agreed a round, committed its checkpoint and stopped,
+and the job (submitted with ``--requeue``) should run its batch script again with the same job id,
+whose run name then resumes from that checkpoint. Only then: a finished, failed or interrupted run is
+never requeued, and a run past `FailureConfig.max_preemption_failures` (Slurm's own requeues counted,
+``SLURM_RESTART_COUNT``) is not resumable, so it is not requeued either.
+
+The requeue is `scontrol requeue <job>`. Where there is no `scontrol` (a container image without Slurm's
+client commands), nothing is requeued and the log says so and names the route without it: a follow-up
+job submitted up front with ``--dependency=afternotok:<job>`` (docs/slurm.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import subprocess
+
+logger = logging.getLogger("minitrain")
+
+SCONTROL_TIMEOUT_S = 30.0
+
+
+def requeue_after_preemption(job_id: str) -> bool:
+    """Ask Slurm to requeue job `job_id`; True when `scontrol requeue` accepted it. Never raises: the
+    run's own outcome (the PreemptionError) is what the caller reports; this logs what happened."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        logger.warning("preempted: Slurm job %s is not requeued: there is no scontrol on this host. Submit a "
+                       "follow-up job up front instead (sbatch --dependency=afternotok:%s ...; see the Slurm "
+                       "page of the docs), or run the same script again: it resumes from the agreed checkpoint.",
+                       job_id, job_id)
+        return False
+    try:
+        done = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True,
+                              stdin=subprocess.DEVNULL, timeout=SCONTROL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        logger.error("preempted: `scontrol requeue %s` failed (%s): the job ends here; run it again to resume "
+                     "from the agreed checkpoint.", job_id, exc)
+        return False
+    if done.returncode != 0:
+        logger.error("preempted: `scontrol requeue %s` failed (exit %s: %s): the job ends here; was it submitted "
+                     "with --requeue? Run it again to resume from the agreed checkpoint.", job_id, done.returncode,
+                     (done.stderr or done.stdout).strip()[-300:])
+        return False
+    logger.warning("preempted: Slurm job %s requeued; it resumes from the agreed checkpoint when it runs again",
+                   job_id)
+    return True
