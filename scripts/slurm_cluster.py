@@ -254,7 +254,10 @@ class SlurmCluster:
             "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none", "MpiDefault=none", "LaunchType=launch/slurm",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU",
-            "SchedulerType=sched/builtin", "ReturnToService=2", "JobRequeue=1",
+            # sched_interval: the main scheduler also runs every 2 s (default 60 s), so a requeued job
+            # starts soon after its cred_expire hold ends, as on a busy cluster where events trigger it.
+            "SchedulerType=sched/builtin", "SchedulerParameters=sched_interval=2", "ReturnToService=2",
+            "JobRequeue=1",
             f"KillWait={KILL_WAIT_S}", "MinJobAge=30", "InactiveLimit=0", "Waittime=0",
             "SlurmctldTimeout=30", "SlurmdTimeout=30", "MessageTimeout=10",
             "MailProg=/bin/true", "PlugStackConfig=/dev/null",

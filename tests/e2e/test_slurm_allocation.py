@@ -240,5 +240,8 @@ def test_a_preemption_signal_gives_one_agreed_checkpoint_and_a_requeue_that_ends
     assert len(agreed) == 1 and agreed.pop() >= 4, resumed  # both ranks resumed after the same agreed round
     final = json.loads((out / "final_params.json").read_text())["hex"]
     assert final == json.loads((baseline_out / "final_params.json").read_text())["hex"]
-    print(f"signal -> resumed job's first start record: {max(p.stat().st_mtime for p in out.glob('start_*.json')) - signalled_at:.1f} s")
+    resumed_at = max(p.stat().st_mtime for p in out.glob("start_*.json"))
+    print(f"signal -> resumed job's first start record: {resumed_at - signalled_at:.1f} s; Slurm's record: "
+          f"EligibleTime {record.get('EligibleTime')}, StartTime {record.get('StartTime')}, "
+          f"signalled {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(signalled_at))}")
     assert slurm_cluster.steps(job) == []
