@@ -13,6 +13,10 @@ and finishes from the last checkpoint.
     step killed -> first step: the scancel -> the new attempt's first step (detection, the attempt torn
         down, a new agent step on the node, its worker cold, rendezvous); the latest rank's time.
         Target (issue 27): <= 5 s.
+    requeue: one more job, submitted with --requeue, gets `scancel --signal=USR2` once two checkpoints are
+        committed: signal -> the driver's fit() raised PreemptionError (the round agreed and committed, the
+        job requeued); requeue -> the requeued job's first step (Slurm's cred_expire hold, the job's
+        start-up, the resume). Target (issue 27): <= cred_expire + 15 s.
 """
 
 from __future__ import annotations
@@ -107,6 +111,37 @@ def loss_once(slurm, tmp: Path, number: int) -> dict:
     return run
 
 
+def requeue_once(slurm, tmp: Path) -> dict:
+    """One `--requeue` batch job preempted by `scancel --signal=USR2` once two checkpoints are committed:
+    the agreed round commits, fit() requeues the job, and the requeued job resumes; its figures."""
+    out, results, log = tmp / "requeue", tmp / "requeue_results", tmp / "requeue.log"
+    out.mkdir()
+    script = (f"#!/bin/bash\ncd {ROOT}\nexport PYTHONPATH={ROOT}\n"
+              f"export MINITRAIN_DASHBOARD=0 MINITRAIN_STATUS=lines\n"
+              f"exec {sys.executable} -m bench.slurm_jobs {out} {results} {STEPS * 3} {STEP_S}\n")
+    job = slurm.sbatch(script, "--nodes=2", f"--output={log}", "--open-mode=append", "--requeue")
+    index = results / "bench" / INDEX_NAME
+    _wait(lambda: _committed(index) >= KILL_AFTER_CHECKPOINTS, JOB_TIMEOUT_S, "two committed checkpoints", log,
+          {"job": job})
+    signalled = time.time()
+    slurm.run(["scancel", "--signal=USR2", job])
+    record = slurm.wait_job(job, JOB_TIMEOUT_S)
+    if record.get("JobState") != "COMPLETED" or record.get("Restarts") != "1":
+        raise BenchError(f"requeue job {job} ended {record.get('JobState')} after {record.get('Restarts')} "
+                         f"restart(s); its output:\n{tail(str(log))}")
+    preempted = [json.loads(path.read_text()) for path in out.glob("preempted_*.json")]
+    again = [json.loads(path.read_text()) for path in out.glob("first_step_*.json")]
+    again = [f["time"] for f in again if f["start"] > 0]
+    if len(preempted) != 1 or len(again) != 2:
+        raise BenchError(f"requeue job {job}: expected one preempted driver and 2 resumed ranks, got "
+                         f"{preempted} and {again}")
+    run = {"job": job, "signal_to_requeue_s": preempted[0]["time"] - signalled,
+           "requeue_to_first_step_s": max(again) - preempted[0]["time"], "agreed_round": preempted[0]["round"]}
+    say(f"  job {job}: USR2 -> agreed, committed, requeued {run['signal_to_requeue_s']:.2f} s; requeue -> first "
+        f"step of the requeued job {run['requeue_to_first_step_s']:.2f} s")
+    return run
+
+
 def _span(stats: dict) -> str:
     return f"{stats['median_s']:.2f} s ({stats['min_s']:.2f}-{stats['max_s']:.2f})"
 
@@ -123,11 +158,13 @@ def bench_slurm(tmp: str, repeats: int) -> WorkloadResult:
         with module.SlurmCluster(Path(tmp) / "cluster") as slurm:
             say(f"  cluster: nodes {', '.join(slurm.nodes)} (up in {slurm.up_seconds:.2f} s)")
             runs = [loss_once(slurm, Path(tmp), number) for number in range(repeats)]
+            requeue = requeue_once(slurm, Path(tmp))
             up_s = slurm.up_seconds
     except (module.SlurmError, module.netns_module().ClusterError) as exc:
         raise BenchError(f"the Slurm cluster failed: {exc}") from exc
     startup, restart = summary([r["startup_s"] for r in runs]), summary([r["restart_s"] for r in runs])
-    figures = {"cluster_up_s": up_s, "runs": runs, "startup": startup, "restart": restart}
+    figures = {"cluster_up_s": up_s, "runs": runs, "startup": startup, "restart": restart, "requeue": requeue}
+    requeue_target = module.CRED_EXPIRE_S + 15.0
     rows = [
         Row("slurm", "Slurm cluster up (munged, slurmctld, 2 slurmd in network namespaces)", f"{up_s:.2f} s"),
         Row("slurm", f"sbatch -> first step, 2 nodes x 1 worker, agents as srun steps, median (min-max) of "
@@ -135,5 +172,10 @@ def bench_slurm(tmp: str, repeats: int) -> WorkloadResult:
         Row("slurm", f"Slurm step of one node killed -> first step of the new attempt, median (min-max) of "
             f"{len(runs)}", _span(restart), "-", "-", f"<= {TARGET_RESTART_S:g} s",
             restart["max_s"] <= TARGET_RESTART_S),
+        Row("slurm", "scancel --signal=USR2 -> agreed round committed, job requeued (scontrol requeue), driver out",
+            f"{requeue['signal_to_requeue_s']:.2f} s"),
+        Row("slurm", f"requeue -> first step of the requeued job (cred_expire={module.CRED_EXPIRE_S:g} s hold "
+            "included)", f"{requeue['requeue_to_first_step_s']:.2f} s", "-", "-",
+            f"<= cred_expire + 15 s = {requeue_target:g} s", requeue["requeue_to_first_step_s"] <= requeue_target),
     ]
     return WorkloadResult("slurm", rows, figures)

@@ -53,10 +53,15 @@ def main(argv: list[str]) -> int:
     from minitrain.torch import TorchTrainer
 
     out, results, steps, step_s = argv[0], argv[1], int(argv[2]), float(argv[3])
-    result = TorchTrainer(train, train_loop_config={"out": out, "steps": steps, "step_s": step_s},
-                          scaling_config=ScalingConfig(num_workers=2),
-                          run_config=RunConfig(name="bench", storage_path=results,
-                                               failure_config=FailureConfig(max_failures=1))).fit()
+    trainer = TorchTrainer(train, train_loop_config={"out": out, "steps": steps, "step_s": step_s},
+                           scaling_config=ScalingConfig(num_workers=2),
+                           run_config=RunConfig(name="bench", storage_path=results,
+                                                failure_config=FailureConfig(max_failures=1)))
+    try:
+        result = trainer.fit()
+    except minitrain.PreemptionError as exc:  # fit() asked Slurm to requeue the job just before raising
+        _write(out, f"preempted_{os.getpid()}.json", {"time": time.time(), "round": exc.preemption_info.round})
+        return 143
     _write(out, "result.json", {"metrics": result.metrics})
     return 0
 

@@ -203,3 +203,6 @@ def test_slurm_quick(tmp_path):
     run = figures["runs"][0]
     assert run["startup_s"] > 0 and run["restart_s"] > 0 and run["resumed_at_step"] >= 1, run
     assert "Slurm step of one node killed -> first step of the new attempt" in stdout
+    requeue = figures["requeue"]
+    assert requeue["signal_to_requeue_s"] > 0 and requeue["requeue_to_first_step_s"] > 0, requeue
+    assert "requeue -> first step of the requeued job" in stdout
