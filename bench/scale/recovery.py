@@ -52,7 +52,7 @@ class Timeline:
 
     def on_attempt_end(self, end) -> None:
         self.attempt_ends[end.attempt] = {"at": time.time(), "restarting": end.restarting,
-                                          "failed_at": [f.time for f in end.failures][:3],
+                                          "failed_at": {f.rank: f.time for f in end.failures},
                                           "root_cause": end.root_cause[:300]}
 
 
@@ -108,7 +108,7 @@ def worker_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
                     [{"attempt": 0, "rank": rank, "after": FAULT_AFTER, "kind": "exception"}], client_procs, 1)
     ends, starts = got["attempt_ends"], got["attempt_starts"]
     end0 = ends.get("0") or {}
-    failed_at = min(end0.get("failed_at") or [0.0]) or None
+    failed_at = (end0.get("failed_at") or {}).get(str(rank))  # the injected rank's own stamp (JSON keys: text)
     figures = {"workers": workers, "rank": rank, "state": got["state"], "attempts": got["attempt"] + 1,
                "rounds_completed": got["rounds_completed"], "error": got["error"][:500]}
     if failed_at is None:
@@ -120,12 +120,13 @@ def worker_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
             "stopped_s": end0["at"] - failed_at if end0 else None,
             "assigned_s": starts["1"] - failed_at if "1" in starts else None,
             "running_s": running[0] - failed_at if running else None,
+            "other_failures": max(0, len(end0.get("failed_at") or {}) - 1),
             "complete": got["state"] == "SUCCEEDED" and got["attempt"] == 1 and got["rounds_completed"] >= REPORTS}
 
 
 def silent_host(tmp: str, hosts: int, slots: int, client_procs: int) -> dict:
     """The silent-host scenario among `hosts` hosts; seconds from the silence to the run's reaction."""
-    rank = (hosts // 2) * slots + 1
+    rank = (hosts // 2) * slots + (1 if slots > 1 else 0)
     got = _simulate(tmp, f"silent_{hosts}", hosts * slots, slots,
                     [{"attempt": 0, "rank": rank, "after": FAULT_AFTER, "kind": "silent"}], client_procs, 0)
     silenced = min(got["silenced_at"]) if got["silenced_at"] else None
@@ -146,9 +147,11 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
     say(f"  rank {lost['rank']} raised: detected {_fmt(lost['detected_s'])}, every rank of attempt 0 stopped "
         f"{_fmt(lost['stopped_s'])}, attempt 1 assigned {_fmt(lost['assigned_s'])}, running "
         f"{_fmt(lost['running_s'])} after its failure; run {lost['state']} after {lost['attempts']} attempt(s), "
-        f"{lost['rounds_completed']} rounds {lost['error'][:300]}")
-    say(f"\nscale recovery: a silent host among {hosts} fake hosts ({hosts * slots} workers)")
-    silent = silent_host(tmp, hosts, slots, client_procs)
+        f"{lost['rounds_completed']} rounds; other ranks failed in attempt 0: {lost.get('other_failures', '-')} "
+        f"{lost['error'][:300]}")
+    say(f"\nscale recovery: a silent host among {hosts} fake hosts ({hosts * max(1, min(slots, workers // hosts))} "
+        "workers)")
+    silent = silent_host(tmp, hosts, max(1, min(slots, workers // hosts)), client_procs)
     say(f"  the host of rank {silent['rank']} went silent: found after {_fmt(silent['found_s'])} "
         f"(the run moved to {silent['found_as']}: {silent['reason'][:200]})")
     rows = [
