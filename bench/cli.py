@@ -159,7 +159,9 @@ def _run_scale(tmp, s, args):
 
     transports = ("relayed", "direct") if args.transport == "both" else (args.transport,)
     return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
-                       profile_at=args.profile_at, transports=transports, phase=args.phase)
+                       profile_at=args.profile_at, transports=transports, phase=args.phase,
+                       rate_hz=args.rate_hz, digest=not args.no_digest, recovery=args.recovery,
+                       recovery_hosts=args.recovery_hosts)
 
 
 def _run_multihost(tmp, s, args):
@@ -241,6 +243,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", choices=["lockstep", "random"], default="lockstep",
                    help="scale: every rank reports at the same instant of each period, as DDP's collectives "
                         "impose (lockstep, the default), or at a fixed pseudo-random point of it (random)")
+    p.add_argument("--rate-hz", type=float, default=10.0,
+                   help="scale: reports per second per fake worker (default 10; issue 31's 16384-worker target is 1)")
+    p.add_argument("--recovery", type=int, metavar="WORKERS", default=0,
+                   help="scale: also time restart and detection at scale: a worker lost among WORKERS, and a "
+                        "silent host among WORKERS/8 hosts (issue 31: 16384)")
+    p.add_argument("--recovery-hosts", type=int, metavar="HOSTS", default=0,
+                   help="scale: the silent-host scenario among HOSTS hosts (default WORKERS/8; issue 31: 2048)")
+    p.add_argument("--no-digest", action="store_true",
+                   help="scale: the fake agents send every report as its own relayed item (the figures before "
+                        "progress digests, issue 31)")
     p.add_argument("--profile-at", type=int, metavar="WORKERS", help="scale: profile the coordinator (py-spy) "
                                                                       "at this count")
     p.add_argument("--keep-dns", action="store_true", help="multihost: leave the fake hosts' DNS as is")

@@ -20,7 +20,9 @@ Transport (`transport` in the configuration), how a worker's stream reaches the 
   also takes every relayed item already queued behind it (never past one of the agent's own messages,
   at most MAX_BATCH_ITEMS and MAX_BATCH_BYTES) into one `AgentMessage(relayed=RelayedUp)`. An item put
   while the iterator waits goes at once, alone; items put while gRPC writes the previous message go
-  together in the next. Commands come down as `RelayedDown` items, which the agent's reader routes to the
+  together in the next, its runs of plain reports folded into progress digests
+  (`minitrain.rpc.digest`) as the real agent's are (`digest` false in the configuration: not folded,
+  the figures before issue 31). Commands come down as `RelayedDown` items, which the agent's reader routes to the
   worker by stream number (`close` ends the worker's stream; items for a stream gone are dropped).
 - "direct" (workers without an agent, and the figures before the relay): each fake worker opens its
   own channel and connection and its own WorkerStream, as a worker process dialing the coordinator does.
@@ -49,7 +51,9 @@ Faults (the test fixture of tests/process/test_fake_cluster.py uses them): `faul
 lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attempt the rank either fails
 ("exception": a WorkerFailure, then its agent reports exit code 1, as a real worker that raised) or
 freezes ("freeze": it stays connected, sends nothing more, and never answers a stack dump, as a
-SIGSTOPped process); the other ranks of that attempt in the same client process stop reporting too, as
+SIGSTOPped process), or silences its host ("silent": the rank freezes and its fake agent sends nothing
+more, no heartbeat either, its connection left open: a host that hangs or drops its traffic, found only by
+the coordinator's lease); the other ranks of that attempt in the same client process stop reporting too, as
 DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
 whose main thread waits in torch.distributed's all_reduce, as a DDP peer of a frozen rank would. Each
 attempt starts with reports from round 0 after its own barrier, so a restarted run is paced as the first.
@@ -89,6 +93,7 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc import report_window
+from minitrain.rpc.digest import fold_reports
 from minitrain.rpc.channel import CLIENT_OPTIONS
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
@@ -148,15 +153,27 @@ class AgentUpstream:
     items of its workers' streams. `requests()` is the AgentStream's request iterator and coalesces as
     the real agent's (`minitrain.agent.relay.coalesced_requests`, with its caps) does."""
 
-    def __init__(self, run_id: str, node_id: str, stats: "Stats"):
-        self._run_id, self._node_id, self._stats = run_id, node_id, stats
+    def __init__(self, run_id: str, node_id: str, stats: "Stats", digest: bool = True):
+        self._run_id, self._node_id, self._stats, self._digest = run_id, node_id, stats, digest
         self._items: collections.deque = collections.deque()
         self._ready = asyncio.Event()
+        self.silent = False
 
     def put(self, item) -> None:
-        """Queue an AgentMessage, a RelayedMessage, or _END (the agent's half-close)."""
+        """Queue an AgentMessage, a RelayedMessage, or _END (the agent's half-close); nothing but _END
+        once `silence()` was called."""
+        if self.silent and item is not _END:
+            return
         self._items.append(item)
         self._ready.set()
+
+    def silence(self) -> None:
+        """The "silent" fault: from now on this agent sends nothing (no heartbeat, none of its workers'
+        messages) while its connection stays open, as a host whose agent hangs or whose network drops
+        its traffic; only the coordinator's lease can find it. Records when (`Stats.silenced_at`)."""
+        self.silent = True
+        self._items.clear()
+        self._stats.silenced_at.append(time.time())
 
     async def requests(self):
         """Yield the queue's messages until _END. A RelayedMessage takes along every relayed item queued
@@ -182,6 +199,8 @@ class AgentUpstream:
                 items.append(queued.popleft())
                 size += following_size
             stats.sent_message(len(items))
+            if self._digest:  # as the real agent does (minitrain.agent.stream)
+                items = fold_reports(items, self._run_id)
             yield pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, relayed=pb.RelayedUp(items=items))
 
 
@@ -200,6 +219,7 @@ class Stats:
         self.reordered = 0
         self.reopened = 0  # streams opened again after breaking during start-up
         self.held_back = 0  # ticks a rank skipped because its report window was full
+        self.silenced_at: list[float] = []  # wall clock of each agent's "silent" fault
         self.messages_up = 0  # gRPC messages written towards the coordinator (agents' and workers')
         self.items_up = 0  # worker and agent messages in them (a RelayedUp counts its items)
         self.acks_per_second: dict[int, int] = {}
@@ -336,9 +356,11 @@ class FakeWorker:
             self.sim.stats.held_back += 1  # a real report() waits here for the receipt
             return False
         if self.fault is not None and i == self.fault["after"]:
-            if self.fault["kind"] == "freeze":
+            if self.fault["kind"] in ("freeze", "silent"):
                 self.frozen = True
                 self.sim.frozen_attempts.add(self.attempt)
+                if self.fault["kind"] == "silent":
+                    self.agent.upstream.silence()
             else:
                 self.failed = True
                 self._put(failure=pb.WorkerFailure(
@@ -514,7 +536,7 @@ class FakeAgent:
 
     def __init__(self, sim: "Simulation", node_id: str, slots: int):
         self.sim, self.node_id, self.slots = sim, node_id, slots
-        self.upstream = AgentUpstream(sim.run_id, node_id, sim.stats)
+        self.upstream = AgentUpstream(sim.run_id, node_id, sim.stats, sim.digest)
         self.workers: dict[tuple[int, int], asyncio.Task] = {}
         self.fakes: dict[tuple[int, int], FakeWorker] = {}
         self.relayed: dict[int, RelayedLink] = {}  # the worker streams it carries, by number
@@ -626,6 +648,7 @@ class Simulation:
         self.reports, self.rate_hz = config["reports"], config["rate_hz"]
         self.ack_every = config.get("ack_every", 1)
         self.transport = config.get("transport", "relayed")
+        self.digest = bool(config.get("digest", True))
         if self.transport not in TRANSPORTS:
             raise ValueError(f"transport: {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.phase = config.get("phase", "lockstep")
@@ -740,7 +763,7 @@ def _results(sim: Simulation, out: str) -> dict:
     return {"pid": os.getpid(), "workers": sim.expected_workers, "training": sim.training, "sent": stats.sent,
             "transport": sim.transport, "phase": sim.phase,
             "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
-            "held_back": stats.held_back,
+            "held_back": stats.held_back, "silenced_at": stats.silenced_at,
             "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
             "messages_up": stats.messages_up, "items_up": stats.items_up,
             "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest

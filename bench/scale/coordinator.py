@@ -96,7 +96,7 @@ class FakeAgentLauncher:
                       "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
                       "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", []),
                       "telemetry": spec.get("telemetry", False), "transport": spec.get("transport", "relayed"),
-                      "phase": spec.get("phase", "lockstep")}
+                      "phase": spec.get("phase", "lockstep"), "digest": spec.get("digest", True)}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

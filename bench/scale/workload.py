@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import array
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,8 @@ SLOTS = 8  # workers per fake node (an 8-GPU host)
 RATE_HZ = 10.0
 TARGET_WORKERS = 1024
 TARGET_P99_MS = 20.0
+# Issue 31's targets, per (workers, reports/s per worker): p99 send -> recorded, milliseconds.
+TARGETS_P99_MS = {(4096, 10.0): 50.0, (16384, 1.0): 100.0}
 TARGET_RSS_MIB = 500.0
 RUN_TIMEOUT_S = 900.0
 TRANSPORTS = ("relayed", "direct")  # the order of the runs at each count ("both")
@@ -105,13 +108,22 @@ class ProcessSampler:
                 "rss_mib": statistics.median(s[2] for s in inside)}
 
 
-def _profile(pid: int, out_dir: str, delay_s: float, duration_s: float) -> Optional[subprocess.Popen]:
-    """py-spy (if installed) records the coordinator for `duration_s` s after `delay_s` s: raw stacks
+def _profile(pid: int, out_dir: str, processes: int, delay_s: float, duration_s: float) -> Optional[subprocess.Popen]:
+    """py-spy (if installed) records the coordinator for `duration_s` s from `delay_s` s after the
+    `processes` client processes started reporting: raw stacks
     (collapsed, one line per stack) in out_dir/profile.txt, every thread, native frames excluded."""
     spy = os.path.join(os.path.dirname(sys.executable), "py-spy")
     if not os.access(spy, os.X_OK):
+        spy = shutil.which("py-spy") or spy  # (installed elsewhere, e.g. pip install --target, on PATH)
+    if not os.access(spy, os.X_OK):
         say("  note: py-spy is not installed (pip install py-spy); no profile taken")
         return None
+    barrier = os.path.join(out_dir, "barrier")
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    # Reporting starts once every client process is training (its barrier file): the start-up of
+    # thousands of fake workers takes from seconds to a minute, so a fixed delay misses the steady state.
+    while time.monotonic() < deadline and not (os.path.isdir(barrier) and len(os.listdir(barrier)) >= processes):
+        time.sleep(0.2)
     time.sleep(delay_s)
     return subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(int(duration_s)), "--rate", "200",
                              "--format", "raw", "--threads", "--output", os.path.join(out_dir, "profile.txt")],
@@ -147,6 +159,7 @@ def _merge_clients(out_dir: str) -> dict:
                if name.startswith("client_") and name.endswith(".json")]
     if not clients:
         raise BenchError(f"no client wrote results; client log:\n{tail(os.path.join(out_dir, 'client_0.log'))}")
+    rate_hz = read_json(os.path.join(out_dir, "spec.json"))["rate_hz"]
     latencies = array.array("d")
     for client in clients:
         with open(client["latencies_file"], "rb") as f:
@@ -159,7 +172,7 @@ def _merge_clients(out_dir: str) -> dict:
         for second, count in client["messages_per_second"].items():
             messages[int(second)] = messages.get(int(second), 0) + count
     # A client's reports span its first round's start to its last round's (one period short of its rounds).
-    generated = [c["sent"] / (c["last_report_at"] - c["first_report_at"] + 1.0 / RATE_HZ) for c in clients
+    generated = [c["sent"] / (c["last_report_at"] - c["first_report_at"] + 1.0 / rate_hz) for c in clients
                  if c["last_report_at"] and c["first_report_at"]]
     starts = [c["first_report_at"] for c in clients if c["first_report_at"]]
     ends = [c["last_report_at"] for c in clients if c["last_report_at"]]
@@ -177,17 +190,17 @@ def _merge_clients(out_dir: str) -> dict:
 
 def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_procs: int,
               profile: bool, ack_every: int = 10, monitored: bool = True, transport: str = "relayed",
-              phase: str = "lockstep") -> dict:
+              phase: str = "lockstep", rate_hz: float = RATE_HZ, digest: bool = True) -> dict:
     """One simulated run of `workers` fake workers; its figures (see the module docstring).
     `monitored`: as a real run, each worker also sends one Telemetry message a second and the
     coordinator runs TorchTrainer's RunMonitor (False: reports only, as the figures before issue 15).
     `transport`, `phase`: see `bench.scale.clients`."""
-    out_dir = os.path.join(tmp, f"scale_{workers}_{transport}")
+    out_dir = os.path.join(tmp, f"scale_{workers}_{transport}" + ("" if digest else "_undigested"))
     os.makedirs(out_dir)
-    spec = {"workers": workers, "slots": SLOTS, "reports": int(round(seconds * RATE_HZ)), "rate_hz": RATE_HZ,
-            "warmup_rounds": int(round(warmup_s * RATE_HZ)), "client_procs": client_procs, "out_dir": out_dir,
+    spec = {"workers": workers, "slots": SLOTS, "reports": int(round(seconds * rate_hz)), "rate_hz": rate_hz,
+            "warmup_rounds": int(round(warmup_s * rate_hz)), "client_procs": client_procs, "out_dir": out_dir,
             "ack_every": ack_every, "telemetry": monitored, "monitor": monitored, "transport": transport,
-            "phase": phase,
+            "phase": phase, "digest": digest,
             "result": os.path.join(out_dir, "coordinator.json")}
     spec_path = os.path.join(out_dir, "spec.json")
     write_json(spec_path, spec)
@@ -200,7 +213,7 @@ def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_pr
     spy = None
     try:
         if profile:
-            spy = _profile(proc.pid, out_dir, delay_s=min(30.0, 5.0 + workers / 200), duration_s=seconds / 2)
+            spy = _profile(proc.pid, out_dir, client_procs, delay_s=min(warmup_s, seconds / 4), duration_s=seconds / 2)
         try:
             proc.wait(timeout=RUN_TIMEOUT_S)
         except subprocess.TimeoutExpired:
@@ -243,8 +256,8 @@ def _figures(workers: int, spec: dict, coord: dict, clients: dict, sampler: Proc
     cores = usage["coordinator_cores"]
     return {
         "workers": workers, "nodes": workers // SLOTS, "client_procs": len(clients["clients"]),
-        "monitored": spec["monitor"], "transport": spec["transport"], "phase": spec["phase"],
-        "reports_per_worker": spec["reports"], "ack_every": spec["ack_every"], "offered_per_s": workers * RATE_HZ,
+        "monitored": spec["monitor"], "transport": spec["transport"], "digest": spec["digest"], "phase": spec["phase"],
+        "reports_per_worker": spec["reports"], "ack_every": spec["ack_every"], "rate_hz": spec["rate_hz"], "offered_per_s": workers * spec["rate_hz"],
         "generated_per_s": clients["generated_per_s"], "absorbed_per_s": absorbed,
         "messages_in_per_s": messages_per_s,
         "items_per_message": clients["items_up"] / clients["messages_up"] if clients["messages_up"] else None, "p50_ms": _ms(lat, 50), "p99_ms": _ms(lat, 99),
@@ -286,7 +299,7 @@ def scale_table(runs: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for run in runs:
         lines.append(
-            f"| {run['workers']} ({run['nodes']}) | {run['transport']} "
+            f"| {run['workers']} ({run['nodes']}) | {run['transport']}{'' if run.get('digest', True) else ' (no digest)'} "
             f"| {run['offered_per_s']:.0f} / {_fmt(run['generated_per_s'], '.0f')} / {_fmt(run['absorbed_per_s'], '.0f')} "
             f"| {_fmt(run['messages_in_per_s'], '.0f')} ({_fmt(run['items_per_message'], '.1f')}) "
             f"| {_fmt(run['p50_ms'], '.1f')} / {_fmt(run['p99_ms'], '.1f')} / {_fmt(run['max_ms'], '.0f')} ms "
@@ -302,7 +315,7 @@ def scale_table(runs: list[dict]) -> str:
 def print_run(run: dict) -> None:
     """One count's figures as progress lines."""
     say(f"  {run['workers']} workers on {run['nodes']} nodes, {run['transport']}, {run['phase']} "
-        f"({run['client_procs']} client process(es)): generated {_fmt(run['generated_per_s'], '.0f')}/s and absorbed "
+        f"{'' if run['digest'] else '(no digest) '}({run['client_procs']} client process(es)): generated {_fmt(run['generated_per_s'], '.0f')}/s and absorbed "
         f"{_fmt(run['absorbed_per_s'], '.0f')}/s of {run['offered_per_s']:.0f}/s offered, in "
         f"{_fmt(run['messages_in_per_s'], '.0f')} gRPC messages/s ({_fmt(run['items_per_message'], '.1f')} "
         f"messages each); send -> recorded "
@@ -342,9 +355,16 @@ def client_procs_for(workers: int, transport: str) -> int:
 
 def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, client_procs: int,
                 profile_at: Optional[int] = None, ack_every: int = 10, transports: tuple = ("relayed",),
-                phase: str = "lockstep") -> WorkloadResult:
-    """Every count in turn, each with every transport of `transports` (in TRANSPORTS order); rows for the
-    main table at TARGET_WORKERS (or the largest count below it), from the first transport's run."""
+                phase: str = "lockstep", rate_hz: float = RATE_HZ, digest: bool = True,
+                recovery: int = 0, recovery_hosts: int = 0) -> WorkloadResult:
+    """Every count in turn, each with every transport of `transports` (in TRANSPORTS order), each worker
+    reporting `rate_hz` times a second; rows for the main table at TARGET_WORKERS (or the largest count
+    below it), from the first transport's run, and a latency row for every count that has a target in
+    TARGETS_P99_MS (issue 31: 4096 x 10 Hz, 16384 x 1 Hz). `recovery` (a worker count, 0: none): also the
+    restart and detection scenarios of `bench.scale.recovery` at that count, the silent host among
+    `recovery_hosts` hosts (0: recovery / SLOTS; each with `recovery / recovery_hosts` workers, at least 1)."""
+    if not rate_hz > 0:
+        raise BenchError(f"--rate-hz: {rate_hz!r}; give reports per second per worker, above 0")
     unknown = [t for t in transports if t not in TRANSPORTS]
     if unknown or not transports:
         raise BenchError(f"--transport: {unknown or transports!r}; choose relayed, direct or both")
@@ -357,19 +377,20 @@ def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, cl
             raise BenchError(f"--workers: {workers} is not a multiple of {SLOTS} (workers per fake node)")
         for transport in transports:
             procs = client_procs or client_procs_for(workers, transport)
-            say(f"\nscale: {workers} fake workers, {transport}, {phase}, {RATE_HZ:g} reports/s each for {seconds:g} s "
+            say(f"\nscale: {workers} fake workers, {transport}, {phase}, {rate_hz:g} reports/s each for {seconds:g} s "
                 f"(warm-up {warmup_s:g} s excluded)")
             run = run_count(tmp, workers, seconds, warmup_s, procs, profile=profile_at == workers,
-                            ack_every=ack_every, transport=transport, phase=phase)
+                            ack_every=ack_every, transport=transport, phase=phase, rate_hz=rate_hz,
+                            digest=digest)
             print_run(run)
             runs.append(run)
-    result = WorkloadResult("scale", figures={"runs": runs, "rate_hz": RATE_HZ, "seconds": seconds, "phase": phase,
+    result = WorkloadResult("scale", figures={"runs": runs, "rate_hz": rate_hz, "seconds": seconds, "phase": phase,
                                               "transports": list(transports), "slots": SLOTS,
                                               "markdown": scale_table(runs)})
     first = [r for r in runs if r["transport"] == transports[0]]
     at = [r for r in first if r["workers"] <= TARGET_WORKERS] or first[:1]
     run = at[-1]
-    label = f"control plane, {run['workers']} fake workers x {RATE_HZ:g} Hz ({run['transport']}, {phase})"
+    label = f"control plane, {run['workers']} fake workers x {rate_hz:g} Hz ({run['transport']}, {phase})"
     result.rows += [
         Row("scale", f"{label}: report latency p99 (p50)", f"{_fmt(run['p99_ms'], '.1f')} ms "
             f"({_fmt(run['p50_ms'], '.1f')} ms)", target=f"< {TARGET_P99_MS:g} ms at {TARGET_WORKERS}",
@@ -380,4 +401,25 @@ def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, cl
         Row("scale", f"{label}: coordinator RSS peak", f"{run['rss_peak_mib']:.0f} MiB",
             target=f"< {TARGET_RSS_MIB:g} MiB", met=run["rss_peak_mib"] < TARGET_RSS_MIB),
     ]
+    if recovery:
+        from bench.scale.recovery import bench_recovery
+
+        if recovery % SLOTS:
+            raise BenchError(f"--recovery: {recovery} is not a multiple of {SLOTS} (workers per fake node)")
+        hosts = recovery_hosts or recovery // SLOTS
+        rows, figures = bench_recovery(tmp, recovery, hosts, SLOTS,
+                                       client_procs or client_procs_for(max(recovery, hosts * SLOTS), "relayed"))
+        result.rows += rows
+        result.figures["recovery"] = figures
+    for other in first:
+        target_ms = TARGETS_P99_MS.get((other["workers"], rate_hz))
+        if target_ms is None:
+            continue
+        label = f"control plane, {other['workers']} fake workers x {rate_hz:g} Hz ({other['transport']}, {phase})"
+        result.rows.append(Row(
+            "scale", f"{label}: report latency p99 (p50), lost", f"{_fmt(other['p99_ms'], '.1f')} ms "
+            f"({_fmt(other['p50_ms'], '.1f')} ms), {other['lost']} lost",
+            target=f"< {target_ms:g} ms, 0 lost",
+            met=(other["p99_ms"] is not None and other["p99_ms"] < target_ms and other["lost"] == 0
+                 and other["all_recorded"])))
     return result

@@ -28,6 +28,7 @@ import grpc
 
 from minitrain import commands as cmd
 from minitrain.agent.relay import RelayServer, coalesced_requests
+from minitrain.rpc.digest import fold_reports
 from minitrain.lease import Lease
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
@@ -183,7 +184,9 @@ class CoordinatorStream:
         return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
 
     def _relayed_batch(self, items: list) -> pb.AgentMessage:
-        return self._message(relayed=pb.RelayedUp(items=items))
+        # Runs of plain reports go up as progress digests (minitrain.rpc.digest): one packed item per
+        # run instead of a nested message per report for the coordinator to walk.
+        return self._message(relayed=pb.RelayedUp(items=fold_reports(items, self._run_id)))
 
     def spawned(self, attempt: int, rank: int, pid: int) -> None:
         """Report that worker `rank` of `attempt` runs as process `pid`."""

@@ -47,6 +47,10 @@ class AttemptTracker:
     # root_cause_line(), kept until a failure is recorded or amended (asked at every loop turn once one is)
     _root_line: Optional[str] = field(default=None, init=False, repr=False, compare=False)
     _all_training: bool = field(default=False, init=False, repr=False, compare=False)
+    # all_exited() / all_drained(): the ranks in order, and where each question's scan stopped last
+    _order: list = field(default_factory=list, init=False, repr=False, compare=False)
+    _exit_scan: int = field(default=0, init=False, repr=False, compare=False)
+    _drain_scan: int = field(default=0, init=False, repr=False, compare=False)
 
     @classmethod
     def create(cls, attempt: int, assignments: list[WorkerAssignment],
@@ -204,12 +208,42 @@ class AttemptTracker:
         return bool(self.failure_order)
 
     def all_exited(self) -> bool:
-        """No process of this attempt is left."""
-        return all(s.exited for s in self.ranks.values())
+        """No process of this attempt is left. Asked at every loop turn: the scan resumes where the
+        previous one stopped (an exit is final), and a full scan confirms a yes. A scan from the first
+        rank at every turn was quadratic while an attempt stopped: ranks exit about in rank order, so
+        each scan passed every rank that had exited (5.2 s of CPU at 16384 ranks, 0.3 s at 4096)."""
+        states = self._states()
+        i, n = self._exit_scan, len(states)
+        while i < n and states[i].exited:
+            i += 1
+        self._exit_scan = i
+        if i < n:
+            return False
+        if all(s.exited for s in states):
+            return True
+        self._exit_scan = 0  # (never happens while exits are final; the answer stays right if it did)
+        return False
 
     def all_drained(self) -> bool:
-        """No rank's stream is open: every message the ranks sent has been received."""
-        return not any(s.stream_open for s in self.ranks.values())
+        """No rank's stream is open: every message the ranks sent has been received. Resumes its scan
+        as `all_exited` does; a full scan confirms a yes (a stream can open after another closed)."""
+        states = self._states()
+        i, n = self._drain_scan, len(states)
+        while i < n and not states[i].stream_open:
+            i += 1
+        self._drain_scan = i
+        if i < n:
+            return False
+        if not any(s.stream_open for s in states):
+            return True
+        self._drain_scan = 0
+        return False
+
+    def _states(self) -> list:
+        if len(self._order) != len(self.ranks):
+            self._order = list(self.ranks.values())
+            self._exit_scan = self._drain_scan = 0
+        return self._order
 
     def round_pending(self) -> bool:
         """A round that every failed rank reported (the lowest of their last rounds) is not complete,

@@ -127,6 +127,16 @@ def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):
     assert "Root cause: rank 30 " in outcome.error_message and "injected fault on rank 30" in outcome.error_message
 
 
+def test_a_silent_host_is_found_by_its_lease_and_named_as_lost(tmp_path):
+    """A host whose agent sends nothing more (no heartbeat, none of its workers' messages) while its
+    connection stays open: only the lease finds it, and the run names that node (issue 31's silent host)."""
+    outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 17, "after": 2, "kind": "silent"}])
+    assert outcome.state == RunState.FAILED, outcome.error_message
+    assert "node0002 was lost" in outcome.error_message and "it sent nothing for" in outcome.error_message
+    # Nothing of it after the silence (what its agent still had queued then is dropped with it).
+    assert rounds.seen[(0, 17)] in ([], [0], [0, 1])
+
+
 def test_a_frozen_rank_is_found_by_the_default_deadline_and_its_waiting_peers_are_consequences(tmp_path):
     """The default "auto" rule, its floor lowered from 600 s so that the test is quick: rank 21's pace
     (5 reports/s) gives it a deadline of max(2 s, 10 x 0.2 s).

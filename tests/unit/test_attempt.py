@@ -365,3 +365,28 @@ def test_no_round_is_pending_when_it_can_no_longer_complete():
     reported(tracker, 1)
     reported(tracker, 0)  # the peer failed too (its collective broke): round 0, the lowest, is complete
     assert tracker.ranks_behind() == (0, ()) and not tracker.round_pending()
+
+
+def test_all_exited_and_all_drained_stay_right_whatever_the_order_ranks_exit_and_streams_open_in():
+    """The two questions resume their scan where the previous one stopped (issue 31: a scan from rank 0
+    at every loop turn was quadratic at 16384 ranks); the answers must not depend on the order."""
+    tracker = make_tracker(4)
+    for rank in (0, 1, 2, 3):
+        tracker.on_connected(ev.WorkerConnected(ATTEMPT, rank, 100 + rank, "h"))
+    answers = []
+    for rank in (0, 1, 3):  # rank 2 is late
+        tracker.on_stream_closed(ev.WorkerStreamClosed(ATTEMPT, rank))
+        tracker.on_exited(ev.WorkerExited(node_id=node_of(tracker, rank), attempt=ATTEMPT, rank=rank, pid=100 + rank,
+                                          exit_code=0, signal=None, stopped_by_agent=True, time=1.0))
+        answers.append((tracker.all_exited(), tracker.all_drained()))
+    assert answers == [(False, False)] * 3
+    tracker.on_stream_closed(ev.WorkerStreamClosed(ATTEMPT, 2))
+    assert tracker.all_drained() and not tracker.all_exited()
+    # A stream that opens after the scan passed its rank: not drained any more.
+    tracker.on_connected(ev.WorkerConnected(ATTEMPT, 0, 100, "h"))
+    assert not tracker.all_drained()
+    tracker.on_stream_closed(ev.WorkerStreamClosed(ATTEMPT, 0))
+    assert tracker.all_drained()
+    tracker.on_exited(ev.WorkerExited(node_id=node_of(tracker, 2), attempt=ATTEMPT, rank=2, pid=102, exit_code=0,
+                                      signal=None, stopped_by_agent=True, time=1.0))
+    assert tracker.all_exited()

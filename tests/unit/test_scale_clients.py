@@ -17,6 +17,7 @@ from bench import cli
 from bench.scale import clients
 from minitrain.agent import relay
 from minitrain.rpc import report_window
+from minitrain.rpc.digest import fold_reports
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 
@@ -42,11 +43,13 @@ async def _take(upstream: clients.AgentUpstream, count: int) -> list:
 
 
 def _real_agent(items: list) -> list:
-    """What the real agent's request iterator makes of the same queue."""
+    """What the real agent's request iterator makes of the same queue (its runs of reports folded into
+    digests, as `minitrain.agent.stream` folds them)."""
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for item in items + [END_OF_STREAM]:
         outbox.put(item)
-    batch = lambda batched: pb.AgentMessage(run_id=RUN, node_id=NODE, relayed=pb.RelayedUp(items=batched))  # noqa: E731
+    batch = lambda batched: pb.AgentMessage(run_id=RUN, node_id=NODE,  # noqa: E731
+                                            relayed=pb.RelayedUp(items=fold_reports(batched, RUN)))
     return list(relay.coalesced_requests(outbox, batch))
 
 
@@ -63,8 +66,10 @@ def test_the_fake_agent_batches_exactly_as_the_real_agent():
     real = _real_agent(items)
     assert [m.SerializeToString() for m in fake] == [m.SerializeToString() for m in real]
     # Never reordered, never merged across the agent's own messages, the byte cap kept.
-    shapes = [[i.stream for i in m.relayed.items] if m.HasField("relayed") else "heartbeat" for m in fake]
-    assert shapes == [[1, 2], "heartbeat", [1, 2, 3], [4, 5], "heartbeat"]
+    # Runs of reports go as digests (their streams listed), the closing item keeps its own place.
+    shapes = [[i.stream or list(i.digest.stream) for i in m.relayed.items] if m.HasField("relayed") else "heartbeat"
+              for m in fake]
+    assert shapes == [[[1, 2]], "heartbeat", [[1], 2, [3]], [[4, 5]], "heartbeat"]
 
 
 def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during_a_write():
@@ -86,8 +91,8 @@ def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during
         return alone, together, stats
 
     alone, together, stats = asyncio.run(scenario())
-    assert [i.stream for i in alone.relayed.items] == [1]
-    assert [i.stream for i in together.relayed.items] == [2, 3, 1]
+    assert [list(i.digest.stream) for i in alone.relayed.items] == [[1]]
+    assert [list(i.digest.stream) for i in together.relayed.items] == [[2, 3, 1]]  # one digest of the three
     assert (alone.run_id, alone.node_id) == (RUN, NODE)
     assert (stats.messages_up, stats.items_up) == (2, 4) and sum(stats.messages_per_second.values()) == 2
 

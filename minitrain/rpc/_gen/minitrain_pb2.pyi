@@ -61,14 +61,36 @@ class RelayedUp(_message.Message):
     def __init__(self, items: _Optional[_Iterable[_Union[RelayedMessage, _Mapping]]] = ...) -> None: ...
 
 class RelayedMessage(_message.Message):
-    __slots__ = ("stream", "message", "closed")
+    __slots__ = ("stream", "message", "closed", "digest")
     STREAM_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_FIELD_NUMBER: _ClassVar[int]
     CLOSED_FIELD_NUMBER: _ClassVar[int]
+    DIGEST_FIELD_NUMBER: _ClassVar[int]
     stream: int
     message: WorkerMessage
     closed: bool
-    def __init__(self, stream: _Optional[int] = ..., message: _Optional[_Union[WorkerMessage, _Mapping]] = ..., closed: _Optional[bool] = ...) -> None: ...
+    digest: ReportDigest
+    def __init__(self, stream: _Optional[int] = ..., message: _Optional[_Union[WorkerMessage, _Mapping]] = ..., closed: _Optional[bool] = ..., digest: _Optional[_Union[ReportDigest, _Mapping]] = ...) -> None: ...
+
+class ReportDigest(_message.Message):
+    __slots__ = ("stream", "attempt", "rank", "round", "reported_at", "metrics_json", "wants_ack", "wants_receipt")
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
+    METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    WANTS_ACK_FIELD_NUMBER: _ClassVar[int]
+    WANTS_RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    stream: _containers.RepeatedScalarFieldContainer[int]
+    attempt: _containers.RepeatedScalarFieldContainer[int]
+    rank: _containers.RepeatedScalarFieldContainer[int]
+    round: _containers.RepeatedScalarFieldContainer[int]
+    reported_at: _containers.RepeatedScalarFieldContainer[float]
+    metrics_json: _containers.RepeatedScalarFieldContainer[str]
+    wants_ack: _containers.RepeatedScalarFieldContainer[bool]
+    wants_receipt: _containers.RepeatedScalarFieldContainer[bool]
+    def __init__(self, stream: _Optional[_Iterable[int]] = ..., attempt: _Optional[_Iterable[int]] = ..., rank: _Optional[_Iterable[int]] = ..., round: _Optional[_Iterable[int]] = ..., reported_at: _Optional[_Iterable[float]] = ..., metrics_json: _Optional[_Iterable[str]] = ..., wants_ack: _Optional[_Iterable[bool]] = ..., wants_receipt: _Optional[_Iterable[bool]] = ...) -> None: ...
 
 class StackDump(_message.Message):
     __slots__ = ("attempt", "rank", "text")
