@@ -3,16 +3,19 @@
     pip install deepspeed                      # not a minitrain dependency
     python examples/deepspeed_train.py --num-workers 2 --epochs 4
     python examples/deepspeed_train.py --smoke-test --storage-path /tmp/runs   # seconds, for CI
+    python examples/deepspeed_train.py --zero-stage 2 --precision fp16 --offload-optimizer   # ZeRO-Offload
 
 Running it again with the same `--storage-path` and `--name` resumes from the latest checkpoint.
-On CPU, DeepSpeed compiles a shared-memory communication op the first time (a C++ compiler is
-needed; about a minute, then cached in ~/.cache/torch_extensions).
+On CPU, DeepSpeed compiles a shared-memory communication op the first time, and its CPU Adam for
+`--offload-optimizer` (a C++ compiler is needed; minutes, then cached in ~/.cache/torch_extensions).
+fp16 on CPU needs a CPU with fp16 arithmetic (AVX512-FP16 or AMX); use bf16 elsewhere
+(docs/guide/distributed.md, "DeepSpeed on CPU").
 
 minitrain starts the workers and initialises the process group before the training function runs,
 and sets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR and MASTER_PORT, so
 `deepspeed.initialize` joins that group instead of looking for a launcher (no `deepspeed` command, no
-hostfile). With ZeRO stage 1 or 2 the optimizer state is sharded: `engine.save_checkpoint` writes
-rank-named files on every rank, and because every rank passes its directory to `minitrain.report`,
+hostfile). With ZeRO stage 1, 2 or 3 the optimizer state is sharded (with 3 the parameters too):
+`engine.save_checkpoint` writes rank-named files on every rank, and because every rank passes its directory to `minitrain.report`,
 the ranks' files merge into one checkpoint directory from which `engine.load_checkpoint` resumes.
 Runs on CPU workers (DeepSpeed's CPU accelerator, gloo) as well as GPUs (`--use-gpu`, NCCL).
 """
