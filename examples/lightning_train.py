@@ -3,6 +3,7 @@
     pip install 'minitrain[lightning]'
     python examples/lightning_train.py --num-workers 2 --epochs 4
     python examples/lightning_train.py --strategy fsdp        # sharded model and checkpoints
+    python examples/lightning_train.py --strategy deepspeed   # ZeRO stage 2 (pip install deepspeed)
     python examples/lightning_train.py --smoke-test --storage-path /tmp/runs   # seconds, for CI
 
 The Ray original imports `RayDDPStrategy`, `RayFSDPStrategy`, `RayLightningEnvironment`,
@@ -28,6 +29,7 @@ import minitrain
 from minitrain import RunConfig, ScalingConfig
 from minitrain.lightning import (
     RayDDPStrategy,
+    RayDeepSpeedStrategy,
     RayFSDPStrategy,
     RayLightningEnvironment,
     RayTrainReportCallback,
@@ -81,7 +83,10 @@ def train_func(config: dict) -> list[float]:
                               batch_size=config["batch_size"], shuffle=True)
     val_loader = DataLoader(make_dataset(config["samples"] // 4, config["features"], seed=2),
                             batch_size=config["batch_size"])
-    strategy = RayFSDPStrategy(state_dict_type="sharded") if config["strategy"] == "fsdp" else RayDDPStrategy()
+    strategy = {"fsdp": lambda: RayFSDPStrategy(state_dict_type="sharded"),
+                # Every rank writes its ZeRO shard into the checkpoint RayTrainReportCallback reports.
+                "deepspeed": lambda: RayDeepSpeedStrategy(stage=2),
+                "ddp": RayDDPStrategy}[config["strategy"]]()
     trainer = pl.Trainer(
         max_epochs=config["epochs"], devices="auto", accelerator="auto", strategy=strategy,
         plugins=[RayLightningEnvironment()], callbacks=[RayTrainReportCallback()],
@@ -104,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="PyTorch Lightning training under minitrain.")
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--use-gpu", action="store_true")
-    parser.add_argument("--strategy", choices=("ddp", "fsdp"), default="ddp")
+    parser.add_argument("--strategy", choices=("ddp", "fsdp", "deepspeed"), default="ddp")
     parser.add_argument("--epochs", type=int, default=None, help="epochs in total (default 4; 2 with --smoke-test)")
     parser.add_argument("--storage-path", default="~/minitrain_results")
     parser.add_argument("--name", default="lightning_example")

@@ -82,10 +82,10 @@ class Checkpoint:
     """A reference to a directory of checkpoint files on an fsspec filesystem, as `ray.train.Checkpoint`.
 
     `Checkpoint(path)` accepts a local path (`~` is expanded, the path made absolute) or a URL such as
-    `"s3://bucket/run/ckpt"`; `.path` is then the path without the scheme and `.filesystem` the fsspec
-    filesystem. With `filesystem` given (an fsspec filesystem or a `pyarrow.fs.FileSystem`; anything else
-    raises `ConfigError`), `path` is a path on that filesystem, and `.filesystem` is that object as given:
-    a pyarrow filesystem stays one, so `pyarrow.fs.copy_files(ckpt.path, dest,
+    `"s3://bucket/run/ckpt"`; `.path` is then the path without the scheme. With `filesystem` given (an
+    fsspec filesystem or a `pyarrow.fs.FileSystem`; anything else raises `ConfigError`), `path` is a path
+    on that filesystem. `.filesystem` is a `pyarrow.fs.FileSystem` whenever pyarrow is installed (a
+    pyarrow one given stays that object; see the property), so `pyarrow.fs.copy_files(ckpt.path, dest,
     source_filesystem=ckpt.filesystem)` and `ckpt.filesystem.get_file_info(...)` work as in Ray. A
     Checkpoint is only a reference: creating one copies nothing. Equality is identity, as in Ray.
     """
@@ -112,10 +112,28 @@ class Checkpoint:
             fs = as_fsspec(filesystem, "Checkpoint(filesystem=...)")
             path = fs._strip_protocol(path)  # a URL of the same filesystem is accepted too
         self.path: str = _local_path(path) if _is_local(fs) else path
-        # All I/O goes through `_fs`; `filesystem` is what the user gave (a pyarrow one stays pyarrow).
+        # All I/O goes through `_fs`; `filesystem` shows users a pyarrow filesystem (see the property).
         self._fs: fsspec.AbstractFileSystem = fs
-        self.filesystem: Any = for_users(fs, given_pyarrow(filesystem))
+        self._given: Any = given_pyarrow(filesystem)
+        self._shown: Any = None
         self._uuid = uuid.uuid4()
+
+    @property
+    def filesystem(self) -> Any:
+        """The `pyarrow.fs.FileSystem` holding `path`, as Ray types it: the pyarrow filesystem given to the
+        constructor (the same object), else `pyarrow.fs.LocalFileSystem()` for a local checkpoint and
+        `pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))` over the fsspec filesystem otherwise;
+        the fsspec filesystem itself when pyarrow is not installed
+        (`minitrain.storage.user_filesystems.for_users`). Built on first access, so pyarrow is imported
+        only by code that asks."""
+        if self._shown is None:
+            self._shown = for_users(self._fs, self._given)
+        return self._shown
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_shown"] = None  # rebuilt on demand where unpickled (pyarrow may not be installed there)
+        return state
 
     def __repr__(self) -> str:
         return f"Checkpoint(filesystem={_protocol_name(self._fs)}, path={self.path})"

@@ -73,6 +73,7 @@ class Result:
     return_value: Any = None
     _metrics_history: Optional[list] = field(default=None, repr=False, compare=False)
     stragglers: list = field(default_factory=list)
+    _shown_filesystem: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.best_checkpoints is None:
@@ -80,11 +81,17 @@ class Result:
 
     @property
     def filesystem(self) -> Any:
-        """The storage filesystem of `path`: the `pyarrow.fs.FileSystem` given as `storage_filesystem`
-        when one was (so Ray's `result.filesystem.get_file_info(...)` works), else the fsspec filesystem;
-        None in local mode (no run directory). `pyarrow.fs.copy_files(...,
-        source_filesystem=result.filesystem)` accepts either kind."""
-        return self._storage_filesystem
+        """The storage filesystem of `path` as a `pyarrow.fs.FileSystem`, as Ray types it: the one given
+        as `storage_filesystem` when one was (the same object), else `pyarrow.fs.LocalFileSystem()` on local
+        storage and `pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))` over the fsspec filesystem
+        otherwise, so Ray's `result.filesystem.get_file_info(...)`, `open_input_file(...)` and
+        `pyarrow.fs.copy_files(..., source_filesystem=result.filesystem)` work on every storage. Without
+        pyarrow installed it is the fsspec filesystem. None in local mode (no run directory)."""
+        if self._storage_filesystem is None:
+            return None
+        if self._shown_filesystem is None:
+            self._shown_filesystem = for_users(self._storage_filesystem)
+        return self._shown_filesystem
 
     @property
     def config(self):
@@ -133,7 +140,7 @@ class Result:
         else:
             fs = as_fsspec(storage_filesystem, "Result.from_path(storage_filesystem=...)")
             run_path = fs._strip_protocol(os.fspath(path))
-        shown = for_users(fs, given_pyarrow(storage_filesystem))
+        shown = given_pyarrow(storage_filesystem) or fs  # shown to users as pyarrow: see `filesystem`
         if isinstance(fs, LocalFileSystem):
             run_path = os.path.abspath(os.path.expanduser(run_path))
         run_path = run_path.rstrip("/") or "/"

@@ -3,7 +3,8 @@
 # for `ip netns` (the fake multi-host cluster, scripts/netns_cluster.py; the system ssh service is not
 # used), chromium for the dashboard's browser test (tests/e2e/test_dashboard.py, headless), and Debian's
 # Slurm (slurmctld, slurmd, slurm-client) with munge for the real Slurm cluster of the Slurm tests
-# (tests/slurm_cluster.py, which also installs them itself when they are missing).
+# (tests/slurm_cluster.py, which also installs them itself when they are missing), and a C++ compiler
+# (g++) for the C++ ops DeepSpeed compiles on CPU (tests/deepspeed_support.py, tests/e2e/test_deepspeed_cpu.py).
 # Idempotent: installs only what is missing, and only as root with apt-get; otherwise says why it
 # skipped (those tests then skip themselves with the reason). Never fails CI.
 set -uo pipefail
@@ -15,6 +16,7 @@ command -v chromium >/dev/null 2>&1 || missing="$missing chromium"
 [ -x /usr/sbin/slurmd ] || missing="$missing slurmd"
 command -v srun >/dev/null 2>&1 || missing="$missing slurm-client"
 [ -x /usr/sbin/munged ] || missing="$missing munge"
+command -v c++ >/dev/null 2>&1 || missing="$missing g++"
 if [ -z "$missing" ]; then
     exit 0
 fi

@@ -68,7 +68,45 @@ class RayFSDPStrategy(_RunPlacement, FSDPStrategy):
 
 class RayDeepSpeedStrategy(_RunPlacement, DeepSpeedStrategy):
     """Lightning's `DeepSpeedStrategy` on minitrain's process group and device (see the module
-    docstring). Takes `DeepSpeedStrategy`'s arguments; needs `deepspeed` installed."""
+    docstring). Takes `DeepSpeedStrategy`'s arguments; needs `deepspeed` installed.
+
+    Unlike Lightning's own (and Ray's), it also runs on CPU workers over gloo, with DeepSpeed's CPU
+    accelerator: Lightning refuses every accelerator but CUDA, though DeepSpeed itself trains on CPU.
+    There DeepSpeed must have picked its CPU accelerator (it does when no GPU is visible; set
+    `DS_ACCELERATOR=cpu` to force it), else `RuntimeError` says so.
+    """
+
+    @property
+    def root_device(self) -> torch.device:
+        """This worker's device; on CPU `cpu:<local rank>`, because Lightning hands DeepSpeed
+        `device_rank=root_device.index` and DeepSpeed reads it as this process's rank (a bare CPU device
+        has no index). Tensors moved to `cpu:N` land on the CPU as usual."""
+        device = get_device()
+        return torch.device("cpu", self.local_rank) if device.type == "cpu" else device
+
+    def setup_environment(self) -> None:
+        if self.root_device.type != "cpu":
+            return super().setup_environment()
+        from deepspeed.accelerator import get_accelerator
+
+        chosen = get_accelerator().device_name()
+        if chosen != "cpu":
+            raise RuntimeError(f"RayDeepSpeedStrategy on a CPU worker, but DeepSpeed chose its {chosen!r} "
+                               "accelerator: set DS_ACCELERATOR=cpu in the environment of the run "
+                               "(or use_gpu=True in the ScalingConfig).")
+        # Lightning's DeepSpeedStrategy.setup_environment is only its CUDA check, then DDPStrategy's.
+        return super(DeepSpeedStrategy, self).setup_environment()
+
+    def setup_distributed(self) -> None:
+        if self.root_device.type != "cpu":
+            return super().setup_distributed()
+        # Lightning's, less its check that the devices' CUDA indices are 0..n-1 (CPU devices have none).
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+        return None
 
 
 def _is_fsdp_wrapped(model: Module) -> bool:

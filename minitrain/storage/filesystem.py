@@ -134,8 +134,9 @@ class Storage:
 
     @property
     def public_fs(self) -> object:
-        """The filesystem to show users (`Checkpoint.filesystem`, `Result.filesystem`): the pyarrow
-        filesystem given as `storage_filesystem`, else `fs`."""
+        """The filesystem to build users' Checkpoints and Results on: the pyarrow filesystem given as
+        `storage_filesystem` (handed back as that object), else `fs` (shown to users as a pyarrow view:
+        `user_filesystems.for_users`)."""
         return for_users(self.fs, self.given)
 
     def __repr__(self) -> str:

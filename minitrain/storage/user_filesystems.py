@@ -15,8 +15,21 @@ the fsspec filesystem minitrain works on:
 - anything else raises `ConfigError` naming where it was given, its type and the fix.
 
 `for_users` goes the other way for what minitrain hands back (`Checkpoint.filesystem`,
-`Result.filesystem`): the pyarrow filesystem the user gave when there was one, so that Ray's
-`filesystem.get_file_info(...)` snippets run unchanged; otherwise the fsspec filesystem.
+`Result.filesystem`), which Ray types as `pyarrow.fs.FileSystem`, so that Ray's
+`filesystem.get_file_info(...)` / `open_input_file(...)` snippets run unchanged:
+
+- the pyarrow filesystem the user gave, when there was one (the same object);
+- else, when pyarrow is installed, a pyarrow view of the fsspec filesystem minitrain works on:
+  `pyarrow.fs.LocalFileSystem()` for local storage (what Ray itself hands back there: plain files, nothing
+  to translate), and `pyarrow.fs.PyFileSystem(pyarrow.fs.FSSpecHandler(fs))` for anything else. Remote
+  storage is wrapped rather than rebuilt as a native `S3FileSystem`/`GcsFileSystem` because the wrapper
+  reaches the files with exactly the credentials, endpoint and options the run used; translating s3fs or
+  gcsfs options into pyarrow's could silently point at another endpoint or account;
+- else (no pyarrow) the fsspec filesystem itself.
+
+Either way `as_fsspec` turns what was handed back into the same fsspec filesystem again, so a handed-back
+filesystem can be passed on (`Checkpoint(path, filesystem=result.filesystem)`). pyarrow is imported only
+when a view is first asked for (it costs ~0.2 s to import).
 """
 
 from __future__ import annotations
@@ -28,7 +41,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.config import bad_filesystem, filesystem_kind
 
-__all__ = ["as_fsspec", "for_users", "given_pyarrow"]
+__all__ = ["as_fsspec", "for_users", "given_pyarrow", "pyarrow_view"]
 
 
 def as_fsspec(filesystem: Any, where: str) -> fsspec.AbstractFileSystem:
@@ -56,6 +69,23 @@ def given_pyarrow(filesystem: Any) -> Optional[Any]:
     return filesystem if filesystem_kind(filesystem) == "pyarrow" else None
 
 
-def for_users(fs: fsspec.AbstractFileSystem, given: Optional[Any]) -> Any:
-    """What to show users as the filesystem: the pyarrow filesystem they gave (`given`), else `fs`."""
-    return given if given is not None else fs
+def pyarrow_view(fs: fsspec.AbstractFileSystem) -> Any:
+    """A `pyarrow.fs.FileSystem` over the same files as `fs` (see the module docstring); `fs` itself
+    when pyarrow is not installed."""
+    try:
+        import pyarrow.fs as pafs
+    except ImportError:
+        return fs
+    if isinstance(fs, LocalFileSystem):
+        return pafs.LocalFileSystem()
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs))
+
+
+def for_users(fs: Any, given: Optional[Any] = None) -> Any:
+    """What to show users as the filesystem: the pyarrow filesystem they gave (`given`, or `fs` when it is
+    one already), else `pyarrow_view(fs)`."""
+    if given is not None:
+        return given
+    if filesystem_kind(fs) == "pyarrow":
+        return fs
+    return pyarrow_view(fs)

@@ -304,7 +304,7 @@ class WorkerSession:
                       delete_local: bool, upload_fn: Any) -> None:
         if self._async is None:
             self._async = _AsyncUploads(self)
-        local = isinstance(checkpoint.filesystem, LocalFileSystem)
+        local = isinstance(checkpoint._fs, LocalFileSystem)  # the fsspec one: .filesystem is pyarrow's
         if delete_local and upload_fn is None and local:
             # The caller gave the directory up: move its files into the run directory now (renames,
             # no bytes copied, no file shared with the caller). Only the report waits in the background.

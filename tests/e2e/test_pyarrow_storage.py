@@ -63,3 +63,23 @@ def test_fit_on_a_pyarrow_storage_filesystem(tmp_path, kind):
     on_disk = results / "runs" / "arrow" if kind == "subtree" else results / "arrow"
     assert sorted(d for d in os.listdir(on_disk) if d.startswith("checkpoint_0")) == [
         "checkpoint_000000", "checkpoint_000001"]
+
+
+def test_fit_on_default_storage_hands_back_pyarrow_filesystems(tmp_path):
+    """No storage_filesystem given (a plain local storage_path): Ray's `result.filesystem.get_file_info(...)`
+    and `open_input_file(...)` still work, because what is handed back is pyarrow's LocalFileSystem, in the
+    driver and in the workers (the training function asserts it), as Ray hands back."""
+    result = TorchTrainer(train_reports_two_checkpoints, scaling_config=ScalingConfig(num_workers=2),
+                          run_config=RunConfig(name="plain", storage_path=str(tmp_path / "results"))).fit()
+
+    assert result.metrics == {"step": 1}
+    assert type(result.filesystem) is pafs.LocalFileSystem
+    assert type(result.checkpoint.filesystem) is pafs.LocalFileSystem
+    assert all(type(c.filesystem) is pafs.LocalFileSystem for c, _ in result.best_checkpoints)
+    # Ray's "Inspecting results" guide: walk the run directory through result.filesystem.
+    listed = result.filesystem.get_file_info(pafs.FileSelector(result.path, recursive=True))
+    assert {"checkpoint_manager_snapshot.json", "metrics.jsonl", "rank1.txt"} <= {i.base_name for i in listed}
+    with result.filesystem.open_input_file(f"{result.checkpoint.path}/rank0.txt") as handle:
+        assert handle.read() == b"1"
+    with result.checkpoint.as_directory() as local:  # unchanged: the checkpoint directory itself
+        assert sorted(os.listdir(local)) == ["rank0.txt", "rank1.txt"]

@@ -65,7 +65,7 @@ def remote_checkpoint(memory_root) -> Checkpoint:
 def test_from_directory_is_local_and_copies_nothing(local_dir):
     ckpt = Checkpoint.from_directory(local_dir)
     assert ckpt.path == str(local_dir)
-    assert isinstance(ckpt.filesystem, LocalFileSystem)
+    assert isinstance(ckpt._fs, LocalFileSystem)  # .filesystem is pyarrow's view: test_pyarrow_filesystems
     assert repr(ckpt) == f"Checkpoint(filesystem=local, path={local_dir})"
 
 
@@ -81,7 +81,7 @@ def test_local_paths_are_expanded_and_made_absolute(tmp_path, monkeypatch):
 def test_url_strips_the_scheme(memory_root):
     _, root = memory_root
     ckpt = Checkpoint(f"memory://{root}/x")
-    assert isinstance(ckpt.filesystem, MemoryFileSystem)
+    assert isinstance(ckpt._fs, MemoryFileSystem)
     assert ckpt.path == f"{root}/x"
     assert repr(ckpt) == f"Checkpoint(filesystem=memory, path={root}/x)"
 
@@ -110,7 +110,8 @@ def test_not_path_like(tmp_path):
 def test_pickles(remote_checkpoint, local_dir):
     for ckpt in (remote_checkpoint, Checkpoint.from_directory(local_dir)):
         back = pickle.loads(pickle.dumps(ckpt))
-        assert (back.path, back._uuid, type(back.filesystem)) == (ckpt.path, ckpt._uuid, type(ckpt.filesystem))
+        assert (back.path, back._uuid, type(back._fs)) == (ckpt.path, ckpt._uuid, type(ckpt._fs))
+        assert type(back.filesystem) is type(ckpt.filesystem)
 
 
 # ------------------------------------------------------------------ directories
@@ -221,7 +222,7 @@ def test_from_dict_round_trips_tensors_and_nested_values(private_tempdir):
     data = {"model": {"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(3, dtype=torch.int64)},
             "epoch": 7, "history": [0.5, {"deep": (1, "two")}], "none": None}
     ckpt = Checkpoint.from_dict(data)
-    assert isinstance(ckpt.filesystem, LocalFileSystem)
+    assert isinstance(ckpt._fs, LocalFileSystem)
     assert Path(ckpt.path).parent == private_tempdir
     assert os.listdir(ckpt.path) == ["dict_checkpoint.pkl"]
     back = ckpt.to_dict()

@@ -120,15 +120,57 @@ def test_checkpoint_on_pyarrow_filesystems_answers_rays_pyarrow_calls(tmp_path):
         os.remove(os.path.join(source, ".metadata.json"))
 
 
-def test_checkpoint_from_a_url_or_fsspec_keeps_the_fsspec_filesystem(tmp_path):
-    fs = fsspec.filesystem("memory")
-    assert Checkpoint("/x", filesystem=fs).filesystem is fs
-    assert isinstance(Checkpoint(str(tmp_path)).filesystem, LocalFileSystem)
-    # pyarrow.fs.copy_files accepts an fsspec filesystem too (pyarrow wraps it), so that snippet runs.
-    source = _tree(tmp_path / "c", {"a.txt": "a"})
-    (tmp_path / "out").mkdir()
-    pafs.copy_files(source, str(tmp_path / "out"), source_filesystem=Checkpoint(source).filesystem)
-    assert (tmp_path / "out" / "a.txt").read_text() == "a"
+def test_checkpoint_filesystem_is_pyarrow_on_default_storage_too(tmp_path):
+    """Ray's `ray.train.Checkpoint` docstring: `Checkpoint.from_directory(dir).filesystem` is a pyarrow
+    LocalFileSystem; a URL or an fsspec filesystem is shown through pyarrow's FSSpecHandler over that
+    same fsspec filesystem, and I/O keeps going through the fsspec one."""
+    source = _tree(tmp_path / "c", {"a.txt": "a", "sub/b.txt": "bb"})
+    for checkpoint in (Checkpoint.from_directory(source), Checkpoint(source), Checkpoint(f"file://{source}")):
+        assert type(checkpoint.filesystem) is pafs.LocalFileSystem and isinstance(checkpoint._fs, LocalFileSystem)
+        assert checkpoint.filesystem is checkpoint.filesystem  # built once
+        assert checkpoint.path == source
+        assert checkpoint.filesystem.get_file_info(f"{checkpoint.path}/sub/b.txt").size == 2
+        with checkpoint.filesystem.open_input_file(f"{checkpoint.path}/a.txt") as handle:
+            assert handle.read() == b"a"
+        with checkpoint.as_directory() as local:  # what users rely on is unchanged
+            assert local == source
+        assert open(os.path.join(checkpoint.to_directory(str(tmp_path / f"to-{uuid.uuid4().hex}")),
+                                 "sub", "b.txt")).read() == "bb"
+    memory = fsspec.filesystem("memory")
+    root = f"/minitrain-test-{uuid.uuid4().hex}"
+    try:
+        memory.pipe_file(f"{root}/ck/model.txt", b"weights")
+        for checkpoint in (Checkpoint(f"{root}/ck", filesystem=memory), Checkpoint(f"memory://{root}/ck")):
+            shown = checkpoint.filesystem
+            assert isinstance(shown, pafs.PyFileSystem) and shown.handler.fs is memory
+            assert checkpoint._fs is memory
+            assert shown.get_file_info(f"{root}/ck/model.txt").type == pafs.FileType.File
+            with shown.open_input_file(f"{root}/ck/model.txt") as handle:
+                assert handle.read() == b"weights"
+            (tmp_path / "out").mkdir(exist_ok=True)
+            pafs.copy_files(checkpoint.path, str(tmp_path / "out"), source_filesystem=shown)
+            assert (tmp_path / "out" / "model.txt").read_text() == "weights"
+            # What is handed back can be handed in again: the same fsspec filesystem underneath.
+            again = Checkpoint(checkpoint.path, filesystem=shown)
+            assert again._fs is memory and again.filesystem is shown
+            with again.as_directory() as local:
+                assert open(os.path.join(local, "model.txt")).read() == "weights"
+            back = pickle.loads(pickle.dumps(checkpoint))  # crosses to workers; the view is rebuilt there
+            assert back._shown is None and isinstance(back.filesystem, pafs.PyFileSystem)
+    finally:
+        memory.rm(root, recursive=True)
+
+
+def test_result_filesystem_is_pyarrow_on_default_storage_too(tmp_path):
+    entry = {"checkpoint_dir_name": "c1", "metrics": {"loss": 0.5}, "report_index": 0}
+    run = tmp_path / "run"
+    _tree(run, {"c1/model.txt": "m", "checkpoint_manager_snapshot.json":
+                json.dumps({"checkpoint_results": [entry], "latest_checkpoint_result": entry})})
+    result = Result.from_path(str(run))
+    assert type(result.filesystem) is pafs.LocalFileSystem and result.filesystem is result.filesystem
+    assert type(result.checkpoint.filesystem) is pafs.LocalFileSystem
+    listed = result.filesystem.get_file_info(pafs.FileSelector(result.path, recursive=True))
+    assert {"checkpoint_manager_snapshot.json", "model.txt"} <= {info.base_name for info in listed}
 
 
 # ---------------------------------------------------------------------------------- Storage

@@ -124,7 +124,7 @@ def test_from_path_reads_snapshot_and_history(tmp_path):
     run = _write_run(tmp_path / "exp" / "run", retained=[a, b], latest=b, history=history)
     result = Result.from_path(str(run))
     assert result.path == str(run) and result.error is None and result.return_value is None
-    assert isinstance(result.filesystem, LocalFileSystem)
+    assert isinstance(result._storage_filesystem, LocalFileSystem)  # shown as pyarrow's: test_pyarrow_filesystems
     assert result.metrics == {"loss": 0.25, "epoch": 3}  # the last report, not the last checkpoint's
     assert [c.path for c, _ in result.best_checkpoints] == [str(run / "checkpoint_000001"),
                                                               str(run / "checkpoint_000002")]
@@ -180,8 +180,8 @@ def test_from_path_on_a_remote_filesystem():
         fs.pipe_file(f"{root}/checkpoint_manager_snapshot.json",
                      json.dumps({"checkpoint_results": [a], "latest_checkpoint_result": a}).encode())
         result = Result.from_path(f"memory://{root}")
-        assert result.path == root and result.filesystem is fs
-        assert result.checkpoint.path == f"{root}/c1" and result.checkpoint.filesystem is fs
+        assert result.path == root and result._storage_filesystem is fs
+        assert result.checkpoint.path == f"{root}/c1" and result.checkpoint._fs is fs
         with result.checkpoint.as_directory() as d:
             assert (Path(d) / "model.txt").read_bytes() == b"m"
         assert Result.from_path(root, storage_filesystem=fs).metrics == {"loss": 0.4}
