@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable, Optional, Protocol
 
+import grpc
+
 from minitrain.commands import AgentCommand, WorkerCommand
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.observers import GpuSample, TelemetrySample
@@ -29,6 +31,7 @@ from minitrain.records import Phase, ReportRecord, WorkerFailure
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+
 
 logger = logging.getLogger("minitrain.coordinator")
 
@@ -202,6 +205,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             async for message in request_iterator:
                 if message.run_id != self._run_id:
                     state["reason"] = f"the agent belongs to run {message.run_id!r}"
+                    # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
+                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                    context.set_details(f"this coordinator serves run {self._run_id!r}, "
+                                        f"not {message.run_id!r} (that run is over, or the agent was "
+                                        f"started for another one)")
                     break
                 node_id = message.node_id
                 kind = message.WhichOneof("body")
