@@ -77,7 +77,10 @@ def refusal(end_reason: str) -> Optional[str]:
         return ("the coordinator refused this agent's run token (wrong token: the joiner and the run must "
                 "share the same Secret)")
     if "FAILED_PRECONDITION" in end_reason:
-        return f"the coordinator refused this agent: {end_reason.split('(', 1)[-1].rstrip(')')}"
+        details = end_reason.split("FAILED_PRECONDITION", 1)[1].strip()
+        if details.startswith("(") and details.endswith(")"):
+            details = details[1:-1]
+        return f"the coordinator refused this agent: {details}"
     return None
 
 

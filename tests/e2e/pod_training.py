@@ -1,5 +1,5 @@
 """The script every "pod" runs in tests/e2e/test_kubernetes_pods.py (``python -m minitrain.launch
-pod_training.py OUT STORAGE STEPS STEP_S``): on pod 0 it is the driver, a DDP (gloo) run of two workers a
+pod_training.py OUT STORAGE STEPS STEP_S``): on pod 0 it is the driver, a DDP (gloo) run of one worker a
 pod that checkpoints every step and resumes from the latest checkpoint; each rank writes what it saw into
 OUT so the test can tell where ranks ran and where a resumed attempt started.
 """
@@ -67,7 +67,7 @@ if __name__ == "__main__":
     out, storage, steps, step_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
     pods = int(os.environ.get("PET_NNODES") or os.environ["WORLD_SIZE"])
     trainer = TorchTrainer(train, train_loop_config={"out": out, "steps": steps, "step_s": step_s},
-                           scaling_config=ScalingConfig(num_workers=2 * pods),
+                           scaling_config=ScalingConfig(num_workers=pods, placement_strategy="STRICT_SPREAD"),
                            run_config=RunConfig(name="pods", storage_path=storage))
     result = trainer.fit()
     _write(out, "result.json", {"metrics": result.metrics})
