@@ -6,8 +6,9 @@ the run as any agent does (`NodeAgent`), over TLS trusting only the certificate 
 token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
 
 - 0: the coordinator shut the run down (the run ended, however it ended: its result is the driver's);
-- EXIT_REFUSED (3): the coordinator refused this agent: a wrong token, or another run id (a run that is
-  over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
+- EXIT_REFUSED (3): the coordinator refused this agent: a wrong token (found at the TLS handshake, since
+  the certificate is derived from the token; over loopback, by the token check), or another run id (a run
+  that is over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
   permanent;
 - EXIT_UNREACHABLE (4): HOST did not resolve or PORT did not answer within `timeout_s`;
 - 1: the coordinator went away mid-run (its lease broke), as for any agent.
@@ -18,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import ssl
 import sys
 import time
 from typing import Callable, Optional
@@ -40,7 +42,7 @@ def wait_for_coordinator(host: str, port: int, timeout_s: float, *,
                          clock: Callable[[], float] = time.monotonic,
                          sleep: Callable[[float], None] = time.sleep) -> Optional[str]:
     """Retry resolving `host` and connecting to `port` until one connection succeeds (None) or
-    `timeout_s` passed (the last error, as text). Pauses grow from RETRY_FIRST_S to RETRY_MAX_S, so a
+    `timeout_s` passed (the last error, as text); `Refused` from `connect` ends it at once. Pauses grow from RETRY_FIRST_S to RETRY_MAX_S, so a
     coordinator that appears is found within about RETRY_MAX_S. `connect(host, port, timeout)` opens and
     closes one connection or raises OSError (socket.gaierror for a name that does not resolve)."""
     connect = connect or _connect_once
@@ -65,9 +67,27 @@ def wait_for_coordinator(host: str, port: int, timeout_s: float, *,
         pause = min(pause * 2, RETRY_MAX_S)
 
 
-def _connect_once(host: str, port: int, timeout_s: float) -> None:
-    with socket.create_connection((host, port), timeout=timeout_s):
-        pass
+class Refused(Exception):
+    """The coordinator (or whatever answers at its address) cannot be this run's: retrying cannot help."""
+
+
+def _connect_once(host: str, port: int, timeout_s: float, cert_pem: bytes = b"") -> None:
+    """One TCP connection, and with `cert_pem` one TLS handshake trusting only it: a coordinator whose
+    certificate is not the one derived from this joiner's token has another token (Refused)."""
+    with socket.create_connection((host, port), timeout=timeout_s) as connection:
+        if not cert_pem:
+            return
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # CERT_REQUIRED and the host name checked
+        context.load_verify_locations(cadata=cert_pem.decode("ascii"))
+        context.set_alpn_protocols(["h2"])  # as gRPC's client: its server expects HTTP/2
+        try:
+            with context.wrap_socket(connection, server_hostname=host):
+                pass
+        except ssl.SSLCertVerificationError as error:
+            raise Refused(f"the coordinator at {host}:{port} does not present the certificate derived from this "
+                          f"agent's run token ({error.verify_message}): the token differs from the run's (the "
+                          f"joiner and the run must share the same Secret), or something else listens there") \
+                from None
 
 
 def refusal(end_reason: str) -> Optional[str]:
@@ -90,12 +110,17 @@ def join(address: str, node_id: str, run_id: str, token: str, timeout_s: float) 
     host = host.strip("[]")
     procs.die_with_parent(signal.SIGTERM)
     limits.raise_fd_limit()
-    unreachable = wait_for_coordinator(host, int(port), timeout_s)
+    cert = tls.join_identity(token, host).cert_pem if tls.uses_tls(host) else b""
+    try:
+        unreachable = wait_for_coordinator(host, int(port), timeout_s,
+                                           connect=lambda h, p, t: _connect_once(h, p, t, cert))
+    except Refused as refused:
+        print(f"minitrain.launch --join: {refused}", file=sys.stderr)
+        return EXIT_REFUSED
     if unreachable is not None:
         print(f"minitrain.launch --join: no coordinator at {address}: {unreachable}. Check the address, "
               f"and that the driver runs (MINITRAIN_JOIN_TIMEOUT_S sets how long to wait).", file=sys.stderr)
         return EXIT_UNREACHABLE
-    cert = tls.join_identity(token, host).cert_pem if tls.uses_tls(host) else b""
     agent = NodeAgent(address, node_id, run_id, token, tls_cert=cert)
     install_signal_handlers(agent)
     code = agent.run()
