@@ -152,7 +152,7 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     pods.start(0)
     pods.start(1)
     checkpoints = pods.storage / "pods"
-    _wait_for(lambda: len(glob.glob(str(checkpoints / "checkpoint_*"))) >= 2, "two checkpoints", pods=pods)
+    _wait_for(lambda: len(glob.glob(str(checkpoints / "checkpoint_*"))) >= 2, "a committed checkpoint", pods=pods)
     pods.kill_all()  # pod 0 killed; the job recreates every pod
     for record in pods.ranks():
         os.unlink(pods.out / f"rank_{record['rank']}_start_{record['start']}.json")
@@ -161,5 +161,5 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     codes = pods.wait_all()
     assert codes == {0: 0, 1: 0}, pods.logs()
     starts = {record["start"] for record in pods.ranks()}
-    assert len(starts) == 1 and starts.pop() >= 2, pods.ranks()  # resumed after the checkpoints, not from 0
+    assert len(starts) == 1 and starts.pop() >= 1, pods.ranks()  # resumed from a checkpoint, not from step 0
     assert json.loads((pods.out / "result.json").read_text())["metrics"]["step"] == 11
