@@ -59,7 +59,8 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
         identity = tls.new_run_identity(bind_hosts) if any(map(tls.uses_tls, bind_hosts)) else None
     events: "queue.SimpleQueue" = queue.SimpleQueue()
     hub = Hub()
-    service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S)
+    service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S,
+                                 node_ids=tuple(spec.node_ids))
     server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity, port=port).start()
     agents = None
     try:

@@ -165,8 +165,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def __init__(self, run_id: str, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub,
                  log_sink: LogSinkProtocol, lease_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, node_ids: tuple = ()):
         self._run_id = run_id
+        self._node_ids = frozenset(node_ids)  # the run's hosts; empty: any (an agent that joins names one)
         self._events = events
         self._hub = hub
         self._log_sink = log_sink
@@ -212,6 +213,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                                         f"started for another one)")
                     break
                 node_id = message.node_id
+                if self._node_ids and node_id not in self._node_ids:
+                    state["reason"] = f"{node_id!r} is not one of the run's hosts"
+                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                    context.set_details(f"{node_id!r} is not one of this run's hosts "
+                                        f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
+                    break
                 kind = message.WhichOneof("body")
                 lease = self._leases.get(node_id)
                 if lease is None:

@@ -249,8 +249,10 @@ class ClusterConfig:
     def replaced_at_once(self) -> frozenset:
         """The hosts whose lost agent is replaced at once, without a remote host's backoff: this machine,
         and every node of a Slurm allocation (the node is the job's until the job ends: an agent step
-        that died is started again inside the allocation; a node Slurm lost fails its new step at once)."""
-        return frozenset(host.name for host in self.hosts if host.local or self.launcher == "srun")
+        that died is started again inside the allocation; a node Slurm lost fails its new step at once),
+        and every host of a joined run (its host starts a new agent, e.g. a restarted pod: the run waits
+        for it to join, `JoinConfig.timeout_s`, instead of leaving the host out for a backoff)."""
+        return frozenset(host.name for host in self.hosts if host.local or self.launcher in ("srun", "join"))
 
     def resolved_python(self) -> str:
         """The interpreter to run on the hosts: `python`, or the driver's `sys.executable`."""

@@ -125,19 +125,25 @@ class JoinedAgents:
     """The agents of a joined run; the controller's `AgentHandles`.
 
     Joiners are not this process's children: one that is lost shows as its stream ending (the
-    coordinator's lease), never here, and it cannot be relaunched from here (`relaunch` is False; its
-    host starts it again, e.g. Kubernetes restarting the pod). The local agents are children.
+    coordinator's lease), never here, and it is not started again from here: `relaunch` only says a
+    new agent is expected, which its host starts (Kubernetes restarting the pod), and the controller
+    waits for it as for any relaunched agent (up to `JoinConfig.timeout_s`). The local agents are
+    children, relaunched as in any run.
     """
 
-    def __init__(self, local):
+    def __init__(self, local, local_ids: frozenset = frozenset()):
         self._local = local  # minitrain.hosts.launcher.LaunchedAgents of the local hosts, or None
+        self._local_ids = local_ids
 
     def forget(self, node_id: str) -> None:
         if self._local is not None:
             self._local.forget(node_id)
 
     def relaunch(self, node_id: str) -> bool:
-        return False
+        if node_id in self._local_ids:
+            return self._local is not None and self._local.relaunch(node_id)
+        logger.warning("node %s: waiting for its agent to join again (its host starts it)", node_id)
+        return True
 
     def dead_agents(self) -> dict[str, str]:
         return self._local.dead_agents() if self._local is not None else {}
@@ -180,4 +186,4 @@ class JoinLauncher:
         handles = None
         if local:
             handles = self._local_launcher.start(local, lambda _: self._join.address, token, run_id, tls_cert)
-        return JoinedAgents(handles)
+        return JoinedAgents(handles, frozenset(local))

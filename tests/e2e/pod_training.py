@@ -1,5 +1,5 @@
 """The script every "pod" runs in tests/e2e/test_kubernetes_pods.py (``python -m minitrain.launch
-pod_training.py OUT STORAGE STEPS STEP_S``): on pod 0 it is the driver, a DDP (gloo) run of one worker a
+pod_training.py OUT STORAGE STEPS STEP_S [MAX_FAILURES]``): on pod 0 it is the driver, a DDP (gloo) run of one worker a
 pod that checkpoints every step and resumes from the latest checkpoint; each rank writes what it saw into
 OUT so the test can tell where ranks ran and where a resumed attempt started.
 """
@@ -13,7 +13,7 @@ import tempfile
 import time
 
 import minitrain
-from minitrain import Checkpoint, RunConfig, ScalingConfig
+from minitrain import Checkpoint, FailureConfig, RunConfig, ScalingConfig
 from minitrain.torch import TorchTrainer
 
 
@@ -65,9 +65,11 @@ def train(config):
 
 if __name__ == "__main__":
     out, storage, steps, step_s = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
+    max_failures = int(sys.argv[5]) if len(sys.argv) > 5 else 0
     pods = int(os.environ.get("PET_NNODES") or os.environ["WORLD_SIZE"])
     trainer = TorchTrainer(train, train_loop_config={"out": out, "steps": steps, "step_s": step_s},
                            scaling_config=ScalingConfig(num_workers=pods, placement_strategy="STRICT_SPREAD"),
-                           run_config=RunConfig(name="pods", storage_path=storage))
+                           run_config=RunConfig(name="pods", storage_path=storage,
+                                                failure_config=FailureConfig(max_failures=max_failures)))
     result = trainer.fit()
     _write(out, "result.json", {"metrics": result.metrics})

@@ -32,7 +32,7 @@ def _variables(flavor: str, pods: int, rank: int, master: str) -> dict:
 class Pods:
     """The pods of one job: start one (`start(rank)`), wait for all, read their logs."""
 
-    def __init__(self, cluster, tmp_path, flavor: str, steps: int = 4, step_s: float = 0.05):
+    def __init__(self, cluster, tmp_path, flavor: str, steps: int = 4, step_s: float = 0.05, max_failures: int = 0):
         self.cluster, self.flavor, self.tmp = cluster, flavor, tmp_path
         self.pods = len(cluster.hosts)
         self.master = cluster.hosts[0].ip
@@ -43,8 +43,9 @@ class Pods:
         if not self.token_file.exists():
             self.token_file.write_text(secrets.token_urlsafe(32))
             self.token_file.chmod(0o600)
-        self.args = [str(self.out), str(self.storage), str(steps), str(step_s)]
+        self.args = [str(self.out), str(self.storage), str(steps), str(step_s), str(max_failures)]
         self.running: dict[int, subprocess.Popen] = {}
+        self.started: list[int] = []
         self.incarnation = 0
 
     def env(self, rank: int, **extra) -> dict:
@@ -55,9 +56,11 @@ class Pods:
         return env
 
     def log(self, rank: int) -> pathlib.Path:
-        return self.tmp / f"pod{rank}.{self.incarnation}.log"
+        return self.tmp / f"pod{rank}.{self.incarnation}.{len(self.started)}.log"
 
     def start(self, rank: int) -> subprocess.Popen:
+        self.started.append(rank)
+        self.last_log = {**getattr(self, "last_log", {}), rank: self.log(rank)}
         with open(self.log(rank), "wb") as log:
             process = self.cluster.popen_in(self.cluster.hosts[rank], [sys.executable, "-m", "minitrain.launch",
                                                                        SCRIPT, *self.args],
@@ -120,7 +123,7 @@ def _assert_trained(pods: Pods, codes: dict[int, int]) -> None:
 def test_a_pytorchjob_of_three_pods_trains_ddp_and_refuses_a_wrong_token_and_a_stale_run(netns_cluster, tmp_path):
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob")
     pods.start(0)
-    _wait_for(lambda: "to join at" in pods.log(0).read_text(), "pod 0's coordinator listening", pods=pods)
+    _wait_for(lambda: "to join at" in pods.last_log[0].read_text(), "pod 0's coordinator listening", pods=pods)
     wrong = tmp_path / "wrong-token"
     wrong.write_text(secrets.token_urlsafe(32))
     refused = _join(pods, 1, run_id="job-" + pods.master.replace(".", "-"), token_file=wrong)
@@ -163,3 +166,38 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     starts = {record["start"] for record in pods.ranks()}
     assert len(starts) == 1 and starts.pop() >= 1, pods.ranks()  # resumed from a checkpoint, not from step 0
     assert json.loads((pods.out / "result.json").read_text())["metrics"]["step"] == 11
+
+
+@pytest.mark.parametrize("netns_cluster", [2], indirect=True)
+def test_a_pod_that_dies_and_is_restarted_joins_again_and_the_run_goes_on(netns_cluster, tmp_path):
+    """Pod 1's processes are killed mid-run (a node lost) and the pod restarted: the run waits for its agent
+    to join again (not for a backoff) and finishes on both pods, spending one failure."""
+    pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=10, step_s=0.5, max_failures=1)
+    pods.start(0)
+    pods.start(1)
+    _wait_for(lambda: len(glob.glob(str(pods.storage / "pods" / "checkpoint_*"))) >= 2, "a committed checkpoint",
+              pods=pods)
+    first = pods.running.pop(1)
+    netns_cluster.kill_namespace_processes(netns_cluster.hosts[1])
+    first.wait(timeout=30)
+    pods.start(1)
+    codes = pods.wait_all()
+    assert codes == {0: 0, 1: 0}, pods.logs()
+    result = json.loads((pods.out / "result.json").read_text())["metrics"]
+    assert result["step"] == 9 and result["world"] == 2 and result["params_equal"] is True
+
+
+@pytest.mark.parametrize("netns_cluster", [2], indirect=True)
+def test_a_joiner_that_names_no_host_of_the_run_is_refused(netns_cluster, tmp_path):
+    pods = Pods(netns_cluster, tmp_path, "PyTorchJob")
+    pods.start(0)
+    _wait_for(lambda: "to join at" in pods.last_log[0].read_text(), "pod 0's coordinator listening", pods=pods)
+    env = pods.env(1, MINITRAIN_JOIN_TIMEOUT_S="30")
+    stray = netns_cluster.run_in(netns_cluster.hosts[1], [
+        sys.executable, "-m", "minitrain.launch", "--join", f"{pods.master}:{PORT}", "--node-id", "pod-7",
+        "--run-id", "job-" + pods.master.replace(".", "-")], env=env, capture_output=True, text=True, timeout=60,
+        cwd=REPO)
+    assert stray.returncode == 3 and "'pod-7' is not one of this run's hosts (pod-0, pod-1)" in stray.stderr, \
+        stray.stderr
+    pods.start(1)
+    _assert_trained(pods, pods.wait_all())
