@@ -33,7 +33,7 @@ logger = logging.getLogger("minitrain")
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
 RETRY_FIRST_S = 0.2  # the first pause between tries; doubled up to RETRY_MAX_S
-RETRY_MAX_S = 2.0
+RETRY_MAX_S = 1.0  # a recreated master is found within a second of listening; one SYN a second is cheap
 CONNECT_TIMEOUT_S = 3.0  # one TCP connect try
 
 
