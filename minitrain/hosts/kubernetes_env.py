@@ -3,7 +3,8 @@
 Two contracts are recognised, TrainJob's first (its variables are the more specific):
 
 - Kubeflow Trainer v2 TrainJob (JobSet): ``PET_NNODES`` (pods), ``PET_NODE_RANK`` (this pod's index),
-  ``PET_MASTER_ADDR`` (pod 0's headless-service name, e.g. ``<job>-node-0-0.<job>``), ``PET_MASTER_PORT``;
+  ``PET_MASTER_ADDR`` (pod 0's headless-service name, e.g. ``<job>-node-0-0.<job>``), ``PET_MASTER_PORT``,
+  and ``PET_NPROC_PER_NODE`` when it is a number (the most workers placed on a pod);
 - Kubeflow PyTorchJob v1: ``WORLD_SIZE`` (pods, not GPUs), ``RANK`` (0 for the master, 1.. for the
   workers), ``MASTER_ADDR`` (the master's service, ``<job>-master-0``), ``MASTER_PORT``.
 
@@ -41,6 +42,7 @@ class KubernetesPod:
     master_host: str
     master_port: int
     job_name: str
+    slots: Optional[int] = None  # TrainJob's PET_NPROC_PER_NODE when it is a number: the workers a pod takes
 
     @property
     def node_id(self) -> str:
@@ -94,4 +96,6 @@ def _parse(flavor: str, names: tuple[str, ...], environ: Mapping[str, str]) -> K
     except ValueError:
         label = host.split(".", 1)[0]
         job = _JOB_SUFFIX.sub("", label) or label
-    return KubernetesPod(flavor, pods, rank, host, port, job)
+    per_node = environ.get("PET_NPROC_PER_NODE", "").strip() if flavor == "TrainJob" else ""
+    slots = int(per_node) if per_node.isdigit() and int(per_node) > 0 else None  # "auto", "gpu": resources decide
+    return KubernetesPod(flavor, pods, rank, host, port, job, slots)

@@ -25,8 +25,8 @@ from minitrain.hosts.joining import JoinConfig, read_token, split_address
 def kubernetes_cluster(pod: kubernetes_env.KubernetesPod, token: str) -> ClusterConfig:
     """The joined cluster of pod 0: itself (local) and every other pod, which joins; the run id is the
     job's name, so a recreated job resumes and a joiner of another job is refused."""
-    hosts = (HostSpec(kubernetes_env.node_id(0), local=True),
-             *(HostSpec(kubernetes_env.node_id(rank), local=False) for rank in range(1, pod.pods)))
+    hosts = (HostSpec(kubernetes_env.node_id(0), pod.slots, local=True),
+             *(HostSpec(kubernetes_env.node_id(rank), pod.slots, local=False) for rank in range(1, pod.pods)))
     join = JoinConfig(address=pod.address, run_id=pod.job_name, token=token,
                       timeout_s=knobs.JOIN_TIMEOUT_S.get())
     return ClusterConfig(hosts=hosts, launcher="join", join=join)

@@ -34,8 +34,16 @@ def test_a_trainjob_pod_is_read_from_pet_variables_which_win_over_pytorchjobs():
     pod = pod_from_environment({"PET_NNODES": "4", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "llm-node-0-0.llm",
                                 "PET_MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "5",
                                 "MASTER_ADDR": "x", "MASTER_PORT": "1"})
-    assert (pod.flavor, pod.pods, pod.rank, pod.job_name, pod.address) == \
-        ("TrainJob", 4, 0, "llm", "llm-node-0-0.llm:29500")
+    assert (pod.flavor, pod.pods, pod.rank, pod.job_name, pod.address, pod.slots) == \
+        ("TrainJob", 4, 0, "llm", "llm-node-0-0.llm:29500", None)
+
+
+@pytest.mark.parametrize("value, slots", [("8", 8), ("auto", None), ("gpu", None), ("0", None)])
+def test_a_trainjobs_processes_per_node_caps_the_workers_of_each_pod(value, slots):
+    pod = pod_from_environment({"PET_NNODES": "2", "PET_NODE_RANK": "0", "PET_MASTER_ADDR": "j-node-0-0.j",
+                                "PET_MASTER_PORT": "29500", "PET_NPROC_PER_NODE": value})
+    assert pod.slots == slots
+    assert {host.slots for host in kubernetes_cluster(pod, TOKEN).hosts} == {slots}
 
 
 def test_an_address_without_a_name_gives_a_job_name_from_the_address():
