@@ -132,6 +132,11 @@ class NodeAgent:
         """Why the stream with the coordinator ended ("" while it has not): what a joiner reports."""
         return self._stream.end_reason
 
+    @property
+    def signalled(self) -> Optional[str]:
+        """"received SIGTERM" (or the signal's name) when a signal stopped the agent; else None."""
+        return self._signalled
+
     def _serving(self) -> bool:
         return not self._stream.ended and self._signalled is None
 

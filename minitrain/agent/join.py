@@ -11,7 +11,8 @@ token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
   that is over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
   permanent;
 - EXIT_UNREACHABLE (4): HOST did not resolve or PORT did not answer within `timeout_s`;
-- 1: the coordinator went away mid-run (its lease broke), as for any agent.
+- 1: the coordinator went away mid-run (its lease broke), as for any agent;
+- EXIT_SIGNALLED (143): SIGTERM, SIGINT or SIGHUP stopped it (its workers first).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ logger = logging.getLogger("minitrain")
 
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
+EXIT_SIGNALLED = 128 + signal.SIGTERM  # 143: what Kubernetes' restartPolicy ExitCode retries
 RETRY_FIRST_S = 0.2  # the first pause between tries; doubled up to RETRY_MAX_S
 RETRY_MAX_S = 1.0  # a recreated master is found within a second of listening; one SYN a second is cheap
 CONNECT_TIMEOUT_S = 3.0  # one TCP connect try
@@ -126,6 +128,9 @@ def join(address: str, node_id: str, run_id: str, token: str, timeout_s: float) 
     code = agent.run()
     if code == 0:
         return 0
+    if agent.signalled is not None:  # SIGTERM from Kubernetes: its workers are stopped; retryable, as 128+N
+        print(f"minitrain.launch --join: {agent.signalled}; this node's workers were stopped", file=sys.stderr)
+        return EXIT_SIGNALLED
     why = refusal(agent.end_reason)
     if why is not None:
         print(f"minitrain.launch --join: {why}", file=sys.stderr)

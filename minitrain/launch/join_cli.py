@@ -12,6 +12,7 @@ hosts are the job's pods (`kubernetes_cluster`), and on every other pod an agent
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Optional
 
@@ -42,8 +43,15 @@ def run_joiner(address: str, node_id: Optional[str], run_id: Optional[str], toke
                           "driver's hosts).")
     if not run_id:
         raise ConfigError("--join needs --run-id ID: the run id the driver's JoinConfig names.")
-    token = read_token(token_file)
+    token = _taken(read_token(token_file))
     return join(address, node_id, run_id, token, knobs.JOIN_TIMEOUT_S.get())
+
+
+def _taken(token: str) -> str:
+    """`token`, with MINITRAIN_JOIN_TOKEN removed from this process's environment: the agents and workers
+    started from here inherit it, and minitrain hands a token only over stdin and pipes."""
+    os.environ.pop(knobs.JOIN_TOKEN.name, None)
+    return token
 
 
 def kubernetes_pod_main(pod: kubernetes_env.KubernetesPod, token_file: Optional[str]) -> Optional[int]:
@@ -51,7 +59,7 @@ def kubernetes_pod_main(pod: kubernetes_env.KubernetesPod, token_file: Optional[
     other pod: join pod 0 and return the exit code."""
     from minitrain.hosts.cluster import use_cluster
 
-    token = read_token(token_file)
+    token = _taken(read_token(token_file))
     if pod.rank == 0:
         use_cluster(kubernetes_cluster(pod, token))
         print(f"minitrain.launch: {pod.flavor} pod 0 of {pod.pods}: driver and coordinator on port "

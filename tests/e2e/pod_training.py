@@ -40,7 +40,7 @@ def train(config):
                 start = int(handle.read()) + 1
     _write(config["out"], f"rank_{rank}_start_{start}.json",
            {"rank": rank, "world": world, "start": start, "netns": os.readlink("/proc/self/ns/net"),
-            "time": time.time()})
+            "time": time.time(), "token_variable": "MINITRAIN_JOIN_TOKEN" in os.environ})
     torch.manual_seed(rank)  # different starts: DDP's broadcast must make them equal
     model = prepare_model(torch.nn.Linear(4, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -58,13 +58,18 @@ class Pods:
     def log(self, rank: int) -> pathlib.Path:
         return self.tmp / f"pod{rank}.{self.incarnation}.{len(self.started)}.log"
 
-    def start(self, rank: int) -> subprocess.Popen:
+    def start(self, rank: int, secret_as: str = "file") -> subprocess.Popen:
+        """Start pod `rank`, its token Secret mounted as a file or given as a variable (`secret_as`)."""
+        env = self.env(rank)
+        if secret_as == "variable":
+            del env["MINITRAIN_JOIN_TOKEN_FILE"]
+            env["MINITRAIN_JOIN_TOKEN"] = self.token_file.read_text()
         self.started.append(rank)
         self.last_log = {**getattr(self, "last_log", {}), rank: self.log(rank)}
         with open(self.log(rank), "wb") as log:
             process = self.cluster.popen_in(self.cluster.hosts[rank], [sys.executable, "-m", "minitrain.launch",
                                                                        SCRIPT, *self.args],
-                                            env=self.env(rank), stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+                                            env=env, stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
         self.running[rank] = process
         return process
 
@@ -131,9 +136,10 @@ def test_a_pytorchjob_of_three_pods_trains_ddp_and_refuses_a_wrong_token_and_a_s
     stale = _join(pods, 2, run_id="an-earlier-job", token_file=pods.token_file)
     assert stale.returncode == 3, stale.stderr
     assert "this coordinator serves run" in stale.stderr and "'an-earlier-job'" in stale.stderr
-    pods.start(1)
-    pods.start(2)
+    pods.start(1, secret_as="variable")
+    pods.start(2, secret_as="variable")
     _assert_trained(pods, pods.wait_all())
+    assert not any(record["token_variable"] for record in pods.ranks())  # taken out before workers start
 
 
 @pytest.mark.parametrize("netns_cluster", [3], indirect=True)
