@@ -207,3 +207,32 @@ def test_a_joiner_that_names_no_host_of_the_run_is_refused(netns_cluster, tmp_pa
         stray.stderr
     pods.start(1)
     _assert_trained(pods, pods.wait_all())
+
+
+@pytest.mark.parametrize("netns_cluster", [2], indirect=True)
+def test_a_driver_waits_for_an_agent_started_with_join_and_trains_with_it(netns_cluster, tmp_path):
+    """Outside Kubernetes: the driver's ClusterConfig(launcher="join") and a joiner a person starts with
+    `python -m minitrain.launch --join`, started 3 s after the driver."""
+    pods = Pods(netns_cluster, tmp_path, "PyTorchJob")
+    env = {key: value for key, value in pods.env(0).items() if key not in ("WORLD_SIZE", "RANK", "MASTER_ADDR",
+                                                                            "MASTER_PORT")}
+    address = f"{pods.master}:{PORT}"
+    log = tmp_path / "driver.log"
+    with open(log, "wb") as handle:
+        driver = netns_cluster.popen_in(netns_cluster.hosts[0], [
+            sys.executable, str(pathlib.Path(__file__).with_name("join_driver.py")), str(pods.out),
+            str(pods.storage), address, "llm-7b"], env=env, stdout=handle, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        time.sleep(3)  # the joiner comes later, as a person's would
+        joiner = netns_cluster.run_in(netns_cluster.hosts[1], [
+            sys.executable, "-m", "minitrain.launch", "--join", address, "--node-id", "gpu-a", "--run-id", "llm-7b",
+            "--token-file", str(pods.token_file)], env=env, capture_output=True, text=True, timeout=RUN_S, cwd=REPO)
+        assert driver.wait(timeout=RUN_S) == 0, log.read_text()
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+    assert joiner.returncode == 0, joiner.stderr
+    result = json.loads((pods.out / "result.json").read_text())["metrics"]
+    assert result["world"] == 2 and result["params_equal"] is True
+    assert len({record["netns"] for record in pods.ranks()}) == 2
