@@ -43,6 +43,11 @@ class Knob(Generic[T]):
             return None
         return value.strip()
 
+    def unset(self) -> None:
+        """Remove the variable from this process's environment (a secret, once read: children started
+        afterwards do not inherit it)."""
+        os.environ.pop(self.name, None)
+
     def get(self, environ: Optional[Mapping[str, str]] = None) -> T:
         """The parsed value in `environ` (default: `os.environ`), or `default` when unset or blank.
 

@@ -12,7 +12,6 @@ hosts are the job's pods (`kubernetes_cluster`), and on every other pod an agent
 
 from __future__ import annotations
 
-import os
 import sys
 from typing import Optional
 
@@ -50,7 +49,7 @@ def run_joiner(address: str, node_id: Optional[str], run_id: Optional[str], toke
 def _taken(token: str) -> str:
     """`token`, with MINITRAIN_JOIN_TOKEN removed from this process's environment: the agents and workers
     started from here inherit it, and minitrain hands a token only over stdin and pipes."""
-    os.environ.pop(knobs.JOIN_TOKEN.name, None)
+    knobs.JOIN_TOKEN.unset()
     return token
 
 
