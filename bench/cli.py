@@ -7,6 +7,7 @@
     python -m bench scale --workers 1024,4096 --transport both   # relayed and direct at each count
     sudo python -m bench --only multihost    # optional: a fake 2-host cluster over SSH
     sudo python -m bench --only slurm        # optional: a real Slurm of 2 nodes (Debian's packages)
+    sudo python -m bench --only kubernetes   # optional: 2 "pods" (network namespaces) recreated
 
 Workloads (each module's docstring says exactly what it measures and how):
   job         trivial 2-worker job, whole-process wall time, vs torchrun --standalone; with `memory`:
@@ -25,6 +26,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
   slurm       (not in the default set: needs root and Slurm) 2 Slurm nodes: sbatch -> first step, one node's
               agent step cancelled -> first step of the new attempt
+  kubernetes  (not in the default set: needs root) 2 "pods" with PyTorchJob variables: all pods recreated ->
+              first resumed step
 
 Machine load moves every figure: the machine's CPU, cores and load average are printed with them.
 The exit status is 1 when a workload could not be measured (its error is printed), not when a
@@ -47,8 +50,8 @@ from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
 ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "preempt", "scale",
-         "multihost", "slurm")
-OPTIONAL = ("multihost", "slurm")  # need root and system packages: run only when asked
+         "multihost", "slurm", "kubernetes")
+OPTIONAL = ("multihost", "slurm", "kubernetes")  # need root and system packages: run only when asked
 DEFAULT = tuple(w for w in ORDER if w not in OPTIONAL)
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
 KEPT_MAX_BYTES = 16 << 20
@@ -176,10 +179,17 @@ def _run_slurm(tmp, s, args):
     return bench_slurm(tmp, max(1, min(s["repeats"], 3)))
 
 
+def _run_kubernetes(tmp, s, args):
+    from bench.kubernetes import bench_kubernetes
+
+    return bench_kubernetes(tmp, max(1, min(s["repeats"], 3)))
+
+
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
                                 "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt,
-                                "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm}
+                                "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm,
+                                "kubernetes": _run_kubernetes}
 
 
 def _workers(text: str) -> tuple:

@@ -43,6 +43,11 @@ class Knob(Generic[T]):
             return None
         return value.strip()
 
+    def unset(self) -> None:
+        """Remove the variable from this process's environment (a secret, once read: children started
+        afterwards do not inherit it)."""
+        os.environ.pop(self.name, None)
+
     def get(self, environ: Optional[Mapping[str, str]] = None) -> T:
         """The parsed value in `environ` (default: `os.environ`), or `default` when unset or blank.
 
@@ -237,9 +242,22 @@ LEDGER_FOREIGN_GPUS: Knob[str] = Knob(
     "A GPU busy with a process outside any minitrain claim: report (default: named in the waiting line and "
     "--status) or taken (also kept out of placement).")
 
+JOIN_TOKEN: Knob[Optional[str]] = Knob(
+    "MINITRAIN_JOIN_TOKEN", None, _text,
+    "The run token of a run whose agents join by themselves (a Kubernetes Secret as an environment variable); "
+    "at least 32 characters. Read by the coordinator and every joiner (minitrain.hosts.joining).")
+JOIN_TOKEN_FILE: Knob[Optional[str]] = Knob(
+    "MINITRAIN_JOIN_TOKEN_FILE", None, _text,
+    "A file holding that run token (a Kubernetes Secret mounted as a file); wins over MINITRAIN_JOIN_TOKEN.")
+JOIN_TIMEOUT_S: Knob[float] = Knob(
+    "MINITRAIN_JOIN_TIMEOUT_S", 600.0, _number_above(0, "seconds"),
+    "How long a joiner retries resolving and reaching the coordinator, and how long the coordinator waits for "
+    "the agents that join (the master's DNS name may not exist yet when a pod starts).")
+
 KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
                                 STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT,
-                                LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS)
+                                LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS, JOIN_TOKEN, JOIN_TOKEN_FILE,
+                                JOIN_TIMEOUT_S)
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:

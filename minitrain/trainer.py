@@ -39,6 +39,7 @@ from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
 from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
+from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import preflight
 from minitrain.logs import LogSink, driver_logging
@@ -196,7 +197,7 @@ class DataParallelTrainer:
                           payload: bytes, relay: bool) -> Result:
         if cluster.all_local:
             self._check_gpus()
-        else:
+        elif cluster.launcher != "join":  # joiners cannot be reached before they join
             _preflight(cluster, storage)
         checkpoints = run_directory.load_checkpoints(storage, self.run_config)
         metrics_log = MetricsLog(storage)
@@ -211,7 +212,8 @@ class DataParallelTrainer:
             logger.info("leaving alone what minitrain did not create in %s: %s", storage.url(), ", ".join(unknown))
         backend = self._backend()
         spec = RunSpec(
-            run_id=uuid.uuid4().hex,
+            # A joined run's id is the one its joiners present (a stale joiner is refused by it).
+            run_id=cluster.join.run_id if cluster.launcher == "join" else uuid.uuid4().hex,
             num_workers=self.scaling_config.num_workers,
             **_hosts_of(cluster),
             launch=LaunchSettings(
@@ -249,6 +251,9 @@ class DataParallelTrainer:
                 # Waited for (or claimed at once) in the hosts' ledgers: the run gets only what it holds.
                 spec = dataclasses.replace(spec, **_hosts_of(held.cluster))
                 launcher = ClusterLauncher(held.cluster, pythonpath=_driver_pythonpath(), agent_env=held.agent_env)
+                if held.cluster.launcher == "join":
+                    launcher = JoinLauncher(held.cluster, launcher)
+                    spec = dataclasses.replace(spec, agent_start_timeout_s=held.cluster.join.timeout_s)
                 outcome = run_coordinator(spec, launcher, log_sink,
                                           checkpoints, metrics_log,
                                           observers=[*self._run_observers(spec, storage), stack_desk])

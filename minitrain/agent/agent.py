@@ -133,6 +133,16 @@ class NodeAgent:
             return 1
         return 0
 
+    @property
+    def end_reason(self) -> str:
+        """Why the stream with the coordinator ended ("" while it has not): what a joiner reports."""
+        return self._stream.end_reason
+
+    @property
+    def signalled(self) -> Optional[str]:
+        """"received SIGTERM" (or the signal's name) when a signal stopped the agent; else None."""
+        return self._signalled
+
     def _serving(self) -> bool:
         return not self._stream.ended and self._signalled is None
 

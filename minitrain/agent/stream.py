@@ -167,7 +167,8 @@ class CoordinatorStream:
             else:
                 reason = "the coordinator closed the stream"
         except grpc.RpcError as exc:
-            reason = f"the connection broke: {exc.code().name}"
+            details = exc.details() if hasattr(exc, "details") else ""
+            reason = f"the connection broke: {exc.code().name}" + (f" ({details})" if details else "")
         finally:
             self.end(reason)  # wakes the command loop now, not at its next poll
 

@@ -46,16 +46,22 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
 
     A fresh 256-bit token authenticates every RPC of the run. When the coordinator binds any address
     that is not loopback (a multi-host run), a fresh certificate and key (`tls.new_run_identity`, in
-    memory only) encrypt every connection there. KeyboardInterrupt propagates after the workers were
-    stopped.
+    memory only) encrypt every connection there. A launcher with `run_credentials()` (agents that join,
+    `minitrain.hosts.joining`) gives the token, identity and fixed port instead.
+    KeyboardInterrupt propagates after the workers were stopped.
     """
-    token = new_token()
     bind_hosts = launcher.bind_hosts()
-    identity = tls.new_run_identity(bind_hosts) if any(map(tls.uses_tls, bind_hosts)) else None
+    shared = getattr(launcher, "run_credentials", None)  # a joined run's (minitrain.hosts.joining)
+    if shared is not None:
+        token, identity, port = shared()
+    else:
+        token, port = new_token(), 0
+        identity = tls.new_run_identity(bind_hosts) if any(map(tls.uses_tls, bind_hosts)) else None
     events: "queue.SimpleQueue" = queue.SimpleQueue()
     hub = Hub()
-    service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S)
-    server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity).start()
+    service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S,
+                                 node_ids=tuple(spec.node_ids))
+    server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity, port=port).start()
     agents = None
     try:
         try:

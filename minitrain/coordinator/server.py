@@ -55,7 +55,7 @@ class _GcThreshold:
 
 class CoordinatorServer:
     """An authenticated gRPC server serving `service`, bound only to `hosts` (local addresses), each
-    on a free port; 127.0.0.1 alone for a run on this machine.
+    on a free port (or `port` for all of them); 127.0.0.1 alone for a run on this machine.
 
     Every address that is not loopback (`tls.uses_tls`) serves TLS with `identity`, the run's
     certificate and key, which is then required (ValueError otherwise); loopback is plaintext.
@@ -69,7 +69,7 @@ class CoordinatorServer:
 
     def __init__(self, service: CoordinatorService, hub: Hub, token: str,
                  hosts: "tuple[str, ...] | str" = ("127.0.0.1",),
-                 identity: Optional[tls.RunIdentity] = None):
+                 identity: Optional[tls.RunIdentity] = None, port: int = 0):
         self._service = service
         self._hub = hub
         self._token = token
@@ -79,6 +79,7 @@ class CoordinatorServer:
             raise ValueError(f"the coordinator binds {', '.join(networked)}, which is not loopback: "
                              "TLS is required there; pass identity=tls.new_run_identity(hosts)")
         self._identity = identity
+        self._port = port  # 0: a free port per host; else this one (the port joined agents dial)
         self._ports: dict[str, int] = {}
         self._thread: Optional[threading.Thread] = None
         self._loop: Optional[asyncio.AbstractEventLoop] = None
@@ -132,9 +133,9 @@ class CoordinatorServer:
                 bracketed = f"[{host}]" if ":" in host else host
                 if tls.uses_tls(host):
                     self._ports[host] = self._server.add_secure_port(
-                        f"{bracketed}:0", tls.server_credentials(self._identity))
+                        f"{bracketed}:{self._port}", tls.server_credentials(self._identity))
                 else:
-                    self._ports[host] = self._server.add_insecure_port(f"{bracketed}:0")
+                    self._ports[host] = self._server.add_insecure_port(f"{bracketed}:{self._port}")
             await self._server.start()
         except BaseException as exc:  # surfaced by start()
             self._startup_error = exc

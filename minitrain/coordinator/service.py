@@ -21,6 +21,8 @@ import threading
 import time
 from typing import Callable, Optional, Protocol
 
+import grpc
+
 from minitrain.commands import AgentCommand, WorkerCommand
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.observers import GpuSample, TelemetrySample
@@ -30,6 +32,7 @@ from minitrain.rpc import convert
 from minitrain.rpc.digest import digest_records
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+
 
 logger = logging.getLogger("minitrain.coordinator")
 
@@ -163,8 +166,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def __init__(self, run_id: str, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub,
                  log_sink: LogSinkProtocol, lease_timeout_s: float,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, node_ids: tuple = ()):
         self._run_id = run_id
+        self._node_ids = frozenset(node_ids)  # the run's hosts; empty: any (an agent that joins names one)
         self._events = events
         self._hub = hub
         self._log_sink = log_sink
@@ -203,8 +207,19 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             async for message in request_iterator:
                 if message.run_id != self._run_id:
                     state["reason"] = f"the agent belongs to run {message.run_id!r}"
+                    # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
+                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                    context.set_details(f"this coordinator serves run {self._run_id!r}, "
+                                        f"not {message.run_id!r} (that run is over, or the agent was "
+                                        f"started for another one)")
                     break
                 node_id = message.node_id
+                if self._node_ids and node_id not in self._node_ids:
+                    state["reason"] = f"{node_id!r} is not one of the run's hosts"
+                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+                    context.set_details(f"{node_id!r} is not one of this run's hosts "
+                                        f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
+                    break
                 kind = message.WhichOneof("body")
                 lease = self._leases.get(node_id)
                 if lease is None:

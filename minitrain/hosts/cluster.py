@@ -40,7 +40,7 @@ HOSTFILE_ENV_VAR = knobs.HOSTFILE.name
 SLURM_ENV_VAR = knobs.SLURM.name
 
 # How agents are started on the hosts that are not this machine.
-LAUNCHERS = ("ssh", "srun")
+LAUNCHERS = ("ssh", "srun", "join")
 
 LOCAL_HOST_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 
@@ -193,7 +193,9 @@ class ClusterConfig:
     (or `python` a bare command name): they are quoted, so ``~`` would not be expanded remotely.
     `env_vars_to_forward` names extra driver environment variables whose values workers receive.
     `launcher` is how agents start on hosts that are not this machine: ``"ssh"``, or ``"srun"`` (a job
-    step per host inside the Slurm allocation `slurm_job_id`, see `minitrain.hosts.srun`).
+    step per host inside the Slurm allocation `slurm_job_id`, see `minitrain.hosts.srun`), or ``"join"``:
+    the driver starts no agent there and waits for them to join (`join`, a
+    `minitrain.hosts.joining.JoinConfig`: the address they dial, the run id and token they present).
     """
 
     hosts: tuple[HostSpec, ...]
@@ -203,6 +205,7 @@ class ClusterConfig:
     workdir: Optional[str] = None
     launcher: str = "ssh"
     slurm_job_id: Optional[str] = None
+    join: Optional[object] = None  # a minitrain.hosts.joining.JoinConfig exactly when launcher == "join"
 
     def __post_init__(self):
         hosts = tuple(self.hosts) if isinstance(self.hosts, (list, tuple)) else None
@@ -232,6 +235,11 @@ class ClusterConfig:
                               f"launcher='srun', got launcher={self.launcher!r}, "
                               f"slurm_job_id={self.slurm_job_id!r}. Build a Slurm cluster with "
                               f"cluster_from_slurm().")
+        from minitrain.hosts.joining import JoinConfig
+
+        if (self.launcher == "join") != isinstance(self.join, JoinConfig):
+            raise ConfigError(f"ClusterConfig.join must be a JoinConfig exactly when launcher='join', got "
+                              f"launcher={self.launcher!r}, join={self.join!r}. See docs/joining.md.")
 
     @property
     def all_local(self) -> bool:
@@ -241,8 +249,10 @@ class ClusterConfig:
     def replaced_at_once(self) -> frozenset:
         """The hosts whose lost agent is replaced at once, without a remote host's backoff: this machine,
         and every node of a Slurm allocation (the node is the job's until the job ends: an agent step
-        that died is started again inside the allocation; a node Slurm lost fails its new step at once)."""
-        return frozenset(host.name for host in self.hosts if host.local or self.launcher == "srun")
+        that died is started again inside the allocation; a node Slurm lost fails its new step at once),
+        and every host of a joined run (its host starts a new agent, e.g. a restarted pod: the run waits
+        for it to join, `JoinConfig.timeout_s`, instead of leaving the host out for a backoff)."""
+        return frozenset(host.name for host in self.hosts if host.local or self.launcher in ("srun", "join"))
 
     def resolved_python(self) -> str:
         """The interpreter to run on the hosts: `python`, or the driver's `sys.executable`."""

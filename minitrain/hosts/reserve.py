@@ -169,8 +169,9 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
     """Claim `need` on `cluster`'s hosts for run `run`, waiting as the module doc says."""
     # MINITRAIN_LEDGER_DIR=off, or the hosts are a Slurm allocation's: a scheduler decides. (Slurm gives
     # each job its own GPUs and renumbers them from 0 in the job's cgroup, so two jobs sharing a node
-    # would wait on each other's "GPU 0" in a ledger they share.)
-    if not need.claims or knobs.LEDGER_DIR.get() is None or cluster.launcher == "srun":
+    # would wait on each other's "GPU 0" in a ledger they share.) Joined hosts are pods or steps that
+    # their own scheduler placed, and cannot be reached to read a ledger.
+    if not need.claims or knobs.LEDGER_DIR.get() is None or cluster.launcher in ("srun", "join"):
         return Reservation(cluster)
     hosts = _open(cluster, pythonpath)
     try:

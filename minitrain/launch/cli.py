@@ -3,6 +3,11 @@
     python -m minitrain.launch --num-workers 2 examples/quickstart.py:train_func --config '{"epochs": 3}'
     python -m minitrain.launch examples/quickstart.py --epochs 3
     python -m minitrain.launch --status          # what each host's resource ledger holds now
+    python -m minitrain.launch --join HOST:PORT --node-id NAME --run-id ID --token-file PATH
+
+`--join` starts an agent that joins a run by itself, and under a Kubernetes training job (PyTorchJob
+or TrainJob variables) the same command on every pod runs the driver on pod 0 and a joining agent on
+the others (`minitrain.launch.join_cli`, docs/kubernetes.md).
 
 With `FILE.py:FUNCTION`, the function is trained by a `TorchTrainer` built from the options. With a
 plain `FILE.py`, the script runs as `__main__` (it builds its own trainer) with the remaining
@@ -50,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "else MINITRAIN_HOSTS, else this machine) and exit")
     parser.add_argument("--debug", action="store_true",
                         help="show the traceback of an error found before training starts")
+    joining = parser.add_argument_group("agents that join (docs/joining.md, docs/kubernetes.md)")
+    joining.add_argument("--join", default=None, metavar="HOST:PORT",
+                         help="start an agent that joins the run whose coordinator listens at HOST:PORT")
+    joining.add_argument("--node-id", default=None, help="with --join: this host's name in the run")
+    joining.add_argument("--run-id", default=None, help="with --join: the run's id (its JoinConfig.run_id)")
+    joining.add_argument("--token-file", default=None, help="the file holding the run token (default: "
+                         "MINITRAIN_JOIN_TOKEN_FILE, else MINITRAIN_JOIN_TOKEN; never on the command line)")
     group = parser.add_argument_group("trainer options (FILE.py:FUNCTION only)")
     group.add_argument("--num-workers", type=int, default=1, help="worker processes (default 1; 0 = in this process)")
     group.add_argument("--use-gpu", action="store_true", help="one GPU per worker, NCCL backend")
@@ -90,7 +102,7 @@ def _init_cluster(options: argparse.Namespace) -> None:
 
 _VALUE_OPTIONS = {"--num-workers", "--config", "--name", "--storage-path", "--max-failures", "--backend",
                   "--hosts", "--hostfile", "--ssh-user", "--ssh-port", "--ssh-identity-file", "--ssh-option",
-                  "--ssh-known-hosts-file",
+                  "--ssh-known-hosts-file", "--join", "--node-id", "--run-id", "--token-file",
                   "--forward-env"}
 
 
@@ -207,13 +219,24 @@ def main(argv: Optional[list[str]] = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    from minitrain.hosts import kubernetes_env
+    from minitrain.launch import join_cli
+
     before, target, after = split_target(argv)
     parser = build_parser()
     if target is None:
         options = parser.parse_args(before)
+        if options.join:
+            return join_cli.run_joiner(options.join, options.node_id, options.run_id, options.token_file)
         if not options.status:
             parser.error("the following arguments are required: target")
         return _status(options)
+    pre = parser.parse_args(before)
+    pod = None if (pre.hosts or pre.hostfile) else kubernetes_env.pod_from_environment()
+    if pod is not None:  # every pod runs this same command: pod 0 the driver, the others join it
+        code = join_cli.kubernetes_pod_main(pod, pre.token_file)
+        if code is not None:
+            return code
     path, colon, function_name = target.rpartition(":")
     if not colon or not function_name.isidentifier():
         options = parser.parse_args([*before, target])  # options before a script are still checked

@@ -113,3 +113,55 @@ def require_cert(address: str, cert_pem: Optional[bytes]) -> None:
     if not is_local_socket(address) and uses_tls(host_of(address)) and not cert_pem:
         raise ValueError(f"the coordinator at {address} is reached over the network and speaks TLS, "
                          "but no run certificate was given; agents get it on stdin after the token")
+
+
+# A joined run's identity is derived from its token: label of the derivation (changing it changes
+# every joined run's certificate) and the fixed validity of the derived certificate, which must be the
+# same bytes on every host that derives it.
+_JOIN_KDF_INFO = b"minitrain join tls identity v1"
+_JOIN_NOT_BEFORE = datetime.datetime(2020, 1, 1, tzinfo=datetime.timezone.utc)
+_JOIN_NOT_AFTER = datetime.datetime(2100, 1, 1, tzinfo=datetime.timezone.utc)
+
+
+def join_identity(token: str, host: str) -> RunIdentity:
+    """The TLS identity of a run whose agents join by themselves: derived from the run `token` and the
+    `host` the joiners dial (its one subject alternative name), so that the coordinator and every
+    joiner compute the same certificate, byte for byte, from the one secret they share.
+
+    Why derived and not shipped: a joiner has no driver to hand it the certificate on stdin, and
+    wherever joiners run (a Kubernetes Secret mounted on every pod, a file on a shared disk) whoever
+    can read the token could read a separate key beside it, so a second secret would add setup and no
+    boundary. An eavesdropper without the token can neither read it (TLS) nor pose as the coordinator
+    (the key is HKDF-SHA256 of the token); whoever holds the token can, exactly as they can join. The
+    signature is deterministic (RFC 6979) so the certificate's bytes do not vary between hosts.
+    """
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+    from cryptography.x509.oid import NameOID
+
+    host = host.strip("[]")
+    seed = HKDF(algorithm=hashes.SHA256(), length=48, salt=None,
+                info=_JOIN_KDF_INFO).derive(token.encode())
+    order = 0xFFFFFFFF00000000FFFFFFFFFFFFFFFFBCE6FAADA7179E84F3B9CAC2FC632551  # P-256's group order
+    key = ec.derive_private_key(int.from_bytes(seed, "big") % (order - 1) + 1, ec.SECP256R1())
+    try:
+        name: x509.GeneralName = x509.IPAddress(ipaddress.ip_address(host))
+    except ValueError:
+        name = x509.DNSName(host)
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, COMMON_NAME)])
+    serial = int.from_bytes(seed[:16], "big") >> 1 or 1  # positive, at most 127 bits
+    cert = (x509.CertificateBuilder()
+            .subject_name(subject)
+            .issuer_name(subject)
+            .public_key(key.public_key())
+            .serial_number(serial)
+            .not_valid_before(_JOIN_NOT_BEFORE)
+            .not_valid_after(_JOIN_NOT_AFTER)
+            .add_extension(x509.SubjectAlternativeName([name]), critical=False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .sign(key, hashes.SHA256(), ecdsa_deterministic=True))
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    return RunIdentity(cert.public_bytes(serialization.Encoding.PEM), key_pem)

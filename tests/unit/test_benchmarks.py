@@ -82,7 +82,7 @@ def test_command_line_sizes_and_selection():
     assert cli._sizes(cli.parser().parse_args(["--early-crashes", "3"]))["early_crashes"] == 3
     assert cli._sizes(cli.parser().parse_args([]))["workers"] == (64, 256, 1024, 4096)
     assert cli.parser().parse_args(["scale", "--workers", "64,256"]).workers == (64, 256)
-    assert not set(cli.OPTIONAL) & set(cli.DEFAULT) and set(cli.DEFAULT) | {"multihost", "slurm"} == set(cli.RUNNERS)
+    assert not set(cli.OPTIONAL) & set(cli.DEFAULT) and set(cli.DEFAULT) | {"multihost", "slurm", "kubernetes"} == set(cli.RUNNERS)
     for bad in (["--only", "nope"], ["--workers", "100"], ["--workers", "x"]):
         with pytest.raises(SystemExit):
             cli.parser().parse_args(bad)

@@ -1,0 +1,80 @@
+"""`python -m minitrain.launch --join` and the Kubernetes mode as real processes: what they say and
+exit with before any run exists (no token, a master that never answers), and the joiner's retry loop
+against a port that starts listening late."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import socket
+import subprocess
+import sys
+import time
+
+REPO = str(pathlib.Path(__file__).resolve().parents[2])
+SCRIPT = str(pathlib.Path(REPO) / "examples" / "kubernetes" / "train.py")
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MINITRAIN_JOIN", "PET_"))
+           and k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env.update(PYTHONPATH=REPO, **extra)
+    return env
+
+
+def _launch(args: list, env: dict, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "minitrain.launch", *args], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=REPO)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_pod_without_the_token_secret_stops_with_exit_2_saying_where_to_put_it():
+    for rank in ("0", "1"):
+        done = _launch([SCRIPT], _env(WORLD_SIZE="2", RANK=rank, MASTER_ADDR="job-master-0", MASTER_PORT="29500"))
+        assert done.returncode == 2, done.stderr
+        assert "MINITRAIN_JOIN_TOKEN_FILE" in done.stderr and "does not invent one" in done.stderr
+
+
+def test_a_token_on_the_command_line_is_not_an_option():
+    done = _launch(["--join", "h:1", "--node-id", "a", "--run-id", "r", "--token", "x" * 40], _env())
+    assert done.returncode == 2 and "--token" in done.stderr
+
+
+def test_a_joiner_whose_master_never_answers_exits_4_after_its_timeout(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("k" * 43)
+    done = _launch(["--join", f"127.0.0.1:{_free_port()}", "--node-id", "pod-1", "--run-id", "job",
+                    "--token-file", str(token)], _env(MINITRAIN_JOIN_TIMEOUT_S="1.5"))
+    assert done.returncode == 4, done.stderr
+    assert "no coordinator at 127.0.0.1:" in done.stderr and "nothing answers" in done.stderr
+
+
+def test_a_joiner_started_before_its_master_waits_for_it(tmp_path):
+    """The joiner retries until the port listens; then it speaks gRPC to what it found (here a bare
+    listener that says nothing, so its lease ends: exit 1, "went away"), not a refusal or a timeout."""
+    token = tmp_path / "token"
+    token.write_text("k" * 43)
+    port = _free_port()
+    joiner = subprocess.Popen([sys.executable, "-m", "minitrain.launch", "--join", f"127.0.0.1:{port}",
+                               "--node-id", "pod-1", "--run-id", "job", "--token-file", str(token)],
+                              env=_env(MINITRAIN_JOIN_TIMEOUT_S="60"), stderr=subprocess.PIPE, text=True, cwd=REPO)
+    listener = socket.socket()
+    try:
+        time.sleep(2)  # the straggle under test: the joiner retries meanwhile
+        assert joiner.poll() is None
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+        _, stderr = joiner.communicate(timeout=60)
+    finally:
+        listener.close()
+        if joiner.poll() is None:
+            joiner.kill()
+            joiner.wait()
+    assert joiner.returncode == 1, stderr
+    assert "went away" in stderr and "no coordinator" not in stderr
