@@ -71,8 +71,12 @@ def _simulate(tmp_path, faults, transport="relayed", **policy):
             "transport": transport, **policy}
     monitor = RunMonitor()
     rounds = Rounds(monitor)
+    # Only what this run started counts: a session fixture's daemons (the Slurm or SSH test clusters, shared
+    # by the tests of this xdist worker) are this process's descendants too.
+    before = {process.pid for process in living_descendants(os.getpid())}
     outcome, tap, checkpoints, _ = simulate(spec, observers=[monitor, rounds])
-    assert not living_descendants(os.getpid()), "a fake client outlived the run"
+    left = [process for process in living_descendants(os.getpid()) if process.pid not in before]
+    assert not left, f"a fake client outlived the run: {left}"
     return outcome, rounds, checkpoints
 
 
