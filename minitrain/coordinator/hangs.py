@@ -20,6 +20,11 @@ _MAIN_MARKER = "minitrain/worker/bootstrap.py"
 # its innermost Python frame is torch/autograd/graph.py).
 _COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/|"
                          r"minitrain/collective\.py")
+# A checkpoint report waiting for its round's commit waits on its peers too (the round commits once every
+# rank reported it), though its innermost frame is a lock's wait: any frame of the main thread counts.
+# Without it, a rank that reported a checkpoint a few ms before a peer hung could be blamed for the hang
+# (its last report arrived first: reports travel in batches, a plain one up to 5 ms later).
+_WAITS_FOR_COMMIT = re.compile(r'minitrain/worker/session\.py", line \d+ in _send_and_wait')
 
 
 def main_thread_stack(dump: str) -> str:
@@ -34,10 +39,11 @@ def main_thread_stack(dump: str) -> str:
 
 
 def waits_in_collective(dump: str) -> bool:
-    """True when the main thread's innermost frame is in torch.distributed (waiting on a peer)."""
+    """True when the main thread waits on a peer: its innermost frame is in torch.distributed (or DDP's
+    autograd hooks, minitrain.collective), or it is a checkpoint report waiting for its round's commit."""
     section = main_thread_stack(dump)
     frames = [line for line in section.splitlines() if line.strip().startswith("File ")]
-    return bool(frames) and bool(_COLLECTIVE.search(frames[0]))
+    return bool(frames) and (bool(_COLLECTIVE.search(frames[0])) or any(_WAITS_FOR_COMMIT.search(f) for f in frames))
 
 
 # ---------------------------------------------------------------------- deadlines

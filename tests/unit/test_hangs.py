@@ -63,3 +63,21 @@ def test_a_rank_spinning_in_user_code_is_a_cause():
 def test_no_answer_is_not_a_consequence():
     # An empty dump (a stopped process) is never explained away.
     assert not waits_in_collective("")
+
+
+def test_a_rank_whose_checkpoint_report_waits_for_its_round_s_commit_is_a_consequence():
+    """The round commits only once every rank reported it: waiting for the commit is waiting on a peer."""
+    dump = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/usr/lib/python3.11/threading.py", line 331 in wait
+  File "/work/main/minitrain/worker/client.py", line 279 in _wait_until
+  File "/work/main/minitrain/worker/client.py", line 296 in wait_report_ack
+  File "/work/main/minitrain/worker/session.py", line 299 in _send_and_wait
+  File "/work/main/minitrain/worker/session.py", line 270 in _report_checkpoint
+  File "/work/main/minitrain/worker/session.py", line 160 in report
+  File "/tmp/train.py", line 15 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+"""
+    assert waits_in_collective(dump)
+    # ...but a rank waiting for the report window (the coordinator, not a peer) is not.
+    window = dump.replace("in _send_and_wait", "in _wait_for_window")
+    assert not waits_in_collective(window)
