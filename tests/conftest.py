@@ -16,8 +16,10 @@ its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 
 from __future__ import annotations
 
+import os
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -27,21 +29,29 @@ if _TESTS_DIR not in sys.path:  # the default "prepend" import mode already does
     sys.path.insert(0, _TESTS_DIR)
 
 
+@contextmanager
+def _session_env(name: str, value: str):
+    """Set the environment variable `name` to `value` for the test session (subprocesses inherit it), then
+    put back what was there."""
+    before = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _private_key_dir(tmp_path_factory):
     """Sweeps seal what they store for Tuner.restore with the user's key (minitrain.storage.user_key): the
     tests' key lives in a session temp directory, never in the home directory (subprocesses inherit it)."""
-    import os
-
     path = tmp_path_factory.mktemp("minitrain_keys")
     path.chmod(0o700)
-    before = os.environ.get("MINITRAIN_KEY_DIR")
-    os.environ["MINITRAIN_KEY_DIR"] = str(path)
-    yield path
-    if before is None:
-        os.environ.pop("MINITRAIN_KEY_DIR", None)
-    else:
-        os.environ["MINITRAIN_KEY_DIR"] = before
+    with _session_env("MINITRAIN_KEY_DIR", str(path)):
+        yield path
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -49,16 +59,9 @@ def _private_ledger_dir(tmp_path_factory):
     """Runs claim what they hold in their host's resource ledger (minitrain.hosts.ledger): the tests' runs
     use a session temp directory (subprocesses inherit it), so a GPU machine's real ledger is left alone
     and nothing stays behind. Tests of the ledger itself set their own."""
-    import os
-
     path = tmp_path_factory.mktemp("minitrain_ledger")
-    before = os.environ.get("MINITRAIN_LEDGER_DIR")
-    os.environ["MINITRAIN_LEDGER_DIR"] = str(path)
-    yield path
-    if before is None:
-        os.environ.pop("MINITRAIN_LEDGER_DIR", None)
-    else:
-        os.environ["MINITRAIN_LEDGER_DIR"] = before
+    with _session_env("MINITRAIN_LEDGER_DIR", str(path)):
+        yield path
 
 
 @pytest.fixture
