@@ -16,6 +16,7 @@ import posixpath
 import shutil
 import tempfile
 import uuid
+import weakref
 from typing import Any, Iterator, Optional, Union
 
 import fsspec
@@ -251,7 +252,9 @@ class Checkpoint:
         """Legacy (removed in Ray 2.x, kept here): pickle `data` into a new temporary directory.
 
         The directory (`<tempdir>/checkpoint_dict_*/dict_checkpoint.pkl`, pickle protocol 5) belongs to
-        the checkpoint: `minitrain.report()` deletes it once uploaded. Anything picklable works, torch
+        the checkpoint: `minitrain.report()` deletes it once uploaded, and it is deleted when this
+        Checkpoint object is garbage-collected or the process exits, whichever comes first (never
+        reported, it would otherwise stay in the temporary directory). Anything picklable works, torch
         tensors included. Prefer `from_directory` for new code.
         """
         if not isinstance(data, dict):
@@ -261,6 +264,7 @@ class Checkpoint:
             pickle.dump(data, f, protocol=5)
         checkpoint = cls.from_directory(directory)
         checkpoint._owns_directory = True  # a scratch directory nobody else knows about
+        weakref.finalize(checkpoint, shutil.rmtree, directory, ignore_errors=True)
         return checkpoint
 
     def to_dict(self) -> dict:

@@ -10,6 +10,10 @@ directory.
 ``_private_ledger_dir`` (automatic): MINITRAIN_LEDGER_DIR for the whole session, so the runs of the tests
 claim resources in a ledger of their own, never in the host's /var/tmp one (which other users' runs share).
 
+``_private_temp_dir`` (automatic): TMPDIR for the whole session, so what the tests' processes put in the
+temporary directory (`Checkpoint.from_dict`'s directories, torch's and gloo's files, a killed worker's
+scratch) is left under pytest's own base directory, never in /tmp.
+
 ``relay``: a started agent relay for the modules that test worker streams through it (each module gives
 its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 """
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -62,6 +67,20 @@ def _private_ledger_dir(tmp_path_factory):
     path = tmp_path_factory.mktemp("minitrain_ledger")
     with _session_env("MINITRAIN_LEDGER_DIR", str(path)):
         yield path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_temp_dir(tmp_path_factory):
+    """Everything the session's processes make with `tempfile` lands in a session temp directory that
+    pytest removes with its old base directories; subprocesses inherit TMPDIR. `tempfile` caches the
+    directory it found first, so the cache is reset both ways."""
+    path = tmp_path_factory.mktemp("tmp")
+    with _session_env("TMPDIR", str(path)):
+        tempfile.tempdir = None
+        try:
+            yield path
+        finally:
+            tempfile.tempdir = None
 
 
 @pytest.fixture

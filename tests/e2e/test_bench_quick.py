@@ -96,6 +96,7 @@ def test_checkpoint_and_async_quick(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(BUSY_MACHINE_TIMEOUT_S + 60)
 def test_restart_quick(tmp_path):
     workloads, _ = run_quick(tmp_path, "restart", "--stall-s", str(BUSY_MACHINE_STALL_S),
                              timeout_s=BUSY_MACHINE_TIMEOUT_S)
@@ -118,6 +119,7 @@ def test_restart_quick(tmp_path):
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(BUSY_MACHINE_TIMEOUT_S + 60)
 def test_detect_quick(tmp_path):
     workloads, _ = run_quick(tmp_path, "detect", "--stall-s", str(BUSY_MACHINE_STALL_S),
                              timeout_s=BUSY_MACHINE_TIMEOUT_S)

@@ -20,12 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_support import Unavailable, deepspeed_environment
-
-pytestmark = pytest.mark.e2e
+from deepspeed_support import BUILD_TIMEOUT_S, INSTALL_TIMEOUT_S, Unavailable, deepspeed_environment
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 400  # a 2-core CI machine may run other tests beside these; the ops are built already
+# The first test here also waits for the session fixture (DeepSpeed installed, its ops compiled), and
+# each test runs its example twice (a run, then a resume).
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(INSTALL_TIMEOUT_S + BUILD_TIMEOUT_S + 2 * RUN_TIMEOUT_S + 60)]
 
 
 @pytest.fixture(scope="session")

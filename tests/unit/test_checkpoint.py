@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import pickle
 import shutil
@@ -232,6 +233,15 @@ def test_from_dict_round_trips_tensors_and_nested_values(private_tempdir):
     # A copy (e.g. what storage holds) reads back the same.
     copy = Checkpoint.from_directory(ckpt.to_directory(str(private_tempdir / "copy")))
     assert copy.to_dict()["epoch"] == 7
+
+
+def test_a_dict_checkpoint_never_reported_leaves_nothing_in_the_temporary_directory(private_tempdir):
+    ckpt = Checkpoint.from_dict({"epoch": 1})
+    path = ckpt.path
+    assert os.path.isdir(path)
+    del ckpt
+    gc.collect()
+    assert not os.path.exists(path) and os.listdir(private_tempdir) == []
 
 
 def test_to_dict_works_on_a_remote_copy(memory_root):
