@@ -3,12 +3,14 @@ sizes, one repetition). The figures are printed, never asserted."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from bench import cli
@@ -30,11 +32,24 @@ def run_quick(tmp_path, only: str, *extra: str, timeout_s: float = QUICK_TIMEOUT
     out = tmp_path / "bench.json"
     command = [sys.executable, "-m", "bench", "--quick", "--only", only, "--json", str(out),
                "--tmp-dir", str(tmp_path), *extra]
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
-    except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"waited {timeout_s:g} s for `{' '.join(command[1:])}` to finish; it had not (load average "
-                    f"{os.getloadavg()[0]:.1f}). Its last output:\n{(exc.stdout or b'')[-2000:]!r}")
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) as bench:
+        stdout = ""
+        try:
+            stdout, stderr = bench.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            # The bench's own processes (a torchrun peer, agents, workers) go with it: killing only the
+            # bench left a hung torchrun behind.
+            with contextlib.suppress(psutil.Error):
+                descendants = psutil.Process(bench.pid).children(recursive=True)
+                bench.kill()
+                for process in descendants:
+                    with contextlib.suppress(psutil.Error):
+                        process.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stdout, _ = bench.communicate(timeout=30)
+            pytest.fail(f"waited {timeout_s:g} s for `{' '.join(command[1:])}` to finish; it had not (load "
+                        f"average {os.getloadavg()[0]:.1f}). Its last output:\n{stdout[-2000:]}")
+    done = subprocess.CompletedProcess(command, bench.returncode, stdout, stderr)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert not list(tmp_path.glob("minitrain-bench-*")), "the temporary directory was left behind"
     figures = json.loads(out.read_text())
