@@ -47,7 +47,7 @@ from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
 from minitrain.run_state import RunState, ray_status
-from minitrain.result import Result, Straggler
+from minitrain.result import Resize, Result, Straggler
 from minitrain.storage.layout import LOGS_DIR
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage
 from minitrain.worker.backend import Backend, TorchBackend
@@ -149,7 +149,7 @@ class DataParallelTrainer:
         except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
         default): then, as any preemption signal to the driver or an agent, it stops the run at a round
         every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
-        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.num_workers else ()
+        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.max_workers else ()
         with _sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
@@ -162,10 +162,10 @@ class DataParallelTrainer:
                     raise KeyboardInterrupt(interrupt.args[0]) from None
 
     def _fit(self) -> Result:
-        if self.scaling_config.num_workers == 0:
+        if self.scaling_config.local_mode:
             return self._fit_local()
         knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
-        relay = relays_workers(self.scaling_config.num_workers)
+        relay = relays_workers(self.scaling_config.max_workers)
         cluster = current_cluster()
         storage = run_directory.prepare_storage(self.run_config, cluster)
         created_here, self._attempted = not storage.exists(""), False
@@ -214,7 +214,7 @@ class DataParallelTrainer:
         spec = RunSpec(
             # A joined run's id is the one its joiners present (a stale joiner is refused by it).
             run_id=cluster.join.run_id if cluster.launcher == "join" else uuid.uuid4().hex,
-            num_workers=self.scaling_config.num_workers,
+            num_workers=self.scaling_config.max_workers,
             **_hosts_of(cluster),
             launch=LaunchSettings(
                 experiment_name=self.run_config.name,
@@ -231,6 +231,8 @@ class DataParallelTrainer:
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
+            min_workers=self.scaling_config.min_workers if self.scaling_config.elasticity_enabled else None,
+            resize_interval_s=self.scaling_config.elastic_resize_monitor_interval_s,
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config
@@ -280,7 +282,7 @@ class DataParallelTrainer:
                 slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
             raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
-                                stragglers=self._monitor.straggler_history())
+                                stragglers=self._monitor.straggler_history(), resizes=self._monitor.resizes())
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
@@ -342,7 +344,7 @@ class DataParallelTrainer:
             staging_areas.append(StagingArea.for_run(storage, cluster.all_local))
             return staging_areas[-1]
 
-        return plan_datasets(self.datasets, self.dataset_config, num_workers=self.scaling_config.num_workers,
+        return plan_datasets(self.datasets, self.dataset_config, num_workers=self.scaling_config.max_workers,
                              staging=staging)
 
     def _payload(self, storage: Storage, datasets: Optional[dict] = None) -> bytes:
@@ -371,13 +373,13 @@ class DataParallelTrainer:
                 "inside the training function.") from exc
 
     def _check_gpus(self) -> None:
-        needed = math.ceil(self.scaling_config.num_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
+        needed = math.ceil(self.scaling_config.max_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
         if needed <= 0:
             return
         have = len(hostinfo.gpu_ids())
         if have < needed:
             raise ConfigError(
-                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.num_workers}) needs {needed} "
+                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.max_workers}) needs {needed} "
                 f"GPU(s), but this machine has {have} (none listed by CUDA_VISIBLE_DEVICES, "
                 "/proc/driver/nvidia/gpus or nvidia-smi). Set use_gpu=False to train on CPUs, or lower "
                 "num_workers.")
@@ -581,9 +583,11 @@ def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
-                     published: Storage, stragglers: Optional[list] = None) -> Result:
+                     published: Storage, stragglers: Optional[list] = None,
+                     resizes: Optional[list] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
-    error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history)."""
+    error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history);
+    `resizes`: an elastic run's resizes (RunMonitor.resizes)."""
     if outcome.state is not RunState.SUCCEEDED:
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
@@ -608,4 +612,5 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
         _metrics_history=history,
         stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
+        resizes=[Resize.from_dict(entry) for entry in resizes or ()],
     )

@@ -31,6 +31,13 @@ live ranks run on until each has reported it (or exited, or failed too: a peer b
 with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
 then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
 
+An elastic run (`Rules.min_workers` set) charges a failure only once the failed attempt is down: if a
+node of it was lost and the survivors hold `min_workers`, the restart is a resize (SHRINK: the next
+attempt starts at once with the survivors, `max_failures` untouched); otherwise one failure is charged
+as above. While it runs, lost hosts are probed again each resize interval, and when more workers fit
+than run (and the interval since the attempt started has passed) the attempt is stopped at the next
+committed checkpoint and restarted larger (GROW). The sizes are the controller's (coordinator/elastic.py).
+
 The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
 (AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
@@ -46,6 +53,10 @@ import enum
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Mapping, Optional, Union
 
+from minitrain.coordinator.actions import (  # noqa: F401 - the actions are decide's vocabulary
+    GROW, SHRINK, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo,
+    PrepareForkServers, RelaunchAgents, StartAttempt, StopWorkers,
+)
 from minitrain.run_state import RunState
 
 if TYPE_CHECKING:
@@ -89,6 +100,15 @@ class Rules:
     drain_s: float = DRAIN_S
     catch_up_s: float = CATCH_UP_S
     preempt_timeout_s: float = PREEMPT_TIMEOUT_S
+    # Elastic runs (ScalingConfig(num_workers=(min, max))): None for a fixed size.
+    min_workers: Optional[int] = None
+    max_workers: Optional[int] = None
+    resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
+
+    @property
+    def elastic(self) -> bool:
+        """The run's size may change between attempts (docs/elastic.md)."""
+        return self.min_workers is not None
 
     @classmethod
     def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
@@ -105,6 +125,11 @@ class Rules:
         As Ray: retry while `failures <= max_failures`, so `max_failures=1` retries the first failure and
         the second one is fatal; -1 retries forever."""
         return self.max_failures == -1 or failures <= self.max_failures
+
+    def restart_may_come(self, failures: int) -> bool:
+        """Whether a restart may follow the current attempt: a failure within the budget, or (elastic
+        runs) a resize."""
+        return self.elastic or self.allows_retry(failures + 1)
 
     def retries_left(self, failures: int) -> Optional[int]:
         """Restarts still allowed after `failures` failures: None when unlimited (-1), never below 0."""
@@ -125,6 +150,11 @@ class Loop:
     interrupts: int = 0  # Ctrl-C presses so far
     preemptions: int = 0  # preemption signals so far
     hung: tuple[int, ...] = ()  # STACKS: the ranks found silent
+    # Elastic runs only:
+    judging: bool = False  # a failed attempt is being stopped; resize or charged failure is judged once it is down
+    resize: str = ""  # the restart under way (and the latest start) is a resize: actions.SHRINK or GROW
+    sized_at: float = 0.0  # when the current attempt started: growth waits the resize interval from here
+    grow_armed: Optional[int] = None  # growth is due: it happens once more checkpoints than this are committed
 
     @property
     def finished(self) -> bool:
@@ -163,74 +193,15 @@ class Seen:
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
     preempted: int = 0  # preemption signals since the last decision
     preempt_reached: bool = False  # every rank reported the round agreed after a preemption
+    # Elastic runs only (zero/False otherwise):
+    fits: int = 0  # workers the usable nodes hold now, at most max_workers (coordinator/elastic.py)
+    size: int = 0  # ranks of the current attempt
+    lost_in_attempt: bool = False  # (while judging) a node of the current attempt was lost with its ranks
+    checkpoints_committed: int = 0  # checkpoints committed by this fit() so far
+    probe_due: bool = False  # a lost host's retry interval ran out and more workers would be welcome
 
 
 # ---------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class MoveTo:
-    """Move the run to `state` (the controller checks it with `run_state.check_move` and tells the
-    observers); `target` only with STOPPING: the terminal state the stop leads to. A decision's moves,
-    in order, lead from its input loop's state to its output loop's."""
-
-    state: RunState
-    reason: str
-    target: Optional[RunState] = None
-
-
-@dataclass(frozen=True)
-class StartAttempt:
-    """Place the ranks of `attempt` on the connected nodes and start its workers."""
-
-    attempt: int
-
-
-@dataclass(frozen=True)
-class StopWorkers:
-    """Ask every node of the attempt to stop its workers: SIGTERM, `grace_s`, SIGKILL."""
-
-    grace_s: float
-
-
-@dataclass(frozen=True)
-class CollectStacks:
-    """Ask every node for the thread stacks of every worker of the attempt."""
-
-
-@dataclass(frozen=True)
-class DeclareHung:
-    """Record a hang failure for each of `ranks`, with the stacks that arrived."""
-
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class CloseStreams:
-    """Close every stream of the attempt still open: nothing a frozen rank sends later is read."""
-
-
-@dataclass(frozen=True)
-class PrepareForkServers:
-    """Keep a warm fork server on each node so that the next attempt starts fast."""
-
-
-@dataclass(frozen=True)
-class RelaunchAgents:
-    """Start new agents for lost nodes that may come back (local ones at once, remote ones after backoff)."""
-
-
-@dataclass(frozen=True)
-class ForgetAgents:
-    """The relaunched agents that did not connect in time stay lost (their hosts back off longer)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class AgreePreemption:
-    """Tell every rank of the attempt that the run is preempted; the round follows their answers
-    (coordinator/preemption.py)."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +212,7 @@ class LogLate:
 
 
 Action = Union[MoveTo, StartAttempt, StopWorkers, CollectStacks, DeclareHung, CloseStreams,
-               PrepareForkServers, RelaunchAgents, ForgetAgents, AgreePreemption, LogLate]
+               PrepareForkServers, RelaunchAgents, ForgetAgents, DropDeadAgents, AgreePreemption, LogLate]
 
 
 @dataclass(frozen=True)
@@ -372,13 +343,13 @@ def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
 
 
 def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> Decision:
-    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt))
-    if rules.allows_retry(loop.failures + 1):
+    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt, loop.resize))
+    if rules.restart_may_come(loop.failures):
         # The fork server imports torch while the attempt starts: a crash at start-up (the commonest
         # kind) then restarts from it instead of waiting for its imports.
         actions += (PrepareForkServers(),)
     return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
-                            reason=reason), actions)
+                            reason=reason, sized_at=now, grow_armed=None), actions)
 
 
 def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -397,6 +368,9 @@ def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         attempt = loop.attempt + 1
         decision = _start(loop, now, attempt, f"starting attempt {attempt}", rules)
         return replace(decision, actions=(ForgetAgents(why),) + decision.actions)
+    if rules.elastic and seen.fits >= rules.min_workers:  # start with the hosts that answered
+        decision = _start(loop, now, loop.attempt, f"starting attempt {loop.attempt} without {why}", rules)
+        return replace(decision, actions=(DropDeadAgents(),) + decision.actions)
     return _stop(loop, seen, now, rules, RunState.FAILED, why)
 
 
@@ -412,13 +386,36 @@ def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     if loop.state is RunState.STARTING and seen.all_training:
         loop = replace(loop, state=RunState.RUNNING, reason="every rank is training")
         actions = (MoveTo(RunState.RUNNING, "every rank is training"),)
-        if rules.allows_retry(loop.failures + 1):  # a warm fork server pays off only if a restart may come
+        if rules.restart_may_come(loop.failures):  # a warm fork server pays off only if a restart may come
             actions += (PrepareForkServers(),)
     hung = _silent_ranks(seen, now)
     if hung:
         loop = replace(loop, stage=Stage.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
-        actions += (CollectStacks(),)
+        return Decision(loop, actions + (CollectStacks(),))
+    if rules.elastic:
+        return _elastic(loop, seen, now, rules, actions)
     return Decision(loop, actions)
+
+
+def _elastic(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Action, ...]) -> Decision:
+    """STARTING or RUNNING an elastic run: nodes whose new agent died are out again; lost hosts whose
+    retry interval ran out get a new agent (probed); and when more workers fit than run, at least the
+    resize interval after the attempt started, the attempt is restarted larger at the next committed
+    checkpoint (`seen.checkpoints_committed` past the count when growth became due), not charged."""
+    if seen.agents_failed:
+        actions += (DropDeadAgents(),)
+    if seen.probe_due:
+        actions += (RelaunchAgents(),)
+    due = loop.state is RunState.RUNNING and seen.fits > seen.size and now >= loop.sized_at + rules.resize_interval_s
+    if not due:
+        return Decision(loop if loop.grow_armed is None else replace(loop, grow_armed=None), actions)
+    if loop.grow_armed is None:
+        return Decision(replace(loop, grow_armed=seen.checkpoints_committed), actions)
+    if seen.checkpoints_committed <= loop.grow_armed:
+        return Decision(loop, actions)
+    reason = f"resize {seen.size} -> {seen.fits} workers at the checkpoint boundary: more workers fit"
+    loop = replace(loop, state=RunState.RESTARTING, reason=reason, resize=GROW, grow_armed=None)
+    return _stop_attempt(loop, seen, now, rules, actions + (MoveTo(RunState.RESTARTING, reason),))
 
 
 def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
@@ -427,10 +424,17 @@ def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
 
 def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """A rank failed: stop the attempt; restart within the failure budget, else fail the run. When a
-    round a failed rank reported is pending, the live ranks first get `catch_up_s` to complete it."""
-    failures = loop.failures + 1
-    loop = replace(loop, failures=failures)
+    round a failed rank reported is pending, the live ranks first get `catch_up_s` to complete it.
+    An elastic run charges nothing yet: whether a node loss made it a resize is judged once the attempt
+    is down (`_judge`), when every loss is known (a peer's broken collective often arrives first)."""
     reason = seen.root_cause
+    if rules.elastic:
+        loop = replace(loop, state=RunState.RESTARTING, reason=reason, judging=True, resize="")
+        move = MoveTo(RunState.RESTARTING, reason)
+        return _await_round(loop, now, rules, move) if seen.round_pending else \
+            _stop_attempt(loop, seen, now, rules, (move,))
+    failures = loop.failures + 1
+    loop = replace(loop, failures=failures, resize="")
     if not rules.allows_retry(failures):
         if seen.round_pending:
             loop = replace(loop, state=RunState.STOPPING, target=RunState.FAILED, reason=reason)
@@ -474,6 +478,15 @@ def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
                     late + (DeclareHung(hung),))
 
 
+def _judge(loop: Loop, seen: Seen, rules: Rules) -> Loop:
+    """An elastic run's failed attempt is down: a node of it was lost and the survivors hold at least
+    `min_workers`: a resize (SHRINK), not charged; otherwise one failure charged, as a fixed-size run's."""
+    loop = replace(loop, judging=False)
+    if seen.lost_in_attempt and seen.fits >= rules.min_workers:
+        return replace(loop, resize=SHRINK)
+    return replace(loop, failures=loop.failures + 1)
+
+
 def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """RESTARTING or STOPPING: wait until every process of the attempt exited."""
     if not seen.all_exited and now <= loop.deadline:
@@ -490,6 +503,14 @@ def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     actions: tuple[Action, ...] = (CloseStreams(),)
     if loop.state is RunState.STOPPING:
         return _end(loop, actions)
+    if loop.judging:
+        loop = _judge(loop, seen, rules)
+        if loop.resize == SHRINK:  # start at once with the survivors; lost hosts are probed later
+            decision = _start(loop, now, loop.attempt + 1, f"starting attempt {loop.attempt + 1}", rules)
+            return replace(decision, actions=actions + (RelaunchAgents(),) * seen.lost_nodes + decision.actions)
+        if not rules.allows_retry(loop.failures):
+            decision = _stop(loop, seen, now, rules, RunState.FAILED, loop.reason)
+            return replace(decision, actions=actions + decision.actions)
     if seen.lost_nodes:
         return Decision(replace(loop, stage=Stage.AGENTS, deadline=now + rules.agent_start_timeout_s),
                         actions + (RelaunchAgents(),))
