@@ -233,6 +233,7 @@ class DataParallelTrainer:
             placement_strategy=self.scaling_config.placement_strategy,
             min_workers=self.scaling_config.min_workers if self.scaling_config.elasticity_enabled else None,
             resize_interval_s=self.scaling_config.elastic_resize_monitor_interval_s,
+            elastic_start_wait_s=knobs.ELASTIC_START_WAIT_S.get(),
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config

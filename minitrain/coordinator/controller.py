@@ -86,6 +86,7 @@ class RunSpec:
     # Elastic runs (ScalingConfig(num_workers=(min, max))): `num_workers` is the max; None for a fixed size.
     min_workers: Optional[int] = None
     resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
+    elastic_start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S
 
 
 class Controller:
@@ -105,7 +106,8 @@ class Controller:
         backoff = None
         if spec.min_workers is not None:  # elastic: lost hosts are probed again once per resize interval
             self._rules = dataclasses.replace(self._rules, min_workers=spec.min_workers,
-                                              max_workers=spec.num_workers, resize_interval_s=spec.resize_interval_s)
+                                              max_workers=spec.num_workers, resize_interval_s=spec.resize_interval_s,
+                                              start_wait_s=spec.elastic_start_wait_s)
             backoff = HostBackoff(spec.resize_interval_s, spec.resize_interval_s)
         self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))

@@ -104,6 +104,7 @@ class Rules:
     min_workers: Optional[int] = None
     max_workers: Optional[int] = None
     resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
+    start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S: the first start's wait for more hosts once min fit
 
     @property
     def elastic(self) -> bool:
@@ -155,6 +156,7 @@ class Loop:
     resize: str = ""  # the restart under way (and the latest start) is a resize: actions.SHRINK or GROW
     sized_at: float = 0.0  # when the current attempt started: growth waits the resize interval from here
     grow_armed: Optional[int] = None  # growth is due: it happens once more checkpoints than this are committed
+    min_fit_at: Optional[float] = None  # LAUNCHING: when min_workers first fitted on the agents that are in
 
     @property
     def finished(self) -> bool:
@@ -355,6 +357,8 @@ def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> D
 def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """LAUNCHING, or RESTARTING after lost nodes got new agents: wait until every expected agent is in."""
     restarting = loop.state is RunState.RESTARTING
+    if rules.elastic and not restarting and seen.agents_missing and seen.fits >= rules.min_workers:
+        return _elastic_launch(loop, seen, now, rules)
     if not seen.agents_missing:
         attempt = loop.attempt + 1 if restarting else loop.attempt
         return _start(loop, now, attempt, f"starting attempt {attempt}", rules)
@@ -368,10 +372,22 @@ def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         attempt = loop.attempt + 1
         decision = _start(loop, now, attempt, f"starting attempt {attempt}", rules)
         return replace(decision, actions=(ForgetAgents(why),) + decision.actions)
-    if rules.elastic and seen.fits >= rules.min_workers:  # start with the hosts that answered
-        decision = _start(loop, now, loop.attempt, f"starting attempt {loop.attempt} without {why}", rules)
-        return replace(decision, actions=(DropDeadAgents(),) + decision.actions)
     return _stop(loop, seen, now, rules, RunState.FAILED, why)
+
+
+def _elastic_launch(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """LAUNCHING an elastic run whose min workers fit on the agents that are in, while others are not:
+    start `start_wait_s` after min first fitted, or at once when an agent died (its host is out until it
+    is probed again) or the agents' deadline passed; the hosts that come later are used when it grows."""
+    if loop.min_fit_at is None:
+        loop = replace(loop, min_fit_at=now)
+    waited = now >= loop.min_fit_at + rules.start_wait_s
+    if not (waited or seen.agents_failed or now > loop.deadline):
+        return Decision(loop)
+    reason = f"starting attempt {loop.attempt} with {seen.fits} worker(s) that fit; not yet in: " \
+             f"{', '.join(seen.agents_missing)}"
+    decision = _start(loop, now, loop.attempt, reason, rules)
+    return replace(decision, actions=(DropDeadAgents(),) + decision.actions)
 
 
 def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:

@@ -58,7 +58,8 @@ def test_an_elastic_range_is_accepted_and_gives_min_max_and_the_resources_of_max
     ({"num_workers": (1, "2")}, r"num_workers must be .* got \(1, '2'\)"),
     ({"num_workers": (True, 2)}, r"num_workers must be .* got \(True, 2\)"),
     ({"num_workers": (1, 2), "elastic_resize_monitor_interval_s": 0}, r"elastic_resize_monitor_interval_s .*> 0, got 0"),
-    ({"num_workers": (1, 2), "elastic_resize_monitor_interval_s": float("nan")}, r"elastic_resize_monitor_interval_s"),
+    ({"num_workers": (1, 2), "elastic_resize_monitor_interval_s": float("nan")},
+     r"elastic_resize_monitor_interval_s"),
     ({"num_workers": 2, "elastic_resize_monitor_interval_s": 5}, r"elastic_resize_monitor_interval_s=5 .*fixed int"),
 ])
 def test_bad_elastic_settings_name_the_field_the_value_and_the_fix(kwargs, words):
@@ -181,6 +182,19 @@ def test_launch_starts_with_the_hosts_that_answered_when_min_fits():
     assert started.state is S.STARTING and actions[0] == DropDeadAgents() and StartAttempt(0) in actions
     failed, _ = _run([(replace(seen, fits=0), 1.0)], loop)
     assert failed.target is S.FAILED
+
+
+def test_launch_waits_a_little_for_the_other_hosts_once_min_fits():
+    rules = replace(ELASTIC, start_wait_s=5.0)
+    loop, _ = _run([(Seen(agents_missing=("h0", "h1")), 0.0)], Loop(), rules)
+    some = Seen(agents_missing=("h1",), fits=1)
+    loop, actions = _run([(some, 1.0), (some, 5.9)], loop, rules)
+    assert loop.state is S.LAUNCHING and loop.min_fit_at == 1.0 and actions == []
+    everyone, actions = _run([(Seen(fits=2), 2.0)], loop, rules)
+    assert everyone.state is S.STARTING  # every host in: at once
+    late, actions = _run([(some, 6.0)], loop, rules)
+    assert late.state is S.STARTING and actions[0] == DropDeadAgents() and StartAttempt(0) in actions
+    assert "not yet in: h1" in actions[1].reason
 
 
 _SEEN = st.builds(
