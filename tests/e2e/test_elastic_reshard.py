@@ -3,8 +3,8 @@
 SIGKILLed mid-run: the run goes on with one worker from the last committed checkpoint (not a failure:
 max_failures=0), the agent is replaced at once, and after the resize interval the run grows back to two
 at the next checkpoint. Across both resizes the parameters resume bit-exactly from the checkpoint, every
-rank holds the same parameters, and the world size, the data shards and `prepare_data_loader` follow the
-new size.
+rank holds the same parameters, and the world size, the dataset shards and `prepare_data_loader` follow
+the new size.
 """
 
 from __future__ import annotations
@@ -81,7 +81,9 @@ def train_ddp(config):
         params = torch.cat([p.detach().flatten() for p in model.parameters()])
         gathered = [torch.zeros_like(params) for _ in range(world)]
         dist.all_gather(gathered, params)
+        shard_rows = sorted(int(row["item"]) for row in minitrain.get_dataset_shard("train").iter_rows())
         metrics = {"step": state["step"], "world": world, "world_rank": rank, "samples_seen": seen,
+                   "shard_rows": shard_rows,
                    "params": params.tolist(), "same_on_every_rank": all(torch.equal(g, params) for g in gathered),
                    "resumed_params": torch.cat([p.flatten() for p in resumed]).tolist() if first else None}
         first = False
@@ -100,6 +102,7 @@ def train_ddp(config):
 def test_ddp_resumes_bit_exactly_across_2_1_2_and_its_shards_follow_the_size(tmp_path):
     result = TorchTrainer(
         train_ddp, train_loop_config={"kill_at": 3, "marker": str(tmp_path / "killed")},
+        datasets={"train": minitrain.data.from_items(list(range(SAMPLES)))},
         scaling_config=ScalingConfig(num_workers=(1, 2), elastic_resize_monitor_interval_s=2),
         run_config=RunConfig(name="reshard", storage_path=str(tmp_path / "results"),
                              failure_config=FailureConfig(max_failures=0))).fit()
@@ -113,6 +116,7 @@ def test_ddp_resumes_bit_exactly_across_2_1_2_and_its_shards_follow_the_size(tmp
     for report in reports:
         # prepare_data_loader's sampler follows the world size: each rank sees its share of the rows
         assert report["samples_seen"] == SAMPLES // report["world"], report
+        assert len(report["shard_rows"]) == SAMPLES // report["world"], report  # so does the dataset shard
         assert report["same_on_every_rank"], report
         if report["resumed_params"] is not None and by_step:
             # Bit-exact: the parameters each resumed attempt starts from are those of the checkpoint it
