@@ -41,7 +41,7 @@ from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGr
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
-from minitrain.hosts.ssh import preflight
+from minitrain.hosts.ssh import PreflightError, preflight
 from minitrain.logs import LogSink, driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
@@ -198,7 +198,7 @@ class DataParallelTrainer:
         if cluster.all_local:
             self._check_gpus()
         elif cluster.launcher != "join":  # joiners cannot be reached before they join
-            _preflight(cluster, storage)
+            _preflight(cluster, storage, elastic=self.scaling_config.elasticity_enabled)
         checkpoints = run_directory.load_checkpoints(storage, self.run_config)
         metrics_log = MetricsLog(storage)
         metrics_log.repair()
@@ -573,14 +573,23 @@ def _hosts_of(cluster: ClusterConfig) -> dict:
                 local_node_ids=cluster.replaced_at_once())
 
 
-def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
-    """Check every host at once before anything starts; one error lists every host that is not ready."""
+def _preflight(cluster: ClusterConfig, storage: Storage, elastic: bool = False) -> None:
+    """Check every host at once before anything starts; one error lists every host that is not ready.
+    An elastic run starts without the hosts that do not answer (its agents there fail, and the hosts are
+    probed again each resize interval), as long as some host answers and none is misconfigured."""
     probe = None
     if storage.is_local:  # a shared (NFS) path: each host must read the marker the driver just wrote
         content = uuid.uuid4().hex
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
-    preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+    try:
+        preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+    except PreflightError as error:
+        if not (elastic and error.unreachable_only() and len(error.failures) < len(cluster.hosts)):
+            raise
+        logger.warning("elastic run: starting without the host(s) that do not answer, tried again each resize "
+                       "interval: %s", "; ".join(f"{host}: {', '.join(reasons)}"
+                                                  for host, reasons in error.failures.items()))
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,

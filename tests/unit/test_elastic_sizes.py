@@ -221,3 +221,19 @@ def test_any_elastic_sequence_moves_only_along_allowed_transitions_and_resizes_c
         assert decision.loop.state is state
         assert decision.loop.failures <= loop.failures + 1
         loop = decision.loop
+
+
+def test_an_elastic_start_leaves_out_hosts_that_do_not_answer_but_never_misconfigured_ones():
+    from minitrain.hosts.ssh import PreflightError
+
+    def error(**failures):
+        return PreflightError("pre-flight failed", failures)
+
+    assert error(h1=["ssh did not answer within 20 s"]).unreachable_only()
+    assert error(h1=["ssh failed: ssh: connect to host h1 port 22: Connection timed out (exit 255)"]).unreachable_only()
+    assert not error(h1=["ssh failed: Permission denied (exit 255); no key was accepted: check the user (ssh_user) "
+                         "and key (ssh_identity_file), or load the key into ssh-agent; passwords cannot be typed "
+                         "in BatchMode"]).unreachable_only()
+    assert not error(h1=["ssh did not answer within 20 s"],
+                     h2=["minitrain 0.1 != driver's 0.2 (python python3); install the same version on every host"]
+                     ).unreachable_only()
