@@ -106,7 +106,7 @@ class Controller:
         backoff = None
         if spec.min_workers is not None:  # elastic: lost hosts are probed again once per resize interval
             self._rules = dataclasses.replace(self._rules, min_workers=spec.min_workers,
-                                              max_workers=spec.num_workers, resize_interval_s=spec.resize_interval_s,
+                                              resize_interval_s=spec.resize_interval_s,
                                               start_wait_s=spec.elastic_start_wait_s)
             backoff = HostBackoff(spec.resize_interval_s, spec.resize_interval_s)
         self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,

@@ -101,8 +101,7 @@ class Rules:
     catch_up_s: float = CATCH_UP_S
     preempt_timeout_s: float = PREEMPT_TIMEOUT_S
     # Elastic runs (ScalingConfig(num_workers=(min, max))): None for a fixed size.
-    min_workers: Optional[int] = None
-    max_workers: Optional[int] = None
+    min_workers: Optional[int] = None  # (the max is the controller's: Seen.fits never exceeds it)
     resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
     start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S: the first start's wait for more hosts once min fit
 

@@ -20,7 +20,7 @@ from minitrain.records import NodeInfo
 from minitrain.run_state import RunState, check_move
 
 S = RunState
-ELASTIC = Rules(max_failures=0, stop_grace_s=3.0, min_workers=1, max_workers=2, resize_interval_s=5.0)
+ELASTIC = Rules(max_failures=0, stop_grace_s=3.0, min_workers=1, resize_interval_s=5.0)
 RUNNING_2 = Seen(has_attempt=True, all_training=True, size=2, fits=2)
 
 
@@ -134,7 +134,7 @@ def test_a_crash_without_a_node_loss_is_charged_and_fails_a_spent_budget():
 
 
 def test_a_node_loss_that_leaves_fewer_than_min_is_charged_and_waits_for_the_agents_as_a_fixed_run():
-    rules = replace(ELASTIC, min_workers=2, max_workers=2, max_failures=1)
+    rules = replace(ELASTIC, min_workers=2, max_failures=1)
     failed = replace(RUNNING_2, failed=True, root_cause="node lost")
     down = replace(failed, all_exited=True, all_drained=True, lost_in_attempt=True, lost_nodes=True, fits=1)
     loop, actions = _run([(failed, 10.0), (down, 10.4), (down, 10.5)], _running(), rules)
@@ -171,7 +171,7 @@ def test_dead_probes_are_dropped_and_lost_hosts_probed_while_running():
     seen = replace(RUNNING_2, size=1, agents_missing=("h1",), agents_failed="h1: ssh exited 255", probe_due=True)
     _, actions = _run([(seen, 1.0)], _running(size_at=0.0))
     assert actions == [DropDeadAgents(), RelaunchAgents()]
-    _, fixed = _run([(seen, 1.0)], _running(), replace(ELASTIC, min_workers=None, max_workers=None))
+    _, fixed = _run([(seen, 1.0)], _running(), replace(ELASTIC, min_workers=None))
     assert fixed == []  # a fixed-size run never probes while it runs
 
 
