@@ -45,7 +45,7 @@ from minitrain.coordinator.preemption import DRIVER, Preemption
 from minitrain.coordinator.preemption_signals import preemption_noted
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
+from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup, warm_up_command
 from minitrain.errors import ConfigError
 from minitrain.records import FailureKind, RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move
@@ -391,12 +391,33 @@ class Controller:
     def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
-        return {**self._current.handlers(), ev.AgentConnected: self._membership.connected,
+        return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
                 ev.AgentLost: self._on_agent_lost, ev.PreemptionSignalled: self._preemption.signalled,
                 ev.PreemptionSeen: self._preemption.seen}
 
     def _handle(self, event: ev.RunEvent) -> None:
         self._handlers[type(event)](event)
+
+    def _on_agent_connected(self, event: ev.AgentConnected) -> None:
+        """A node's agent connected (again). In an elastic run, a node that connects while an attempt
+        runs without it (a host that came back, a late joiner) is readied for the start it would get
+        if the run grew now (`warm_up_command`), so that growing onto it forks warm workers."""
+        self._membership.connected(event)
+        group, node_id = self._current.group, event.node.node_id
+        if not self._rules.elastic or group is None or node_id in group.tracker.nodes() or \
+                self._loop.state not in (RunState.STARTING, RunState.RUNNING):
+            return
+        nodes, spec = self._membership.usable(), self._spec
+        count = fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
+                                spec.cpus_per_worker, spec.node_slots)
+        try:
+            planned = assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy,
+                                   spec.cpus_per_worker, dict(spec.node_slots))
+        except ConfigError:
+            return
+        mine = [a for a in planned if a.node_id == node_id]
+        if mine:
+            self._hub.to_agent(node_id, warm_up_command(spec.launch, event.node, mine))
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
