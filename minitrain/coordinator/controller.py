@@ -115,7 +115,6 @@ class Controller:
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock, backoff)
         self._fits = (-1, 0)  # elastic: (membership version, workers its usable nodes hold)
         self._lost_in_attempt: dict[str, str] = {}  # node id -> why, for the current attempt's lost nodes
-        self.resizes: list[Resize] = []  # an elastic run's resizes, in order
         self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
         self._start_error = ""  # why the last start could not place the workers
@@ -271,9 +270,7 @@ class Controller:
         failed attempt is judged) whether it lost a node."""
         membership, spec = self._membership, self._spec
         if self._fits[0] != membership.version:
-            fits = fitting_workers(membership.usable(), spec.num_workers, spec.gpus_per_worker,
-                                   spec.placement_strategy, spec.cpus_per_worker, spec.node_slots)
-            self._fits = (membership.version, fits)
+            self._fits = (membership.version, self._fitting(membership.usable()))
         size = len(group.tracker.ranks) if group is not None else 0
         lost = self._loop.judging and group is not None and any(
             f.kind is FailureKind.NODE_LOST for f in group.tracker.failures())
@@ -343,13 +340,7 @@ class Controller:
         nodes = self._membership.usable()
         spec = self._spec
         try:
-            count = spec.num_workers
-            if spec.min_workers is not None:
-                fits = fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
-                                       spec.cpus_per_worker, spec.node_slots)
-                count = attempt_size(fits, spec.min_workers, spec.num_workers)
-            assignments = assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy,
-                                       spec.cpus_per_worker, dict(spec.node_slots))
+            assignments = self._placed(nodes)
         except ConfigError as exc:
             if not self._membership.lost:  # the request itself is unsatisfiable: never retried
                 self._config_error = exc
@@ -367,6 +358,22 @@ class Controller:
             self._note_resize(attempt, resize, previous, self._current.tracker)
         self._lost_in_attempt = {}
 
+    def _fitting(self, nodes: list) -> int:
+        """How many workers `nodes` hold, at most the run's max (`elastic.fitting_workers`)."""
+        spec = self._spec
+        return fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
+                               spec.cpus_per_worker, spec.node_slots)
+
+    def _placed(self, nodes: list) -> list:
+        """The ranks of an attempt started on `nodes` now: `num_workers` of them, or for an elastic run
+        as many as fit (`elastic.attempt_size`); ConfigError when they do not fit."""
+        spec = self._spec
+        count = spec.num_workers
+        if spec.min_workers is not None:
+            count = attempt_size(self._fitting(nodes), spec.min_workers, spec.num_workers)
+        return assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy, spec.cpus_per_worker,
+                            dict(spec.node_slots))
+
     def _note_resize(self, attempt: int, kind: str, previous, current) -> None:
         """An elastic attempt started: when its size differs from the previous attempt's, say why
         (one log line) and tell the observers."""
@@ -378,7 +385,6 @@ class Controller:
             return
         joined = current.nodes() - previous.nodes()
         resize = Resize(attempt, before, after, resize_reason(kind, self._lost_in_attempt, joined), self._clock())
-        self.resizes.append(resize)
         logger.warning("%s (attempt %d; not a failure)", resize.line, attempt)
         self._observers.on_resize(resize)
 
@@ -407,17 +413,13 @@ class Controller:
         if not self._rules.elastic or group is None or node_id in group.tracker.nodes() or \
                 self._loop.state not in (RunState.STARTING, RunState.RUNNING):
             return
-        nodes, spec = self._membership.usable(), self._spec
-        count = fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
-                                spec.cpus_per_worker, spec.node_slots)
         try:
-            planned = assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy,
-                                   spec.cpus_per_worker, dict(spec.node_slots))
-        except ConfigError:
+            planned = self._placed(self._membership.usable())
+        except ConfigError:  # fewer than min fit: nothing to get ready for
             return
         mine = [a for a in planned if a.node_id == node_id]
         if mine:
-            self._hub.to_agent(node_id, warm_up_command(spec.launch, event.node, mine))
+            self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine))
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
