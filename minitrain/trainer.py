@@ -374,13 +374,14 @@ class DataParallelTrainer:
                 "inside the training function.") from exc
 
     def _check_gpus(self) -> None:
-        needed = math.ceil(self.scaling_config.max_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
+        # An elastic run needs GPUs for its min workers only: it starts with as many as fit.
+        needed = math.ceil(self.scaling_config.min_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
         if needed <= 0:
             return
         have = len(hostinfo.gpu_ids())
         if have < needed:
             raise ConfigError(
-                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.max_workers}) needs {needed} "
+                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.num_workers!r}) needs {needed} "
                 f"GPU(s), but this machine has {have} (none listed by CUDA_VISIBLE_DEVICES, "
                 "/proc/driver/nvidia/gpus or nvidia-smi). Set use_gpu=False to train on CPUs, or lower "
                 "num_workers.")
