@@ -138,7 +138,7 @@ def test_a_host_that_answers_again_is_used_at_the_next_checkpoint_after_the_inte
     assert sizes == [(2, 1), (1, 2)], result.resizes
     shrink, grow = result.resizes
     assert h1.ip in shrink.reason and h1.ip in grow.reason and "checkpoint boundary" in grow.reason
-    assert grow.time - shrink.time >= 2.0  # at most once per interval
+    assert grow.time - shrink.time >= 1.9  # at most once per interval (2 s from the decision to shrink)
     assert [(e["from_workers"], e["to_workers"]) for e in _events(tmp_path, "resize")] == sizes
     assert time.monotonic() - started < 120
     assert _worker_pids_gone(20) == []
