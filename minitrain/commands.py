@@ -13,7 +13,7 @@ transport modules make and read them themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Union
+from typing import Mapping, Optional, Union
 
 from minitrain.records import Phase, WorkerAssignment
 
@@ -60,9 +60,13 @@ class DumpStacks:
 
 @dataclass(frozen=True, slots=True)
 class PrepareForkServers:
-    """Keep a fork server warm for the last start's environment, for the next attempt's `count` workers."""
+    """Keep a fork server warm for the next attempt's `count` workers: for the last start's environment,
+    or, when `env` is given, for a start with `cwd` and `env` (as StartWorkers'; an elastic run warms a
+    node that returned before it grows onto it)."""
 
     count: int
+    env: Optional[Mapping[str, str]] = None
+    cwd: str = ""
 
 
 @dataclass(frozen=True, slots=True)

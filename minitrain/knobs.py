@@ -118,6 +118,16 @@ def _number_above(bound: float, what: str) -> Callable[[str], float]:
     return parse
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value < float("inf"):
+        raise ValueError("must be a finite number of seconds >= 0")
+    return value
+
+
 def _count(what: str) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
@@ -254,10 +264,16 @@ JOIN_TIMEOUT_S: Knob[float] = Knob(
     "How long a joiner retries resolving and reaching the coordinator, and how long the coordinator waits for "
     "the agents that join (the master's DNS name may not exist yet when a pod starts).")
 
+ELASTIC_START_WAIT_S: Knob[float] = Knob(
+    "MINITRAIN_ELASTIC_START_WAIT_S", 5.0, _seconds,
+    "An elastic run (ScalingConfig(num_workers=(min, max))) starts this many seconds after its min workers "
+    "fit on the hosts that answered, unless every host is in sooner; the hosts that come later are used when "
+    "it grows (docs/elastic.md). 0 starts as soon as min fit.")
+
 KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
                                 STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT,
                                 LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS, JOIN_TOKEN, JOIN_TOKEN_FILE,
-                                JOIN_TIMEOUT_S)
+                                JOIN_TIMEOUT_S, ELASTIC_START_WAIT_S)
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:

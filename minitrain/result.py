@@ -45,6 +45,25 @@ class Straggler:
         return cls(**{name: episode.get(name) for name in cls.__dataclass_fields__})
 
 
+@dataclass(frozen=True)
+class Resize:
+    """One resize of an elastic run (`ScalingConfig(num_workers=(min, max))`, docs/elastic.md): attempt
+    `attempt` started with `to_workers` workers where the one before had `from_workers`, at `time`
+    (seconds since the epoch), because of `reason` (e.g. "host h1 lost (...)"). A resize is never a
+    charged failure."""
+
+    attempt: int
+    from_workers: int
+    to_workers: int
+    reason: str
+    time: float
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> "Resize":
+        """From one of `RunMonitor.resizes()`' dicts."""
+        return cls(**{name: entry.get(name) for name in cls.__dataclass_fields__})
+
+
 @dataclass
 class Result:
     """The outcome of a finished run, as `ray.train.Result`.
@@ -54,7 +73,8 @@ class Result:
     `return_value` is what rank 0's training function returned, when it could be sent back.
     `best_checkpoints` is `[(Checkpoint, metrics), ...]` of the retained checkpoints.
     `stragglers` lists every rank that was a straggler during the run (a `Straggler` per episode, in
-    the order they started; empty when none was, and in local mode).
+    the order they started; empty when none was, and in local mode). `resizes` lists an elastic run's
+    resizes (a `Resize` each, in order; empty for a fixed-size run or one that never changed size).
 
     `metrics_dataframe` is a pandas DataFrame with one row per rank-0 report, in order (Ray v2 gives
     one row per retained checkpoint only; the full history is what users want to plot). Nested metric
@@ -73,6 +93,7 @@ class Result:
     return_value: Any = None
     _metrics_history: Optional[list] = field(default=None, repr=False, compare=False)
     stragglers: list = field(default_factory=list)
+    resizes: list = field(default_factory=list)
     _shown_filesystem: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

@@ -41,13 +41,13 @@ from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGr
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
-from minitrain.hosts.ssh import preflight
+from minitrain.hosts.ssh import PreflightError, preflight
 from minitrain.logs import LogSink, driver_logging
 from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
 from minitrain.run_state import RunState, ray_status
-from minitrain.result import Result, Straggler
+from minitrain.result import Resize, Result, Straggler
 from minitrain.storage.layout import LOGS_DIR
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage
 from minitrain.worker.backend import Backend, TorchBackend
@@ -149,7 +149,7 @@ class DataParallelTrainer:
         except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
         default): then, as any preemption signal to the driver or an agent, it stops the run at a round
         every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
-        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.num_workers else ()
+        signals = self.run_config.failure_config.preemption_signals if self.scaling_config.max_workers else ()
         with _sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
@@ -162,10 +162,10 @@ class DataParallelTrainer:
                     raise KeyboardInterrupt(interrupt.args[0]) from None
 
     def _fit(self) -> Result:
-        if self.scaling_config.num_workers == 0:
+        if self.scaling_config.local_mode:
             return self._fit_local()
         knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
-        relay = relays_workers(self.scaling_config.num_workers)
+        relay = relays_workers(self.scaling_config.max_workers)
         cluster = current_cluster()
         storage = run_directory.prepare_storage(self.run_config, cluster)
         created_here, self._attempted = not storage.exists(""), False
@@ -198,7 +198,7 @@ class DataParallelTrainer:
         if cluster.all_local:
             self._check_gpus()
         elif cluster.launcher != "join":  # joiners cannot be reached before they join
-            _preflight(cluster, storage)
+            _preflight(cluster, storage, elastic=self.scaling_config.elasticity_enabled)
         checkpoints = run_directory.load_checkpoints(storage, self.run_config)
         metrics_log = MetricsLog(storage)
         metrics_log.repair()
@@ -214,7 +214,7 @@ class DataParallelTrainer:
         spec = RunSpec(
             # A joined run's id is the one its joiners present (a stale joiner is refused by it).
             run_id=cluster.join.run_id if cluster.launcher == "join" else uuid.uuid4().hex,
-            num_workers=self.scaling_config.num_workers,
+            num_workers=self.scaling_config.max_workers,
             **_hosts_of(cluster),
             launch=LaunchSettings(
                 experiment_name=self.run_config.name,
@@ -231,6 +231,9 @@ class DataParallelTrainer:
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
+            min_workers=self.scaling_config.min_workers if self.scaling_config.elasticity_enabled else None,
+            resize_interval_s=self.scaling_config.elastic_resize_monitor_interval_s,
+            elastic_start_wait_s=knobs.ELASTIC_START_WAIT_S.get(),
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config
@@ -280,7 +283,7 @@ class DataParallelTrainer:
                 slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
             raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
-                                stragglers=self._monitor.straggler_history())
+                                stragglers=self._monitor.straggler_history(), resizes=self._monitor.resizes())
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
@@ -342,7 +345,7 @@ class DataParallelTrainer:
             staging_areas.append(StagingArea.for_run(storage, cluster.all_local))
             return staging_areas[-1]
 
-        return plan_datasets(self.datasets, self.dataset_config, num_workers=self.scaling_config.num_workers,
+        return plan_datasets(self.datasets, self.dataset_config, num_workers=self.scaling_config.max_workers,
                              staging=staging)
 
     def _payload(self, storage: Storage, datasets: Optional[dict] = None) -> bytes:
@@ -371,13 +374,14 @@ class DataParallelTrainer:
                 "inside the training function.") from exc
 
     def _check_gpus(self) -> None:
-        needed = math.ceil(self.scaling_config.num_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
+        # An elastic run needs GPUs for its min workers only: it starts with as many as fit.
+        needed = math.ceil(self.scaling_config.min_workers * self.scaling_config.num_gpus_per_worker - 1e-9)
         if needed <= 0:
             return
         have = len(hostinfo.gpu_ids())
         if have < needed:
             raise ConfigError(
-                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.num_workers}) needs {needed} "
+                f"ScalingConfig(use_gpu=True, num_workers={self.scaling_config.num_workers!r}) needs {needed} "
                 f"GPU(s), but this machine has {have} (none listed by CUDA_VISIBLE_DEVICES, "
                 "/proc/driver/nvidia/gpus or nvidia-smi). Set use_gpu=False to train on CPUs, or lower "
                 "num_workers.")
@@ -570,20 +574,31 @@ def _hosts_of(cluster: ClusterConfig) -> dict:
                 local_node_ids=cluster.replaced_at_once())
 
 
-def _preflight(cluster: ClusterConfig, storage: Storage) -> None:
-    """Check every host at once before anything starts; one error lists every host that is not ready."""
+def _preflight(cluster: ClusterConfig, storage: Storage, elastic: bool = False) -> None:
+    """Check every host at once before anything starts; one error lists every host that is not ready.
+    An elastic run starts without the hosts that do not answer (its agents there fail, and the hosts are
+    probed again each resize interval), as long as some host answers and none is misconfigured."""
     probe = None
     if storage.is_local:  # a shared (NFS) path: each host must read the marker the driver just wrote
         content = uuid.uuid4().hex
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
-    preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+    try:
+        preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+    except PreflightError as error:
+        if not (elastic and error.unreachable_only() and len(error.failures) < len(cluster.hosts)):
+            raise
+        logger.warning("elastic run: starting without the host(s) that do not answer, tried again each resize "
+                       "interval: %s", "; ".join(f"{host}: {', '.join(reasons)}"
+                                                  for host, reasons in error.failures.items()))
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
-                     published: Storage, stragglers: Optional[list] = None) -> Result:
+                     published: Storage, stragglers: Optional[list] = None,
+                     resizes: Optional[list] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
-    error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history)."""
+    error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history);
+    `resizes`: an elastic run's resizes (RunMonitor.resizes)."""
     if outcome.state is not RunState.SUCCEEDED:
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
@@ -608,4 +623,5 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         return_value=cloudpickle.loads(outcome.return_value) if outcome.return_value else None,
         _metrics_history=history,
         stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
+        resizes=[Resize.from_dict(entry) for entry in resizes or ()],
     )

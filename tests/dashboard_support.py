@@ -45,4 +45,5 @@ class FixedRun:
     def stragglers(self): return [dict(s) for s in self._stragglers]
     def straggler_history(self): return [dict(s, attempt=1, until=None) for s in self._stragglers]
     def hints(self): return []
+    def resizes(self): return []
     def nodes(self): return [{"host": "h0", "memory_bytes": 16 << 30}]

@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Mapping, Optional
 
 import minitrain
 from minitrain import commands as cmd
@@ -197,6 +197,10 @@ class NodeAgent:
             # Stopping waits out the grace period; do it aside so commands keep flowing.
             threading.Thread(target=self._stop_attempt, args=(command.attempt, command.grace_s),
                              daemon=True, name="agent-stop").start()
+        elif isinstance(command, cmd.PrepareForkServers) and command.env is not None:
+            key, env = self._worker_env(command.env, command.cwd)
+            self._fork_server.want(key, env, command.cwd or None)
+            self._refill_fork_server()
         elif isinstance(command, cmd.PrepareForkServers) and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
@@ -223,13 +227,19 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ workers
 
-    def _start_workers(self, start: cmd.StartWorkers) -> None:
+    @staticmethod
+    def _worker_env(start_env: Mapping[str, str], cwd: str) -> tuple[tuple, dict]:
+        """The workers' environment for a start with `start_env` in `cwd`, and the fork server key of
+        that start (a fork server serves only starts with the same key)."""
         env = dict(os.environ)
-        env.update(start.env)
-        if "CUDA_VISIBLE_DEVICES" in start.env:  # ids of our gpu_ids: UUID lists need them mapped back
-            env["CUDA_VISIBLE_DEVICES"] = hostinfo.workers_visible_devices(start.env["CUDA_VISIBLE_DEVICES"])
+        env.update(start_env)
+        if "CUDA_VISIBLE_DEVICES" in start_env:  # ids of our gpu_ids: UUID lists need them mapped back
+            env["CUDA_VISIBLE_DEVICES"] = hostinfo.workers_visible_devices(start_env["CUDA_VISIBLE_DEVICES"])
         env["PYTHONUNBUFFERED"] = "1"
-        key = (tuple(sorted(env.items())), start.cwd)
+        return (tuple(sorted(env.items())), cwd), env
+
+    def _start_workers(self, start: cmd.StartWorkers) -> None:
+        key, env = self._worker_env(start.env, start.cwd)
         with self._lock:
             self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)
         for launch in start.workers:

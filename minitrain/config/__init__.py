@@ -21,7 +21,8 @@ Where Ray's own tests match a fragment of Ray's error message, minitrain's messa
 wording too (`(Ray: "...")`), so such a test still passes.
 
 Deliberate differences from Ray: the default run name is `minitrain_run-<local time>` and the default
-storage is `~/minitrain_results`; elastic `num_workers=(min, max)` and TPUs are rejected; configs are
+storage is `~/minitrain_results`; TPUs are rejected (elastic `num_workers=(min, max)` is supported:
+docs/elastic.md); configs are
 never mutated after construction (`TorchConfig.resolved_backend` replaces Ray's in-place backend
 fill-in); mappings are stored as `ReadOnlyDict`; `worker_runtime_env` supports only `env_vars` and
 `working_dir`; `FailureConfig.worker_hang_timeout_s`, `worker_hang_floor_s` and `worker_stop_grace_s`,

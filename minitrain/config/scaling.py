@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from minitrain.config._ray_compat import _default_only, _deprecated_field, _ray_only, _ray_words, _reject_deprecated
 from minitrain.config._validate import ReadOnlyDict, _choice, _fail, _int, _number, _suggests_fields
@@ -55,6 +56,41 @@ def _resources_per_worker(value: Any, use_gpu: bool) -> Optional[ReadOnlyDict]:
     return ReadOnlyDict(kept)
 
 
+_NUM_WORKERS_FIX = ("Pass an int (the number of worker processes; 0 runs the training function in this process: "
+                    "local mode), "
+                    "or an elastic (min, max) pair of ints with 1 <= min <= max, e.g. num_workers=(1, 4).")
+
+
+def _check_num_workers(config: "ScalingConfig") -> None:
+    """`num_workers` is an int >= 0 or a `(min, max)` tuple of ints with 1 <= min <= max (stored as a
+    tuple of ints, as given)."""
+    value, owner = config.num_workers, "ScalingConfig"
+    if isinstance(value, (tuple, list)):
+        if len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, numbers.Integral) for v in value):
+            raise _fail(owner, "num_workers", "an int or a (min, max) tuple of two ints", value, _NUM_WORKERS_FIX)
+        low, high = int(value[0]), int(value[1])
+        if low < 1 or low > high:
+            raise ConfigError(f"{owner}.num_workers={tuple(value)!r} is not a valid elastic (min, max) range: it "
+                              f"needs 1 <= min <= max. {_NUM_WORKERS_FIX}")
+        object.__setattr__(config, "num_workers", (low, high))
+        return
+    object.__setattr__(config, "num_workers", _int(value, owner, "num_workers", 0, _NUM_WORKERS_FIX))
+
+
+def _check_resize_interval(config: "ScalingConfig") -> None:
+    """An elastic run's `elastic_resize_monitor_interval_s`: a number > 0. A fixed-size run accepts the
+    default only (there is nothing to resize)."""
+    owner, name = "ScalingConfig", "elastic_resize_monitor_interval_s"
+    if not isinstance(config.num_workers, tuple):
+        _ray_only(config.elastic_resize_monitor_interval_s, owner, name, 60.0,
+                  "it paces elastic resizing, and num_workers is a fixed int",
+                  "Remove elastic_resize_monitor_interval_s, or make num_workers an elastic (min, max) pair.")
+        return
+    object.__setattr__(config, name, float(_number(
+        config.elastic_resize_monitor_interval_s, owner, name, above=0,
+        fix="Give the seconds between growth checks of an elastic run, e.g. 60 (Ray's default) or 5.")))
+
+
 @_suggests_fields
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ScalingConfig:
@@ -68,13 +104,17 @@ class ScalingConfig:
     mapping is read-only and does not contain the implied `GPU: 1` of `use_gpu=True` (see
     `effective_resources_per_worker`). Workers are placed on the hosts the user lists
     (`minitrain.init(hosts=...)` / `ClusterConfig`, or the launcher's `--hosts`), so choose hosts
-    there. Raises `ConfigError` for elastic `(min, max)` worker counts, `use_tpu=True`, any other
+    there. `num_workers=(min, max)` is elastic (as Ray's, docs/elastic.md): the run starts with as many
+    workers as the hosts that answer hold, between `min` and `max`, shrinks to the survivors when a host
+    is lost (not a failure) and grows back at a checkpoint boundary, at most once per
+    `elastic_resize_monitor_interval_s` (> 0; only an elastic run takes a value other than the
+    default). Raises `ConfigError` for `use_tpu=True`, any other
     resource name ('TPU', custom names), and any `accelerator_type`, `label_selector` or
     `topology` but None (minitrain does not select hosts by accelerator type or labels, and has no
     TPUs); the defaults are accepted, so a Ray script that leaves them unset ports unchanged.
     """
 
-    num_workers: int = 1
+    num_workers: Union[int, tuple[int, int]] = 1
     use_gpu: bool = False
     resources_per_worker: Optional[Mapping[str, float]] = None
     placement_strategy: str = "PACK"
@@ -91,14 +131,7 @@ class ScalingConfig:
                 "trainer_resources": "The minitrain coordinator needs no reserved resources; remove "
                                      "trainer_resources and size the workers with resources_per_worker."})
         owner = "ScalingConfig"
-        if isinstance(self.num_workers, tuple):
-            raise ConfigError(f"{owner}.num_workers={self.num_workers!r} asks for elastic training, which "
-                              f"minitrain does not support. Pass an int: the number of worker processes "
-                              f"(0 runs the training function in this process).")
-        object.__setattr__(self, "num_workers", _int(
-            self.num_workers, owner, "num_workers", 0,
-            "Use 0 to run the training function in this process (local mode), or the number of worker "
-            "processes to start."))
+        _check_num_workers(self)
         for flag in ("use_gpu", "use_tpu"):
             if not isinstance(getattr(self, flag), bool):
                 raise _fail(owner, flag, "True or False", getattr(self, flag), "Pass a bool.")
@@ -116,9 +149,7 @@ class ScalingConfig:
         _default_only(self.topology, owner, "topology", None,
                       "topology is a TPU setting and minitrain does not support TPUs",
                       "Remove topology and train on CPUs or GPUs.")
-        _ray_only(self.elastic_resize_monitor_interval_s, owner, "elastic_resize_monitor_interval_s", 60.0,
-                  "it paces elastic resizing, and minitrain has no elastic training",
-                  "Remove elastic_resize_monitor_interval_s; num_workers is a fixed int.")
+        _check_resize_interval(self)
 
     @property
     def local_mode(self) -> bool:
@@ -126,14 +157,20 @@ class ScalingConfig:
         return self.num_workers == 0
 
     @property
+    def elasticity_enabled(self) -> bool:
+        """True when `num_workers` is a `(min, max)` pair (docs/elastic.md)."""
+        return isinstance(self.num_workers, tuple)
+
+    @property
     def min_workers(self) -> int:
-        """Smallest worker count; equals `num_workers` (minitrain has no elastic training)."""
-        return self.num_workers
+        """Smallest worker count: `num_workers`, or `min` of an elastic `(min, max)`."""
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
 
     @property
     def max_workers(self) -> int:
-        """Largest worker count; equals `num_workers` (minitrain has no elastic training)."""
-        return self.num_workers
+        """Largest worker count: `num_workers`, or `max` of an elastic `(min, max)` (what a run asks for
+        and what its resources are reserved for)."""
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
 
     @property
     def effective_resources_per_worker(self) -> dict[str, float]:
@@ -167,8 +204,8 @@ class ScalingConfig:
 
     @property
     def total_resources(self) -> dict[str, float]:
-        """Per-worker resources times `num_workers` (the coordinator takes none), as a new dict.
+        """Per-worker resources times `max_workers` (the coordinator takes none), as a new dict.
 
         `ScalingConfig(num_workers=4).total_resources == {"CPU": 4.0}`.
         """
-        return {key: amount * self.num_workers for key, amount in self.effective_resources_per_worker.items()}
+        return {key: amount * self.max_workers for key, amount in self.effective_resources_per_worker.items()}

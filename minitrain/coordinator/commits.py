@@ -80,6 +80,7 @@ class Commits:
         self._rounds: Optional[RoundTracker] = None
         self._base = 0
         self._list_requests: list[ev.CheckpointsRequested] = []  # waiting for their rounds
+        self.checkpoints_committed = 0  # by this fit(), in any attempt (an elastic run grows at the next one)
 
     @property
     def report_base(self) -> int:
@@ -186,6 +187,7 @@ class Commits:
                 except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
                     self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
                     return
+                self.checkpoints_committed += 1
                 logger.debug("committed %s (round %d)", record.dir_name, index)
             if self._observers:
                 self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))

@@ -49,10 +49,11 @@ def _duration(seconds: Optional[float]) -> str:
 
 
 def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoints: list[dict],
-                 now: float, hints: Sequence[dict] = ()) -> list[str]:
+                 now: float, hints: Sequence[dict] = (), resizes: Sequence[dict] = ()) -> list[str]:
     """The status as short parts: the block shows one a line, the summary line joins them. Until
     the first step, the steps part is the start-up phase and how long it has taken; `hints` are
-    `diagnoses.hints` (one "hint: ..." part each)."""
+    `diagnoses.hints` (one "hint: ..." part each); `resizes` an elastic run's (`RunMonitor.resizes`),
+    of which the latest is shown."""
     started = run.get("started_at")
     ended = run.get("ended_at")
     elapsed = None if started is None else (ended or now) - started
@@ -78,6 +79,11 @@ def status_parts(run: dict, ranks: list[dict], stragglers: list[dict], checkpoin
         committed = last.get("committed_at")
         parts.append(f"last checkpoint {last['dir']}" + ("" if committed is None else
                                                           f" ({_duration(now - committed)} ago)"))
+    if resizes:
+        last = resizes[-1]
+        count = last["to_workers"]
+        parts.append(f"{count} worker{'' if count == 1 else 's'} since attempt {last['attempt']} (resized from "
+                     f"{last['from_workers']}: {last['reason']})")
     parts.extend(f"hint: {h['message']}" for h in hints)
     return parts
 
@@ -99,7 +105,7 @@ class ConsoleStatus(RunObserver):
         monitor = self._monitor
         run = monitor.run()
         return status_parts(run, monitor.ranks(), monitor.stragglers(), monitor.checkpoints(), self._clock(),
-                            monitor.hints())
+                            monitor.hints(), monitor.resizes())
 
     def on_run_start(self, run: RunInfo) -> None:
         if self._console.mode is None:

@@ -30,12 +30,13 @@ from minitrain.coordinator import events as ev
 from minitrain.coordinator.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.decide import (
-    Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo,
-    PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+    Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, LogLate, Loop,
+    MoveTo, PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
+from minitrain.coordinator.elastic import Resize, attempt_size, fitting_workers, resize_reason
 from minitrain.coordinator.hang_watch import HangWatch
 from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
-from minitrain.coordinator.membership import AgentHandles, Membership
+from minitrain.coordinator.membership import AgentHandles, HostBackoff, Membership
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
 from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
@@ -44,9 +45,9 @@ from minitrain.coordinator.preemption import DRIVER, Preemption
 from minitrain.coordinator.preemption_signals import preemption_noted
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup
+from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup, warm_up_command
 from minitrain.errors import ConfigError
-from minitrain.records import RunOutcome
+from minitrain.records import FailureKind, RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
@@ -82,6 +83,10 @@ class RunSpec:
     # Slurm allocation's (ClusterConfig.replaced_at_once).
     local_node_ids: frozenset = frozenset()
     agent_start_timeout_s: float = 60.0
+    # Elastic runs (ScalingConfig(num_workers=(min, max))): `num_workers` is the max; None for a fixed size.
+    min_workers: Optional[int] = None
+    resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
+    elastic_start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S
 
 
 class Controller:
@@ -98,10 +103,18 @@ class Controller:
         self._clock = clock
         policy = spec.failure_policy
         self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s)
+        backoff = None
+        if spec.min_workers is not None:  # elastic: lost hosts are probed again once per resize interval
+            self._rules = dataclasses.replace(self._rules, min_workers=spec.min_workers,
+                                              resize_interval_s=spec.resize_interval_s,
+                                              start_wait_s=spec.elastic_start_wait_s)
+            backoff = HostBackoff(spec.resize_interval_s, spec.resize_interval_s)
         self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._loop = Loop()
-        self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock)
+        self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock, backoff)
+        self._fits = (-1, 0)  # elastic: (membership version, workers its usable nodes hold)
+        self._lost_in_attempt: dict[str, str] = {}  # node id -> why, for the current attempt's lost nodes
         self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
         self._start_error = ""  # why the last start could not place the workers
@@ -232,6 +245,8 @@ class Controller:
                     lost_nodes=bool(membership.lost),
                     start_error=self._start_error, interrupted=interrupted, preempted=self._preemption.take_new())
         group = self._current.group
+        if self._rules.elastic:
+            seen = self._elastic_facts(seen, group)
         if group is None:
             return seen
         tracker = group.tracker
@@ -248,6 +263,21 @@ class Controller:
             # a scan of the ranks: only while a failed attempt is not being stopped yet
             round_pending=failed and not tracker.stop_requested and tracker.round_pending(),
             root_cause=tracker.root_cause_line(), preempt_reached=preempt_reached)
+
+    def _elastic_facts(self, seen: Seen, group: Optional[WorkerGroup]) -> Seen:
+        """An elastic run's facts for `decide`: what fits now (recomputed when the nodes changed), the
+        attempt's size, the committed checkpoints, whether a lost host may be probed, and (while a
+        failed attempt is judged) whether it lost a node."""
+        membership, spec = self._membership, self._spec
+        if self._fits[0] != membership.version:
+            self._fits = (membership.version, self._fitting(membership.usable()))
+        size = len(group.tracker.ranks) if group is not None else 0
+        lost = self._loop.judging and group is not None and any(
+            f.kind is FailureKind.NODE_LOST for f in group.tracker.failures())
+        return dataclasses.replace(
+            seen, fits=self._fits[1], size=size, lost_in_attempt=lost,
+            checkpoints_committed=self._commits.checkpoints_committed,
+            probe_due=bool(membership.lost) and size < spec.num_workers and membership.probe_due())
 
     # ------------------------------------------------------------------ actions
 
@@ -270,7 +300,8 @@ class Controller:
         attempt's actions do nothing when no attempt was started."""
         membership, on_group, hangs = self._membership, self._on_group, self._hangs
         return {
-            StartAttempt: lambda action: self._start(action.attempt),
+            StartAttempt: lambda action: self._start(action.attempt, action.resize),
+            DropDeadAgents: lambda action: membership.drop_dead(),
             RelaunchAgents: lambda action: membership.relaunch_lost(),
             ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
             LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s,
@@ -302,13 +333,14 @@ class Controller:
         log_move(previous, move, loop, self._current.tracker, self._rules, self._start_error)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
-    def _start(self, attempt: int) -> None:
-        """Place the ranks of `attempt` on the nodes that are in, and start them."""
+    def _start(self, attempt: int, resize: str = "") -> None:
+        """Place the ranks of `attempt` on the nodes that are in, and start them. An elastic run's
+        attempt gets as many workers as fit, between its min and max (`elastic.attempt_size`); a change
+        of size from the previous attempt is logged and told to the observers as a `Resize`."""
         nodes = self._membership.usable()
         spec = self._spec
         try:
-            assignments = assign_ranks(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
-                                       spec.cpus_per_worker, dict(spec.node_slots))
+            assignments = self._placed(nodes)
         except ConfigError as exc:
             if not self._membership.lost:  # the request itself is unsatisfiable: never retried
                 self._config_error = exc
@@ -320,7 +352,41 @@ class Controller:
             return
         self._start_error = ""
         self._commits.delete_uncommitted()
+        previous = self._current.tracker
         self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
+        if spec.min_workers is not None and previous is not None:
+            self._note_resize(attempt, resize, previous, self._current.tracker)
+        self._lost_in_attempt = {}
+
+    def _fitting(self, nodes: list) -> int:
+        """How many workers `nodes` hold, at most the run's max (`elastic.fitting_workers`)."""
+        spec = self._spec
+        return fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
+                               spec.cpus_per_worker, spec.node_slots)
+
+    def _placed(self, nodes: list) -> list:
+        """The ranks of an attempt started on `nodes` now: `num_workers` of them, or for an elastic run
+        as many as fit (`elastic.attempt_size`); ConfigError when they do not fit."""
+        spec = self._spec
+        count = spec.num_workers
+        if spec.min_workers is not None:
+            count = attempt_size(self._fitting(nodes), spec.min_workers, spec.num_workers)
+        return assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy, spec.cpus_per_worker,
+                            dict(spec.node_slots))
+
+    def _note_resize(self, attempt: int, kind: str, previous, current) -> None:
+        """An elastic attempt started: when its size differs from the previous attempt's, say why
+        (one log line) and tell the observers."""
+        before, after = len(previous.ranks), len(current.ranks)
+        if before == after:
+            if kind:
+                logger.warning("attempt %d: %d workers again (not a failure: %s)", attempt, after,
+                               resize_reason(kind, self._lost_in_attempt, ()))
+            return
+        joined = current.nodes() - previous.nodes()
+        resize = Resize(attempt, before, after, resize_reason(kind, self._lost_in_attempt, joined), self._clock())
+        logger.warning("%s (attempt %d; not a failure)", resize.line, attempt)
+        self._observers.on_resize(resize)
 
     def _shutdown_agents(self) -> None:
         for node_id in list(self._membership.nodes):
@@ -331,17 +397,37 @@ class Controller:
     def _event_table(self) -> dict[type, Callable[[ev.RunEvent], None]]:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
-        return {**self._current.handlers(), ev.AgentConnected: self._membership.connected,
+        return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
                 ev.AgentLost: self._on_agent_lost, ev.PreemptionSignalled: self._preemption.signalled,
                 ev.PreemptionSeen: self._preemption.seen}
 
     def _handle(self, event: ev.RunEvent) -> None:
         self._handlers[type(event)](event)
 
+    def _on_agent_connected(self, event: ev.AgentConnected) -> None:
+        """A node's agent connected (again). In an elastic run, a node that connects while an attempt
+        runs without it (a host that came back, a late joiner) is readied for the start it would get
+        if the run grew now (`warm_up_command`), so that growing onto it forks warm workers."""
+        self._membership.connected(event)
+        group, node_id = self._current.group, event.node.node_id
+        if not self._rules.elastic or group is None or node_id in group.tracker.nodes() or \
+                self._loop.state not in (RunState.STARTING, RunState.RUNNING):
+            return
+        try:
+            planned = self._placed(self._membership.usable())
+        except ConfigError:  # fewer than min fit: nothing to get ready for
+            return
+        mine = [a for a in planned if a.node_id == node_id]
+        if mine:
+            self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine))
+
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
         if self.state.is_terminal or not self._membership.lose(event):
             return
+        tracker = self._current.tracker
+        if tracker is not None and event.node_id in tracker.nodes():  # the host as listed (hostnames may repeat)
+            self._lost_in_attempt[event.node_id] = event.reason
         self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)

@@ -31,6 +31,13 @@ live ranks run on until each has reported it (or exited, or failed too: a peer b
 with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
 then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
 
+An elastic run (`Rules.min_workers` set) charges a failure only once the failed attempt is down: if a
+node of it was lost and the survivors hold `min_workers`, the restart is a resize (SHRINK: the next
+attempt starts at once with the survivors, `max_failures` untouched); otherwise one failure is charged
+as above. While it runs, lost hosts are probed again each resize interval, and when more workers fit
+than run (and the interval since the attempt started has passed) the attempt is stopped at the next
+committed checkpoint and restarted larger (GROW). The sizes are the controller's (coordinator/elastic.py).
+
 The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
 (AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
@@ -42,214 +49,17 @@ run is never restarted inside `fit()`: its machines are going away (the resume i
 
 from __future__ import annotations
 
-import enum
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Mapping, Optional, Union
+from dataclasses import replace
 
+from minitrain.coordinator.actions import (  # noqa: F401 - the actions are decide's vocabulary
+    GROW, SHRINK, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo,
+    PrepareForkServers, RelaunchAgents, StartAttempt, StopWorkers,
+)
+from minitrain.coordinator.loop import (  # noqa: F401 - decide's inputs and output, re-exported
+    CATCH_UP_S, DRAIN_S, INTERRUPTED, PREEMPT_TIMEOUT_S, PREEMPTED, STACK_WAIT_S, STOP_MARGIN_S, Action, Decision,
+    LogLate, Loop, Rules, Seen, Stage, Watch,
+)
 from minitrain.run_state import RunState
-
-if TYPE_CHECKING:
-    from minitrain.config import FailureConfig
-
-STACK_WAIT_S = 5.0  # the agents wait up to 2 s for each dump
-STOP_MARGIN_S = 10.0  # on top of the grace: SIGKILL plus the agents' bounded waits
-DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (normally milliseconds)
-# How long the live ranks of a failed attempt may take to report the round a failed rank reported last:
-# rank skew is usually a step or a checkpoint upload; a peer blocked in a collective never gets there.
-CATCH_UP_S = 10.0
-PREEMPT_TIMEOUT_S = 20.0  # FailureConfig.preemption_timeout_s's default
-INTERRUPTED = "interrupted by the user (Ctrl-C)"
-PREEMPTED = "preempted"  # how every preemption's reason begins (outcome.py, the trainer read it)
-
-
-class Stage(enum.Enum):
-    """What the loop waits for inside its run state."""
-
-    AGENTS = "agents"  # every expected node agent connected
-    WORKERS = "workers"  # the attempt finishes or a rank fails
-    STACKS = "stacks"  # every live rank's thread stacks arrived (a rank was found silent)
-    CATCH_UP = "catch_up"  # every live rank reported the round a failed rank reported last
-    PREEMPT = "preempt"  # every rank reported the round agreed after a preemption signal
-    EXIT = "exit"  # every process of the attempt exited
-    DRAIN = "drain"  # every stream of the attempt delivered its last message
-    DONE = "done"  # the run is in its terminal state
-
-
-@dataclass(frozen=True)
-class Rules:
-    """The limits `decide` applies, and the run's one failure budget (`allows_retry`, `retries_left`).
-
-    Built from the run's FailureConfig by `from_config`."""
-
-    max_failures: int  # -1: unlimited
-    stop_grace_s: float
-    agent_start_timeout_s: float = 60.0
-    stack_wait_s: float = STACK_WAIT_S
-    stop_margin_s: float = STOP_MARGIN_S
-    drain_s: float = DRAIN_S
-    catch_up_s: float = CATCH_UP_S
-    preempt_timeout_s: float = PREEMPT_TIMEOUT_S
-
-    @classmethod
-    def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
-        """The rules of a run whose failure settings are `failure` (its `max_failures`,
-        `worker_stop_grace_s` and `preemption_timeout_s`), waiting up to `agent_start_timeout_s` for
-        its node agents."""
-        return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
-                   agent_start_timeout_s=agent_start_timeout_s,
-                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S))
-
-    def allows_retry(self, failures: int) -> bool:
-        """Whether the run restarts after its `failures`-th failure (this one included).
-
-        As Ray: retry while `failures <= max_failures`, so `max_failures=1` retries the first failure and
-        the second one is fatal; -1 retries forever."""
-        return self.max_failures == -1 or failures <= self.max_failures
-
-    def retries_left(self, failures: int) -> Optional[int]:
-        """Restarts still allowed after `failures` failures: None when unlimited (-1), never below 0."""
-        return None if self.max_failures == -1 else max(0, self.max_failures - failures)
-
-
-@dataclass(frozen=True)
-class Loop:
-    """Where the run is: the one holder of the run's state. Replaced (never mutated) by every decision."""
-
-    state: RunState = RunState.PENDING
-    stage: Stage = Stage.AGENTS
-    attempt: int = 0
-    failures: int = 0
-    deadline: Optional[float] = None  # when the stage gives up waiting
-    target: Optional[RunState] = None  # the terminal state STOPPING leads to
-    reason: str = ""  # why the run is in this state (the last move's reason)
-    interrupts: int = 0  # Ctrl-C presses so far
-    preemptions: int = 0  # preemption signals so far
-    hung: tuple[int, ...] = ()  # STACKS: the ranks found silent
-
-    @property
-    def finished(self) -> bool:
-        """True once the run reached its terminal state."""
-        return self.state.is_terminal
-
-
-@dataclass(frozen=True)
-class Watch:
-    """A live rank's hang clock: when it last made progress, and how long it may stay silent."""
-
-    last_progress: float
-    deadline_s: float
-
-
-@dataclass(frozen=True)
-class Seen:
-    """What is true now, as the controller observed it just before deciding."""
-
-    agents_missing: tuple[str, ...] = ()  # expected node agents not connected (yet)
-    agents_failed: str = ""  # why some expected agent ended before it connected; "" when none did
-    lost_nodes: bool = False  # nodes were lost since the last attempt started (they need new agents)
-    start_error: str = ""  # the last start could not place the workers (the remaining hosts are too small)
-    has_attempt: bool = False  # an attempt was started
-    failed: bool = False  # a rank of the attempt failed
-    finished: bool = False  # every rank of the attempt returned and exited cleanly
-    all_training: bool = False  # every rank reached its training function
-    all_exited: bool = False  # no process of the attempt is left
-    all_drained: bool = False  # every stream of the attempt ended
-    stacks_answered: bool = False  # every live rank's stacks arrived since they were asked for
-    # a round some failed rank reported is not complete yet and every rank that has not reported it is
-    # alive (it can still): AttemptTracker.round_pending
-    round_pending: bool = False
-    watched: Mapping[int, "Watch"] = field(default_factory=dict)  # live training ranks with a hang deadline
-    root_cause: str = ""  # one line naming the attempt's root-cause failure
-    interrupted: bool = False  # Ctrl-C was pressed since the last decision
-    preempted: int = 0  # preemption signals since the last decision
-    preempt_reached: bool = False  # every rank reported the round agreed after a preemption
-
-
-# ---------------------------------------------------------------------- actions
-
-
-@dataclass(frozen=True)
-class MoveTo:
-    """Move the run to `state` (the controller checks it with `run_state.check_move` and tells the
-    observers); `target` only with STOPPING: the terminal state the stop leads to. A decision's moves,
-    in order, lead from its input loop's state to its output loop's."""
-
-    state: RunState
-    reason: str
-    target: Optional[RunState] = None
-
-
-@dataclass(frozen=True)
-class StartAttempt:
-    """Place the ranks of `attempt` on the connected nodes and start its workers."""
-
-    attempt: int
-
-
-@dataclass(frozen=True)
-class StopWorkers:
-    """Ask every node of the attempt to stop its workers: SIGTERM, `grace_s`, SIGKILL."""
-
-    grace_s: float
-
-
-@dataclass(frozen=True)
-class CollectStacks:
-    """Ask every node for the thread stacks of every worker of the attempt."""
-
-
-@dataclass(frozen=True)
-class DeclareHung:
-    """Record a hang failure for each of `ranks`, with the stacks that arrived."""
-
-    ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class CloseStreams:
-    """Close every stream of the attempt still open: nothing a frozen rank sends later is read."""
-
-
-@dataclass(frozen=True)
-class PrepareForkServers:
-    """Keep a warm fork server on each node so that the next attempt starts fast."""
-
-
-@dataclass(frozen=True)
-class RelaunchAgents:
-    """Start new agents for lost nodes that may come back (local ones at once, remote ones after backoff)."""
-
-
-@dataclass(frozen=True)
-class ForgetAgents:
-    """The relaunched agents that did not connect in time stay lost (their hosts back off longer)."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class AgreePreemption:
-    """Tell every rank of the attempt that the run is preempted; the round follows their answers
-    (coordinator/preemption.py)."""
-
-
-@dataclass(frozen=True)
-class LogLate:
-    """The stage's deadline passed before what it waited for happened: say so."""
-
-    stage: Stage
-
-
-Action = Union[MoveTo, StartAttempt, StopWorkers, CollectStacks, DeclareHung, CloseStreams,
-               PrepareForkServers, RelaunchAgents, ForgetAgents, AgreePreemption, LogLate]
-
-
-@dataclass(frozen=True)
-class Decision:
-    """The next loop state and the actions that take the world there, in order."""
-
-    loop: Loop
-    actions: tuple[Action, ...] = ()
 
 
 # ---------------------------------------------------------------------- the policy
@@ -372,18 +182,20 @@ def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
 
 
 def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> Decision:
-    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt))
-    if rules.allows_retry(loop.failures + 1):
+    actions: tuple[Action, ...] = (MoveTo(RunState.STARTING, reason), StartAttempt(attempt, loop.resize))
+    if rules.restart_may_come(loop.failures):
         # The fork server imports torch while the attempt starts: a crash at start-up (the commonest
         # kind) then restarts from it instead of waiting for its imports.
         actions += (PrepareForkServers(),)
     return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
-                            reason=reason), actions)
+                            reason=reason, sized_at=now, grow_armed=None), actions)
 
 
 def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """LAUNCHING, or RESTARTING after lost nodes got new agents: wait until every expected agent is in."""
     restarting = loop.state is RunState.RESTARTING
+    if rules.elastic and not restarting and seen.agents_missing and seen.fits >= rules.min_workers:
+        return _elastic_launch(loop, seen, now, rules)
     if not seen.agents_missing:
         attempt = loop.attempt + 1 if restarting else loop.attempt
         return _start(loop, now, attempt, f"starting attempt {attempt}", rules)
@@ -400,6 +212,21 @@ def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     return _stop(loop, seen, now, rules, RunState.FAILED, why)
 
 
+def _elastic_launch(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
+    """LAUNCHING an elastic run whose min workers fit on the agents that are in, while others are not:
+    start `start_wait_s` after min first fitted, or at once when an agent died (its host is out until it
+    is probed again) or the agents' deadline passed; the hosts that come later are used when it grows."""
+    if loop.min_fit_at is None:
+        loop = replace(loop, min_fit_at=now)
+    waited = now >= loop.min_fit_at + rules.start_wait_s
+    if not (waited or seen.agents_failed or now > loop.deadline):
+        return Decision(loop)
+    reason = f"starting attempt {loop.attempt} with {seen.fits} worker(s) that fit; not yet in: " \
+             f"{', '.join(seen.agents_missing)}"
+    decision = _start(loop, now, loop.attempt, reason, rules)
+    return replace(decision, actions=(DropDeadAgents(),) + decision.actions)
+
+
 def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """STARTING or RUNNING: wait for the attempt to finish, fail, or go silent."""
     if seen.start_error:
@@ -412,13 +239,36 @@ def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     if loop.state is RunState.STARTING and seen.all_training:
         loop = replace(loop, state=RunState.RUNNING, reason="every rank is training")
         actions = (MoveTo(RunState.RUNNING, "every rank is training"),)
-        if rules.allows_retry(loop.failures + 1):  # a warm fork server pays off only if a restart may come
+        if rules.restart_may_come(loop.failures):  # a warm fork server pays off only if a restart may come
             actions += (PrepareForkServers(),)
     hung = _silent_ranks(seen, now)
     if hung:
         loop = replace(loop, stage=Stage.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
-        actions += (CollectStacks(),)
+        return Decision(loop, actions + (CollectStacks(),))
+    if rules.elastic:
+        return _elastic(loop, seen, now, rules, actions)
     return Decision(loop, actions)
+
+
+def _elastic(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Action, ...]) -> Decision:
+    """STARTING or RUNNING an elastic run: nodes whose new agent died are out again; lost hosts whose
+    retry interval ran out get a new agent (probed); and when more workers fit than run, at least the
+    resize interval after the attempt started, the attempt is restarted larger at the next committed
+    checkpoint (`seen.checkpoints_committed` past the count when growth became due), not charged."""
+    if seen.agents_failed:
+        actions += (DropDeadAgents(),)
+    if seen.probe_due:
+        actions += (RelaunchAgents(),)
+    due = loop.state is RunState.RUNNING and seen.fits > seen.size and now >= loop.sized_at + rules.resize_interval_s
+    if not due:
+        return Decision(loop if loop.grow_armed is None else replace(loop, grow_armed=None), actions)
+    if loop.grow_armed is None:
+        return Decision(replace(loop, grow_armed=seen.checkpoints_committed), actions)
+    if seen.checkpoints_committed <= loop.grow_armed:
+        return Decision(loop, actions)
+    reason = f"resize {seen.size} -> {seen.fits} workers at the checkpoint boundary: more workers fit"
+    loop = replace(loop, state=RunState.RESTARTING, reason=reason, resize=GROW, grow_armed=None)
+    return _stop_attempt(loop, seen, now, rules, actions + (MoveTo(RunState.RESTARTING, reason),))
 
 
 def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
@@ -427,10 +277,17 @@ def _silent_ranks(seen: Seen, now: float) -> tuple[int, ...]:
 
 def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """A rank failed: stop the attempt; restart within the failure budget, else fail the run. When a
-    round a failed rank reported is pending, the live ranks first get `catch_up_s` to complete it."""
-    failures = loop.failures + 1
-    loop = replace(loop, failures=failures)
+    round a failed rank reported is pending, the live ranks first get `catch_up_s` to complete it.
+    An elastic run charges nothing yet: whether a node loss made it a resize is judged once the attempt
+    is down (`_judge`), when every loss is known (a peer's broken collective often arrives first)."""
     reason = seen.root_cause
+    if rules.elastic:
+        loop = replace(loop, state=RunState.RESTARTING, reason=reason, judging=True, resize="")
+        move = MoveTo(RunState.RESTARTING, reason)
+        return _await_round(loop, now, rules, move) if seen.round_pending else \
+            _stop_attempt(loop, seen, now, rules, (move,))
+    failures = loop.failures + 1
+    loop = replace(loop, failures=failures, resize="")
     if not rules.allows_retry(failures):
         if seen.round_pending:
             loop = replace(loop, state=RunState.STOPPING, target=RunState.FAILED, reason=reason)
@@ -474,6 +331,15 @@ def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
                     late + (DeclareHung(hung),))
 
 
+def _judge(loop: Loop, seen: Seen, rules: Rules) -> Loop:
+    """An elastic run's failed attempt is down: a node of it was lost and the survivors hold at least
+    `min_workers`: a resize (SHRINK), not charged; otherwise one failure charged, as a fixed-size run's."""
+    loop = replace(loop, judging=False)
+    if seen.lost_in_attempt and seen.fits >= rules.min_workers:
+        return replace(loop, resize=SHRINK)
+    return replace(loop, failures=loop.failures + 1)
+
+
 def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """RESTARTING or STOPPING: wait until every process of the attempt exited."""
     if not seen.all_exited and now <= loop.deadline:
@@ -490,6 +356,14 @@ def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     actions: tuple[Action, ...] = (CloseStreams(),)
     if loop.state is RunState.STOPPING:
         return _end(loop, actions)
+    if loop.judging:
+        loop = _judge(loop, seen, rules)
+        if loop.resize == SHRINK:  # start at once with the survivors; lost hosts are probed later
+            decision = _start(loop, now, loop.attempt + 1, f"starting attempt {loop.attempt + 1}", rules)
+            return replace(decision, actions=actions + (RelaunchAgents(),) * seen.lost_nodes + decision.actions)
+        if not rules.allows_retry(loop.failures):
+            decision = _stop(loop, seen, now, rules, RunState.FAILED, loop.reason)
+            return replace(decision, actions=actions + decision.actions)
     if seen.lost_nodes:
         return Decision(replace(loop, stage=Stage.AGENTS, deadline=now + rules.agent_start_timeout_s),
                         actions + (RelaunchAgents(),))

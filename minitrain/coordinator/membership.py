@@ -9,7 +9,7 @@ this machine is replaced at once; a lost remote host only after its backoff (`Ho
 from __future__ import annotations
 
 import logging
-from typing import Callable, Mapping, Protocol
+from typing import Callable, Mapping, Optional, Protocol
 
 from minitrain.coordinator import events as ev
 from minitrain.records import NodeInfo
@@ -31,18 +31,21 @@ class AgentHandles(Protocol):
 
 
 class HostBackoff:
-    """When a lost remote host may be tried again: 30 s after its first loss, doubling each time."""
+    """When a lost remote host may be tried again: 30 s after its first loss, doubling each time up to
+    600 s; an elastic run passes its resize interval as both (a lost host is probed once per interval)."""
 
     FIRST_S = 30.0
     LONGEST_S = 600.0
 
-    def __init__(self) -> None:
+    def __init__(self, first_s: float = FIRST_S, longest_s: float = LONGEST_S) -> None:
+        self._first_s = first_s
+        self._longest_s = longest_s
         self._until: dict[str, float] = {}
         self._delay: dict[str, float] = {}
 
     def failed(self, node_id: str, now: float) -> None:
         """The node was lost (again): keep it out longer."""
-        delay = min(self._delay.get(node_id, self.FIRST_S / 2) * 2, self.LONGEST_S)
+        delay = min(self._delay.get(node_id, self._first_s / 2) * 2, self._longest_s)
         self._delay[node_id] = delay
         self._until[node_id] = now + delay
 
@@ -55,7 +58,7 @@ class Membership:
     """The agents of the run's nodes `node_ids`; `local_node_ids` are on this machine."""
 
     def __init__(self, node_ids: tuple[str, ...], local_node_ids: frozenset, agents: AgentHandles,
-                 clock: Callable[[], float]):
+                 clock: Callable[[], float], backoff: Optional[HostBackoff] = None):
         self._node_ids = node_ids
         self._local_node_ids = local_node_ids
         self._agents = agents
@@ -64,7 +67,8 @@ class Membership:
         self._streams: dict[str, int] = {}  # node_id -> its agent's current stream
         self._lost: dict[str, str] = {}  # node_id -> why it was lost
         self._relaunched: list[str] = []  # lost nodes given a new agent, not yet back
-        self._backoff = HostBackoff()
+        self._backoff = backoff if backoff is not None else HostBackoff()
+        self.version = 0  # changes whenever the usable nodes may have: what depends on them is recomputed
 
     @property
     def lost(self) -> Mapping[str, str]:
@@ -77,6 +81,7 @@ class Membership:
         """A node's agent connected (again) on stream `event.stream`."""
         self.nodes[event.node.node_id] = event.node
         self._streams[event.node.node_id] = event.stream
+        self.version += 1
 
     def lose(self, event: ev.AgentLost) -> bool:
         """Take a node out of the run and back its host off; False (nothing changes) when the event
@@ -85,6 +90,7 @@ class Membership:
             return False
         self._lost[event.node_id] = event.reason
         self._backoff.failed(event.node_id, self._clock())
+        self.version += 1
         return True
 
     # ------------------------------------------------------------------ questions
@@ -106,6 +112,11 @@ class Membership:
         """The nodes an attempt may run on: connected and not lost, in the run's order."""
         return [self.nodes[n] for n in self._node_ids if n not in self._lost and n in self.nodes]
 
+    def probe_due(self) -> bool:
+        """Some lost node's retry interval has run out (`relaunch_lost` would start a new agent there)."""
+        now = self._clock()
+        return any(self._backoff.may_retry(node_id, now) for node_id in self._lost)
+
     def lost_text(self) -> str:
         """The lost nodes and why, for a message."""
         return "; ".join(f"{n} ({why})" for n, why in sorted(self._lost.items()))
@@ -126,6 +137,9 @@ class Membership:
                 self.nodes.pop(node_id, None)
                 del self._lost[node_id]
                 self._relaunched.append(node_id)
+                self.version += 1
+            else:  # this launcher cannot start agents again: not retried before its backoff
+                self._backoff.failed(node_id, now)
 
     def forget_relaunched(self, reason: str) -> None:
         """Relaunched agents that did not connect stay out, and their hosts back off longer."""
@@ -135,3 +149,16 @@ class Membership:
                 self._lost[node_id] = f"it did not come back ({reason})"
                 self._backoff.failed(node_id, self._clock())
         self._relaunched = []
+
+    def drop_dead(self) -> None:
+        """Elastic runs: each node whose agent ended before it connected (a host that does not answer)
+        is out of the run again, its host retried after its backoff; agents still connecting are left."""
+        missing = self.missing()
+        dead = {n: why for n, why in self._agents.dead_agents().items() if n in missing} if missing else {}
+        for node_id, why in dead.items():
+            self._agents.forget(node_id)
+            self._lost[node_id] = f"its agent ended before it connected: {why.splitlines()[0]}"
+            self._backoff.failed(node_id, self._clock())
+            logger.info("node %s is out of the run until it is tried again: %s", node_id, self._lost[node_id])
+        if dead:
+            self.version += 1

@@ -17,7 +17,8 @@ the monitor's own (`jsonl_files.JsonlAppender`), at most every `jsonl_files.FLUS
 - `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields
   but the state), "state_changed" ({"previous", "next", "reason", "attempt"}), "attempt_started" /
   "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the `checkpoints()` fields),
-  "straggler" (the `stragglers()` fields and "cleared": bool), "run_ended" ({"state", "ended_at"});
+  "straggler" (the `stragglers()` fields and "cleared": bool), "resize" (an elastic run's, the
+  `resizes()` fields), "run_ended" ({"state", "ended_at"});
   states as `run()` shows them.
 A write that fails is logged once and the monitor goes on in memory: watching never breaks the run.
 `RunMonitor.from_run_dir(storage)` rebuilds the same read API from those files, metrics.jsonl and
@@ -123,6 +124,7 @@ class RunMonitor(RunObserver):
         self._report_counts: dict[int, int] = {}
         self._last_report_at: dict[int, float] = {}
         self._straggler_log: list[dict] = []  # every straggler episode of the run, for Result
+        self._resizes: list[dict] = []  # an elastic run's resizes, for Result and the dashboard
         # rank -> its open episode (in _straggler_log) while the detector flags it: exactly the
         # detector's flagged ranks; their figures are brought up to date when read.
         self._open_episodes: dict[int, dict] = {}
@@ -165,6 +167,13 @@ class RunMonitor(RunObserver):
             self._round_times.clear()  # the rate restarts with the attempt: the gap is no step
             self._forget_stragglers()
         self._event("attempt_started", attempt.started_at, dict(record))
+
+    def on_resize(self, resize: Any) -> None:
+        """An elastic run's attempt started at another size (`coordinator.elastic.Resize`)."""
+        fields = resize.as_dict()
+        with self._lock:
+            self._resizes.append(fields)
+        self._event("resize", resize.time, dict(fields))
 
     def on_report(self, report: ReportRecord) -> None:
         with self._lock:
@@ -444,6 +453,11 @@ class RunMonitor(RunObserver):
             self._refresh_open_episodes()
             return [dict(episode) for episode in self._straggler_log]
 
+    def resizes(self) -> list[dict]:
+        """An elastic run's resizes, in order: {"attempt", "from_workers", "to_workers", "reason", "time"}."""
+        with self._lock:
+            return [dict(resize) for resize in self._resizes]
+
     # ------------------------------------------------------------------ post hoc
 
     @classmethod
@@ -519,6 +533,8 @@ class RunMonitor(RunObserver):
                     episode["until"] = fields.get("ended_at")
         elif kind == "checkpoint_committed":
             self._checkpoints.append(fields)
+        elif kind == "resize":
+            self._resizes.append(fields)
         elif kind == "straggler":
             cleared = fields.pop("cleared", False)
             if cleared:

@@ -21,6 +21,8 @@ the benchmarks' report tap. The controller calls `Observers` at these points, on
     on_attempt_end    each attempt that started, once it is over (failed, or the run's last: after
                       the move to the terminal state)
     on_run_end        once, however the run ended (also on Ctrl-C and on an unsatisfiable request)
+    on_resize         an elastic run's attempt started at another size than the previous one
+                      (`coordinator.elastic.Resize`: the sizes and why), after its on_attempt_start
     on_stacks         a rank's thread stacks, each time some were taken (asked for by the hang
                       detection or through `RunInfo.request_stacks`, e.g. the dashboard's button)
 
@@ -35,13 +37,16 @@ import json
 import logging
 from collections.abc import Sequence as SequenceABC
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Optional, Sequence
 
 from minitrain.records import ReportRecord, RunOutcome, WorkerFailure
 # Telemetry records live in L0 (the worker builds them too); re-exported here for the observers' users.
 from minitrain.records import GpuSample, TelemetrySample  # noqa: F401
 from minitrain.run_state import RunState
 from minitrain.storage.retention import CheckpointRecord
+
+if TYPE_CHECKING:
+    from minitrain.coordinator.elastic import Resize
 
 logger = logging.getLogger("minitrain")
 
@@ -192,6 +197,9 @@ class RunObserver:
     def on_run_end(self, outcome: RunOutcome) -> None:
         """The run is over (`outcome.state` says how)."""
 
+    def on_resize(self, resize: "Resize") -> None:
+        """An elastic run's attempt started at another size than the previous one."""
+
     def on_stacks(self, dump: StackDump) -> None:
         """A rank's stacks were taken."""
 
@@ -246,6 +254,9 @@ class Observers(RunObserver):
 
     def on_run_end(self, outcome: RunOutcome) -> None:
         self._tell("on_run_end", outcome)
+
+    def on_resize(self, resize: "Resize") -> None:
+        self._tell("on_resize", resize)
 
     def on_stacks(self, dump: StackDump) -> None:
         self._tell("on_stacks", dump)

@@ -36,7 +36,9 @@ def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[Att
             logger.warning("attempt %d: round %d was reported by every failed rank but not yet by rank(s) %s; "
                            "the stop waits until they did (at most %g s), so that the round is committed",
                            tracker.attempt, round_, ",".join(map(str, behind)), rules.catch_up_s)
-    if move.state is RunState.STARTING and previous is RunState.RESTARTING:
+    if move.state is RunState.STARTING and previous is RunState.RESTARTING and loop.resize:
+        pass  # an elastic resize, not a charged failure: the controller logs its line once the size is known
+    elif move.state is RunState.STARTING and previous is RunState.RESTARTING:
         # Failures learned during the stop (a lost node, say) can be the real cause: judge again.
         left = rules.retries_left(loop.failures)
         logger.warning("attempt %d failed (%s); restarting as attempt %d (failure %d, max_failures=%d, %s)",

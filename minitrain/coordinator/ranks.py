@@ -28,6 +28,12 @@ def _capacity(node: NodeInfo, gpus_per_worker: float, cpus_per_worker: float, sl
     return min(room, math.floor(node.cpus / cpus_per_worker + 1e-9))
 
 
+def node_capacity(node: NodeInfo, gpus_per_worker: float, cpus_per_worker: float, slots: Optional[int],
+                  single_node: bool) -> float:
+    """How many workers `node` holds (math.inf: no limit), as `assign_ranks` counts its room."""
+    return _capacity(node, gpus_per_worker, cpus_per_worker, slots, single_node)
+
+
 def _table(nodes: list[NodeInfo], capacity: list[float], slots: dict) -> str:
     rows = [("host", "cpus", "memory", "gpus", "slots", "room")]
     for node, room in zip(nodes, capacity):

@@ -231,6 +231,14 @@ class WorkerGroup:
                 self._outbox.close_worker(self.attempt, rank)
 
 
+def warm_up_command(settings: LaunchSettings, node: NodeInfo,
+                    assignments: list[WorkerAssignment]) -> cmd.PrepareForkServers:
+    """What readies `node` for a start of its `assignments` (of a later attempt): a fork server for
+    exactly the environment that start will have, so that the start forks warm workers."""
+    return cmd.PrepareForkServers(len(assignments), env=node_env(settings.worker_env, node, assignments),
+                                  cwd=settings.cwd)
+
+
 def node_env(worker_env: Mapping[str, str], node: NodeInfo, assignments: list[WorkerAssignment]) -> dict[str, str]:
     """The environment of `node`'s workers: the run's, plus the interface, thread count and GPUs."""
     env = dict(worker_env)

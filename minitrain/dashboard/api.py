@@ -32,6 +32,8 @@ class RunView(Protocol):
 
     def hints(self) -> list[dict]: ...
 
+    def resizes(self) -> list[dict]: ...
+
     def nodes(self) -> list[dict]: ...
 
 
@@ -77,6 +79,8 @@ VIEWS: dict[str, Callable[[RunView, Mapping[str, list[str]]], Any]] = {
     # still shows who straggled (the current ones alone are none once the attempt ended).
     "stragglers": lambda view, query: view.straggler_history(),
     "hints": lambda view, query: view.hints(),
+    # An elastic run's resizes: {"attempt", "from_workers", "to_workers", "reason", "time"} each.
+    "resizes": lambda view, query: view.resizes(),
     # The current attempt's hosts and their total memory: the node memory plot's "total" lines.
     "nodes": lambda view, query: view.nodes(),
 }

@@ -127,6 +127,17 @@ def hints_html(hints: list[dict]) -> str:
     return f'<div id="hints" class="alert"><strong>Hints</strong><ul>{lines}</ul></div>'
 
 
+def resizes_html(resizes: list[dict]) -> str:
+    """One line per resize of an elastic run (`RunMonitor.resizes`), or nothing."""
+    if not resizes:
+        return '<div id="resizes"></div>'
+    lines = "".join(
+        f'<li data-attempt="{_e(r.get("attempt"))}">attempt {_e(r.get("attempt"))} at {_e(_clock(r.get("time")))}: '
+        f'{_e(r.get("from_workers"))} → {_e(r.get("to_workers"))} workers: {_e(r.get("reason"))}</li>'
+        for r in resizes)
+    return f'<div id="resizes" class="notice"><strong>Resizes (elastic)</strong><ul>{lines}</ul></div>'
+
+
 def ranks_html(ranks: list[dict], live: bool) -> str:
     """The per-rank table; a straggler's row has class 'straggler'; live pages get a stacks button."""
     headers = ["Rank", "Host", "PID", "Phase", "Step time (excl. waits)", "Report wait", "Data wait", "Last report",
@@ -191,6 +202,7 @@ def parts(view: RunView, live: bool) -> dict[str, str]:
         "startup": startup_html(run, ranks),
         "stragglers": stragglers_html(view.straggler_history()),
         "hints": hints_html(view.hints()),
+        "resizes": resizes_html(view.resizes()),
         "ranks": ranks_html(ranks, live),
         "attempts": attempts_html(view.attempts()),
         "checkpoints": checkpoints_html(view.checkpoints()),
@@ -232,6 +244,7 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
 {sections["startup"]}
 {sections["stragglers"]}
 {sections["hints"]}
+{sections["resizes"]}
 <section><h2>Ranks</h2>{sections["ranks"]}<pre id="stack-output" hidden></pre></section>
 <section><h2>Step time per rank (own work, waits excluded)</h2><div id="timeline" class="plot"></div></section>
 <section><h2>Waits per step (report() and collectives: waiting for other ranks)</h2><div id="waits" class="plot"></div></section>
@@ -246,7 +259,7 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
 <footer>JSON: <a href="api/run">/api/run</a> · <a href="api/ranks">/api/ranks</a> ·
 <a href="api/metrics">/api/metrics</a> · <a href="api/samples">/api/samples</a> ·
 <a href="api/stragglers">/api/stragglers</a> · <a href="api/attempts">/api/attempts</a> ·
-<a href="api/checkpoints">/api/checkpoints</a> · Prometheus: <a href="metrics">/metrics</a></footer>
+<a href="api/checkpoints">/api/checkpoints</a> · <a href="api/resizes">/api/resizes</a> · Prometheus: <a href="metrics">/metrics</a></footer>
 <script type="application/json" id="initial-data">{data}</script>
 <script src="static/uPlot.iife.min.js"></script>
 <script src="static/dashboard.js"></script>

@@ -35,7 +35,7 @@ class Need:
     def of(cls, scaling: Any) -> "Need":
         """The demand of a `ScalingConfig`: its GPUs, and the CPUs and memory it names."""
         named = scaling.resources_per_worker or {}
-        return cls(scaling.num_workers, scaling.num_gpus_per_worker, float(named.get("CPU", 0.0)),
+        return cls(scaling.max_workers, scaling.num_gpus_per_worker, float(named.get("CPU", 0.0)),
                    int(named.get("memory", 0)), scaling.placement_strategy)
 
     @property

@@ -60,6 +60,12 @@ class PreflightError(LaunchError):
     def __reduce__(self):
         return (self.__class__, (self.args[0], self.failures))
 
+    def unreachable_only(self) -> bool:
+        """Every failing host failed only because it could not be reached (ssh timed out or could not
+        connect), not because it is misconfigured (keys, python, minitrain version, storage)."""
+        return all(reason.startswith(_UNREACHABLE) and not any(hint in reason for _, hint in _SSH_HINTS)
+                   for reasons in self.failures.values() for reason in reasons)
+
 
 def ssh_argv(host: HostSpec, ssh: SSHOptions, remote_command: Union[Sequence[str], str]) -> list[str]:
     """The ``ssh`` command line that runs `remote_command` on `host`. Pure: no I/O.
@@ -206,6 +212,10 @@ _SSH_HINTS = (
     ("Permission denied", "no key was accepted: check the user (ssh_user) and key (ssh_identity_file), "
                           "or load the key into ssh-agent; passwords cannot be typed in BatchMode"),
 )
+
+
+# How `_check_host` and `_judge` word a host that does not answer (PreflightError.unreachable_only).
+_UNREACHABLE = ("ssh did not answer within", "ssh failed:")
 
 
 def _ssh_hint(stderr: Optional[str]) -> str:

@@ -86,7 +86,8 @@ _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
     cmd.StartWorkers: _start_workers,
     cmd.StopWorkers: lambda c: pb.AgentCommand(stop=pb.StopWorkers(attempt=c.attempt, grace_s=c.grace_s)),
     cmd.DumpStacks: lambda c: pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=c.attempt)),
-    cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(count=c.count)),
+    cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(
+        count=c.count, for_start=c.env is not None, cwd=c.cwd, env=dict(c.env or {}))),
     cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason)),
 }
 
@@ -111,7 +112,8 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
     if kind == "dump_stacks":
         return cmd.DumpStacks(attempt=message.dump_stacks.attempt)
     if kind == "prepare_fork_servers":
-        return cmd.PrepareForkServers(count=message.prepare_fork_servers.count)
+        p = message.prepare_fork_servers
+        return cmd.PrepareForkServers(count=p.count, env=dict(p.env) if p.for_start else None, cwd=p.cwd)
     if kind == "shutdown":
         return cmd.Shutdown(reason=message.shutdown.reason)
     return None

@@ -30,7 +30,7 @@ def trial_demand(trainable: Any) -> Demand:
         trainable.scaling_config if isinstance(trainable, _WithResources) else None
     if scaling is not None:
         cpus, gpus = scaling.num_cpus_per_worker, scaling.num_gpus_per_worker
-        return Demand(max(1, scaling.num_workers), cpus if (cpus or gpus) else 1.0, gpus,
+        return Demand(max(1, scaling.max_workers), cpus if (cpus or gpus) else 1.0, gpus,
                       scaling.placement_strategy)
     if isinstance(trainable, _WithResources):
         return Demand(1, trainable.resources.get("CPU", 0.0), trainable.resources.get("GPU", 0.0),

@@ -54,7 +54,7 @@ def _trainable_name(trainable: Any) -> str:
 
 def _check_trainable(trainable: Any, param_space: dict) -> None:
     if isinstance(trainable, DataParallelTrainer):
-        if trainable.scaling_config.num_workers == 0:
+        if trainable.scaling_config.local_mode:
             raise ConfigError("Tuner(TorchTrainer with ScalingConfig(num_workers=0)): local mode has no report "
                               "rounds to forward to the tuner. Use num_workers >= 1, or a function trainable that "
                               "calls tune.report().")

@@ -68,3 +68,14 @@ def test_commands_that_do_not_apply_are_ignored(agent):
     agent._execute(cmd.StopWorkers(attempt=5, grace_s=1.0))  # no such workers here
     agent._execute(cmd.DumpStacks(attempt=5))
     assert agent._stream.facts == []
+
+
+def test_a_fork_server_can_be_readied_for_a_start_this_agent_has_not_seen(agent, monkeypatch):
+    """An elastic run readies a returning host for the start it will get: the fork server's key is the
+    key of a StartWorkers with that cwd and env, so that start forks from it."""
+    monkeypatch.setattr(agent._fork_server, "refill", lambda: None)  # no real fork server process here
+    agent._execute(cmd.PrepareForkServers(count=1, env={"GLOO_SOCKET_IFNAME": "eth0"}, cwd="/w"))
+    key, env = agent._worker_env({"GLOO_SOCKET_IFNAME": "eth0"}, "/w")
+    assert agent._fork_server.key == key and agent._fork_server.wanted and agent._fork_server.cwd == "/w"
+    assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["PYTHONUNBUFFERED"] == "1"
+    assert agent._worker_env({"GLOO_SOCKET_IFNAME": "eth1"}, "/w")[0] != key  # another start: another server

@@ -171,7 +171,14 @@ BAD = [
     (ScalingConfig, {"num_workers": 2.0}, ConfigError, "num_workers", 2.0),
     (ScalingConfig, {"num_workers": True}, ConfigError, "num_workers", True),
     (ScalingConfig, {"num_workers": "2"}, ConfigError, "num_workers", "2"),
-    (ScalingConfig, {"num_workers": (2, 4)}, ConfigError, "num_workers", (2, 4)),
+    (ScalingConfig, {"num_workers": (4, 2)}, ConfigError, "num_workers", (4, 2)),
+    (ScalingConfig, {"num_workers": (0, 2)}, ConfigError, "num_workers", (0, 2)),
+    (ScalingConfig, {"num_workers": (1, 2.0)}, ConfigError, "num_workers", (1, 2.0)),
+    (ScalingConfig, {"num_workers": (1, 2, 3)}, ConfigError, "num_workers", (1, 2, 3)),
+    (ScalingConfig, {"num_workers": (1, 2), "elastic_resize_monitor_interval_s": 0}, ConfigError,
+     "elastic_resize_monitor_interval_s", 0),
+    (ScalingConfig, {"num_workers": (1, 2), "elastic_resize_monitor_interval_s": -5}, ConfigError,
+     "elastic_resize_monitor_interval_s", -5),
     (ScalingConfig, {"use_gpu": 1}, ConfigError, "use_gpu", 1),
     (ScalingConfig, {"use_tpu": True}, ConfigError, "use_tpu", True),
     (ScalingConfig, {"resources_per_worker": [("CPU", 1)]}, ConfigError, "resources_per_worker", [("CPU", 1)]),
@@ -289,8 +296,8 @@ def test_config_error_is_a_value_error():
 def test_messages_carry_a_fix():
     with pytest.raises(ConfigError, match="local mode"):
         ScalingConfig(num_workers=-1)
-    with pytest.raises(ConfigError, match="elastic"):
-        ScalingConfig(num_workers=(1, 4))
+    with pytest.raises(ConfigError, match=r"1 <= min <= max.*num_workers=\(1, 4\)"):
+        ScalingConfig(num_workers=(4, 1))
     with pytest.raises(ConfigError, match="'gloo', 'nccl', 'mpi'"):
         TorchConfig(backend="ucc")
     with pytest.raises(ConfigError, match="DEBUG, INFO, WARNING, ERROR, CRITICAL"):

@@ -210,6 +210,9 @@ def test_the_status_parts_without_a_total_or_a_rate():
     stepping = dict(run, state="RUNNING", rounds=3, state_since=3700.0)
     assert status_parts(stepping, [], [], [], 3725.0) == [
         "minitrain: r | attempt 0 RUNNING | 1:02:05 elapsed", "3 steps | - steps/s"]
+    resized = [{"attempt": 1, "from_workers": 2, "to_workers": 1, "reason": "host h1 lost (x)", "time": 1.0}]
+    assert status_parts(stepping, [], [], [], 3725.0, resizes=resized)[-1] == \
+        "1 worker since attempt 1 (resized from 2: host h1 lost (x))"  # an elastic run's latest resize
 
 
 def test_the_start_up_line_names_the_least_advanced_ranks_phase_and_its_time():

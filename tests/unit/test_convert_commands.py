@@ -21,6 +21,8 @@ AGENT_COMMANDS = [
     cmd.StopWorkers(attempt=3, grace_s=2.5),
     cmd.DumpStacks(attempt=1),
     cmd.PrepareForkServers(count=8),
+    cmd.PrepareForkServers(count=1, env={"GLOO_SOCKET_IFNAME": "eth0"}, cwd="/w"),
+    cmd.PrepareForkServers(count=1, env={}, cwd=""),
     cmd.Shutdown(reason="run ended"),
 ]
 WORKER_COMMANDS = [

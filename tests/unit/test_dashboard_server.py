@@ -205,8 +205,8 @@ def test_static_files_come_from_the_package(server, name):
 def test_parts_are_the_pages_sections(server):
     status, _, body = _request(server, "GET", "/parts")
     parts = json.loads(body)
-    assert status == 200 and set(parts) == {"overview", "startup", "stragglers", "hints", "ranks", "attempts",
-                                                 "checkpoints"}
+    assert status == 200 and set(parts) == {"overview", "startup", "stragglers", "hints", "resizes", "ranks",
+                                                 "attempts", "checkpoints"}
     assert parts["ranks"].startswith('<table id="ranks">')
 
 
@@ -434,3 +434,11 @@ def test_the_overview_marks_the_end_and_colours_the_state_from_the_run_state():
 def test_the_controller_state_gauge_has_a_series_for_every_run_state():
     assert RUN_STATES == tuple(ray_status(state) for state in RunState)
     assert {"PENDING", "LAUNCHING", "STARTING", "FINISHED", "ERRORED", "ABORTED"} <= set(RUN_STATES)
+
+
+def test_an_elastic_runs_resizes_are_a_section_of_their_own():
+    from minitrain.dashboard.pages import resizes_html
+
+    assert resizes_html([]) == '<div id="resizes"></div>'
+    html = resizes_html([{"attempt": 1, "from_workers": 2, "to_workers": 1, "reason": "host <h1> lost", "time": 0.0}])
+    assert html.startswith('<div id="resizes" class="notice">') and "2 → 1 workers: host &lt;h1&gt; lost" in html

@@ -61,6 +61,11 @@ def test_use_gpu_without_gpus_fails_before_starting_anything(run_config, monkeyp
     with pytest.raises(ConfigError, match=r"use_gpu=True.*needs 2 GPU\(s\).*has 0.*use_gpu=False"):
         trainer.fit()
     assert _children() == before
+    elastic = TorchTrainer(_no_args, scaling_config=ScalingConfig(num_workers=(1, 4), use_gpu=True),
+                           run_config=run_config)
+    with pytest.raises(ConfigError, match=r"num_workers=\(1, 4\)\) needs 1 GPU\(s\)"):  # only min must fit
+        elastic.fit()
+    assert _children() == before
 
 
 def test_unpicklable_config_names_train_loop_config(run_config):

@@ -248,10 +248,23 @@ class StartWorkers(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PrepareForkServers(_message.Message):
-    __slots__ = ("count",)
+    __slots__ = ("count", "for_start", "cwd", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     COUNT_FIELD_NUMBER: _ClassVar[int]
+    FOR_START_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
     count: int
-    def __init__(self, count: _Optional[int] = ...) -> None: ...
+    for_start: bool
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, count: _Optional[int] = ..., for_start: _Optional[bool] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StopWorkers(_message.Message):
     __slots__ = ("attempt", "grace_s")
