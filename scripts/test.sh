@@ -5,7 +5,30 @@
 # sit idle while the other ran the whole end-to-end tail alone). `--maxfail=5`: a fault that breaks every
 # test (each then waits out its timeout) ends the run with five tracebacks instead of at CI's deadline.
 # Extra arguments go to pytest, e.g. `bash scripts/test.sh tests/unit -k auth`.
+#
+# A hung test fails after its timeout (pytest-timeout, pyproject.toml), but a frozen process cannot time
+# itself out: if the run is still going after MINITRAIN_TEST_WATCHDOG_S (default 65 min; the suite takes
+# about 20), the process table, with each process's state (T: stopped), is printed once, and the run
+# goes on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --dev
-exec .venv/bin/python -m pytest -n 2 --dist worksteal --maxfail=5 -q -p no:cacheprovider --durations=25 "$@"
+.venv/bin/python -m pytest -n 2 --dist worksteal --maxfail=5 -q -p no:cacheprovider --durations=25 "$@" &
+tests=$!
+(
+    deadline=$((SECONDS + ${MINITRAIN_TEST_WATCHDOG_S:-3900}))
+    while kill -0 "$tests" 2>/dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "scripts/test.sh: the tests are still running after ${MINITRAIN_TEST_WATCHDOG_S:-3900} s; processes:" >&2
+            ps -eo pid,ppid,stat,etimes,args --forest | cut -c1-220 >&2
+            break
+        fi
+        sleep 5
+    done
+) &
+watchdog=$!
+status=0
+wait "$tests" || status=$?
+kill "$watchdog" 2>/dev/null || true
+wait "$watchdog" 2>/dev/null || true
+exit "$status"

@@ -8,7 +8,8 @@ are unique so tests never see each other's keys. Skipped when s3fs or moto[serve
 directory.
 
 ``_private_ledger_dir`` (automatic): MINITRAIN_LEDGER_DIR for the whole session, so the runs of the tests
-claim resources in a ledger of their own, never in the host's /var/tmp one (which other users' runs share).
+claim resources in a ledger of their own, never in the host's /var/tmp one (which other users' runs share),
+and wait at most 300 s for what other runs hold there (MINITRAIN_RESOURCE_WAIT_S).
 
 ``_private_temp_dir`` (automatic): TMPDIR for the whole session, so what the tests' processes put in the
 temporary directory (`Checkpoint.from_dict`'s directories, torch's and gloo's files, a killed worker's
@@ -65,7 +66,9 @@ def _private_ledger_dir(tmp_path_factory):
     use a session temp directory (subprocesses inherit it), so a GPU machine's real ledger is left alone
     and nothing stays behind. Tests of the ledger itself set their own."""
     path = tmp_path_factory.mktemp("minitrain_ledger")
-    with _session_env("MINITRAIN_LEDGER_DIR", str(path)):
+    # A run waits for what others hold as long as it takes by default: in the tests, a claim left held
+    # by mistake must fail the next run (naming the holder) instead of hanging the session.
+    with _session_env("MINITRAIN_LEDGER_DIR", str(path)), _session_env("MINITRAIN_RESOURCE_WAIT_S", "300"):
         yield path
 
 
