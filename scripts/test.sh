@@ -8,11 +8,12 @@
 #
 # A hung test fails after its timeout (pytest-timeout, pyproject.toml), but a frozen process cannot time
 # itself out: if the run is still going after MINITRAIN_TEST_WATCHDOG_S (default 65 min; the suite takes
-# about 20), the process table, with each process's state (T: stopped), is printed once, and the run
-# goes on.
+# about 25), the process table, with each process's state (T: stopped), is printed and pytest is
+# interrupted (SIGINT: it prints what failed so far) so that the run ends with a trace before CI's deadline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup_env.sh --dev
+set -m  # without job control a background job ignores SIGINT, and the watchdog could not interrupt it
 .venv/bin/python -m pytest -n 2 --dist worksteal --maxfail=5 -q -p no:cacheprovider --durations=25 "$@" &
 tests=$!
 (
@@ -21,9 +22,10 @@ tests=$!
         if [ "$SECONDS" -ge "$deadline" ]; then
             echo "scripts/test.sh: the tests are still running after ${MINITRAIN_TEST_WATCHDOG_S:-3900} s; processes:" >&2
             ps -eo pid,ppid,stat,etimes,args --forest | cut -c1-220 >&2
+            kill -INT "$tests" 2>/dev/null
             break
         fi
-        sleep 5
+        sleep 2
     done
 ) &
 watchdog=$!
