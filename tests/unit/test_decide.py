@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, strategies as st
 
+from decide_support import run_script
+
 from minitrain.coordinator.decide import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
@@ -22,12 +24,7 @@ EXITED = replace(RUNNING_ATTEMPT, failed=True, all_exited=True, root_cause="rank
 
 def _run(script, loop=Loop(), rules=RULES):
     """Feed (seen, now) pairs; return the final loop and every action, in order."""
-    actions = []
-    for seen, now in script:
-        decision = decide(loop, seen, now, rules)
-        loop = decision.loop
-        actions.extend(decision.actions)
-    return loop, actions
+    return run_script(script, loop, rules)
 
 
 def _running(failures=0, attempt=0) -> Loop:

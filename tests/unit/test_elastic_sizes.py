@@ -8,6 +8,8 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, strategies as st
 
+from decide_support import run_script
+
 from minitrain import ScalingConfig
 from minitrain.coordinator.actions import GROW, SHRINK, DropDeadAgents
 from minitrain.coordinator.decide import (
@@ -25,12 +27,7 @@ RUNNING_2 = Seen(has_attempt=True, all_training=True, size=2, fits=2)
 
 
 def _run(script, loop, rules=ELASTIC):
-    actions = []
-    for seen, now in script:
-        decision = decide(loop, seen, now, rules)
-        loop = decision.loop
-        actions.extend(decision.actions)
-    return loop, actions
+    return run_script(script, loop, rules)
 
 
 def _running(size_at=0.0, failures=0) -> Loop:
