@@ -4,29 +4,25 @@ the coordinator in this process, return a `Result` or raise (L3). A subclass nam
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import inspect
 import logging
 import math
 import os
-import sys
-import signal
 import tempfile
-import threading
 import uuid
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
 import cloudpickle
 
-from minitrain import __version__, _session, code_pickle, fit_notes, knobs, resource_wait, run_directory
+from minitrain import __version__, _session, code_pickle, fit_notes, knobs, local_mode, resource_wait, run_directory
+from minitrain.driver_env import driver_pythonpath, sigterm_stops_like_ctrl_c, worker_env
 from minitrain.hosts import hostinfo, slurm_env, slurm_requeue
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
-from minitrain.context import TrainContext
 from minitrain.coordinator.controller import LaunchSettings, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog, read_metrics_history
 from minitrain.console import LiveConsole
@@ -43,7 +39,6 @@ from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import PreflightError, preflight
 from minitrain.logs import LogSink, driver_logging
-from minitrain.metrics import encode_metrics
 from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
 from minitrain.run_state import RunState, ray_status
@@ -150,7 +145,7 @@ class DataParallelTrainer:
         default): then, as any preemption signal to the driver or an agent, it stops the run at a round
         every rank agrees on and `fit()` raises `PreemptionError` (docs/preemption.md)."""
         signals = self.run_config.failure_config.preemption_signals if self.scaling_config.max_workers else ()
-        with _sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
+        with sigterm_stops_like_ctrl_c(), preemption_deferred(signals):
             with driver_logging(self.run_config.logging_config.log_level):  # fit()s at once share the logger
                 try:
                     return self._fit()
@@ -223,7 +218,7 @@ class DataParallelTrainer:
                 backend=backend.name,
                 dist_timeout_s=float(backend.timeout_s),
                 cwd=self.run_config.worker_runtime_env.get("working_dir") or os.getcwd(),
-                worker_env=_worker_env(self.run_config, cluster),
+                worker_env=worker_env(self.run_config, cluster),
                 relay=relay,
                 preemption_signals=self.run_config.failure_config.preemption_signals,
             ),
@@ -250,10 +245,10 @@ class DataParallelTrainer:
             # The dashboard serves the monitor while the run goes on, and stops (thread and port) with it.
             with live_dashboard(self._monitor, dump_stacks=stack_desk.dump), live.owning_log_handlers(logger), \
                     resource_wait.holding(cluster, self.scaling_config, self.run_config.name, live, self._monitor,
-                                          _driver_pythonpath(), monitoring.status_interval_s) as held:
+                                          driver_pythonpath(), monitoring.status_interval_s) as held:
                 # Waited for (or claimed at once) in the hosts' ledgers: the run gets only what it holds.
                 spec = dataclasses.replace(spec, **_hosts_of(held.cluster))
-                launcher = ClusterLauncher(held.cluster, pythonpath=_driver_pythonpath(), agent_env=held.agent_env)
+                launcher = ClusterLauncher(held.cluster, pythonpath=driver_pythonpath(), agent_env=held.agent_env)
                 if held.cluster.launcher == "join":
                     launcher = JoinLauncher(held.cluster, launcher)
                     spec = dataclasses.replace(spec, agent_start_timeout_s=held.cluster.join.timeout_s)
@@ -388,27 +383,8 @@ class DataParallelTrainer:
 
     def _fit_local(self) -> Result:
         """`num_workers=0`: run the function in this process, as Ray's local mode does."""
-        if self.run_config.callbacks:
-            raise ConfigError("RunConfig.callbacks are not called in local mode (ScalingConfig(num_workers=0)): "
-                              "it has no run directory and no report rounds. Use num_workers >= 1, or remove "
-                              "the callbacks.")
-        session = _LocalSession(TrainContext(experiment_name=self.run_config.name, local_mode=True))
-        if self.datasets:
-            from minitrain.data.staging import make_shards, plan_datasets
-
-            session.dataset_shards = make_shards(plan_datasets(self.datasets, self.dataset_config), session.context)
-        name = getattr(self.train_loop_per_worker, "__name__", "the training function")
-        # Said like a run's start and end lines: local mode used to print nothing at all.
-        logger.info("local mode (ScalingConfig(num_workers=0)): running %s in this process, without workers "
-                    "or a run directory", name)
-        with _session.bound(session):  # this thread's only: local fit()s on two threads stay apart
-            if self._takes_config:
-                value = self.train_loop_per_worker(self.train_loop_config or {})
-            else:
-                value = self.train_loop_per_worker()
-        logger.info("local mode: %s returned; last report: %s", name, session.last_metrics)
-        return Result(metrics=session.last_metrics, checkpoint=session.last_checkpoint, error=None,
-                      path=None, return_value=value)
+        return local_mode.fit(self.train_loop_per_worker, self._takes_config, self.train_loop_config,
+                              self.run_config, self.datasets, self.dataset_config)
 
     # ------------------------------------------------------------------ removed APIs
 
@@ -468,30 +444,6 @@ def _accepts_one_argument(fn: Callable) -> bool:
         return False
 
 
-class _LocalSession:
-    """Local mode's session: remembers the last report (metrics and checkpoint), like Ray's."""
-
-    def __init__(self, context: TrainContext):
-        self.context = context
-        self.last_metrics: Optional[dict] = None
-        self.last_checkpoint: Any = None
-        self.dataset_shards: dict = {}  # name -> minitrain.data.DataIterator over all rows
-
-    def report(self, metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[str] = None,
-               **options: Any) -> None:
-        """Remember the last metrics and checkpoint (nothing is uploaded in local mode, as in Ray)."""
-        encode_metrics(metrics)  # the same JSON-safety rule as in workers
-        if checkpoint is not None and not isinstance(checkpoint, Checkpoint):
-            raise TypeError(f"minitrain.report(checkpoint=...) expects a minitrain.Checkpoint, got "
-                            f"{type(checkpoint).__name__}; use minitrain.Checkpoint.from_directory(path).")
-        self.last_metrics = dict(metrics)
-        self.last_checkpoint = checkpoint
-
-    def get_checkpoint(self) -> Any:
-        """The last reported checkpoint argument (None after a metrics-only report), as Ray's local mode."""
-        return self.last_checkpoint
-
-
 # From this many workers on, "auto" relays the workers' streams through their agents: one connection and
 # batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
 # stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
@@ -505,66 +457,6 @@ def relays_workers(num_workers: int) -> bool:
     Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
     choice = knobs.RELAY.get()
     return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
-
-
-def _driver_pythonpath() -> tuple[str, ...]:
-    """The driver's import path, so workers import the same minitrain and user modules."""
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    entries = [package_root] + [os.path.abspath(p) if p else os.getcwd() for p in sys.path]
-    seen: dict[str, None] = {}
-    for entry in entries:
-        if os.path.isdir(entry):
-            seen.setdefault(entry, None)
-    return tuple(seen)
-
-
-@contextlib.contextmanager
-def _sigterm_stops_like_ctrl_c() -> Iterator[None]:
-    """SIGTERM to the driver (`kill`, a scheduler's stop, a container's shutdown) stops the run the way
-    Ctrl-C does: the workers get their grace, the index and the event log are written, the run lock is
-    released; a second SIGTERM kills the workers at once, as a second Ctrl-C does. Then the driver dies
-    by SIGTERM, as it did before (at once, leaving the workers to notice their driver was gone), so the
-    sender sees the status it expects (143, -15). Only where both signals have Python's default
-    handling, on the main thread: a handler of the user's own is left alone."""
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler):
-        yield
-        return
-    received: list[int] = []
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        received.append(signum)
-        signal.raise_signal(signal.SIGINT)  # what Ctrl-C does, whichever handler is in place now
-
-    # While the controller's loop runs, a SIGTERM listed in FailureConfig.preemption_signals marks the
-    # run preempted instead (coordinator/preemption_signals.py replaces this handler for that time).
-    on_sigterm.yields_to_preemption = True  # type: ignore[attr-defined]
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    except KeyboardInterrupt:
-        if not received:
-            raise
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    if received:
-        logger.warning("the driver got SIGTERM: the run was stopped as by Ctrl-C; exiting by SIGTERM")
-        signal.raise_signal(signal.SIGTERM)
-
-
-# Driver variables every worker receives (over the authenticated channel, never an ssh command line).
-_FORWARDED_PREFIXES = ("NCCL_", "GLOO_", "CUDA_", "TORCH_NCCL_", "TORCH_DISTRIBUTED_")
-_NOT_FORWARDED = {"CUDA_VISIBLE_DEVICES"}  # each node decides its own
-
-
-def _worker_env(run_config: RunConfig, cluster: ClusterConfig) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k.startswith(_FORWARDED_PREFIXES) and k not in _NOT_FORWARDED}
-    env.update({name: os.environ[name] for name in cluster.env_vars_to_forward if name in os.environ})
-    env.update(run_config.worker_runtime_env.get("env_vars", {}))
-    return env
 
 
 def _hosts_of(cluster: ClusterConfig) -> dict:
@@ -584,7 +476,7 @@ def _preflight(cluster: ClusterConfig, storage: Storage, elastic: bool = False) 
         storage.write_text_atomic(VALIDATE_MARKER, content)
         probe = (storage.path(VALIDATE_MARKER), content)
     try:
-        preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=_driver_pythonpath())
+        preflight(cluster, storage_probe=probe, expected_version=__version__, pythonpath=driver_pythonpath())
     except PreflightError as error:
         if not (elastic and error.unreachable_only() and len(error.failures) < len(cluster.hosts)):
             raise

@@ -22,7 +22,8 @@ from minitrain.hosts.cluster import current_cluster
 from minitrain.logs import driver_logging
 from minitrain.storage import sweep_state as tr
 from minitrain.storage.user_key import KeyUnavailable
-from minitrain.trainer import DataParallelTrainer, _driver_pythonpath, count_required_parameters
+from minitrain.driver_env import driver_pythonpath
+from minitrain.trainer import DataParallelTrainer, count_required_parameters
 from minitrain.tune import restore_spec
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
@@ -218,7 +219,7 @@ class Tuner:
         retention = Retention(keep.num_to_keep, keep.checkpoint_score_attribute, keep.checkpoint_score_order)
         return SweepSpec(experiment_path=self.experiment_path, experiment_name=self.run_config.name, header=header,
                          trainable=self.trainable, trial_resources=trial_resources(self.trainable), demand=demand,
-                         name_trial=self._namer(header["trainable"]), pythonpath=_driver_pythonpath(), limits=limits,
+                         name_trial=self._namer(header["trainable"]), pythonpath=driver_pythonpath(), limits=limits,
                          retention=retention)
 
     def _namer(self, trainable_name: str) -> Callable[[tr.Trial], None]:
