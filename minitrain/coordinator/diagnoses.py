@@ -18,7 +18,7 @@ run directory), so the console, the page and the tests all read the same words.
 from __future__ import annotations
 
 import statistics
-from typing import Optional
+from typing import Optional, Sequence
 
 from minitrain.records import Phase
 
@@ -43,30 +43,31 @@ _STATE_WORDS = {"PENDING": "preparing the run", "LAUNCHING": "starting node agen
 _ORDER = {name: i for i, name in enumerate(["", *(p.name for p in Phase)])}
 
 
+def startup_phase(state: str, rank_phases: Sequence[str]) -> tuple[str, str]:
+    """(what a starting run is doing, in words; "k/n" ranks in that phase or "") for a run in `state`
+    (a `RunState` name) whose current attempt's ranks are in `rank_phases` (`records.Phase` names, ""
+    for a rank not connected yet): the least advanced rank names the phase."""
+    if words := _STATE_WORDS.get(state):
+        return words, ""
+    if state == "RUNNING":
+        return _PHASE_WORDS[Phase.TRAINING.name], ""
+    if not rank_phases:
+        return _PHASE_WORDS[""], ""
+    least = min(rank_phases, key=lambda p: _ORDER.get(p, 0))
+    return _PHASE_WORDS.get(least, least.lower()), f"{list(rank_phases).count(least)}/{len(rank_phases)}"
+
+
 def startup_status(run: dict, ranks: list[dict], now: float) -> Optional[dict]:
     """{"phase": words, "ranks_in_phase": "k/n" or "", "elapsed_s": since the run started,
     "phase_elapsed_s": since the run's state last moved (None if unknown)} while no step has been
     reported and the run has not ended; None otherwise."""
     if run.get("rounds") or run.get("ended_at") is not None:
         return None
-    state = run.get("state") or ""
     started, since = run.get("started_at"), run.get("state_since")
-    status = {"phase": _STATE_WORDS.get(state, ""), "ranks_in_phase": "",
-              "elapsed_s": None if started is None else max(now - started, 0.0),
-              "phase_elapsed_s": None if since is None else max(now - since, 0.0)}
-    if status["phase"]:
-        return status
-    if state == "RUNNING":
-        status["phase"] = _PHASE_WORDS[Phase.TRAINING.name]
-        return status
-    phases = [r.get("phase") or "" for r in ranks]
-    if not phases:
-        status["phase"] = _PHASE_WORDS[""]
-        return status
-    least = min(phases, key=lambda p: _ORDER.get(p, 0))
-    status["phase"] = _PHASE_WORDS.get(least, least.lower())
-    status["ranks_in_phase"] = f"{phases.count(least)}/{len(phases)}"
-    return status
+    phase, in_phase = startup_phase(run.get("state") or "", [r.get("phase") or "" for r in ranks])
+    return {"phase": phase, "ranks_in_phase": in_phase,
+            "elapsed_s": None if started is None else max(now - started, 0.0),
+            "phase_elapsed_s": None if since is None else max(now - since, 0.0)}
 
 
 def _duration(seconds: float) -> str:

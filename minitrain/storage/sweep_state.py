@@ -100,6 +100,7 @@ class Trial:
     # it took to its first result (None until then): "starting for 0:00:07", then the cost, in the tables.
     started_at: Optional[float] = None
     startup_s: Optional[float] = None
+    startup_phase: str = ""  # what its fit() was doing when last heard, while starting ("" when not known)
 
     @property
     def finished(self) -> bool:
@@ -151,7 +152,8 @@ _TRIAL_TYPES = {"trial_id": str, "name": str, "dirname": str, "index": int, "sta
                 "checkpoint": (str, type(None)), "checkpoint_iteration": int, "iteration": int,
                 "last_result": (dict, type(None)), "time_total_s": (int, float), "checkpoints": list,
                 "config_is_json": bool, "config_sealed": (str, type(None)), "started_at": (int, float, type(None)),
-                "startup_s": (int, float, type(None))}  # the last two: absent in files written before them
+                "startup_s": (int, float, type(None)), "startup_phase": str}
+# (the start-up fields are absent in files written before them)
 _TRIAL_REQUIRED = ("trial_id", "name", "dirname", "config", "index")
 HEADER_FIELDS = {"name": str, "trainable": str, "num_samples": int, "total_trials": int, "id_prefix": str,
                  "metric": (str, type(None)), "mode": (str, type(None))}
@@ -300,14 +302,16 @@ def flat_config(config: Any) -> dict:
 
 
 def startup_cell(trial: Trial, now: float) -> str:
-    """The trial's start-up as a table cell: "starting for 0:00:07" from its process's start until its
-    first result (`now`: time.time()), then how long that took ("0:00:07"); "" before it ever started."""
+    """The trial's start-up as a table cell: "starting for 0:00:07: rendezvous (process-group init)"
+    from its process's start until its first result (`now`: time.time(); the phase its fit() said last,
+    when one did), then how long that took ("0:00:07"); "" before it ever started."""
     if trial.started_at is None:
         return ""
     if trial.startup_s is not None:
         return _span(trial.startup_s)
     if trial.status == TrialStatus.RUNNING:
-        return f"starting for {_span(now - trial.started_at)}"
+        phase = f": {trial.startup_phase}" if trial.startup_phase else ""
+        return f"starting for {_span(now - trial.started_at)}{phase}"
     return ""  # ended (or waiting to start again) before its first result
 
 

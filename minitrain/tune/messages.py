@@ -1,7 +1,8 @@
 """What a trial process and the sweep loop say to each other, and the one codec of the wire (L3).
 
 A trial process (minitrain.tune.trial_process) writes `TrialMessage`s on its report pipe, one JSON
-object a line: a `TrialReported` per result, then exactly one of `TrialFinished`, `TrialFailed`,
+object a line: `TrialStarting` whenever a fit() of the trial moves to another start-up phase before its
+first result, a `TrialReported` per result, then exactly one of `TrialFinished`, `TrialFailed`,
 `TrialInterrupted` before it exits. The sweep loop (minitrain.tune.sweep_loop) answers each
 `TrialReported` with one `Decision` line on the trial's stdin. Only this module turns these records
 into text and back: `encode`/`decode` for the report pipe, `encode_decision`/`decode_decision` for
@@ -18,6 +19,14 @@ from enum import Enum
 from typing import Any, Callable, Optional, Union
 
 from minitrain.storage.sweep_state import TrialError
+
+
+@dataclass(frozen=True)
+class TrialStarting:
+    """A fit() of the trial is starting: `phase` says what it is doing, in the run's own start-up words
+    (`minitrain.coordinator.diagnoses.startup_phase`). Nothing answers it."""
+
+    phase: str
 
 
 @dataclass(frozen=True)
@@ -50,7 +59,7 @@ class TrialInterrupted:
     """The trial was stopped by Ctrl-C (SIGINT from the tuner) before it finished: resumable."""
 
 
-TrialMessage = Union[TrialReported, TrialFinished, TrialFailed, TrialInterrupted]
+TrialMessage = Union[TrialStarting, TrialReported, TrialFinished, TrialFailed, TrialInterrupted]
 
 
 class Decision(str, Enum):
@@ -67,6 +76,7 @@ class MalformedMessage(ValueError):
 
 # The wire name of each message ("type" in its JSON object) and how its fields become JSON values.
 _ENCODERS: dict[type, tuple[str, Callable[[Any], dict]]] = {
+    TrialStarting: ("starting", lambda m: {"phase": m.phase}),
     TrialReported: ("result", lambda m: {"metrics": m.metrics, "checkpoint": m.checkpoint}),
     TrialFinished: ("done", lambda m: {"stopped": m.stopped}),
     TrialFailed: ("error", lambda m: {"exc_type": m.error.exc_type, "message": m.error.message,
@@ -94,6 +104,7 @@ def _field(data: dict, name: str, kinds: tuple, optional: bool = False) -> Any:
 
 
 _DECODERS: dict[str, Callable[[dict], TrialMessage]] = {
+    "starting": lambda d: TrialStarting(_field(d, "phase", (str,))[:200]),
     "result": lambda d: TrialReported(_field(d, "metrics", (dict,)), _field(d, "checkpoint", (str,), optional=True)),
     "done": lambda d: TrialFinished(_field(d, "stopped", (bool,))),
     "error": lambda d: TrialFailed(TrialError(_field(d, "exc_type", (str,)), _field(d, "message", (str,)),

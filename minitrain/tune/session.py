@@ -19,9 +19,10 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from minitrain.checkpoint import Checkpoint
+from minitrain.coordinator.diagnoses import startup_phase
 from minitrain.metrics import encode_metrics
 from minitrain.tune import messages
-from minitrain.tune.messages import Decision, TrialMessage, TrialReported
+from minitrain.tune.messages import Decision, TrialMessage, TrialReported, TrialStarting
 
 
 class TrialStopped(BaseException):
@@ -168,17 +169,52 @@ def get_context() -> TuneContext:
 class ForwardingObserver:
     """Forwards each report round of a `fit()` run in this trial to the tuner, rank 0's metrics and the
     committed checkpoint (what Ray's TuneReportCallback forwards; with `checkpoint_path`, the metrics also
-    name the checkpoint's directory under Ray's key); a STOP answer stops the fit() as Ctrl-C would."""
+    name the checkpoint's directory under Ray's key); a STOP answer stops the fit() as Ctrl-C would.
+    Until the first round it also forwards each change of the fit()'s start-up phase (`TrialStarting`)."""
 
     def __init__(self, session: TrialSession, checkpoint_path: bool = False):
         self._session = session
         self._checkpoint_path = checkpoint_path
         self._run_path = ""
+        # Start-up, until the first round: the run's state, its ranks' phases, the phase last sent.
+        self._starting = True
+        self._state = ""
+        self._rank_phases: dict[int, str] = {}
+        self._attempt = -1
+        self._sent_phase = ""
 
     def on_run_start(self, run: Any) -> None:
         self._run_path = str(run.run_path).removeprefix("file://")
 
+    def on_state(self, previous: Any, next_state: Any, reason: str, attempt: int) -> None:
+        self._state = getattr(next_state, "name", str(next_state))
+        self._forward_phase()
+
+    def on_attempt_start(self, attempt: Any) -> None:
+        self._attempt = attempt.attempt
+        self._rank_phases = {rank: "" for rank in range(attempt.world_size)}
+        self._forward_phase()
+
+    def on_worker_phase(self, attempt: int, rank: int, phase: str) -> None:
+        if attempt == self._attempt:
+            self._rank_phases[rank] = phase
+            self._forward_phase()
+
+    def _forward_phase(self) -> None:
+        """Tell the tuner what the fit() is doing while it starts (each change once), for the
+        "starting for ..." cell; from the first round on, the results say it."""
+        if not self._starting:
+            return
+        phase, _ = startup_phase(self._state, list(self._rank_phases.values()))
+        if phase != self._sent_phase:
+            self._sent_phase = phase
+            try:
+                self._session.send(TrialStarting(phase))
+            except (BrokenPipeError, OSError, ValueError):
+                pass  # the tuner is gone: the next report finds out and stops the trial
+
     def on_round(self, round_: Any) -> None:
+        self._starting = False
         metrics = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
         if metrics is None:
             return

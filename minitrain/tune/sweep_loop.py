@@ -38,7 +38,7 @@ from minitrain.storage.retention import CheckpointRecord, retain
 from minitrain.storage.filesystem import StorageError
 from minitrain.tune import messages, restore_spec
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
-                                     TrialReported)
+                                     TrialReported, TrialStarting)
 from minitrain.tune.placement import Demand
 from minitrain.tune.resources import ClusterRoom, Reservation
 from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
@@ -272,7 +272,8 @@ class SweepLoop:
         env.pop(HOSTFILE_ENV_VAR, None)
         if env.get(DASHBOARD_ENV):  # the sweep's page holds a fixed port: each trial's fit() takes a free one
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
-        trial.started_at, trial.startup_s = time.time(), None  # "starting for ..." until its first result
+        # "starting for ..." until its first result
+        trial.started_at, trial.startup_s, trial.startup_phase = time.time(), None, ""
         with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
                                     stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
@@ -311,6 +312,8 @@ class SweepLoop:
             return
         if isinstance(message, TrialReported):
             self._on_result(running, message)
+        elif isinstance(message, TrialStarting):  # shown by the next redraw of the table and the page
+            running.trial.startup_phase = message.phase
         elif isinstance(message, _PipeClosed):
             self._on_exit(running)
         else:  # TrialFinished, TrialFailed or TrialInterrupted: how the trial ended, acted on at its exit

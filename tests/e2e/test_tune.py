@@ -152,6 +152,11 @@ def test_function_trainable_running_fit_forwards_every_report(tmp_path):
     assert best.config["train_loop_config"]["lr"] == 1e-3
     assert best.checkpoint.to_dict() == {"epoch": 2}  # the committed checkpoint of the inner fit()
     assert list(best.metrics_dataframe["epoch"]) == [0, 1, 2]
+    # While each trial started, its fit() said what it was doing; the last thing it said before its
+    # first result is kept beside the start-up's cost (the "starting for ..." cell showed it).
+    _, trials = tr.read_state(str(tmp_path / "v2"))
+    assert [(t.startup_phase, t.startup_s is not None) for t in trials] == \
+        [("waiting for the first step (report())", True)] * 2
 
 
 # ------------------------------------------------------------------ Optuna vs random

@@ -12,9 +12,10 @@ import pytest
 from minitrain.storage.sweep_state import TrialError
 from minitrain.tune import messages
 from minitrain.tune.messages import (Decision, MalformedMessage, TrialFailed, TrialFinished, TrialInterrupted,
-                                     TrialReported)
+                                     TrialReported, TrialStarting)
 
 EVERY_MESSAGE = [
+    TrialStarting("rendezvous (process-group init)"),
     TrialReported({"loss": 0.25, "nested": {"a": [1, 2]}, "name": "x"}, "/tmp/trial/checkpoint_000001"),
     TrialReported({"loss": 1.0}),
     TrialFinished(stopped=True),
