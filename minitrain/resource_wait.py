@@ -70,6 +70,7 @@ def holding(cluster: ClusterConfig, scaling: Any, run: str, live: LiveConsole, m
         display.done()
     with reservation:
         if display.waited:
-            logger.info("run %r got %s on %s after waiting %.1f s", run, need.describe(),
+            held = sum(host.slots or 0 for host in reservation.cluster.hosts) or need.workers
+            logger.info("run %r got %s on %s after waiting %.1f s", run, need.describe(held),
                         ",".join(h.name for h in reservation.cluster.hosts), reservation.waited_s)
         yield reservation

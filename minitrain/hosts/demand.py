@@ -6,10 +6,13 @@ holds whole GPUs, workers of a fractional share pack onto them), and CPUs and me
 share its cores as they always could). `room` is how many workers a host holds now; `plan` places
 the workers over the hosts' rooms by the run's placement strategy, as
 `minitrain.coordinator.ranks.assign_ranks` will place its ranks on what the run is then given.
+An elastic run (`ScalingConfig(num_workers=(min, max))`) is planned at the largest size that fits now,
+down to its minimum (`Need.sizes`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
@@ -23,20 +26,37 @@ _EPS = 1e-9
 @dataclass(frozen=True)
 class Need:
     """A run's demand: `workers` workers of `gpus` GPUs, `cpus` CPUs and `memory_bytes` each (0: not
-    claimed), placed by `strategy` (a ScalingConfig placement strategy)."""
+    claimed), placed by `strategy` (a ScalingConfig placement strategy). An elastic run takes as many
+    as fit now, from `min_workers` up to `workers` (None: exactly `workers`)."""
 
     workers: int
     gpus: float = 0.0
     cpus: float = 0.0
     memory_bytes: int = 0
     strategy: str = "PACK"
+    min_workers: Optional[int] = None
 
     @classmethod
     def of(cls, scaling: Any) -> "Need":
-        """The demand of a `ScalingConfig`: its GPUs, and the CPUs and memory it names."""
+        """The demand of a `ScalingConfig`: its GPUs, and the CPUs and memory it names; for an elastic
+        `num_workers=(min, max)`, max workers, of which min are enough to start."""
         named = scaling.resources_per_worker or {}
+        fewest = scaling.min_workers if scaling.min_workers != scaling.max_workers else None
         return cls(scaling.max_workers, scaling.num_gpus_per_worker, float(named.get("CPU", 0.0)),
-                   int(named.get("memory", 0)), scaling.placement_strategy)
+                   int(named.get("memory", 0)), scaling.placement_strategy, fewest)
+
+    @property
+    def fewest(self) -> int:
+        """The fewest workers the run starts with (`workers` unless it is elastic)."""
+        return self.workers if self.min_workers is None else self.min_workers
+
+    def sizes(self) -> range:
+        """The worker counts the run takes, most wanted first (`workers` down to `fewest`)."""
+        return range(self.workers, self.fewest - 1, -1)
+
+    def sized(self, workers: int) -> "Need":
+        """This demand for exactly `workers` workers."""
+        return dataclasses.replace(self, workers=workers, min_workers=None)
 
     @property
     def claims(self) -> bool:
@@ -139,7 +159,8 @@ def waiting_text(need: Need, snapshots: Sequence[Snapshot], since: float) -> str
     names = ",".join(s.host for s in snapshots)
     who = [f"{s.host + ': ' if len(snapshots) > 1 else ''}{h}" for s in snapshots for h in holders(s, need)]
     problems = [p for s in snapshots for p in s.problems]
-    text = (f"waiting for {need.describe()} on {names} since {time.strftime('%H:%M', time.localtime(since))}: "
+    wanted = need.describe(need.fewest) + (f" (at least {need.fewest} workers)" if need.min_workers is not None else "")
+    text = (f"waiting for {wanted} on {names} since {time.strftime('%H:%M', time.localtime(since))}: "
             + ("held by " + "; ".join(who) if who else "held by no claim minitrain trusts"))
     return text + (f" (refused ledger entries: {len(problems)}; see the log)" if problems else "")
 

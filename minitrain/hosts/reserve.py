@@ -8,7 +8,8 @@ allocation (the scheduler owns the nodes), it returns at once and touches no led
    remote host's through a holder started over SSH (`minitrain.hosts.hold`);
 2. a run that cannot fit even when every host is idle fails at once (`ConfigError` with the table of
    what each host has and holds);
-3. the workers are placed on what is free now (`demand.plan`) and each host claims its part,
+3. the workers are placed on what is free now (`demand.plan`; an elastic run at the largest size
+   that fits, down to its minimum) and each host claims its part,
    atomically in its ledger; when a host's claim fails (another run was faster), what was claimed is
    given back, so no run holds part of a cluster while waiting for the rest;
 4. while the run does not fit, `on_wait` is told who holds what it waits for, and the ledgers are
@@ -138,10 +139,21 @@ def _rooms(snapshots: list[Snapshot], hosts: list[Host], need: Need, idle: bool 
     return rooms
 
 
+def _largest_plan(snapshots: list[Snapshot], hosts: list[Host], need: Need) -> tuple[Optional[dict], Need]:
+    """(host -> workers, the demand at that size) for the most workers of `need` that fit now (an
+    elastic run: from its maximum down to its minimum), or (None, need) when not even the fewest fit."""
+    for workers in need.sizes():
+        sized = need.sized(workers)
+        counts = plan(_rooms(snapshots, hosts, sized), sized)
+        if counts is not None:
+            return counts, sized
+    return None, need
+
+
 def _never_fits(snapshots: list[Snapshot], hosts: list[Host], need: Need, run: str) -> ConfigError:
     slots = {h.spec.name: h.spec.slots for h in hosts}
     return ConfigError(
-        f"run {run!r} needs {need.workers} worker(s) of {need.describe(1)} each ({need.strategy}), which the hosts "
+        f"run {run!r} needs {need.fewest} worker(s) of {need.describe(1)} each ({need.strategy}), which the hosts "
         f"cannot hold even when no other run holds anything. Lower ScalingConfig.num_workers or "
         f"resources_per_worker, or add hosts (or slots).\n{host_table(snapshots, slots)}")
 
@@ -180,11 +192,12 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
         first = True
         while True:
             snapshots = [host.snapshot() for host in hosts]
-            if first and plan(_rooms(snapshots, hosts, need, idle=True), need) is None:
+            if first and plan(_rooms(snapshots, hosts, need.sized(need.fewest), idle=True),
+                              need.sized(need.fewest)) is None:
                 raise _never_fits(snapshots, hosts, need, run)
             first = False
-            counts = plan(_rooms(snapshots, hosts, need), need)
-            claims = _try_claim(hosts, counts, need, run) if counts is not None else None
+            counts, sized = _largest_plan(snapshots, hosts, need)
+            claims = _try_claim(hosts, counts, sized, run) if counts is not None else None
             if claims is not None:
                 return _reservation(cluster, hosts, snapshots, counts, claims, clock() - started)
             text = waiting_text(need, snapshots, since)

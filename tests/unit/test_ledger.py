@@ -265,6 +265,31 @@ def test_a_waiting_run_gets_the_host_when_the_holder_releases(local_ledger):
     assert len(told) == 1 and "held by run holder" in told[0]
 
 
+def test_an_elastic_run_takes_what_fits_now_down_to_its_minimum(local_ledger):
+    from minitrain.hosts import hostinfo
+    cpus = hostinfo.cpu_count()
+    half = max(cpus // 2, 1)
+    if cpus < 2:
+        pytest.skip("needs 2 CPUs to hold half of them")
+    elastic_cpus = Need(cpus, cpus=1.0, min_workers=1)  # 1..cpus workers of one CPU each
+    with reserve(LOCAL, Need(1, cpus=float(half)), "holder"):
+        with reserve(LOCAL, elastic_cpus, "elastic", timeout_s=0) as elastic:
+            assert elastic.cluster.hosts[0].slots == cpus - half == elastic.claims["localhost"].cpus
+    with reserve(LOCAL, elastic_cpus, "elastic") as alone:  # nobody else: its maximum
+        assert alone.cluster.hosts[0].slots == cpus
+    with reserve(LOCAL, _whole_host(), "holder"):  # not even its minimum fits: it waits, saying so
+        with pytest.raises(ResourcesBusyError, match=r"waiting for 1 CPUs \(at least 1 workers\)"):
+            reserve(LOCAL, elastic_cpus, "elastic", timeout_s=0)
+
+
+def test_an_elastic_scaling_config_is_a_need_of_max_workers_min_enough():
+    from minitrain import ScalingConfig
+    need = Need.of(ScalingConfig(num_workers=(1, 3), resources_per_worker={"CPU": 1}))
+    assert (need.workers, need.fewest, list(need.sizes())) == (3, 1, [3, 2, 1])
+    fixed = Need.of(ScalingConfig(num_workers=2, resources_per_worker={"CPU": 1}))
+    assert (fixed.workers, fixed.min_workers, list(fixed.sizes())) == (2, None, [2])
+
+
 # ---------------------------------------------------------------------------------- GPUs as agents get them
 
 class _FakeNvml:
