@@ -110,3 +110,29 @@ def test_a_tune_trial_waits_for_a_plain_run_on_the_same_ledger(tmp_path, monkeyp
     said = "".join(p.read_text() for p in trial_logs())
     assert "held by run plain (" in said and f"pid {plain.pid}" in said
     assert (out / "started_trial").read_text() == "finished_plain"
+
+
+def _world_size(config):
+    import minitrain
+
+    minitrain.report({"world_size": minitrain.get_context().get_world_size()})
+
+
+def test_an_elastic_run_starts_with_what_is_free_when_another_run_holds_part_of_the_host(tmp_path):
+    import minitrain
+    from minitrain.hosts import hostinfo
+    from minitrain.hosts.cluster import ClusterConfig, HostSpec
+    from minitrain.hosts.demand import Need
+    from minitrain.hosts.reserve import reserve
+    from minitrain.torch import TorchTrainer
+
+    cpus = hostinfo.cpu_count()
+    if cpus < 2:
+        pytest.skip("needs 2 CPUs: one held by another run, one for the elastic run")
+    held = cpus // 2
+    with reserve(ClusterConfig(hosts=(HostSpec("localhost"),)), Need(1, cpus=float(held)), "holder"):
+        result = TorchTrainer(
+            _world_size,
+            scaling_config=minitrain.ScalingConfig(num_workers=(1, cpus), resources_per_worker={"CPU": 1}),
+            run_config=minitrain.RunConfig(name="elastic", storage_path=str(tmp_path))).fit()
+    assert result.metrics["world_size"] == cpus - held
