@@ -241,9 +241,10 @@ class Controller:
         membership = self._membership
         missing = membership.missing()
         interrupted, self._interrupts = self._interrupts > 0, 0
+        preempted, preempted_again = self._preemption.take_new()
         seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
-                    lost_nodes=bool(membership.lost),
-                    start_error=self._start_error, interrupted=interrupted, preempted=self._preemption.take_new())
+                    lost_nodes=bool(membership.lost), start_error=self._start_error, interrupted=interrupted,
+                    preempted=preempted, preempted_again=preempted_again)
         group = self._current.group
         if self._rules.elastic:
             seen = self._elastic_facts(seen, group)
