@@ -390,8 +390,10 @@ class Controller:
         self._observers.on_resize(resize)
 
     def _shutdown_agents(self) -> None:
+        preempted = was_preempted(self._loop)
         for node_id in list(self._membership.nodes):
-            self._hub.to_agent(node_id, Shutdown(reason="run ended"))
+            self._hub.to_agent(node_id, Shutdown(reason="run preempted" if preempted else "run ended",
+                                                 preempted=preempted))
 
     # ------------------------------------------------------------------ events
 

@@ -54,6 +54,7 @@ def train(config):
         gathered = [torch.zeros_like(flat) for _ in range(world)]
         dist.all_gather(gathered, flat)
         time.sleep(config["step_s"])
+        _write(config["out"], f"done_{rank}.json", {"step": step})  # the latest step this rank computed
         with tempfile.TemporaryDirectory() as directory:
             if rank == 0:
                 with open(os.path.join(directory, "step"), "w") as handle:

@@ -10,6 +10,7 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import subprocess
 import sys
 import time
@@ -116,6 +117,12 @@ def _join(pods: Pods, rank: int, *, run_id: str, token_file) -> subprocess.Compl
         cwd=REPO)
 
 
+def _forget_starts(pods: Pods) -> None:
+    """Remove the ranks' start records, so that `pods.ranks()` holds the next incarnation's alone."""
+    for record in pods.ranks():
+        os.unlink(pods.out / f"rank_{record['rank']}_start_{record['start']}.json")
+
+
 def _assert_trained(pods: Pods, codes: dict[int, int]) -> None:
     assert codes == {rank: 0 for rank in range(pods.pods)}, pods.logs()
     result = json.loads((pods.out / "result.json").read_text())
@@ -163,8 +170,7 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     checkpoints = pods.storage / "pods"
     _wait_for(lambda: len(glob.glob(str(checkpoints / "checkpoint_*"))) >= 2, "a committed checkpoint", pods=pods)
     pods.kill_all()  # pod 0 killed; the job recreates every pod
-    for record in pods.ranks():
-        os.unlink(pods.out / f"rank_{record['rank']}_start_{record['start']}.json")
+    _forget_starts(pods)
     pods.start(0)
     pods.start(1)
     codes = pods.wait_all()
@@ -236,3 +242,43 @@ def test_a_driver_waits_for_an_agent_started_with_join_and_trains_with_it(netns_
     result = json.loads((pods.out / "result.json").read_text())["metrics"]
     assert result["world"] == 2 and result["params_equal"] is True
     assert len({record["netns"] for record in pods.ranks()}) == 2
+
+
+def _index(pods: Pods) -> dict:
+    return json.loads((pods.storage / "pods" / "checkpoint_manager_snapshot.json").read_text())
+
+
+@pytest.mark.parametrize("signalled", ["every pod", "pod 1"])
+@pytest.mark.parametrize("netns_cluster", [2], indirect=True)
+def test_sigterm_takes_the_preemption_path_and_recreated_pods_resume_after_the_agreed_checkpoint(
+        netns_cluster, tmp_path, signalled):
+    """SIGTERM to the launch process (a container's PID 1) of every pod, as Kubernetes sends on a deletion
+    or an eviction, or of pod 1 alone (its node drained): one agreed checkpoint commits, and every pod
+    exits 143 (retryable: `restartPolicy: ExitCode` or `OnFailure` restarts it, so the pods the resumed
+    run needs come back). Recreating the pods resumes at the step after that checkpoint."""
+    pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=20, step_s=0.2)
+    pods.start(0)
+    pods.start(1)
+    _wait_for(lambda: len(glob.glob(str(pods.storage / "pods" / "checkpoint_*"))) >= 2, "a committed checkpoint",
+              pods=pods)
+    targets = [0, 1] if signalled == "every pod" else [1]
+    for rank in targets:
+        pods.running[rank].send_signal(signal.SIGTERM)
+    codes = pods.wait_all()
+    assert codes == {0: 143, 1: 143}, pods.logs()
+    index = _index(pods)
+    assert index["preemptions"] == 1, index
+    agreed = index["latest_checkpoint_result"]["metrics"]["step"]
+    computed = [json.loads((pods.out / f"done_{rank}.json").read_text())["step"] for rank in (0, 1)]
+    assert computed == [agreed, agreed], (computed, agreed)  # every rank stopped at the agreed step, none past it
+    assert agreed < 19
+    driver_log = pods.last_log[0].read_text()
+    assert "every rank checkpoints at report round" in driver_log and "second signal" not in driver_log, pods.logs()
+    _forget_starts(pods)
+    pods.running.clear()
+    pods.incarnation += 1
+    pods.start(1)  # recreated in any order
+    pods.start(0)
+    assert pods.wait_all() == {0: 0, 1: 0}, pods.logs()
+    assert {record["start"] for record in pods.ranks()} == {agreed + 1}  # nothing lost, nothing redone
+    assert json.loads((pods.out / "result.json").read_text())["metrics"]["step"] == 19
