@@ -1,7 +1,8 @@
 """The Kubernetes contract with "pods" as network-namespace hosts (scripts/netns_cluster.py) carrying a
 PyTorchJob's or a TrainJob's variables: every pod runs the same ``python -m minitrain.launch
-pod_training.py``; pod 0 is the driver and coordinator, the others join it over TLS with the token from a
-file (the Secret). No Kubernetes API, as minitrain uses none."""
+bench/kubernetes_jobs.py`` (the `kubernetes` benchmark's script: what it records is in its docstring); pod 0
+is the driver and coordinator, the others join it over TLS with the token from a file (the Secret). No
+Kubernetes API, as minitrain uses none."""
 
 from __future__ import annotations
 
@@ -17,8 +18,10 @@ import time
 
 import pytest
 
-SCRIPT = str(pathlib.Path(__file__).with_name("pod_training.py"))
+from bench.kubernetes_jobs import RUN_NAME
+
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
+SCRIPT = str(pathlib.Path(REPO) / "bench" / "kubernetes_jobs.py")
 PORT = 29500
 RUN_S = 300  # the most a pod may run; a pod still running then is a failure, not a wait
 
@@ -167,7 +170,7 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=12, step_s=0.5)
     pods.start(0)
     pods.start(1)
-    checkpoints = pods.storage / "pods"
+    checkpoints = pods.storage / RUN_NAME
     _wait_for(lambda: len(glob.glob(str(checkpoints / "checkpoint_*"))) >= 2, "a committed checkpoint", pods=pods)
     pods.kill_all()  # pod 0 killed; the job recreates every pod
     _forget_starts(pods)
@@ -187,7 +190,7 @@ def test_a_pod_that_dies_and_is_restarted_joins_again_and_the_run_goes_on(netns_
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=10, step_s=0.5, max_failures=1)
     pods.start(0)
     pods.start(1)
-    _wait_for(lambda: len(glob.glob(str(pods.storage / "pods" / "checkpoint_*"))) >= 2, "a committed checkpoint",
+    _wait_for(lambda: len(glob.glob(str(pods.storage / RUN_NAME / "checkpoint_*"))) >= 2, "a committed checkpoint",
               pods=pods)
     first = pods.running.pop(1)
     netns_cluster.kill_namespace_processes(netns_cluster.hosts[1])
@@ -245,7 +248,7 @@ def test_a_driver_waits_for_an_agent_started_with_join_and_trains_with_it(netns_
 
 
 def _index(pods: Pods) -> dict:
-    return json.loads((pods.storage / "pods" / "checkpoint_manager_snapshot.json").read_text())
+    return json.loads((pods.storage / RUN_NAME / "checkpoint_manager_snapshot.json").read_text())
 
 
 @pytest.mark.parametrize("signalled", ["every pod", "pod 1"])
@@ -259,7 +262,7 @@ def test_sigterm_takes_the_preemption_path_and_recreated_pods_resume_after_the_a
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=20, step_s=0.2)
     pods.start(0)
     pods.start(1)
-    _wait_for(lambda: len(glob.glob(str(pods.storage / "pods" / "checkpoint_*"))) >= 2, "a committed checkpoint",
+    _wait_for(lambda: len(glob.glob(str(pods.storage / RUN_NAME / "checkpoint_*"))) >= 2, "a committed checkpoint",
               pods=pods)
     targets = [0, 1] if signalled == "every pod" else [1]
     for rank in targets:
