@@ -24,6 +24,7 @@ REPO = str(pathlib.Path(__file__).resolve().parents[2])
 SCRIPT = str(pathlib.Path(REPO) / "bench" / "kubernetes_jobs.py")
 PORT = 29500
 RUN_S = 300  # the most a pod may run; a pod still running then is a failure, not a wait
+GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds: SIGTERM, then SIGKILL after it
 
 
 def _variables(flavor: str, pods: int, rank: int, master: str) -> dict:
@@ -265,10 +266,12 @@ def test_sigterm_takes_the_preemption_path_and_recreated_pods_resume_after_the_a
     _wait_for(lambda: len(glob.glob(str(pods.storage / RUN_NAME / "checkpoint_*"))) >= 2, "a committed checkpoint",
               pods=pods)
     targets = [0, 1] if signalled == "every pod" else [1]
+    signalled_at = time.monotonic()
     for rank in targets:
         pods.running[rank].send_signal(signal.SIGTERM)
     codes = pods.wait_all()
     assert codes == {0: 143, 1: 143}, pods.logs()
+    assert time.monotonic() - signalled_at < GRACE_S, pods.logs()  # before Kubernetes' SIGKILL
     index = _index(pods)
     assert index["preemptions"] == 1, index
     agreed = index["latest_checkpoint_result"]["metrics"]["step"]
