@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 from bench.common import BenchError, say, summary, tail
+from bench.kubernetes_jobs import RUN_NAME
 from bench.multihost import netns_cluster
 from bench.table import Row, WorkloadResult
 from minitrain.storage.layout import INDEX_NAME
@@ -73,7 +74,7 @@ def recreate_once(cluster, tmp: Path, number: int) -> dict:
     logs = [tmp / f"job{number}-pod{rank}.log" for rank in range(PODS)]
     pods = [_start(cluster, rank, args, token, logs[rank]) for rank in range(PODS)]
     try:
-        _wait(lambda: _committed(storage / "bench" / INDEX_NAME) >= KILL_AFTER_CHECKPOINTS, JOB_TIMEOUT_S,
+        _wait(lambda: _committed(storage / RUN_NAME / INDEX_NAME) >= KILL_AFTER_CHECKPOINTS, JOB_TIMEOUT_S,
               "two committed checkpoints", logs)
         for host in cluster.hosts:
             cluster.kill_namespace_processes(host)

@@ -71,9 +71,12 @@ class PrepareForkServers:
 
 @dataclass(frozen=True, slots=True)
 class Shutdown:
-    """The run is over: stop every worker and exit."""
+    """The run is over: stop every worker and exit. `preempted`: it ended preempted, so the next run of
+    the job resumes; an agent that joined exits 143 then, asking its host (a pod's restart policy) to
+    start it again for that resume, rather than 0 (a pod that succeeded is not restarted)."""
 
     reason: str
+    preempted: bool = False
 
 
 AgentCommand = Union[StartWorkers, StopWorkers, DumpStacks, PrepareForkServers, Shutdown]

@@ -134,6 +134,11 @@ class NodeAgent:
         return 0
 
     @property
+    def preempted(self) -> bool:
+        """The coordinator's Shutdown said the run ended preempted (it resumes on the next run)."""
+        return self._stream.shutdown is not None and self._stream.shutdown.preempted
+
+    @property
     def end_reason(self) -> str:
         """Why the stream with the coordinator ended ("" while it has not): what a joiner reports."""
         return self._stream.end_reason

@@ -5,7 +5,12 @@ exist yet, and its coordinator may not listen yet: both are retried until `timeo
 the run as any agent does (`NodeAgent`), over TLS trusting only the certificate derived from the run
 token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
 
-- 0: the coordinator shut the run down (the run ended, however it ended: its result is the driver's);
+- 0: the coordinator shut the run down (the run ended, however it ended but preempted: its result is the
+  driver's);
+- EXIT_PREEMPTED (143): the coordinator shut the run down preempted (a preemption signal reached the driver
+  or any agent, this one's included, and the agreed checkpoint is what the next run resumes from). Retryable,
+  as the driver's 143: a pod that exited 0 counts as succeeded and is not restarted (PyTorchJob's
+  ``restartPolicy: OnFailure``/``ExitCode``), so the resumed run would wait for it in vain;
 - EXIT_REFUSED (3): the coordinator refused this agent: a wrong token (found at the TLS handshake, since
   the certificate is derived from the token; over loopback, by the token check), or another run id (a run
   that is over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
@@ -34,6 +39,7 @@ logger = logging.getLogger("minitrain")
 EXIT_REFUSED = 3
 EXIT_UNREACHABLE = 4
 EXIT_SIGNALLED = 128 + signal.SIGTERM  # 143: what Kubernetes' restartPolicy ExitCode retries
+EXIT_PREEMPTED = EXIT_SIGNALLED  # the driver's code for a resumable preemption (minitrain.launch.cli)
 RETRY_FIRST_S = 0.2  # the first pause between tries; doubled up to RETRY_MAX_S
 RETRY_MAX_S = 1.0  # a recreated master is found within a second of listening; one SYN a second is cheap
 CONNECT_TIMEOUT_S = 3.0  # one TCP connect try
@@ -126,6 +132,10 @@ def join(address: str, node_id: str, run_id: str, token: str, timeout_s: float) 
     agent = NodeAgent(address, node_id, run_id, token, tls_cert=cert)
     install_signal_handlers(agent)
     code = agent.run()
+    if code == 0 and agent.preempted:
+        print("minitrain.launch --join: the run was preempted; it resumes from its agreed checkpoint when the "
+              "job runs again", file=sys.stderr)
+        return EXIT_PREEMPTED
     if code == 0:
         return 0
     if agent.signalled is not None:  # SIGTERM from Kubernetes: its workers are stopped; retryable, as 128+N

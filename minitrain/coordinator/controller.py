@@ -241,9 +241,10 @@ class Controller:
         membership = self._membership
         missing = membership.missing()
         interrupted, self._interrupts = self._interrupts > 0, 0
+        preempted, preempted_again = self._preemption.take_new()
         seen = Seen(agents_missing=missing, agents_failed=membership.failed_to_start(missing),
-                    lost_nodes=bool(membership.lost),
-                    start_error=self._start_error, interrupted=interrupted, preempted=self._preemption.take_new())
+                    lost_nodes=bool(membership.lost), start_error=self._start_error, interrupted=interrupted,
+                    preempted=preempted, preempted_again=preempted_again)
         group = self._current.group
         if self._rules.elastic:
             seen = self._elastic_facts(seen, group)
@@ -389,8 +390,10 @@ class Controller:
         self._observers.on_resize(resize)
 
     def _shutdown_agents(self) -> None:
+        preempted = was_preempted(self._loop)
         for node_id in list(self._membership.nodes):
-            self._hub.to_agent(node_id, Shutdown(reason="run ended"))
+            self._hub.to_agent(node_id, Shutdown(reason="run preempted" if preempted else "run ended",
+                                                 preempted=preempted))
 
     # ------------------------------------------------------------------ events
 

@@ -18,7 +18,8 @@ A `Stage` says what the loop waits for inside a state, each with a deadline:
         STARTING/WORKERS (attempt + 1)
     RUNNING/WORKERS --a rank silent past its hang deadline--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
     RUNNING/WORKERS --preemption signal--> RUNNING/PREEMPT --every rank reported the agreed round-->
-        STOPPING(ABORTED)/EXIT ...; --a second signal, the timeout, a failure--> STOPPING(ABORTED), killed at once
+        STOPPING(ABORTED)/EXIT ...; --a second signal to one process, the timeout, a failure--> STOPPING(ABORTED),
+        killed at once
     any --finished | budget spent | Ctrl-C | launch failed | preemption signal--> STOPPING/EXIT ->
         STOPPING/DRAIN -> terminal
     (a spent budget goes through STOPPING/CATCH_UP first when a failed rank's last round is pending)
@@ -42,7 +43,8 @@ The preempt stage stops a preempted run at a checkpoint every rank agrees on, wi
 user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
 (AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
 `Rules.preempt_timeout_s` after the signal) the attempt is stopped gracefully towards ABORTED. A second
-signal, the timeout or a failed rank kills the workers at once; a run that finishes meanwhile succeeds.
+signal to the same process (driver or agent), the timeout or a failed rank kills the workers at once (the
+first signal of each other process is the same preemption: Kubernetes and scancel signal them all); a run that finishes meanwhile succeeds.
 In other states a signal stops the run gracefully; during a stop only a second one matters. A preempted
 run is never restarted inside `fit()`: its machines are going away (the resume is the next `fit()`).
 """
@@ -114,15 +116,17 @@ def _kill_during_stop(loop: Loop, now: float, rules: Rules) -> Decision:
 def _preempt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """Preemption signals arrived. The first one while every rank trains starts the agreement (the
     PREEMPT stage); in any other state it stops the run now (gracefully: no round can be agreed before
-    every rank trains, and what is committed stands). A later one, or several at once, kills the
-    workers at once; during a stop only such a later signal matters."""
+    every rank trains, and what is committed stands). A second signal to a process that had one
+    (`Seen.preempted_again`) kills the workers at once; during a stop only such a signal matters. The
+    first signal of each other process (every pod or job step signalled at once) is the same preemption."""
     first = loop.preemptions == 0
     loop = replace(loop, preemptions=loop.preemptions + seen.preempted)
-    again = not first or seen.preempted > 1
     if loop.state is RunState.STOPPING:
-        return _kill_during_stop(loop, now, rules) if again else Decision(loop)
-    if again:
+        return _kill_during_stop(loop, now, rules) if seen.preempted_again else Decision(loop)
+    if seen.preempted_again:
         return _stop_now(loop, seen, now, rules, f"{PREEMPTED}: a second signal stopped the run at once")
+    if not first:  # another process's notice of the preemption under way: the rest of what is seen decides
+        return decide(loop, replace(seen, preempted=0), now, rules)
     if loop.state is RunState.RUNNING and loop.stage is Stage.WORKERS and not seen.failed and not seen.finished:
         reason = f"{PREEMPTED}: checkpointing at a round every rank agrees on"
         return Decision(replace(loop, stage=Stage.PREEMPT, reason=reason, deadline=now + rules.preempt_timeout_s),

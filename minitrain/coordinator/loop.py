@@ -149,6 +149,9 @@ class Seen:
     root_cause: str = ""  # one line naming the attempt's root-cause failure
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
     preempted: int = 0  # preemption signals since the last decision
+    # one of them reached a process (the driver, a node's agent) that had had one before: "hurry". The first
+    # signal of each process is the same preemption (Kubernetes and scancel signal every pod or step at once)
+    preempted_again: bool = False
     preempt_reached: bool = False  # every rank reported the round agreed after a preemption
     # Elastic runs only (zero/False otherwise):
     fits: int = 0  # workers the usable nodes hold now, at most max_workers (coordinator/elastic.py)

@@ -59,6 +59,7 @@ class Preemption:
         self.signals: list[tuple[str, str]] = []  # (node id or DRIVER, signal name), in arrival order
         self.first_at: Optional[float] = None
         self._unseen = 0  # signals not yet given to decide()
+        self._unseen_again = False  # one of them came from a process that had signalled before
         self._attempt: Optional[int] = None  # the attempt that was told (None: no notice sent)
         self._answers: dict[int, int] = {}
         self.round: Optional[int] = None
@@ -74,15 +75,21 @@ class Preemption:
         """Record a signal (the driver's or an agent's)."""
         if self.first_at is None:
             self.first_at = self._clock()
+        if any(node == event.node_id for node, _ in self.signals):
+            self._unseen_again = True
         self.signals.append((event.node_id, event.signal))
         self._unseen += 1
         where = "the driver" if event.node_id == DRIVER else f"node {event.node_id}"
         logger.warning("preemption signal %s on %s", event.signal, where)
 
-    def take_new(self) -> int:
-        """How many signals arrived since the last call (for `Seen.preempted`)."""
-        count, self._unseen = self._unseen, 0
-        return count
+    def take_new(self) -> tuple[int, bool]:
+        """How many signals arrived since the last call, and whether one of them came from a process
+        (the driver, a node's agent) that had signalled before (for `Seen.preempted` and
+        `Seen.preempted_again`). One signal on each process is one preemption: Kubernetes deleting a job
+        and Slurm's ``scancel`` send SIGTERM to every pod or step at once."""
+        count, again = self._unseen, self._unseen_again
+        self._unseen, self._unseen_again = 0, False
+        return count, again
 
     def notify(self, tracker: AttemptTracker) -> None:
         """Send every rank of `tracker`'s attempt the notice (AgreePreemption)."""

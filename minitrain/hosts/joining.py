@@ -171,10 +171,15 @@ class JoinLauncher:
         return self._join.token, tls.join_identity(self._join.token, self._join.host), self._join.port
 
     def bind_hosts(self) -> tuple[str, ...]:
-        return ("0.0.0.0",)
+        """Every interface, serving TLS; but a loopback `JoinConfig.address` (every agent on this machine)
+        is bound alone, plaintext, since agents dial loopback without TLS (`tls.uses_tls`): serving TLS
+        there broke the run's own local agent (a PyTorchJob with ``MASTER_ADDR=127.0.0.1``)."""
+        from minitrain.rpc import tls
+
+        return ("0.0.0.0",) if tls.uses_tls(self._join.host) else (self._join.host,)
 
     def bind_host_for(self, node_id: str) -> str:
-        return "0.0.0.0"
+        return self.bind_hosts()[0]
 
     def start(self, node_ids: list[str], address_for, token: str, run_id: str, tls_cert: bytes = b""):
         """Start the agents of the local hosts among `node_ids`; the others join by themselves."""

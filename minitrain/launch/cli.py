@@ -20,7 +20,9 @@ reports a process SIGINT ended. A preempted run (`PreemptionError`: a preemption
 driver or a node agent, every rank checkpointed at the agreed round) ends with exit code 143 (128 +
 SIGTERM: what a scheduler expects of a process it asked to stop, and retryable under Kubeflow's
 ExitCode restart policy) while `FailureConfig.max_preemption_failures` allows a resume, and with 1 once
-it does not. A script target's exit code is the script's own.
+it does not. A script target's exit code is the script's own, except that a `PreemptionError` the
+script lets escape ends as the function target's would (143, or 1 when not resumable) rather than as
+any uncaught exception (1): a script of a Kubernetes pod need not catch it for its pod to be retried.
 """
 
 from __future__ import annotations
@@ -191,10 +193,15 @@ def _run_script(path: str, script_args: list[str]) -> int:
         raise SystemExit(f"minitrain.launch: no such file: {path}")
     sys.argv = [path, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+    import minitrain
+
     try:
         runpy.run_path(path, run_name="__main__")
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except minitrain.PreemptionError as exc:
+        print(f"minitrain.launch: preempted\n{exc}", file=sys.stderr)
+        return EXIT_PREEMPTED if exc.resumable else 1
     return 0
 
 

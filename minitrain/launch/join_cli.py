@@ -7,7 +7,8 @@ Under a Kubernetes training job (`minitrain.hosts.kubernetes_env`: TrainJob's ``
 PyTorchJob's ``MASTER_ADDR``/``MASTER_PORT``/``WORLD_SIZE``/``RANK``) the same command runs on every
 pod: ``python -m minitrain.launch script.py`` runs the script on pod 0, with a joined cluster whose
 hosts are the job's pods (`kubernetes_cluster`), and on every other pod an agent that joins pod 0 as
-``pod-RANK``. Pod 0's exit code is the run's; the other pods exit 0 when the run ends.
+``pod-RANK``. Pod 0's exit code is the run's; the other pods exit 0 when the run ends, 143 when it ended
+preempted (retryable, as pod 0's: the resumed run needs them back).
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
     cmd.DumpStacks: lambda c: pb.AgentCommand(dump_stacks=pb.DumpStacks(attempt=c.attempt)),
     cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(
         count=c.count, for_start=c.env is not None, cwd=c.cwd, env=dict(c.env or {}))),
-    cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason)),
+    cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason, preempted=c.preempted)),
 }
 
 
@@ -115,7 +115,7 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
         p = message.prepare_fork_servers
         return cmd.PrepareForkServers(count=p.count, env=dict(p.env) if p.for_start else None, cwd=p.cwd)
     if kind == "shutdown":
-        return cmd.Shutdown(reason=message.shutdown.reason)
+        return cmd.Shutdown(reason=message.shutdown.reason, preempted=message.shutdown.preempted)
     return None
 
 

@@ -10,18 +10,19 @@ import json
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 import cloudpickle  # noqa: E402
-import pod_training  # noqa: E402
-from pod_training import train  # noqa: E402
+
+from bench import kubernetes_jobs  # noqa: E402
+from bench.kubernetes_jobs import train  # noqa: E402
 
 from minitrain import RunConfig, ScalingConfig  # noqa: E402
 from minitrain.hosts.cluster import ClusterConfig, HostSpec, use_cluster  # noqa: E402
 from minitrain.hosts.joining import JoinConfig, read_token  # noqa: E402
 from minitrain.torch import TorchTrainer  # noqa: E402
 
-cloudpickle.register_pickle_by_value(pod_training)  # the joined host's workers need not find the file
+cloudpickle.register_pickle_by_value(kubernetes_jobs)  # the joined host's workers need not find the file
 
 if __name__ == "__main__":
     out, storage, address, run_id = sys.argv[1:5]

@@ -1,7 +1,8 @@
 """The Kubernetes contract with "pods" as network-namespace hosts (scripts/netns_cluster.py) carrying a
 PyTorchJob's or a TrainJob's variables: every pod runs the same ``python -m minitrain.launch
-pod_training.py``; pod 0 is the driver and coordinator, the others join it over TLS with the token from a
-file (the Secret). No Kubernetes API, as minitrain uses none."""
+bench/kubernetes_jobs.py`` (the `kubernetes` benchmark's script: what it records is in its docstring); pod 0
+is the driver and coordinator, the others join it over TLS with the token from a file (the Secret). No
+Kubernetes API, as minitrain uses none."""
 
 from __future__ import annotations
 
@@ -10,16 +11,20 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import subprocess
 import sys
 import time
 
 import pytest
 
-SCRIPT = str(pathlib.Path(__file__).with_name("pod_training.py"))
+from bench.kubernetes_jobs import RUN_NAME
+
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
+SCRIPT = str(pathlib.Path(REPO) / "bench" / "kubernetes_jobs.py")
 PORT = 29500
 RUN_S = 300  # the most a pod may run; a pod still running then is a failure, not a wait
+GRACE_S = 30  # Kubernetes' default terminationGracePeriodSeconds: SIGTERM, then SIGKILL after it
 
 
 def _variables(flavor: str, pods: int, rank: int, master: str) -> dict:
@@ -116,6 +121,12 @@ def _join(pods: Pods, rank: int, *, run_id: str, token_file) -> subprocess.Compl
         cwd=REPO)
 
 
+def _forget_starts(pods: Pods) -> None:
+    """Remove the ranks' start records, so that `pods.ranks()` holds the next incarnation's alone."""
+    for record in pods.ranks():
+        os.unlink(pods.out / f"rank_{record['rank']}_start_{record['start']}.json")
+
+
 def _assert_trained(pods: Pods, codes: dict[int, int]) -> None:
     assert codes == {rank: 0 for rank in range(pods.pods)}, pods.logs()
     result = json.loads((pods.out / "result.json").read_text())
@@ -145,7 +156,7 @@ def test_a_pytorchjob_of_three_pods_trains_ddp_and_refuses_a_wrong_token_and_a_s
 @pytest.mark.parametrize("netns_cluster", [3], indirect=True)
 def test_a_trainjob_whose_pods_straggle_trains_ddp_and_every_pod_exits_0(netns_cluster, tmp_path):
     """Pod 2 starts first and retries while pod 0 does not exist yet; pod 0 comes 10 s later, pod 1 with
-    it (joins 0 and 10 s apart; the 40 s case is tests/unit/test_joining.py's retry loop)."""
+    it (joins 0 and 10 s apart; 40 s, either way, is tests/process/test_pods_straggle.py, on loopback)."""
     pods = Pods(netns_cluster, tmp_path, "TrainJob")
     pods.start(2)
     time.sleep(10)  # the straggle under test, not a wait for something
@@ -160,11 +171,10 @@ def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_clust
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=12, step_s=0.5)
     pods.start(0)
     pods.start(1)
-    checkpoints = pods.storage / "pods"
+    checkpoints = pods.storage / RUN_NAME
     _wait_for(lambda: len(glob.glob(str(checkpoints / "checkpoint_*"))) >= 2, "a committed checkpoint", pods=pods)
     pods.kill_all()  # pod 0 killed; the job recreates every pod
-    for record in pods.ranks():
-        os.unlink(pods.out / f"rank_{record['rank']}_start_{record['start']}.json")
+    _forget_starts(pods)
     pods.start(0)
     pods.start(1)
     codes = pods.wait_all()
@@ -181,7 +191,7 @@ def test_a_pod_that_dies_and_is_restarted_joins_again_and_the_run_goes_on(netns_
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=10, step_s=0.5, max_failures=1)
     pods.start(0)
     pods.start(1)
-    _wait_for(lambda: len(glob.glob(str(pods.storage / "pods" / "checkpoint_*"))) >= 2, "a committed checkpoint",
+    _wait_for(lambda: len(glob.glob(str(pods.storage / RUN_NAME / "checkpoint_*"))) >= 2, "a committed checkpoint",
               pods=pods)
     first = pods.running.pop(1)
     netns_cluster.kill_namespace_processes(netns_cluster.hosts[1])
@@ -236,3 +246,45 @@ def test_a_driver_waits_for_an_agent_started_with_join_and_trains_with_it(netns_
     result = json.loads((pods.out / "result.json").read_text())["metrics"]
     assert result["world"] == 2 and result["params_equal"] is True
     assert len({record["netns"] for record in pods.ranks()}) == 2
+
+
+def _index(pods: Pods) -> dict:
+    return json.loads((pods.storage / RUN_NAME / "checkpoint_manager_snapshot.json").read_text())
+
+
+@pytest.mark.parametrize("signalled", ["every pod", "pod 1"])
+@pytest.mark.parametrize("netns_cluster", [2], indirect=True)
+def test_sigterm_takes_the_preemption_path_and_recreated_pods_resume_after_the_agreed_checkpoint(
+        netns_cluster, tmp_path, signalled):
+    """SIGTERM to the launch process (a container's PID 1) of every pod, as Kubernetes sends on a deletion
+    or an eviction, or of pod 1 alone (its node drained): one agreed checkpoint commits, and every pod
+    exits 143 (retryable: `restartPolicy: ExitCode` or `OnFailure` restarts it, so the pods the resumed
+    run needs come back). Recreating the pods resumes at the step after that checkpoint."""
+    pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=20, step_s=0.2)
+    pods.start(0)
+    pods.start(1)
+    _wait_for(lambda: len(glob.glob(str(pods.storage / RUN_NAME / "checkpoint_*"))) >= 2, "a committed checkpoint",
+              pods=pods)
+    targets = [0, 1] if signalled == "every pod" else [1]
+    signalled_at = time.monotonic()
+    for rank in targets:
+        pods.running[rank].send_signal(signal.SIGTERM)
+    codes = pods.wait_all()
+    assert codes == {0: 143, 1: 143}, pods.logs()
+    assert time.monotonic() - signalled_at < GRACE_S, pods.logs()  # before Kubernetes' SIGKILL
+    index = _index(pods)
+    assert index["preemptions"] == 1, index
+    agreed = index["latest_checkpoint_result"]["metrics"]["step"]
+    computed = [json.loads((pods.out / f"done_{rank}.json").read_text())["step"] for rank in (0, 1)]
+    assert computed == [agreed, agreed], (computed, agreed)  # every rank stopped at the agreed step, none past it
+    assert agreed < 19
+    driver_log = pods.last_log[0].read_text()
+    assert "every rank checkpoints at report round" in driver_log and "second signal" not in driver_log, pods.logs()
+    _forget_starts(pods)
+    pods.running.clear()
+    pods.incarnation += 1
+    pods.start(1)  # recreated in any order
+    pods.start(0)
+    assert pods.wait_all() == {0: 0, 1: 0}, pods.logs()
+    assert {record["start"] for record in pods.ranks()} == {agreed + 1}  # nothing lost, nothing redone
+    assert json.loads((pods.out / "result.json").read_text())["metrics"]["step"] == 19

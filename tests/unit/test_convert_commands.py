@@ -24,6 +24,7 @@ AGENT_COMMANDS = [
     cmd.PrepareForkServers(count=1, env={"GLOO_SOCKET_IFNAME": "eth0"}, cwd="/w"),
     cmd.PrepareForkServers(count=1, env={}, cwd=""),
     cmd.Shutdown(reason="run ended"),
+    cmd.Shutdown(reason="run preempted", preempted=True),
 ]
 WORKER_COMMANDS = [
     cmd.Assignment(worker=WorkerAssignment(3, 1, 4, 2, 1, "node-b", (0, 1)), experiment_name="exp",

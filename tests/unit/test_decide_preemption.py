@@ -16,8 +16,8 @@ RUNNING = Loop(state=S.RUNNING, stage=Stage.WORKERS)
 TRAINING = Seen(has_attempt=True, all_training=True)
 
 
-def _signal(loop: Loop, now: float = 1.0, count: int = 1, seen: Seen = TRAINING):
-    return decide(loop, replace(seen, preempted=count), now, RULES)
+def _signal(loop: Loop, now: float = 1.0, count: int = 1, seen: Seen = TRAINING, again: bool = False):
+    return decide(loop, replace(seen, preempted=count, preempted_again=again), now, RULES)
 
 
 def test_the_first_signal_while_running_asks_every_rank_to_agree_and_keeps_running():
@@ -41,16 +41,27 @@ def test_the_agreed_round_reached_stops_gracefully_toward_aborted():
     assert final.actions[0] == CloseStreams()
 
 
-def test_a_second_signal_kills_at_once():
+def test_a_second_signal_to_one_process_kills_at_once():
     loop = _signal(RUNNING).loop
-    decision = _signal(loop, now=2.0)
+    decision = _signal(loop, now=2.0, again=True)
     assert decision.actions[0] == MoveTo(S.STOPPING, "preempted: a second signal stopped the run at once", S.ABORTED)
     assert decision.actions[1] == StopWorkers(0.0) and decision.loop.preemptions == 2
 
 
-def test_two_signals_at_once_kill_at_once():
-    decision = _signal(RUNNING, count=2)
+def test_two_signals_at_once_to_one_process_kill_at_once():
+    decision = _signal(RUNNING, count=2, again=True)
     assert StopWorkers(0.0) in decision.actions and decision.loop.state is S.STOPPING
+
+
+def test_the_first_signal_of_every_other_process_is_the_same_preemption():
+    """Kubernetes deleting a job, or scancel, signals every pod or step at once: one agreement, not a kill."""
+    at_once = _signal(RUNNING, count=3)
+    assert at_once.actions == (AgreePreemption(),) and at_once.loop.stage is Stage.PREEMPT
+    loop = _signal(RUNNING).loop
+    later = _signal(loop, now=2.0)
+    assert later.actions == () and later.loop == replace(loop, preemptions=2)
+    reached = decide(loop, replace(TRAINING, preempted=1, preempt_reached=True), 2.0, RULES)
+    assert reached.loop.state is S.STOPPING and reached.actions[1:] == (StopWorkers(3.0),)  # not lost that turn
 
 
 def test_the_timeout_kills_at_once_and_says_so():
@@ -87,7 +98,9 @@ def test_during_a_stop_only_a_second_signal_matters():
     stopping = Loop(state=S.STOPPING, stage=Stage.EXIT, target=S.SUCCEEDED, deadline=10.0)
     first = _signal(stopping)
     assert first.actions == () and first.loop.target is S.SUCCEEDED
-    second = _signal(first.loop)
+    other = _signal(first.loop)
+    assert other.actions == () and other.loop.target is S.SUCCEEDED  # another process's first signal
+    second = _signal(other.loop, again=True)
     assert second.actions == (StopWorkers(0.0),) and second.loop.target is S.SUCCEEDED
 
 

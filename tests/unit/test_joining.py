@@ -78,6 +78,19 @@ def test_pod_zeros_cluster_is_itself_and_the_pods_that_join():
 
 # ---------------------------------------------------------------------------------- the token
 
+@pytest.mark.parametrize(("host", "bound"), [("mnist-master-0", "0.0.0.0"), ("10.1.2.3", "0.0.0.0"),
+                                             ("127.0.0.1", "127.0.0.1"), ("localhost", "localhost")])
+def test_a_joined_coordinator_serves_tls_on_every_interface_but_a_loopback_address_alone_in_plaintext(host, bound):
+    """Agents dial loopback without TLS (tls.uses_tls): a coordinator serving TLS there lost its own agent."""
+    from minitrain.hosts.joining import JoinLauncher
+
+    cluster = kubernetes_cluster(pod_from_environment({"WORLD_SIZE": "2", "RANK": "0", "MASTER_ADDR": host,
+                                                       "MASTER_PORT": "29500"}), TOKEN)
+    launcher = JoinLauncher(cluster, local_launcher=None)
+    assert launcher.bind_hosts() == (bound,) and launcher.bind_host_for("pod-0") == bound
+    assert tls.uses_tls(bound) == tls.uses_tls(host)  # the server and its agents agree
+
+
 def test_the_token_comes_from_the_file_first_then_the_environment(tmp_path):
     path = tmp_path / "token"
     path.write_text("f" * 40 + "\n")

@@ -112,11 +112,22 @@ def _tracker(nodes=("n1", "n1", "n2")) -> AttemptTracker:
     return AttemptTracker.create(3, assignments, {})
 
 
+def test_a_signal_is_again_only_when_its_process_had_one():
+    preemption = Preemption(_Outbox(), clock=lambda: 100.0, timeout_s=20.0)
+    preemption.signalled(ev.PreemptionSignalled("n2", "SIGTERM", 99.0))
+    preemption.signalled(ev.PreemptionSignalled("", "SIGTERM", 99.0))  # every pod at once: one preemption
+    assert preemption.take_new() == (2, False)
+    preemption.signalled(ev.PreemptionSignalled("n1", "SIGTERM", 99.5))
+    assert preemption.take_new() == (1, False)
+    preemption.signalled(ev.PreemptionSignalled("n2", "SIGTERM", 99.6))  # n2 again: hurry
+    assert preemption.take_new() == (1, True) and preemption.take_new() == (0, False)
+
+
 def test_the_round_is_chosen_once_every_rank_answered_and_sent_to_every_rank():
     outbox, tracker = _Outbox(), _tracker()
     preemption = Preemption(outbox, clock=lambda: 100.0, timeout_s=20.0)
     preemption.signalled(ev.PreemptionSignalled("n2", "SIGUSR2", 99.0))
-    assert preemption.take_new() == 1 and preemption.take_new() == 0
+    assert preemption.take_new() == (1, False) and preemption.take_new() == (0, False)
     preemption.notify(tracker)
     assert [c for _, _, c in outbox.to_workers] == [PreemptionNotice()] * 3
     preemption.seen(ev.PreemptionSeen(3, 0, 7))

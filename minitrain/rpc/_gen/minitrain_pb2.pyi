@@ -275,10 +275,12 @@ class StopWorkers(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., grace_s: _Optional[float] = ...) -> None: ...
 
 class Shutdown(_message.Message):
-    __slots__ = ("reason",)
+    __slots__ = ("reason", "preempted")
     REASON_FIELD_NUMBER: _ClassVar[int]
+    PREEMPTED_FIELD_NUMBER: _ClassVar[int]
     reason: str
-    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+    preempted: bool
+    def __init__(self, reason: _Optional[str] = ..., preempted: _Optional[bool] = ...) -> None: ...
 
 class WorkerMessage(_message.Message):
     __slots__ = ("run_id", "attempt", "rank", "hello", "store_ready", "phase", "report", "done", "failure", "heartbeat", "list_checkpoints", "telemetry", "report_batch", "preemption_seen")
