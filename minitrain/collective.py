@@ -133,7 +133,8 @@ class StoreGroup:
             waited = time.monotonic() - started
             if deadline is not None and time.monotonic() >= deadline:
                 raise CollectiveTimeoutError(
-                    f"minitrain.collective.{operation}() timed out after {waited:.1f} s on rank {self._rank}: "
+                    # The timeout as given: the time measured runs a little past it on a loaded host.
+                    f"minitrain.collective.{operation}() timed out after {timeout_s:g} s on rank {self._rank}: "
                     f"rank(s) {list(missing)} did not call it (collective #{seq} of this attempt). Every rank "
                     "must call the same collectives in the same order; a missing rank is slow, stuck, or "
                     "took another branch.", missing, operation)
