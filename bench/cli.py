@@ -164,7 +164,7 @@ def _run_scale(tmp, s, args):
     return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
                        profile_at=args.profile_at, transports=transports, phase=args.phase,
                        rate_hz=args.rate_hz, digest=not args.no_digest, recovery=args.recovery,
-                       recovery_hosts=args.recovery_hosts)
+                       recovery_hosts=args.recovery_hosts, recovery_scenarios=args.recovery_scenarios)
 
 
 def _run_multihost(tmp, s, args):
@@ -260,6 +260,10 @@ def parser() -> argparse.ArgumentParser:
                         "silent host among WORKERS/8 hosts (issue 31: 16384)")
     p.add_argument("--recovery-hosts", type=int, metavar="HOSTS", default=0,
                    help="scale: the silent-host scenario among HOSTS hosts (default WORKERS/8; issue 31: 2048)")
+    p.add_argument("--recovery-scenarios", type=lambda text: tuple(p.strip() for p in text.split(",") if p.strip()),
+                   metavar="NAMES", help="scale: which --recovery scenarios run (default all: worker_lost, "
+                                         "silent_host, hosts_lost; hosts_lost is issue 28's elastic run losing 10%% "
+                                         "of its hosts)")
     p.add_argument("--no-digest", action="store_true",
                    help="scale: the fake agents send every report as its own relayed item (the figures before "
                         "progress digests, issue 31)")
