@@ -36,6 +36,7 @@ import sys
 import time
 
 from bench.common import BenchError, read_json, role_argv, say, stop_tree, tail, write_json
+from bench.scale.workload import ProcessSampler
 from bench.table import Row
 
 RECOVERY_TIMEOUT_S = 900.0
@@ -100,14 +101,17 @@ def _simulate(tmp: str, name: str, workers: int, slots: int, faults: list, clien
     with open(output, "wb") as out:
         proc = subprocess.Popen(role_argv("scale.recovery", "recovery", spec_path), cwd=out_dir, stdout=out,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+    sampler = ProcessSampler(proc.pid).start()  # the coordinator's CPU, and its client processes'
     try:
         proc.wait(timeout=RECOVERY_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         stop_tree(proc)
         raise BenchError(f"the {name} scenario did not end in {RECOVERY_TIMEOUT_S:g} s; output:\n{tail(output)}") from None
+    finally:
+        sampler.stop()
     if proc.returncode != 0 or not os.path.exists(spec["result"]):
         raise BenchError(f"the {name} scenario's coordinator exited with {proc.returncode}; output:\n{tail(output)}")
-    return read_json(spec["result"])
+    return {**read_json(spec["result"]), "sampler": sampler}
 
 
 def _first_state_after(states: list, since: float, to: str = "", attempt: int = -1):
@@ -180,7 +184,14 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
     decided = _first_state_after(got["states"], lost_at, "STARTING", 1)
     running = _first_state_after(got["states"], lost_at, "RUNNING", 1)
     shrink = [(r["from_workers"], r["to_workers"]) for r in resizes] == [(workers, survivors)]
-    return {**figures,
+    # How much CPU the coordinator got (and its fake clients took) while it stopped attempt 0 and
+    # while it started attempt 1: on a machine the clients share, a slow figure may be starvation.
+    usage = {}
+    if decided and running:
+        for phase, (start, end) in {"stop": (lost_at, decided[0]), "start": (decided[0], running[0])}.items():
+            window = got["sampler"].window(start, end)
+            usage[phase] = {"coordinator_cores": window["coordinator_cores"], "clients_cores": window["clients_cores"]}
+    return {**figures, "cpu": usage,
             "detected_s": detected[0] - lost_at if detected else None,
             "stopped_s": end0["at"] - lost_at if end0 else None,
             "decided_s": decided[0] - lost_at if decided else None,
@@ -190,6 +201,10 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
             # max_failures=0: a run that succeeded after the loss was charged no failure
             "complete": got["state"] == "SUCCEEDED" and got["attempt"] == 1 and shrink
             and len(got["lost_at"]) == len(hosts) and got["rounds_completed"] >= REPORTS}
+
+
+def _cores(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _fmt(value) -> str:
@@ -238,6 +253,10 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
             f"{_fmt(elastic['running_s'])} after the first loss; resizes {[(r['from_workers'], r['to_workers']) for r in elastic['resizes']]}; "
             f"run {elastic['state']} after {elastic['attempts']} attempt(s), {elastic['rounds_completed']} rounds "
             f"{elastic['error'][:300]}")
+        for phase, use in elastic["cpu"].items():
+            say(f"  while {'stopping attempt 0' if phase == 'stop' else 'starting attempt 1'}: the coordinator used "
+                f"{_cores(use['coordinator_cores'])} core(s), its fake clients {_cores(use['clients_cores'])} (sampled "
+                "every 0.25 s: '-' for a shorter phase)")
         label = (f"elastic at scale: {elastic['hosts_lost']} of {elastic['hosts']} hosts ({HOSTS_LOST_SHARE:.0%}) lost "
                  f"among {workers} workers ->")
         complete = elastic["complete"]
