@@ -53,7 +53,9 @@ lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attemp
 freezes ("freeze": it stays connected, sends nothing more, and never answers a stack dump, as a
 SIGSTOPped process), or silences its host ("silent": the rank freezes and its fake agent sends nothing
 more, no heartbeat either, its connection left open: a host that hangs or drops its traffic, found only by
-the coordinator's lease), or loses its host ("host_lost": its fake agent cancels its AgentStream, as an agent
+the coordinator's lease), or loses its host ("host_lost", at the ticker's period `after` rather than after
+`after` reports, so that hosts lost together go in one tick even when the report window holds ranks back:
+its fake agent cancels its AgentStream, as an agent
 that was SIGKILLed or whose host died: the connection ends, and every worker stream it carried with it;
 `Stats.lost_at` records when). After "freeze" or "silent" the other ranks of that attempt in the same client
 process stop reporting too, as DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
@@ -358,15 +360,12 @@ class FakeWorker:
         if report_window.must_wait(i, self.recorded):
             self.sim.stats.held_back += 1  # a real report() waits here for the receipt
             return False
-        if self.fault is not None and i == self.fault["after"]:
+        if self.fault is not None and i == self.fault["after"] and self.fault["kind"] != "host_lost":
             if self.fault["kind"] in ("freeze", "silent"):
                 self.frozen = True
                 self.sim.frozen_attempts.add(self.attempt)
                 if self.fault["kind"] == "silent":
                     self.agent.upstream.silence()
-            elif self.fault["kind"] == "host_lost":
-                self.frozen = True  # it dies with its host: its agent reports nothing more of it
-                self.agent.lose()
             else:
                 self.failed = True
                 self._put(failure=pb.WorkerFailure(
@@ -398,6 +397,16 @@ class FakeWorker:
         if i + 1 >= self.sim.reports:
             self.reporting_over.set()
         return True
+
+    def lose_host_at(self, period: int) -> None:
+        """The "host_lost" fault, fired by the ticker at period `after` of the attempt, whatever this
+        rank is doing (a host dies even while its rank waits in report() for its window), so that every
+        host lost "at once" goes in the same tick of its process."""
+        if self.fault is not None and self.fault["kind"] == "host_lost" and period == self.fault["after"] \
+                and not self.frozen:
+            self.frozen = True  # it dies with its host: its agent reports nothing more of it
+            self.agent.lose()
+            self.reporting_over.set()
 
     def can_report(self) -> bool:
         """True while this rank has reports left to put and nothing stops it for good."""
@@ -745,11 +754,14 @@ class Simulation:
         start = loop.time()
         stats.first_report_at = stats.first_report_at or time.time()
         everyone = [w for workers in slots for w in workers]
+        losing = [w for w in everyone if w.fault is not None and w.fault["kind"] == "host_lost"]
         round_ = 0
         stepped = 0  # periods the group reported in (lockstep: the round every rank reports next)
         recorded_floor = -1  # lockstep: at most the lowest round the coordinator recorded of any live rank
         # Every rank puts its reports by the last period, unless its window held some back.
         while round_ < self.reports or any(w.can_report() for w in everyone):
+            for worker in losing:
+                worker.lose_host_at(round_)
             if self.phase == "lockstep" and report_window.must_wait(stepped, recorded_floor):
                 # DDP couples the ranks: one rank waiting in report() for its window holds every rank
                 # in the next step's all_reduce, so the whole group skips the period (lockstep only;
