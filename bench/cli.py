@@ -163,7 +163,7 @@ def _run_preempt(tmp, s, args):
 def _run_elastic(tmp, s, args):
     from bench.elastic import bench_elastic
 
-    return bench_elastic(tmp, max(1, min(s["repeats"], 5)))
+    return bench_elastic(tmp, max(1, min(s["repeats"], 5)), args.resize_interval_s)
 
 
 def _run_scale(tmp, s, args):
@@ -248,6 +248,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
+    p.add_argument("--resize-interval-s", type=float, default=3.0,
+                   help="elastic: elastic_resize_monitor_interval_s of the job (default 3; Ray's default is 60)")
     p.add_argument("--ledger-rounds", type=int, help="ledger: hand-overs from a releasing holder (default 100)")
     p.add_argument("--ledger-kills", type=int, help="ledger: SIGKILLed holders, of each kind (default 10)")
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
