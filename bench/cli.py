@@ -196,7 +196,8 @@ def _run_kubernetes(tmp, s, args):
 
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
-                                "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt, "elastic": _run_elastic,
+                                "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt,
+                                "elastic": _run_elastic,
                                 "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm,
                                 "kubernetes": _run_kubernetes}
 

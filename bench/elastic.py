@@ -9,9 +9,9 @@ local node gets a new agent at once (a lost remote host is probed over ssh once 
 so "the host comes back" right after the loss and the growth waits only for the interval and the next
 checkpoint. The coordinator's path (loss, stop, resize, start, rendezvous) is the same.
 
-Each job (a fresh driver process, `max_failures=0`, resize interval INTERVAL_S or `--resize-interval-s`, a step every STEP_S with a
-checkpoint from rank 0 at every step): rank 1 SIGKILLs its agent at step KILL_AT. Timed with the
-driver's clock from the run's events.jsonl (`state_changed`, `checkpoint_committed`, `resize`) and the
+Each job (a fresh driver process, `max_failures=0`, resize interval INTERVAL_S or `--resize-interval-s`, a
+step every STEP_S with a checkpoint from rank 0 at every step): rank 1 SIGKILLs its agent at step KILL_AT.
+Timed with the driver's clock from the run's events.jsonl (`state_changed`, `checkpoint_committed`, `resize`) and the
 workers' own first-step times (first_steps.jsonl; the same machine's clock):
 
 - shrink: the kill (the worker's timestamp) -> detected (the run moves to RESTARTING) -> the attempt at

@@ -39,8 +39,8 @@ def train_func(config: dict) -> None:
     """A small DDP model trained a step every `step_s` s, rank 0 checkpointing every step (so every
     step is a checkpoint boundary). Each rank appends its first step's time and world size to
     first_steps.jsonl, with when it entered this function (before its imports), had built the model and
-    loaded the checkpoint, and had wrapped the model (DDP). Rank 1 kills its agent at `kill_at`, once (marker file). Returns `after_grow`
-    steps after it grew back to 2 workers; fails at `max_steps` (it never grew back)."""
+    loaded the checkpoint, and had wrapped the model (DDP). Rank 1 kills its agent at `kill_at`, once
+    (marker file). Returns `after_grow` steps after it grew back to 2 workers; fails at `max_steps` (it never grew back)."""
     entered = time.time()
     import json
 

@@ -250,7 +250,8 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
         say(f"  {elastic['losses_seen']}/{elastic['hosts_lost']} hosts lost within {_fmt(elastic['loss_spread_s'])}: "
             f"detected {_fmt(elastic['detected_s'])}, every rank of attempt 0 stopped {_fmt(elastic['stopped_s'])}, "
             f"resize decided {_fmt(elastic['decided_s'])}, attempt 1 assigned {_fmt(elastic['assigned_s'])}, running "
-            f"{_fmt(elastic['running_s'])} after the first loss; resizes {[(r['from_workers'], r['to_workers']) for r in elastic['resizes']]}; "
+            f"{_fmt(elastic['running_s'])} after the first loss; resizes "
+            f"{[(r['from_workers'], r['to_workers']) for r in elastic['resizes']]}; "
             f"run {elastic['state']} after {elastic['attempts']} attempt(s), {elastic['rounds_completed']} rounds "
             f"{elastic['error'][:300]}")
         for phase, use in elastic["cpu"].items():
@@ -261,8 +262,9 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
                  f"among {workers} workers ->")
         complete = elastic["complete"]
         rows += [
-            Row("scale", f"{label} resize decided", f"{_fmt(elastic['decided_s'])} (detected {_fmt(elastic['detected_s'])}, "
-                f"stopped {_fmt(elastic['stopped_s'])})", target=f"<= {TARGET_DECIDED_S:g} s",
+            Row("scale", f"{label} resize decided",
+                f"{_fmt(elastic['decided_s'])} (detected {_fmt(elastic['detected_s'])}, stopped "
+                f"{_fmt(elastic['stopped_s'])})", target=f"<= {TARGET_DECIDED_S:g} s",
                 met=elastic["decided_s"] is not None and elastic["decided_s"] <= TARGET_DECIDED_S and complete),
             Row("scale", f"{label} attempt at {elastic['survivors']} workers running, no failure charged",
                 _fmt(elastic["running_s"]), target=f"<= {TARGET_S:g} s",
