@@ -20,9 +20,12 @@ Workloads (each module's docstring says exactly what it measures and how):
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
   ledger      a run waiting for the whole host: holds it after the holder releases, and after it is SIGKILLed
+  elastic     an elastic (1, 2) DDP job on 2 local hosts loses one host's agent and grows back: detection ->
+              attempt at size 1 running; checkpoint boundary after the interval -> first step at size 2
   preempt     a preemption signal (driver, agent) -> every rank knows the agreed round; work lost; signal
               -> agreed checkpoint committed -> driver exited
-  scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale)
+  scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale); with --recovery W:
+              restart, detection and an elastic run losing 10% of its hosts among W fake workers
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
   slurm       (not in the default set: needs root and Slurm) 2 Slurm nodes: sbatch -> first step, one node's
               agent step cancelled -> first step of the new attempt
@@ -49,7 +52,7 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "preempt", "scale",
+ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "preempt", "elastic", "scale",
          "multihost", "slurm", "kubernetes")
 OPTIONAL = ("multihost", "slurm", "kubernetes")  # need root and system packages: run only when asked
 DEFAULT = tuple(w for w in ORDER if w not in OPTIONAL)
@@ -157,6 +160,12 @@ def _run_preempt(tmp, s, args):
     return bench_preempt(tmp, 2 if args.quick else 10, s["size_mib"])
 
 
+def _run_elastic(tmp, s, args):
+    from bench.elastic import bench_elastic
+
+    return bench_elastic(tmp, max(1, min(s["repeats"], 5)), args.resize_interval_s)
+
+
 def _run_scale(tmp, s, args):
     from bench.scale.workload import bench_scale
 
@@ -164,7 +173,7 @@ def _run_scale(tmp, s, args):
     return bench_scale(tmp, list(s["workers"]), s["seconds"], min(3.0, s["seconds"] / 3), args.client_procs,
                        profile_at=args.profile_at, transports=transports, phase=args.phase,
                        rate_hz=args.rate_hz, digest=not args.no_digest, recovery=args.recovery,
-                       recovery_hosts=args.recovery_hosts)
+                       recovery_hosts=args.recovery_hosts, recovery_scenarios=args.recovery_scenarios)
 
 
 def _run_multihost(tmp, s, args):
@@ -188,6 +197,7 @@ def _run_kubernetes(tmp, s, args):
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
                                 "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
                                 "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt,
+                                "elastic": _run_elastic,
                                 "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm,
                                 "kubernetes": _run_kubernetes}
 
@@ -220,8 +230,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("command", nargs="?", choices=["scale"], help="`scale`: the scale simulation alone")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition, no warm-up (used by CI)")
     p.add_argument("--only", type=_selection, help=f"comma-separated workloads (default: {','.join(DEFAULT)})")
-    p.add_argument("--repeats", type=int, help="repetitions of job, ddp (default 5), checkpoint, async, "
-                                               "multihost and slurm (at most 3)")
+    p.add_argument("--repeats", type=int, help="repetitions of job, ddp (default 5), elastic (at most 5), "
+                                               "checkpoint, async, multihost and slurm (at most 3)")
     p.add_argument("--json", metavar="PATH", help="also write every figure, the rows and the table as JSON")
     p.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes (its disk is measured)")
     p.add_argument("--save-logs", metavar="DIR", help="keep every job's outputs and records (and profiles) in DIR")
@@ -239,6 +249,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
+    p.add_argument("--resize-interval-s", type=float, default=3.0,
+                   help="elastic: elastic_resize_monitor_interval_s of the job (default 3; Ray's default is 60)")
     p.add_argument("--ledger-rounds", type=int, help="ledger: hand-overs from a releasing holder (default 100)")
     p.add_argument("--ledger-kills", type=int, help="ledger: SIGKILLed holders, of each kind (default 10)")
     p.add_argument("--workers", type=_workers, help="scale: fake worker counts (default 64,256,1024,4096)")
@@ -260,6 +272,10 @@ def parser() -> argparse.ArgumentParser:
                         "silent host among WORKERS/8 hosts (issue 31: 16384)")
     p.add_argument("--recovery-hosts", type=int, metavar="HOSTS", default=0,
                    help="scale: the silent-host scenario among HOSTS hosts (default WORKERS/8; issue 31: 2048)")
+    p.add_argument("--recovery-scenarios", type=lambda text: tuple(p.strip() for p in text.split(",") if p.strip()),
+                   metavar="NAMES", help="scale: which --recovery scenarios run (default all: worker_lost, "
+                                         "silent_host, hosts_lost; hosts_lost is issue 28's elastic run losing 10%% "
+                                         "of its hosts)")
     p.add_argument("--no-digest", action="store_true",
                    help="scale: the fake agents send every report as its own relayed item (the figures before "
                         "progress digests, issue 31)")

@@ -37,6 +37,10 @@ class LogSink:
     never tears them.
     `run_storage`: the local run directory `logs_dir` lies in (`<run>/logs`); its files are then opened
     through it, no link followed and another user's file refused (`Storage.open_local`).
+    A log file stays open while its attempt may write; the first worker started in a later attempt
+    closes every file of the earlier ones (a late line reopens its file to append): otherwise each
+    restart kept every rank's file open, and an attempt after the first at 16,384 ranks ran out of
+    file descriptors (then the run's own files could not be opened).
     """
 
     def __init__(self, logs_dir: str, console: bool = True,
@@ -51,6 +55,7 @@ class LogSink:
         self._files: dict[tuple[int, int], Optional[TextIO]] = {}  # None: given up after a failure
         self._tracebacks: dict[tuple[int, int, bool], list[str]] = {}  # console lines held, see _whole_tracebacks
         self._nodes: dict[int, str] = {}  # rank -> node, for the prefix of held lines shown at close()
+        self._latest_attempt = -1  # the latest attempt a worker was started in (open())
         self._lock = threading.Lock()
         self.failures: list[StorageError] = []
         self.console_detached = False
@@ -90,9 +95,27 @@ class LogSink:
                 pass
 
     def open(self, attempt: int, rank: int) -> None:
-        """Create the (possibly empty) log file of a worker that was just started."""
+        """Create the (possibly empty) log file of a worker that was just started; the first of a later
+        attempt closes the files of the earlier attempts (they were drained before it started)."""
         with self._lock:
+            if attempt > self._latest_attempt:
+                self._latest_attempt = attempt
+                self._close_files(lambda key: key[0] < attempt)
             self._file(attempt, rank)
+
+    def _close_files(self, which) -> None:
+        """Close (and forget) the open files whose (attempt, rank) `which` accepts; a file that cannot
+        be closed is given up."""
+        for key in [k for k in self._files if which(k)]:
+            handle = self._files.pop(key)
+            if handle is None:
+                self._files[key] = None  # given up stays given up
+                continue
+            try:
+                handle.close()
+            except OSError as exc:
+                self._files[key] = handle
+                self._give_up(key, exc)
 
     def write(self, attempt: int, rank: int, node: str, stderr: bool, lines: list[str]) -> None:
         """Show and store lines of one worker's output."""
@@ -161,14 +184,7 @@ class LogSink:
         """Show held traceback lines; flush and close every log file (a failure is recorded, not raised)."""
         with self._lock:
             self._release_tracebacks()
-            for key, handle in self._files.items():
-                if handle is None:
-                    continue
-                try:
-                    handle.close()
-                except OSError as exc:
-                    self._files[key] = handle
-                    self._give_up(key, exc)
+            self._close_files(lambda key: True)
             self._files.clear()
 
 

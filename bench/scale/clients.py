@@ -53,8 +53,12 @@ lists {"attempt", "rank", "after", "kind"}: after `after` reports of that attemp
 freezes ("freeze": it stays connected, sends nothing more, and never answers a stack dump, as a
 SIGSTOPped process), or silences its host ("silent": the rank freezes and its fake agent sends nothing
 more, no heartbeat either, its connection left open: a host that hangs or drops its traffic, found only by
-the coordinator's lease); the other ranks of that attempt in the same client process stop reporting too, as
-DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
+the coordinator's lease), or loses its host ("host_lost", at the ticker's period `after` rather than after
+`after` reports, so that hosts lost together go in one tick even when the report window holds ranks back:
+its fake agent cancels its AgentStream, as an agent
+that was SIGKILLed or whose host died: the connection ends, and every worker stream it carried with it;
+`Stats.lost_at` records when). After "freeze" or "silent" the other ranks of that attempt in the same client
+process stop reporting too, as DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
 whose main thread waits in torch.distributed's all_reduce, as a DDP peer of a frozen rank would. Each
 attempt starts with reports from round 0 after its own barrier, so a restarted run is paced as the first.
 
@@ -220,6 +224,7 @@ class Stats:
         self.reopened = 0  # streams opened again after breaking during start-up
         self.held_back = 0  # ticks a rank skipped because its report window was full
         self.silenced_at: list[float] = []  # wall clock of each agent's "silent" fault
+        self.lost_at: list[float] = []  # wall clock of each agent's "host_lost" fault
         self.messages_up = 0  # gRPC messages written towards the coordinator (agents' and workers')
         self.items_up = 0  # worker and agent messages in them (a RelayedUp counts its items)
         self.acks_per_second: dict[int, int] = {}
@@ -355,7 +360,7 @@ class FakeWorker:
         if report_window.must_wait(i, self.recorded):
             self.sim.stats.held_back += 1  # a real report() waits here for the receipt
             return False
-        if self.fault is not None and i == self.fault["after"]:
+        if self.fault is not None and i == self.fault["after"] and self.fault["kind"] != "host_lost":
             if self.fault["kind"] in ("freeze", "silent"):
                 self.frozen = True
                 self.sim.frozen_attempts.add(self.attempt)
@@ -392,6 +397,16 @@ class FakeWorker:
         if i + 1 >= self.sim.reports:
             self.reporting_over.set()
         return True
+
+    def lose_host_at(self, period: int) -> None:
+        """The "host_lost" fault, fired by the ticker at period `after` of the attempt, whatever this
+        rank is doing (a host dies even while its rank waits in report() for its window), so that every
+        host lost "at once" goes in the same tick of its process."""
+        if self.fault is not None and self.fault["kind"] == "host_lost" and period == self.fault["after"] \
+                and not self.frozen:
+            self.frozen = True  # it dies with its host: its agent reports nothing more of it
+            self.agent.lose()
+            self.reporting_over.set()
 
     def can_report(self) -> bool:
         """True while this rank has reports left to put and nothing stops it for good."""
@@ -541,6 +556,19 @@ class FakeAgent:
         self.fakes: dict[tuple[int, int], FakeWorker] = {}
         self.relayed: dict[int, RelayedLink] = {}  # the worker streams it carries, by number
         self._numbers = itertools.count(1)
+        self.call = None  # its AgentStream, once open
+        self.lost = False  # the "host_lost" fault fired: its stream was cancelled on purpose
+
+    def lose(self) -> None:
+        """The "host_lost" fault: end this agent's stream at once (cancelled, as the connection of a
+        killed agent ends), with every worker stream it carries; nothing more goes up."""
+        if self.lost:
+            return
+        self.lost = True
+        self.upstream.silent = True
+        self.sim.stats.lost_at.append(time.time())
+        if self.call is not None:
+            self.call.cancel()
 
     def _put(self, **body) -> None:
         self.upstream.put(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
@@ -610,7 +638,8 @@ class FakeAgent:
             async with sim.connecting:  # (see CONNECTING_AT_ONCE)
                 await asyncio.wait_for(channel.channel_ready(), PHASE_WAIT_S)
             heartbeat = asyncio.ensure_future(self._heartbeat())
-            call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(), metadata=sim.metadata)
+            call = self.call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(),
+                                                                            metadata=sim.metadata)
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
                                           address="127.0.0.1", ifname="lo"))
@@ -626,7 +655,12 @@ class FakeAgent:
                     self._dump_stacks(command.dump_stacks)
                 elif kind == "shutdown":
                     break
+        except asyncio.CancelledError:
+            if not self.lost:  # only the "host_lost" fault cancels the stream on purpose
+                raise
         except Exception as exc:  # noqa: BLE001
+            if self.lost:  # the cancelled stream may also end as an RpcError(CANCELLED)
+                return
             sim.stats.errors.append(f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300])
         finally:
             if heartbeat is not None:
@@ -680,6 +714,11 @@ class Simulation:
         """The fault injected into `rank` in `attempt`, if any (see the module docstring)."""
         return self.faults.get((attempt, rank))
 
+    def expected_in_attempt(self) -> int:
+        """Workers of this process an attempt starts: every slot of its agents whose host is not lost (an
+        elastic run's attempt after a loss places every worker that fits on the survivors)."""
+        return sum(agent.slots for agent in self.agents if not agent.lost)
+
     def go_for(self, attempt: int) -> asyncio.Event:
         """Set once every worker of `attempt`, in every client process, is training."""
         return self._go.setdefault(attempt, asyncio.Event())
@@ -692,7 +731,7 @@ class Simulation:
         slots[random.Random(worker.rank).randrange(len(self.offsets))].append(worker)
         self.training += 1
         count = self._training_in[worker.attempt] = self._training_in.get(worker.attempt, 0) + 1
-        if count == self.expected_workers:
+        if count == self.expected_in_attempt():
             self._tickers.append(asyncio.ensure_future(self._barrier(worker.attempt)))
 
     async def _barrier(self, attempt: int) -> None:
@@ -715,11 +754,14 @@ class Simulation:
         start = loop.time()
         stats.first_report_at = stats.first_report_at or time.time()
         everyone = [w for workers in slots for w in workers]
+        losing = [w for w in everyone if w.fault is not None and w.fault["kind"] == "host_lost"]
         round_ = 0
         stepped = 0  # periods the group reported in (lockstep: the round every rank reports next)
         recorded_floor = -1  # lockstep: at most the lowest round the coordinator recorded of any live rank
         # Every rank puts its reports by the last period, unless its window held some back.
         while round_ < self.reports or any(w.can_report() for w in everyone):
+            for worker in losing:
+                worker.lose_host_at(round_)
             if self.phase == "lockstep" and report_window.must_wait(stepped, recorded_floor):
                 # DDP couples the ranks: one rank waiting in report() for its window holds every rank
                 # in the next step's all_reduce, so the whole group skips the period (lockstep only;
@@ -763,7 +805,7 @@ def _results(sim: Simulation, out: str) -> dict:
     return {"pid": os.getpid(), "workers": sim.expected_workers, "training": sim.training, "sent": stats.sent,
             "transport": sim.transport, "phase": sim.phase,
             "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
-            "held_back": stats.held_back, "silenced_at": stats.silenced_at,
+            "held_back": stats.held_back, "silenced_at": stats.silenced_at, "lost_at": stats.lost_at,
             "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
             "messages_up": stats.messages_up, "items_up": stats.items_up,
             "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest

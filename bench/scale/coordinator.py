@@ -173,7 +173,9 @@ def simulate(spec: dict, observers=()):
     `worker_hang_floor_s` (None), `stop_grace_s` (5), `faults` for the clients (see `bench.scale.clients`),
     `telemetry` (False: the fake workers send no Telemetry), `monitor` (False: no `RunMonitor`, which
     TorchTrainer always installs), `transport` ("relayed": the workers' streams carried by their fake
-    agents; "direct": a connection per worker) and `phase` ("lockstep" or "random"; see `bench.scale.clients`). tests/process/test_fake_cluster.py
+    agents; "direct": a connection per worker) and `phase` ("lockstep" or "random"; see `bench.scale.clients`); an elastic run with `min_workers`
+    (None: a fixed size; `workers` is then the max), `resize_interval_s` (60) and `elastic_start_wait_s`
+    (300: the first attempt waits for every fake agent rather than starting with those in after 5 s). tests/process/test_fake_cluster.py
     drives the controller through it.
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager
@@ -198,7 +200,9 @@ def simulate(spec: dict, observers=()):
         run_id=uuid.uuid4().hex, num_workers=workers, node_ids=node_ids,
         launch=LaunchSettings(experiment_name="scale", run_path=storage.url(), payload=bytes(PAYLOAD_BYTES),
                               backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
-        failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0)
+        failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0,
+        min_workers=spec.get("min_workers"), resize_interval_s=spec.get("resize_interval_s", 60.0),
+        elastic_start_wait_s=spec.get("elastic_start_wait_s", 300.0))
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)

@@ -356,13 +356,14 @@ def client_procs_for(workers: int, transport: str) -> int:
 def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, client_procs: int,
                 profile_at: Optional[int] = None, ack_every: int = 10, transports: tuple = ("relayed",),
                 phase: str = "lockstep", rate_hz: float = RATE_HZ, digest: bool = True,
-                recovery: int = 0, recovery_hosts: int = 0) -> WorkloadResult:
+                recovery: int = 0, recovery_hosts: int = 0, recovery_scenarios: Optional[tuple] = None) -> WorkloadResult:
     """Every count in turn, each with every transport of `transports` (in TRANSPORTS order), each worker
     reporting `rate_hz` times a second; rows for the main table at TARGET_WORKERS (or the largest count
     below it), from the first transport's run, and a latency row for every count that has a target in
     TARGETS_P99_MS (issue 31: 4096 x 10 Hz, 16384 x 1 Hz). `recovery` (a worker count, 0: none): also the
     restart and detection scenarios of `bench.scale.recovery` at that count, the silent host among
-    `recovery_hosts` hosts (0: recovery / SLOTS; each with `recovery / recovery_hosts` workers, at least 1)."""
+    `recovery_hosts` hosts (0: recovery / SLOTS; each with `recovery / recovery_hosts` workers, at least 1),
+    and the elastic hosts-lost scenario at that count; `recovery_scenarios` picks some of them (None: all)."""
     if not rate_hz > 0:
         raise BenchError(f"--rate-hz: {rate_hz!r}; give reports per second per worker, above 0")
     unknown = [t for t in transports if t not in TRANSPORTS]
@@ -407,8 +408,11 @@ def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, cl
         if recovery % SLOTS:
             raise BenchError(f"--recovery: {recovery} is not a multiple of {SLOTS} (workers per fake node)")
         hosts = recovery_hosts or recovery // SLOTS
+        from bench.scale.recovery import SCENARIOS
+
         rows, figures = bench_recovery(tmp, recovery, hosts, SLOTS,
-                                       client_procs or client_procs_for(max(recovery, hosts * SLOTS), "relayed"))
+                                       client_procs or client_procs_for(max(recovery, hosts * SLOTS), "relayed"),
+                                       tuple(recovery_scenarios or SCENARIOS))
         result.rows += rows
         result.figures["recovery"] = figures
     for other in first:

@@ -223,3 +223,36 @@ def test_slurm_quick(tmp_path):
     requeue = figures["requeue"]
     assert requeue["signal_to_requeue_s"] > 0 and requeue["requeue_to_first_step_s"] > 0, requeue
     assert "requeue -> first step of the requeued job" in stdout
+
+
+@pytest.mark.e2e
+def test_elastic_quick(tmp_path):
+    workloads, stdout = run_quick(tmp_path, "elastic")
+    figures = workloads["elastic"]["figures"]
+    assert figures["repeats"] == 1 == len(figures["runs"])
+    run = figures["runs"][0]
+    # Shrunk on the loss and grew back when the host returned, with no failure charged (max_failures=0).
+    assert run["resizes"] == [[2, 1], [1, 2]] and run["final_world"] == 2 and run["failures_charged"] == 0, run
+    assert "lost" in run["shrink_reason"] and "checkpoint boundary" in run["grow_reason"], run
+    for key in ("kill_to_detected_s", "detected_to_running_s", "detected_to_first_step_s", "boundary_to_running_s",
+                "boundary_to_first_step_s"):
+        assert run[key] >= 0, (key, run)
+    assert run["shrink_to_growth_s"] >= figures["interval_s"] - 0.1, run  # growth waits the interval
+    measures = [row["measure"] for row in workloads["elastic"]["rows"]]
+    assert measures[0].startswith("host lost") and measures[2].startswith("returning host"), measures
+    assert "after the checkpoint boundary" in stdout
+
+
+@pytest.mark.e2e
+def test_scale_elastic_hosts_lost_quick(tmp_path):
+    workloads, stdout = run_quick(tmp_path, "scale", "--recovery", "64", "--recovery-scenarios", "hosts_lost")
+    recovery = workloads["scale"]["figures"]["recovery"]
+    assert set(recovery) == {"hosts_lost"}
+    lost = recovery["hosts_lost"]
+    # 10% of the 8 fake hosts (one), its agent's stream cancelled; the elastic run shrank to the survivors
+    # and succeeded with max_failures=0: no failure charged.
+    assert lost["hosts_lost"] == lost["losses_seen"] == 1 and lost["survivors"] == 56, lost
+    assert [(r["from_workers"], r["to_workers"]) for r in lost["resizes"]] == [(64, 56)], lost
+    assert lost["complete"] and lost["state"] == "SUCCEEDED" and lost["attempts"] == 2, lost
+    assert 0 <= lost["detected_s"] <= lost["decided_s"] <= lost["assigned_s"] <= lost["running_s"], lost
+    assert "elastic at scale: 1 of 8 hosts (10%) lost among 64 workers -> resize decided" in stdout

@@ -97,3 +97,24 @@ def test_an_unfinished_traceback_is_shown_at_close(tmp_path):
     assert err.getvalue() == ""
     sink.close()
     assert err.getvalue() == '(rank 0, h0) Traceback (most recent call last):\n(rank 0, h0)   File "t.py", line 3, in f\n'
+
+
+def test_a_later_attempt_closes_the_files_of_the_earlier_ones(tmp_path):
+    # Each restart kept every rank's file open: at 16,384 ranks the second attempt ran out of descriptors.
+    def open_fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    sink = LogSink(str(tmp_path), console=False)
+    before = open_fds()
+    for rank in range(50):
+        sink.open(0, rank)
+    sink.write(0, 3, "h0", False, ["first"])
+    assert open_fds() == before + 50
+    sink.open(1, 0)  # the first worker of attempt 1: attempt 0 was drained before it started
+    assert open_fds() == before + 1
+    sink.write(0, 3, "h0", False, ["late"])  # a late line still lands in its own file
+    sink.write(1, 0, "h0", False, ["next"])
+    sink.close()
+    assert open_fds() == before
+    assert (tmp_path / "attempt_0" / "rank_3.log").read_text() == "first\nlate\n"
+    assert (tmp_path / "attempt_1" / "rank_0.log").read_text() == "next\n"
