@@ -134,8 +134,9 @@ def _as_nobody(script: str, **kwargs) -> subprocess.Popen:
 def test_another_users_claim_counts_and_neither_user_can_erase_the_others(monkeypatch):
     """Two users share the ledger: nobody's live claim, checked (its file, uid and pid agree), holds the host
     for root's run until nobody's process ends, and nobody cannot remove root's claim (the sticky bit)."""
-    # pytest's tmp_path is root's alone (0700 above it): the other user needs a path it can reach
-    with tempfile.TemporaryDirectory(prefix="minitrain-ledger-test-") as shared:
+    # pytest's tmp_path is root's alone (0700 above it), and so is the session's TMPDIR (tests/conftest.py):
+    # the other user needs a path it can reach, the system's temporary directory (removed on the way out)
+    with tempfile.TemporaryDirectory(prefix="minitrain-ledger-test-", dir="/tmp") as shared:
         os.chmod(shared, 0o755)
         monkeypatch.setenv("MINITRAIN_LEDGER_DIR", os.path.join(shared, "ledger"))
         _two_users_share_the_ledger()
