@@ -6,6 +6,7 @@ that run measured code pay nothing for this module.
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import logging
@@ -174,6 +175,17 @@ def run_timed(argv: list[str], cwd: str, timeout_s: float, env: Optional[dict] =
 def role_argv(module: str, role: str, spec_path: str) -> list[str]:
     """`python -m bench.<module> --role <role> --spec <spec_path>`: a measured process."""
     return [sys.executable, "-m", f"bench.{module}", "--role", role, "--spec", spec_path]
+
+
+def role_main(description: str, roles: dict, argv=None) -> int:
+    """The command line of a role process (`role_argv`): `--role NAME --spec PATH`, calling
+    `roles[NAME]` with the spec read from PATH; 0 when it returns."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--role", choices=sorted(roles), required=True)
+    parser.add_argument("--spec", required=True)
+    args = parser.parse_args(argv)
+    roles[args.role](read_json(args.spec))
+    return 0
 
 
 def run_role(tmp: str, module: str, role: str, spec: dict, name: str, timeout_s: float,

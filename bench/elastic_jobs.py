@@ -8,14 +8,13 @@ Result's resizes and metrics to the spec's result file. Only the standard librar
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import tempfile
 import time
 
-from bench.common import append_jsonl, read_json, write_json
+from bench.common import append_jsonl, role_main, write_json
 
 HOSTS = "localhost:1,127.0.0.1:1"
 
@@ -123,12 +122,7 @@ def role_driver(spec: dict) -> None:
 
 def main(argv=None) -> int:
     """`--role driver --spec PATH`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["driver"], required=True)
-    parser.add_argument("--spec", required=True)
-    args = parser.parse_args(argv)
-    role_driver(read_json(args.spec))
-    return 0
+    return role_main(__doc__.splitlines()[0], {"driver": role_driver}, argv)
 
 
 if __name__ == "__main__":

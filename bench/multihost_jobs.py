@@ -7,13 +7,12 @@ figures. Only the standard library is imported at module level.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 import time
 
-from bench.common import TimedLog, read_json, write_json
+from bench.common import TimedLog, role_main, write_json
 
 NUM_HOSTS = 2
 SLOTS = 2
@@ -100,12 +99,7 @@ def role_driver(spec: dict) -> None:
 
 def main(argv=None) -> int:
     """`--role driver --spec PATH`."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--role", choices=["driver"], required=True)
-    parser.add_argument("--spec", required=True)
-    args = parser.parse_args(argv)
-    role_driver(read_json(args.spec))
-    return 0
+    return role_main(__doc__.splitlines()[0], {"driver": role_driver}, argv)
 
 
 if __name__ == "__main__":
