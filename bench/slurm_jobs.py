@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -53,6 +54,10 @@ def main(argv: list[str]) -> int:
     from minitrain.torch import TorchTrainer
 
     out, results, steps, step_s = argv[0], argv[1], int(argv[2]), float(argv[3])
+    # The requeue fit() asks for makes Slurm SIGTERM this batch script at once: ignored, so that the
+    # preempted driver's record below is written (it raced the signal and was lost in 1 run of 3). The
+    # workload preempts with SIGUSR2, so SIGTERM is not one of its preemption signals here.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     trainer = TorchTrainer(train, train_loop_config={"out": out, "steps": steps, "step_s": step_s},
                            scaling_config=ScalingConfig(num_workers=2),
                            run_config=RunConfig(name="bench", storage_path=results,
