@@ -96,3 +96,23 @@ def init_process_group(assignment: Assignment, store) -> None:
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
     dist.init_process_group(backend, store=store, rank=worker.rank, world_size=worker.world_size,
                             timeout=timeout)
+    wait_for_every_rank(store, worker.world_size, PROCESS_GROUP_UP_KEY, timeout)
+
+
+PROCESS_GROUP_UP_KEY = "minitrain/process_group_up"
+
+
+def wait_for_every_rank(store, world_size: int, key: str, timeout: timedelta) -> None:
+    """Return once all `world_size` ranks have called this with `key` on `store` (one `add` and one
+    `wait` each), or raise torch's store timeout error after `timeout`.
+
+    Why after init_process_group: gloo builds its full mesh pair by pair, so one rank can return from
+    init_process_group while a peer is still connecting; if that rank then fails at once (a training
+    function that raises right after its first report()), the peer's connect fails ("Connection closed
+    by peer") and it dies in set-up too, taking with it the round the failed rank's report() returned.
+    No rank starts the training function before every rank's group is up.
+    """
+    arrived = store.add(key, 1)
+    if arrived == world_size:
+        store.set(f"{key}/all", b"1")
+    store.wait([f"{key}/all"], timeout)
