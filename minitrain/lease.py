@@ -20,6 +20,10 @@ import time
 from typing import Callable, Optional
 
 MAX_BACKLOG_S = 60.0  # the most a heartbeat's delay extends the lease
+# Both ends of an agent's stream send a heartbeat this often and hold a lease of LEASE_TIMEOUT_S on the
+# other: a silent peer is found 5-6 s after its last message (the coordinator looks once a heartbeat).
+HEARTBEAT_INTERVAL_S = 1.0
+LEASE_TIMEOUT_S = 5.0
 
 class Lease:
     """Silence of one peer: `heard()` at every message read from it, with `sent_at` for a heartbeat."""

@@ -30,7 +30,8 @@ from minitrain import procs
 from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
-from minitrain.agent.stream import LEASE_TIMEOUT_S, CoordinatorStream
+from minitrain.agent.stream import CoordinatorStream
+from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import NodeInfo
 
 logger = logging.getLogger("minitrain.agent")

@@ -29,7 +29,7 @@ import grpc
 from minitrain import commands as cmd
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.rpc.digest import fold_reports
-from minitrain.lease import Lease
+from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S, Lease
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -37,8 +37,6 @@ from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc.channel import END_OF_STREAM, client_channel
 
-HEARTBEAT_INTERVAL_S = 1.0
-LEASE_TIMEOUT_S = 5.0
 
 _WAKE = object()  # on the command queue: the stream ended, the command loop should look now
 

@@ -13,13 +13,12 @@ from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
 from minitrain.errors import LaunchError
+from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import RunOutcome
 from minitrain.rpc import tls
 from minitrain.rpc.auth import new_token
 
 logger = logging.getLogger("minitrain")
-
-LEASE_TIMEOUT_S = 5.0
 
 
 class Launcher(Protocol):

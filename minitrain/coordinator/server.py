@@ -12,13 +12,13 @@ from grpc import aio
 
 from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.lease import HEARTBEAT_INTERVAL_S
 from minitrain.rpc import limits, tls
 from minitrain.rpc.auth import AioTokenAuthInterceptor
 from minitrain.rpc.channel import server_options
 
 logger = logging.getLogger("minitrain.coordinator")
 
-HEARTBEAT_INTERVAL_S = 1.0
 # While a server runs, the cyclic garbage collector's young generation is collected after this many
 # net allocations instead of Python's default 700. Every message of every stream allocates a few
 # tracked objects (futures, callbacks, events) that die within milliseconds; with 700, at 1024 workers
