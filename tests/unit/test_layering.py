@@ -75,16 +75,19 @@ BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.
                # the GPU check times report()'s parts (encoding, the queued record) on the machine
                "minitrain.metrics", "minitrain.worker.client",
                # bench ledger times a run's claim on the host's resource ledger directly (issue 29's targets)
-               "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo"}
+               "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo",
+               # the fake agents heartbeat and coalesce with the real agent's interval and caps
+               "minitrain.lease", "minitrain.agent.relay"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 # House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by
 # the transport modules, which convert between messages and records (minitrain.rpc.convert) and carry
 # them: rpc/ itself, the coordinator's servicer and hub (service) and its gRPC server (server), the
 # agent's stream with the coordinator (stream) and its worker-stream relay (relay), the worker's stream
 # (client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
-# (bench.scale.clients).
+# (bench.scale.clients, and their streams in bench.scale.links).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.server",
-             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients"}
+             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients",
+             "bench.scale.links"}
 GENERATED = "minitrain.rpc._gen"
 
 

@@ -14,7 +14,7 @@ import queue
 import pytest
 
 from bench import cli
-from bench.scale import clients
+from bench.scale import client_stats, clients, links
 from minitrain.agent import relay
 from minitrain.rpc import report_window
 from minitrain.rpc.digest import fold_reports
@@ -33,7 +33,7 @@ def _heartbeat() -> pb.AgentMessage:
     return pb.AgentMessage(run_id=RUN, node_id=NODE, heartbeat=pb.Heartbeat(sent_at=1.0))
 
 
-async def _take(upstream: clients.AgentUpstream, count: int) -> list:
+async def _take(upstream: links.AgentUpstream, count: int) -> list:
     """The next `count` messages of the fake agent's request iterator, then its end."""
     requests = upstream.requests()
     taken = [await requests.__anext__() for _ in range(count)]
@@ -54,14 +54,13 @@ def _real_agent(items: list) -> list:
 
 
 def test_the_fake_agent_batches_exactly_as_the_real_agent():
-    assert (clients.MAX_BATCH_BYTES, clients.MAX_BATCH_ITEMS) == (relay.MAX_BATCH_BYTES, relay.MAX_BATCH_ITEMS)
     big = "y" * (relay.MAX_BATCH_BYTES // 2)  # two of them do not fit in one batch
     items = [_relayed(1), _relayed(2), _heartbeat(), _relayed(1), pb.RelayedMessage(stream=2, closed=True),
              _relayed(3, big), _relayed(4, big), _relayed(5), _heartbeat()]
-    upstream = clients.AgentUpstream(RUN, NODE, clients.Stats(0))
+    upstream = links.AgentUpstream(RUN, NODE, client_stats.Stats(0))
     for item in items:
         upstream.put(item)
-    upstream.put(clients._END)
+    upstream.put(links._END)
     fake = asyncio.run(_take(upstream, 5))
     real = _real_agent(items)
     assert [m.SerializeToString() for m in fake] == [m.SerializeToString() for m in real]
@@ -74,8 +73,8 @@ def test_the_fake_agent_batches_exactly_as_the_real_agent():
 
 def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during_a_write():
     async def scenario():
-        stats = clients.Stats(0)
-        upstream = clients.AgentUpstream(RUN, NODE, stats)
+        stats = client_stats.Stats(0)
+        upstream = links.AgentUpstream(RUN, NODE, stats)
         requests = upstream.requests()
         waiting = asyncio.ensure_future(requests.__anext__())
         await asyncio.sleep(0)  # the iterator waits on an empty queue
@@ -85,7 +84,7 @@ def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during
         for stream in (2, 3, 1):
             upstream.put(_relayed(stream))
         together = await requests.__anext__()
-        upstream.put(clients._END)
+        upstream.put(links._END)
         with pytest.raises(StopAsyncIteration):
             await requests.__anext__()
         return alone, together, stats
