@@ -46,6 +46,8 @@ class AttemptTracker:
     done_count: int = 0  # ranks whose function returned: `all_done()` without a scan at every WorkerDone
     # root_cause_line(), kept until a failure is recorded or amended (asked at every loop turn once one is)
     _root_line: Optional[str] = field(default=None, init=False, repr=False, compare=False)
+    # lost_a_node(), kept until a failure is recorded or amended (asked at every turn while one is judged)
+    _lost_a_node: Optional[bool] = field(default=None, init=False, repr=False, compare=False)
     # The questions asked at every loop turn are answered from counts kept as the facts come in:
     # scanning the ranks at every turn cost a share of the controller that grew with the world size
     # (at 16384 ranks, `all_drained`'s confirming scans alone were 6% of the coordinator's samples).
@@ -146,12 +148,12 @@ class AttemptTracker:
                                         time=state.failure.time, exit_code=state.failure.exit_code,
                                         signal=state.failure.signal)
                 state.exc_pickle = exc_pickle
-                self._root_line = None
+                self._failures_changed()
             return
         state.failure = replace(failure, node=state.node_name, pid=state.pid)
         state.exc_pickle = exc_pickle
         self.failure_order.append(state.assignment.rank)
-        self._root_line = None
+        self._failures_changed()
 
     def on_exited(self, event: ev.WorkerExited) -> None:
         """The process ended: a failure unless it finished cleanly or minitrain stopped it."""
@@ -163,7 +165,7 @@ class AttemptTracker:
         if state.failure is not None:
             state.failure = replace(state.failure, exit_code=event.exit_code, signal=event.signal,
                                     oom_suspected=event.oom_suspected)
-            self._root_line = None
+            self._failures_changed()
             return
         clean = state.done and event.exit_code == 0
         if clean or event.stopped_by_agent:
@@ -183,7 +185,7 @@ class AttemptTracker:
             kind=FailureKind.PROCESS,
         )
         self.failure_order.append(state.assignment.rank)
-        self._root_line = None
+        self._failures_changed()
 
     def on_node_lost(self, node_id: str, reason: str, time: float) -> None:
         """Every rank of a lost node that has not exited is gone, and that is a failure of each one that
@@ -206,7 +208,7 @@ class AttemptTracker:
                     message=f"node {state.node_name} was lost: {reason}",
                 )
                 self.failure_order.append(state.assignment.rank)
-                self._root_line = None
+                self._failures_changed()
 
     # ------------------------------------------------------------------ questions
 
@@ -256,6 +258,15 @@ class AttemptTracker:
     def failures(self) -> list[WorkerFailure]:
         """The failures, in the order they were learned."""
         return [self.ranks[r].failure for r in self.failure_order]
+
+    def _failures_changed(self) -> None:
+        self._root_line = self._lost_a_node = None
+
+    def lost_a_node(self) -> bool:
+        """A rank of this attempt failed because its node was lost (an elastic run then resizes)."""
+        if self._lost_a_node is None:
+            self._lost_a_node = any(f.kind is FailureKind.NODE_LOST for f in self.failures())
+        return self._lost_a_node
 
     def root_cause_line(self) -> str:
         """One line naming the root-cause failure (`minitrain.errors.root_cause_line`), for the log and

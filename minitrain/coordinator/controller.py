@@ -47,7 +47,7 @@ from minitrain.coordinator.ranks import assign_ranks
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup, warm_up_command
 from minitrain.errors import ConfigError
-from minitrain.records import FailureKind, RunOutcome
+from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
@@ -273,8 +273,7 @@ class Controller:
         if self._fits[0] != membership.version:
             self._fits = (membership.version, self._fitting(membership.usable()))
         size = len(group.tracker.ranks) if group is not None else 0
-        lost = self._loop.judging and group is not None and any(
-            f.kind is FailureKind.NODE_LOST for f in group.tracker.failures())
+        lost = self._loop.judging and group is not None and group.tracker.lost_a_node()
         return dataclasses.replace(
             seen, fits=self._fits[1], size=size, lost_in_attempt=lost,
             checkpoints_committed=self._commits.checkpoints_committed,

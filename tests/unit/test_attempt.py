@@ -17,7 +17,7 @@ from minitrain.coordinator import events as ev
 from minitrain.coordinator.attempt import AttemptTracker
 from minitrain.coordinator.ranks import assign_ranks
 from minitrain.errors import root_cause, root_cause_line
-from minitrain.records import NodeInfo, Phase, WorkerFailure
+from minitrain.records import FailureKind, NodeInfo, Phase, WorkerFailure
 
 ATTEMPT = 2
 
@@ -428,3 +428,5 @@ def test_the_counted_answers_equal_a_scan_of_every_rank_after_any_sequence_of_ev
         assert tracker.all_drained() == (not any(s.stream_open for s in states))
         assert tracker.all_done() == all(s.done for s in states)
         assert tracker.finished() == all(s.done and s.exited and s.failure is None for s in states)
+        assert tracker.lost_a_node() == any(s.failure is not None and s.failure.kind is FailureKind.NODE_LOST
+                                            for s in states)
