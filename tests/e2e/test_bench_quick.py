@@ -68,7 +68,11 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     assert {r["workload"] for r in workloads["job"]["rows"]} == {"job", "memory"}
     report = workloads["report"]["figures"]
     assert report["calls"] == cli.QUICK.calls and report["median_us"] > 0 and report["p99_us"] >= report["median_us"]
-    assert report["sustained_per_rank_per_s"] > 0 and len(workloads["report"]["rows"]) == 3
+    assert report["sustained_per_rank_per_s"] > 0 and len(workloads["report"]["rows"]) == 5
+    # The driver's CPU over the report loop, from its own samples: some, and not more than the loop's wall
+    # time on 2 cores (a figure taken outside the loop would be larger).
+    loop_s = report["calls"] * report["workers"] / report["absorbed_per_s"]
+    assert 0 < report["driver_cpu_s"] <= 2 * loop_s + 0.05 and report["driver_us_per_report"] > 0
     ddp = workloads["ddp"]["figures"]
     assert ddp["minitrain_steps_per_s"] > 0 and ddp["torchrun_steps_per_s"] > 0
     assert ddp["runs"]["minitrain"][0]["threads"] == ddp["runs"]["torchrun"][0]["threads"]

@@ -186,3 +186,43 @@ def test_the_coordinator_takes_a_batch_as_its_reports_in_order_and_fails_a_messa
     failed = events.get_nowait()
     assert isinstance(failed, ev.WorkerFailed) and failed.failure.exc_type == "ProtocolMismatch"
     assert "another minitrain version" in failed.failure.message
+
+
+def test_a_fast_loops_plain_reports_leave_at_most_once_per_interval_and_none_is_lost(monkeypatch):
+    """Reports put every millisecond for 0.6 s with REPORT_INTERVAL_S = 0.2 s go in at most one message
+    per interval (plus the first), in order, every one of them; an awaited report still goes at once.
+    (Reports that ask for a receipt go at once too: the window's receipts are off here.)"""
+    monkeypatch.setattr(report_window, "RECEIPT_EVERY", 10**9)
+    monkeypatch.setattr(client_module, "REPORT_LINGER_S", 0.005)
+    monkeypatch.setattr(client_module, "REPORT_INTERVAL_S", 0.2)
+    stub = _sender()
+    messages = WorkerClient._requests(stub)
+    got: list = []
+    sent_at: list = []
+
+    def consume():
+        for message in messages:
+            got.append(message)
+            sent_at.append(time.monotonic())
+
+    thread = threading.Thread(target=consume, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    round_ = 0
+    while time.monotonic() - started < 0.6:
+        stub.put(QueuedReport(round_, "{}", "", False))
+        round_ += 1
+        time.sleep(0.001)
+    took = time.monotonic() - started
+    assert _wait(lambda: sum(len(r) for r in _rounds(got)) == round_, 10.0), "a queued report was never sent"
+    # The sender may start 0.2 s late on a loaded machine, never early: at most one message per interval.
+    assert len(got) <= 1 + took / 0.2 + 1, f"{len(got)} messages in {took:.2f} s"
+    assert [r for batch in _rounds(got) for r in batch] == list(range(round_))
+    gaps = [b - a for a, b in zip(sent_at, sent_at[1:])]
+    assert all(gap > 0.15 for gap in gaps), gaps  # Event.wait never returns early by more than the clock's grain
+    before = len(got)
+    stub.put(QueuedReport(round_, "{}", "ckpt", False))  # awaited: not held back by the interval
+    assert _wait(lambda: len(got) == before + 1, 10.0)
+    stub.put(END_OF_STREAM)
+    thread.join(10.0)
+    assert not thread.is_alive()
