@@ -113,7 +113,8 @@ class Commits:
                 metrics = report.metrics
                 self.history.last_metrics = metrics
                 self.history.metrics.append(metrics)
-                self._metrics_log.append(metrics, self._base + report.round, report.attempt, report.reported_at)
+                self._metrics_log.append(metrics, self._base + report.round, report.attempt, report.reported_at,
+                                         report.metrics_json)
             try:
                 completed = add(rank, report.round, report.metrics_json, report.checkpoint_dir_name,
                                 staged=report.staged, wants_ack=report.wants_ack)
