@@ -81,11 +81,13 @@ BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
 # House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by
 # the transport modules, which convert between messages and records (minitrain.rpc.convert) and carry
-# them: rpc/ itself, the coordinator's servicer and hub (service) and its gRPC server (server), the
+# them: rpc/ itself, the coordinator's servicer and hub (service), its worker streams' intake
+# (worker_streams) and its gRPC server (server), the
 # agent's stream with the coordinator (stream) and its worker-stream relay (relay), the worker's stream
 # (client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
 # (bench.scale.clients, and their streams in bench.scale.links).
-TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.server",
+TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.worker_streams",
+             "minitrain.coordinator.server",
              "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients",
              "bench.scale.links"}
 GENERATED = "minitrain.rpc._gen"

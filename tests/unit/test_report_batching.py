@@ -171,10 +171,11 @@ def test_the_coordinator_takes_a_batch_as_its_reports_in_order_and_fails_a_messa
     import queue as queue_module
 
     from minitrain.coordinator import events as ev
-    from minitrain.coordinator.service import Hub, _WorkerIntake
+    from minitrain.coordinator.service import Hub
+    from minitrain.coordinator.worker_streams import WorkerIntake
 
     events: queue_module.SimpleQueue = queue_module.SimpleQueue()
-    intake = _WorkerIntake(events, Hub(), "run-1", outbox=None)
+    intake = WorkerIntake(events, Hub(), "run-1", outbox=None)
     stub = _sender()
     batch = WorkerClient._reports_message(stub, [QueuedReport(i, '{"i": %d}' % i, "", False) for i in range(3)])
     assert intake.handle(batch)

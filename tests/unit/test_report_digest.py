@@ -1,5 +1,5 @@
 """Progress digests (minitrain.rpc.digest): an agent's runs of plain reports folded into columns, and the
-coordinator's intake of them (`_RelayedStreams`). The fold must be invisible to the controller: the same
+coordinator's intake of them (`worker_streams.RelayedStreams`). The fold must be invisible to the controller: the same
 events, with the same reports in the same order, as the unfolded items; nothing lost, nothing merged,
 receipts and acks asked for per report, every other message in its place."""
 
@@ -11,7 +11,7 @@ import queue
 import pytest
 
 from minitrain.coordinator import events as ev
-from minitrain.coordinator import service
+from minitrain.coordinator import worker_streams
 from minitrain.records import ReportRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.digest import digest_records, fold_reports
@@ -76,20 +76,13 @@ class _Hub:
         pass
 
 
-class _Service:
-    def __init__(self):
-        self._events = queue.SimpleQueue()
-        self._hub = _Hub()
-        self._run_id = RUN
-
-
 def _events(items: list, fold: bool) -> list:
-    svc = _Service()
-    streams = service._RelayedStreams(svc, asyncio.Queue())
+    events = queue.SimpleQueue()
+    streams = worker_streams.RelayedStreams(events, _Hub(), RUN, asyncio.Queue())
     streams.receive(pb.RelayedUp(items=fold_reports(items, RUN) if fold else items))
     out = []
-    while not svc._events.empty():
-        out.append(svc._events.get())
+    while not events.empty():
+        out.append(events.get())
     return out
 
 
