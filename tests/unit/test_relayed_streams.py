@@ -238,9 +238,17 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     a = agent()
     a.relay(*[worker_message(n, n - 1, hello=pb.WorkerHello(pid=n, hostname="h")) for n in range(1, 5)])
     next_events(events, 4)
-    # From one thread, in one go: the hub hands them to the loop in one flush, so they queue together.
-    for rank in range(4):
-        hub.to_worker(1, rank, ReportAck(rank))
+    # The hub hands commands sent before its scheduled flush runs to the loop in that one flush. The loop
+    # is held while the four are sent, so they are in one flush whatever the scheduler does (sent freely,
+    # a busy machine could let the loop flush each one alone: a flaky test).
+    held, release = threading.Event(), threading.Event()
+    hub._loop.call_soon_threadsafe(lambda: (held.set(), release.wait(DEADLINE_S)))
+    assert held.wait(DEADLINE_S)
+    try:
+        for rank in range(4):
+            hub.to_worker(1, rank, ReportAck(rank))
+    finally:
+        release.set()
     messages = []
     deadline = time.monotonic() + DEADLINE_S
     while sum(len(m.relayed.items) for m in messages) < 4:
@@ -249,7 +257,7 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
             messages.append(command)
     items = [i for m in messages for i in m.relayed.items]
     assert [(i.stream, i.command.report_ack.round) for i in items] == [(1, 0), (2, 1), (3, 2), (4, 3)]
-    assert len(messages) < 4  # at least two of them shared a message
+    assert len(messages) == 1  # the four queued together went down as one
 
 
 # ---------------------------------------------------------------------------------- MINITRAIN_RELAY
