@@ -131,7 +131,7 @@ class WorkerClient:
         reports packed into one message (see the module doc), until END_OF_STREAM."""
         pending, wake = self._pending, self._wake
         quiet = 0
-        last_sent = -REPORT_INTERVAL_S  # when the previous message left (monotonic)
+        last_sent = -REPORT_INTERVAL_S  # when the previous reports left (monotonic)
         while True:
             if not pending:
                 # What made the queue urgent went out with the last message. (An urgent item queued
@@ -146,16 +146,19 @@ class WorkerClient:
                 wake.clear()
             if not self._urgent:
                 # Polling: reports gather for REPORT_LINGER_S, and at least until REPORT_INTERVAL_S after
-                # the previous message; only an urgent item cuts it short.
+                # the previous reports left; only an urgent item cuts it short.
                 wake.wait(max(REPORT_LINGER_S, last_sent + REPORT_INTERVAL_S - time.monotonic()))
                 wake.clear()
             if not pending:
                 continue
             quiet = 0
-            last_sent = time.monotonic()
             items = []
             while pending:
                 items.append(pending.popleft())
+            # Only reports start an interval: telemetry (once a second) or a phase change must not hold
+            # back a slow loop's next report.
+            if any(type(item) is QueuedReport for item in items):
+                last_sent = time.monotonic()
             for message in self._pack(items):
                 if message is END_OF_STREAM:
                     return

@@ -227,3 +227,24 @@ def test_a_fast_loops_plain_reports_leave_at_most_once_per_interval_and_none_is_
     stub.put(END_OF_STREAM)
     thread.join(10.0)
     assert not thread.is_alive()
+
+
+def test_a_message_that_is_no_report_does_not_hold_back_the_next_plain_report(monkeypatch):
+    """Telemetry (once a second) and phase changes go at once and must not start a report interval: a slow
+    loop's plain report after one still goes after the linger, not an interval later (10 s here; the
+    deadline below is half of it)."""
+    monkeypatch.setattr(client_module, "REPORT_LINGER_S", 0.005)
+    monkeypatch.setattr(client_module, "REPORT_INTERVAL_S", 10.0)
+    stub = _sender()
+    messages = WorkerClient._requests(stub)
+    got: list = []
+    thread = threading.Thread(target=lambda: got.extend(messages), daemon=True)
+    thread.start()
+    stub.put(_phase())  # urgent: goes at once
+    assert _wait(lambda: len(got) == 1, 5.0)
+    stub.put(QueuedReport(0, "{}", "", False))
+    assert _wait(lambda: len(got) == 2, 5.0), "a plain report waited for an interval started by a phase message"
+    assert _rounds(got) == ["phase", [0]]
+    stub.put(END_OF_STREAM)
+    thread.join(10.0)
+    assert not thread.is_alive()
