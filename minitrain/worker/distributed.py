@@ -110,7 +110,9 @@ def wait_for_every_rank(store, world_size: int, key: str, timeout: timedelta) ->
     init_process_group while a peer is still connecting; if that rank then fails at once (a training
     function that raises right after its first report()), the peer's connect fails ("Connection closed
     by peer") and it dies in set-up too, taking with it the round the failed rank's report() returned.
-    No rank starts the training function before every rank's group is up.
+    No rank starts the training function before every rank's group is up. (torch has the same barrier
+    behind TORCH_DIST_INIT_BARRIER=1, but that switch is read for every later `new_group()` of the user's
+    code too, so it is not set here.)
     """
     arrived = store.add(key, 1)
     if arrived == world_size:
