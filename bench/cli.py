@@ -25,7 +25,8 @@ Workloads (each module's docstring says exactly what it measures and how):
   preempt     a preemption signal (driver, agent) -> every rank knows the agreed round; work lost; signal
               -> agreed checkpoint committed -> driver exited
   scale       the control plane with 64..4096 fake workers over real gRPC (bench.scale); with --recovery W:
-              restart, detection and an elastic run losing 10% of its hosts among W fake workers
+              restart, detection and an elastic run losing 10% of its hosts among W fake workers and
+              regaining them
   multihost   (not in the default set: needs root and sshd) 2 fake hosts over SSH: start-up, link cut
   slurm       (not in the default set: needs root and Slurm) 2 Slurm nodes: sbatch -> first step, one node's
               agent step cancelled -> first step of the new attempt
@@ -275,7 +276,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--recovery-scenarios", type=lambda text: tuple(p.strip() for p in text.split(",") if p.strip()),
                    metavar="NAMES", help="scale: which --recovery scenarios run (default all: worker_lost, "
                                          "silent_host, hosts_lost; hosts_lost is issue 28's elastic run losing 10%% "
-                                         "of its hosts)")
+                                         "of its hosts and regaining them)")
     p.add_argument("--no-digest", action="store_true",
                    help="scale: the fake agents send every report as its own relayed item (the figures before "
                         "progress digests, issue 31)")

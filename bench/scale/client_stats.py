@@ -20,6 +20,8 @@ class Stats:
         self.held_back = 0  # ticks a rank skipped because its report window was full
         self.silenced_at: list[float] = []  # wall clock of each agent's "silent" fault
         self.lost_at: list[float] = []  # wall clock of each agent's "host_lost" fault
+        self.relaunched_at: list[float] = []  # wall clock of each new agent started for a lost node
+        self.rejoined_at: list[float] = []  # ... and of its hello to the coordinator
         self.messages_up = 0  # gRPC messages written towards the coordinator (agents' and workers')
         self.items_up = 0  # worker and agent messages in them (a RelayedUp counts its items)
         self.acks_per_second: dict[int, int] = {}

@@ -44,7 +44,14 @@ the coordinator's lease), or loses its host ("host_lost", at the ticker's period
 `after` reports, so that hosts lost together go in one tick even when the report window holds ranks back:
 its fake agent cancels its AgentStream, as an agent
 that was SIGKILLed or whose host died: the connection ends, and every worker stream it carried with it;
-`Stats.lost_at` records when). After "freeze" or "silent" the other ranks of that attempt in the same client
+`Stats.lost_at` records when). A lost host comes back when the coordinator relaunches its agent (with `relaunch`
+in the configuration, the coordinator's fake launcher asks on stdin: `bench.scale.relaunch`): a new fake
+agent for the node connects at once and takes workers from the next attempt that places them.
+
+Checkpoints (`checkpoint_every` N in the configuration, 0 for none): rank 0's every N-th report carries a
+checkpoint, written into the run directory (`run_dir`) beforehand and committed by the coordinator as a
+real rank's (an elastic run grows at a committed checkpoint); it asks for an ack, as a real report() with a
+checkpoint waits for the commit. After "freeze" or "silent" the other ranks of that attempt in the same client
 process stop reporting too, as DDP peers blocked in their next collective. A stack dump is answered for every other live rank with a faulthandler-style text
 whose main thread waits in torch.distributed's all_reduce, as a DDP peer of a frozen rank would. Each
 attempt starts with reports from round 0 after its own barrier, so a restarted run is paced as the first.
@@ -80,6 +87,7 @@ from grpc import aio
 
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from bench.scale import relaunch
 from bench.scale.client_stats import Stats
 from bench.scale.links import _END, OPTIONS, AgentUpstream, DirectLink, RelayedLink
 from minitrain.lease import HEARTBEAT_INTERVAL_S
@@ -175,6 +183,8 @@ class FakeWorker:
         report.round, report.wants_ack = i, self._acked(i)
         report.wants_receipt = report_window.wants_receipt(i)
         report.metrics_json = f'{{"step": {i}, "loss": {1.0 / (i + 1)!r}, "rank": {self.rank}, "lr": 0.001}}'
+        if self._checkpointed(i):
+            report.checkpoint_dir_name = self._write_checkpoint(i)
         self.sent_at.append(time.perf_counter())
         report.reported_at = time.time()
         link.send(out)
@@ -217,8 +227,24 @@ class FakeWorker:
         return sum(self._acked(i) for i in range(self.sim.reports))
 
     def _acked(self, i: int) -> bool:
-        """Whether report i asks for an ack: every `ack_every`-th (spread over the ranks), and the last."""
-        return (i + self.rank) % self.sim.ack_every == 0 or i == self.sim.reports - 1
+        """Whether report i asks for an ack: every `ack_every`-th (spread over the ranks), the last, and a
+        checkpoint's (a real report() with a checkpoint returns once it is committed)."""
+        return (i + self.rank) % self.sim.ack_every == 0 or i == self.sim.reports - 1 or self._checkpointed(i)
+
+    def _checkpointed(self, i: int) -> bool:
+        """Whether report i carries a checkpoint: rank 0's every `checkpoint_every`-th (0: none)."""
+        every = self.sim.checkpoint_every
+        return self.rank == 0 and every > 0 and (i + 1) % every == 0
+
+    def _write_checkpoint(self, i: int) -> str:
+        """Write report i's checkpoint into the run directory (as a rank that saves where it is committed,
+        without staging) and return its directory name."""
+        name = f"checkpoint_attempt{self.attempt}_{i:06d}"
+        path = os.path.join(self.sim.run_dir, name)
+        os.makedirs(path)
+        with open(os.path.join(path, "state.txt"), "w") as f:
+            f.write(f"attempt {self.attempt} report {i}\n")
+        return name
 
     def handle(self, command: pb.WorkerCommand) -> None:
         """One command from the coordinator (read from its own stream, or routed by its agent)."""
@@ -342,8 +368,10 @@ async def _wait(event: asyncio.Event, what: str, timeout_s: float = PHASE_WAIT_S
 class FakeAgent:
     """One simulated node agent; see the module docstring."""
 
-    def __init__(self, sim: "Simulation", node_id: str, slots: int):
+    def __init__(self, sim: "Simulation", node_id: str, slots: int, relaunched: bool = False):
         self.sim, self.node_id, self.slots = sim, node_id, slots
+        self.relaunched = relaunched  # started for a lost node (the coordinator asked: `Simulation.relaunch`)
+        self.started_attempts: set[int] = set()  # attempts it got StartWorkers for
         self.upstream = AgentUpstream(sim.run_id, node_id, sim.stats, sim.digest)
         self.workers: dict[tuple[int, int], asyncio.Task] = {}
         self.fakes: dict[tuple[int, int], FakeWorker] = {}
@@ -352,14 +380,16 @@ class FakeAgent:
         self.call = None  # its AgentStream, once open
         self.lost = False  # the "host_lost" fault fired: its stream was cancelled on purpose
 
-    def lose(self) -> None:
-        """The "host_lost" fault: end this agent's stream at once (cancelled, as the connection of a
-        killed agent ends), with every worker stream it carries; nothing more goes up."""
+    def lose(self, fault: bool = True) -> None:
+        """The "host_lost" fault (`fault`), or a node's agent replaced: end this agent's stream at once
+        (cancelled, as the connection of a killed agent ends), with every worker stream it carries;
+        nothing more goes up."""
         if self.lost:
             return
         self.lost = True
         self.upstream.silent = True
-        self.sim.stats.lost_at.append(time.time())
+        if fault:
+            self.sim.stats.lost_at.append(time.time())
         if self.call is not None:
             self.call.cancel()
 
@@ -399,6 +429,7 @@ class FakeAgent:
                                          exited_at=time.time()))
 
     def _start(self, start: pb.StartWorkers) -> None:
+        self.started_attempts.add(start.attempt)
         for launch in start.workers:
             pid = next(self.sim.pids)
             self._put(spawned=pb.WorkerSpawned(attempt=start.attempt, rank=launch.rank, pid=pid))
@@ -436,6 +467,8 @@ class FakeAgent:
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
                                           address="127.0.0.1", ifname="lo"))
+            if self.relaunched:
+                sim.stats.rejoined_at.append(time.time())
             async for command in call:
                 kind = command.WhichOneof("body")
                 if kind == "relayed":
@@ -498,6 +531,10 @@ class Simulation:
         self.barrier_dir, self.processes = config["barrier_dir"], config["processes"]
         self.connecting = asyncio.Semaphore(CONNECTING_AT_ONCE)
         self.agents = [FakeAgent(self, node_id, config["slots"]) for node_id in config["node_ids"]]
+        self._agent_runs: set[asyncio.Future] = set()
+        self.checkpoint_every = config.get("checkpoint_every", 0)
+        self.run_dir = config.get("run_dir", "")
+        self._barriers: set[int] = set()  # attempts whose barrier this process entered
 
     def elapsed(self) -> float:
         """Seconds since this process started its simulation (error messages carry it)."""
@@ -507,10 +544,24 @@ class Simulation:
         """The fault injected into `rank` in `attempt`, if any (see the module docstring)."""
         return self.faults.get((attempt, rank))
 
-    def expected_in_attempt(self) -> int:
-        """Workers of this process an attempt starts: every slot of its agents whose host is not lost (an
-        elastic run's attempt after a loss places every worker that fits on the survivors)."""
-        return sum(agent.slots for agent in self.agents if not agent.lost)
+    def expected_in_attempt(self, attempt: int) -> int:
+        """Workers of this process `attempt` starts: every slot of its agents whose host is not lost (an
+        elastic run's attempt after a loss places every worker that fits on the survivors), a relaunched
+        agent's once it got its StartWorkers (it joins an attempt placed after it connected, and the
+        count must never wait for an agent the attempt left out; one that starts late joins the ticker
+        late)."""
+        return sum(agent.slots for agent in self.agents
+                   if not agent.lost and (not agent.relaunched or attempt in agent.started_attempts))
+
+    def relaunch(self, node_id: str) -> None:
+        """The coordinator asked for a new agent on `node_id` (its host lost): start one, in place of the
+        old agent (whose stream ends now, if it had not)."""
+        index = next(i for i, agent in enumerate(self.agents) if agent.node_id == node_id)
+        old = self.agents[index]
+        old.lose(fault=False)
+        agent = self.agents[index] = FakeAgent(self, node_id, old.slots, relaunched=True)
+        self.stats.relaunched_at.append(time.time())
+        self._agent_runs.add(asyncio.ensure_future(agent.run()))
 
     def go_for(self, attempt: int) -> asyncio.Event:
         """Set once every worker of `attempt`, in every client process, is training."""
@@ -524,7 +575,8 @@ class Simulation:
         slots[random.Random(worker.rank).randrange(len(self.offsets))].append(worker)
         self.training += 1
         count = self._training_in[worker.attempt] = self._training_in.get(worker.attempt, 0) + 1
-        if count == self.expected_in_attempt():
+        if count >= self.expected_in_attempt(worker.attempt) and worker.attempt not in self._barriers:
+            self._barriers.add(worker.attempt)
             self._tickers.append(asyncio.ensure_future(self._barrier(worker.attempt)))
 
     async def _barrier(self, attempt: int) -> None:
@@ -553,6 +605,8 @@ class Simulation:
         recorded_floor = -1  # lockstep: at most the lowest round the coordinator recorded of any live rank
         # Every rank puts its reports by the last period, unless its window held some back.
         while round_ < self.reports or any(w.can_report() for w in everyone):
+            if len(everyone) < sum(map(len, slots)):  # a rank that started late (a relaunched agent's)
+                everyone = [w for workers in slots for w in workers]
             for worker in losing:
                 worker.lose_host_at(round_)
             if self.phase == "lockstep" and report_window.must_wait(stepped, recorded_floor):
@@ -580,9 +634,18 @@ class Simulation:
             stepped += 1
         stats.last_report_at = time.time()
 
-    async def run(self) -> None:
-        """Run every agent until the coordinator shuts them down."""
-        await asyncio.gather(*(agent.run() for agent in self.agents))
+    async def run(self, relaunches: bool = False) -> None:
+        """Run every agent until the coordinator shuts them down; with `relaunches`, also the agents
+        the coordinator asks for on stdin (`bench.scale.relaunch`)."""
+        loop = asyncio.get_running_loop()
+        if relaunches:
+            relaunch.read_requests(sys.stdin, lambda node_id: loop.call_soon_threadsafe(self.relaunch, node_id))
+        self._agent_runs.update(asyncio.ensure_future(agent.run()) for agent in self.agents)
+        while self._agent_runs:  # (a relaunch adds to it)
+            done, _ = await asyncio.wait(self._agent_runs, return_when=asyncio.FIRST_COMPLETED)
+            self._agent_runs -= done
+            for run in done:
+                run.result()  # an agent's unexpected error ends the process, as gather would
         for ticker in self._tickers:
             ticker.cancel()
 
@@ -599,6 +662,7 @@ def _results(sim: Simulation, out: str) -> dict:
             "transport": sim.transport, "phase": sim.phase,
             "acked": stats.acked, "expected": sum(w.expected_acks() for w in sim.workers),
             "held_back": stats.held_back, "silenced_at": stats.silenced_at, "lost_at": stats.lost_at,
+            "relaunched_at": stats.relaunched_at, "rejoined_at": stats.rejoined_at,
             "reordered": stats.reordered, "reopened": stats.reopened, "error_count": len(stats.errors),
             "messages_up": stats.messages_up, "items_up": stats.items_up,
             "errors": sorted(stats.errors, key=lambda e: float(e.split("s ", 1)[0]))[:20],  # the earliest
@@ -614,7 +678,7 @@ def main() -> int:
     """Read the configuration from stdin, serve the nodes, write the results file."""
     config = json.loads(sys.stdin.readline())
     sim = Simulation(config)
-    asyncio.run(sim.run())
+    asyncio.run(sim.run(relaunches=bool(config.get("relaunch"))))
     results = _results(sim, config["out"])
     with open(config["out"] + ".tmp", "w") as f:
         json.dump(results, f)

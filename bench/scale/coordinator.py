@@ -24,16 +24,24 @@ import time
 import uuid
 
 from bench.common import peak_rss_mib, read_json, self_peak_rss_mib, write_json
+from bench.scale import relaunch
 
 CLIENTS_MODULE = "bench.scale.clients"
 PAYLOAD_BYTES = 4096  # a small training function's cloudpickle
+RUN_NAME = "run"  # the run directory, in the spec's out_dir
 
 
 class FakeAgents:
-    """The handles `run_coordinator` expects from a launcher (see `minitrain.hosts.launcher.LaunchedAgents`)."""
+    """The handles `run_coordinator` expects from a launcher (see `minitrain.hosts.launcher.LaunchedAgents`).
 
-    def __init__(self, procs: list[tuple[subprocess.Popen, list[str]]]):
+    With `relaunch` (spec key "relaunch"), a lost node gets a new fake agent: its client process is asked
+    on its stdin (`bench.scale.relaunch`) and serves the node again (the run regains the host)."""
+
+    def __init__(self, procs: list[tuple[subprocess.Popen, list[str]]], relaunch: bool = False):
         self._procs = procs
+        self._relaunch = relaunch
+        self._proc_of = {node: proc for proc, nodes in procs for node in nodes}
+        self.relaunched_at: list[float] = []  # wall clock of each relaunch asked
 
     def dead_agents(self) -> dict[str, str]:
         """node_id -> why, for nodes whose client process ended early (with an error)."""
@@ -44,8 +52,17 @@ class FakeAgents:
         return dead
 
     def relaunch(self, node_id: str) -> bool:
-        """Fake nodes are never relaunched."""
-        return False
+        """Ask the node's client process for a new agent (only with `relaunch`, while it runs)."""
+        proc = self._proc_of.get(node_id)
+        if not self._relaunch or proc is None or proc.poll() is not None:
+            return False
+        try:
+            proc.stdin.write(relaunch.request(node_id))
+            proc.stdin.flush()
+        except (BrokenPipeError, ValueError):  # the process is ending
+            return False
+        self.relaunched_at.append(time.time())
+        return True
 
     def forget(self, node_id: str) -> None:
         """Nothing to forget."""
@@ -53,6 +70,8 @@ class FakeAgents:
     def stop(self, timeout_s: float = 60.0) -> None:
         """Wait for the client processes (they end after the coordinator's Shutdown); kill stragglers."""
         for proc, _ in self._procs:
+            if not proc.stdin.closed:
+                proc.stdin.close()  # no more relaunches: the client's reader sees the end
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -69,6 +88,7 @@ class FakeAgentLauncher:
     def __init__(self, spec: dict):
         self._spec = spec
         self.baseline_rss_mib = 0.0
+        self.agents: FakeAgents | None = None
 
     def bind_hosts(self) -> tuple[str, ...]:
         """Loopback only."""
@@ -96,14 +116,19 @@ class FakeAgentLauncher:
                       "out": os.path.join(spec["out_dir"], f"client_{index}.json"),
                       "barrier_dir": barrier, "processes": count, "faults": spec.get("faults", []),
                       "telemetry": spec.get("telemetry", False), "transport": spec.get("transport", "relayed"),
-                      "phase": spec.get("phase", "lockstep"), "digest": spec.get("digest", True)}
+                      "phase": spec.get("phase", "lockstep"), "digest": spec.get("digest", True),
+                      "checkpoint_every": spec.get("checkpoint_every", 0),
+                      "run_dir": os.path.join(spec["out_dir"], RUN_NAME), "relaunch": spec.get("relaunch", False)}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             proc.stdin.write(json.dumps(config).encode() + b"\n")
-            proc.stdin.close()
+            proc.stdin.flush()
+            if not config["relaunch"]:
+                proc.stdin.close()  # (kept open for relaunch requests otherwise)
             procs.append((proc, nodes))
-        return FakeAgents(procs)
+        self.agents = FakeAgents(procs, config["relaunch"])
+        return self.agents
 
 
 class ReportTap:
@@ -175,7 +200,11 @@ def simulate(spec: dict, observers=()):
     TorchTrainer always installs), `transport` ("relayed": the workers' streams carried by their fake
     agents; "direct": a connection per worker) and `phase` ("lockstep" or "random"; see `bench.scale.clients`); an elastic run with `min_workers`
     (None: a fixed size; `workers` is then the max), `resize_interval_s` (60) and `elastic_start_wait_s`
-    (300: the first attempt waits for every fake agent rather than starting with those in after 5 s). tests/process/test_fake_cluster.py
+    (300: the first attempt waits for every fake agent rather than starting with those in after 5 s),
+    `relaunch` (False: a lost fake node stays lost; True: the controller's relaunch starts a new fake
+    agent for it, so an elastic run regains the host) and `checkpoint_every` (0: no checkpoints; N: rank 0
+    reports a checkpoint with every N-th report, which the coordinator commits: an elastic run grows at
+    a committed checkpoint). tests/process/test_fake_cluster.py
     drives the controller through it.
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager
@@ -187,7 +216,7 @@ def simulate(spec: dict, observers=()):
     from minitrain.storage.layout import LOGS_DIR
     from minitrain.storage.filesystem import Storage
 
-    storage = Storage.for_run(spec["out_dir"], "run")
+    storage = Storage.for_run(spec["out_dir"], RUN_NAME)
     storage.makedirs()
     checkpoints = CheckpointManager.load(storage, CheckpointConfig())
     workers, slots = spec["workers"], spec["slots"]

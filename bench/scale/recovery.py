@@ -21,8 +21,13 @@ runs `coordinator.simulate` with a `Timeline` observer) and its fake client proc
   stopped, resize decided (the run moves to STARTING attempt 1: the decision that judged the loss a
   shrink and started the survivors), attempt 1 assigned (placed, StartWorkers sent) and running (every
   rank of it training). The run must then succeed at the smaller size, which proves no failure was
-  charged (the budget is 0). Lost hosts are not brought back (the fake launcher cannot relaunch agents):
-  regaining them is not simulated.
+  charged (the budget is 0). Then the run regains them: rank 0 reports a checkpoint every
+  CHECKPOINT_EVERY reports, the lost hosts are probed again after the resize interval
+  (REGAIN_INTERVAL_S), when the controller's relaunch asks each lost node's client process for a new
+  fake agent (`bench.scale.relaunch`), which connects at once; at the next committed checkpoint the run
+  grows back to W. Timed from that checkpoint boundary: growth decided (the run moves to RESTARTING with
+  the resize's reason), every rank of attempt 1 stopped, attempt 2 assigned and running at W. The run
+  must succeed at W after exactly these two resizes, with max_failures=0.
 
 Every time is the wall clock of one machine (the clients and the coordinator share it).
 """
@@ -46,6 +51,11 @@ HOSTS_LOST_SHARE = 0.1
 RATE_HZ = 1.0
 REPORTS = 8
 FAULT_AFTER = 3
+# hosts_lost's regain: the resize interval (lost hosts probed again, growth due) and rank 0's checkpoints
+REGAIN_INTERVAL_S = 5.0
+CHECKPOINT_EVERY = 2
+# ... and each attempt's reports: attempt 1 must outlast the interval and reach a checkpoint after it
+REGAIN_REPORTS = int(REGAIN_INTERVAL_S * RATE_HZ) + 2 * CHECKPOINT_EVERY + 3
 
 
 class Timeline:
@@ -56,6 +66,7 @@ class Timeline:
         self.attempt_starts: dict[int, float] = {}
         self.attempt_ends: dict[int, dict] = {}
         self.resizes: list[dict] = []
+        self.commits: list[tuple[float, int, int]] = []  # (time, attempt, round index) of each checkpoint
 
     def on_resize(self, resize) -> None:
         self.resizes.append(resize.as_dict())
@@ -65,6 +76,10 @@ class Timeline:
 
     def on_attempt_start(self, attempt) -> None:
         self.attempt_starts[attempt.attempt] = time.time()
+
+    def on_round(self, round_) -> None:
+        if round_.checkpoint is not None:
+            self.commits.append((time.time(), round_.attempt, round_.index))
 
     def on_attempt_end(self, end) -> None:
         self.attempt_ends[end.attempt] = {"at": time.time(), "restarting": end.restarting,
@@ -77,24 +92,26 @@ def run(spec: dict) -> dict:
     from bench.scale.coordinator import simulate
 
     timeline = Timeline()
-    outcome, tap, checkpoints, _ = simulate(spec, observers=[timeline])
+    outcome, tap, checkpoints, launcher = simulate(spec, observers=[timeline])
     clients = [read_json(os.path.join(spec["out_dir"], n)) for n in sorted(os.listdir(spec["out_dir"]))
                if n.startswith("client_") and n.endswith(".json")]
     return {"state": outcome.state.value, "attempt": outcome.attempt, "error": (outcome.error_message or "")[:2000],
             "states": timeline.states, "attempt_starts": timeline.attempt_starts,
             "attempt_ends": timeline.attempt_ends, "rounds_completed": checkpoints.report_index,
             "silenced_at": [t for c in clients for t in c.get("silenced_at", [])],
-            "lost_at": [t for c in clients for t in c.get("lost_at", [])], "resizes": timeline.resizes}
+            "lost_at": [t for c in clients for t in c.get("lost_at", [])], "resizes": timeline.resizes,
+            "commits": timeline.commits, "relaunch_asked_at": launcher.agents.relaunched_at if launcher.agents else [],
+            "rejoined_at": [t for c in clients for t in c.get("rejoined_at", [])]}
 
 
 def _simulate(tmp: str, name: str, workers: int, slots: int, faults: list, client_procs: int,
-              max_failures: int, **elastic) -> dict:
+              max_failures: int, reports: int = REPORTS, **extra) -> dict:
     out_dir = os.path.join(tmp, name)
     os.makedirs(out_dir)
-    spec = {"workers": workers, "slots": slots, "reports": REPORTS, "rate_hz": RATE_HZ, "warmup_rounds": 0,
+    spec = {"workers": workers, "slots": slots, "reports": reports, "rate_hz": RATE_HZ, "warmup_rounds": 0,
             "client_procs": client_procs, "out_dir": out_dir, "ack_every": 10, "faults": faults,
             "max_failures": max_failures, "stop_grace_s": 5.0, "telemetry": True, "monitor": True,
-            "result": os.path.join(out_dir, "recovery.json"), **elastic}
+            "result": os.path.join(out_dir, "recovery.json"), **extra}
     spec_path = os.path.join(out_dir, "spec.json")
     write_json(spec_path, spec)
     output = os.path.join(out_dir, "coordinator.log")
@@ -166,8 +183,9 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
     """The elastic hosts-lost scenario among `workers`; its figures (seconds from the first loss)."""
     hosts = lost_hosts(workers // slots)
     faults = [{"attempt": 0, "rank": h * slots, "after": FAULT_AFTER, "kind": "host_lost"} for h in hosts]
-    got = _simulate(tmp, f"elastic_{workers}", workers, slots, faults, client_procs, 0,
-                    min_workers=workers // 2, resize_interval_s=60.0)
+    got = _simulate(tmp, f"elastic_{workers}", workers, slots, faults, client_procs, 0, reports=REGAIN_REPORTS,
+                    min_workers=workers // 2, resize_interval_s=REGAIN_INTERVAL_S, relaunch=True,
+                    checkpoint_every=CHECKPOINT_EVERY)
     lost_at = min(got["lost_at"]) if got["lost_at"] else None
     survivors = workers - len(hosts) * slots
     resizes = got["resizes"]
@@ -178,12 +196,12 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
                "loss_spread_s": max(got["lost_at"]) - lost_at if lost_at is not None else None}
     if lost_at is None:
         return {**figures, "detected_s": None, "stopped_s": None, "decided_s": None, "assigned_s": None,
-                "running_s": None, "complete": False}
+                "running_s": None, "complete": False, "regain": _regain(got, workers, survivors)}
     end0 = got["attempt_ends"].get("0") or {}
     detected = _first_state_after(got["states"], lost_at, "RESTARTING")
     decided = _first_state_after(got["states"], lost_at, "STARTING", 1)
     running = _first_state_after(got["states"], lost_at, "RUNNING", 1)
-    shrink = [(r["from_workers"], r["to_workers"]) for r in resizes] == [(workers, survivors)]
+    both = [(r["from_workers"], r["to_workers"]) for r in resizes] == [(workers, survivors), (survivors, workers)]
     # How much CPU the coordinator got (and its fake clients took) while it stopped attempt 0 and
     # while it started attempt 1: on a machine the clients share, a slow figure may be starvation.
     usage = {}
@@ -198,9 +216,36 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
             "assigned_s": got["attempt_starts"]["1"] - lost_at if "1" in got["attempt_starts"] else None,
             "running_s": running[0] - lost_at if running else None,
             "resize_reason": resizes[0]["reason"][:300] if resizes else None,
+            "regain": _regain(got, workers, survivors),
             # max_failures=0: a run that succeeded after the loss was charged no failure
-            "complete": got["state"] == "SUCCEEDED" and got["attempt"] == 1 and shrink
-            and len(got["lost_at"]) == len(hosts) and got["rounds_completed"] >= REPORTS}
+            "complete": got["state"] == "SUCCEEDED" and got["attempt"] == 2 and both
+            and len(got["lost_at"]) == len(hosts) and got["rounds_completed"] >= REGAIN_REPORTS}
+
+
+def _regain(got: dict, workers: int, survivors: int) -> dict:
+    """The regain's figures, in seconds from the checkpoint boundary at which the run grew back (the last
+    commit before the growth was decided); None where that step did not happen."""
+    grown = next(((at, reason) for at, _, to, attempt, reason in got["states"]
+                  if to == "RESTARTING" and attempt == 1 and reason.startswith("resize")), None)
+    lost_at = min(got["lost_at"], default=None)
+    figures = {"interval_s": REGAIN_INTERVAL_S, "relaunched": len(got["relaunch_asked_at"]),
+               "rejoined": len(got["rejoined_at"]), "grow_reason": grown[1] if grown else None,
+               "relaunch_asked_s": min(got["relaunch_asked_at"]) - lost_at
+               if got["relaunch_asked_at"] and lost_at is not None else None,
+               "rejoined_s": max(got["rejoined_at"]) - lost_at if got["rejoined_at"] and lost_at is not None else None}
+    boundary = max((at for at, attempt, _ in got["commits"] if attempt == 1 and grown and at <= grown[0]),
+                   default=None)
+    if boundary is None:
+        return {**figures, "boundary_s": None, "decided_s": None, "stopped_s": None, "assigned_s": None,
+                "running_s": None}
+    end1 = got["attempt_ends"].get("1") or {}
+    running = _first_state_after(got["states"], boundary, "RUNNING", 2)
+    return {**figures, "boundary_s": boundary - lost_at if lost_at is not None else None,
+            "decided_s": grown[0] - boundary,
+            "stopped_s": end1["at"] - boundary if end1 else None,
+            "assigned_s": got["attempt_starts"]["2"] - boundary if "2" in got["attempt_starts"] else None,
+            "running_s": running[0] - boundary if running else None,
+            "grew": (survivors, workers) in [(r["from_workers"], r["to_workers"]) for r in got["resizes"]]}
 
 
 def _cores(value) -> str:
@@ -245,7 +290,9 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
                         and silent["found_s"] <= TARGET_S))
     if "hosts_lost" in scenarios:
         say(f"\nscale recovery: elastic ({workers // 2}, {workers}) run of {workers} fake workers, "
-            f"{HOSTS_LOST_SHARE:.0%} of its {workers // slots} hosts lose their agents at once (max_failures=0)")
+            f"{HOSTS_LOST_SHARE:.0%} of its {workers // slots} hosts lose their agents at once and come back "
+            f"(resize interval {REGAIN_INTERVAL_S:g} s, a checkpoint every {CHECKPOINT_EVERY} reports, "
+            "max_failures=0)")
         elastic = figures["hosts_lost"] = hosts_lost(tmp, workers, slots, client_procs)
         say(f"  {elastic['losses_seen']}/{elastic['hosts_lost']} hosts lost within {_fmt(elastic['loss_spread_s'])}: "
             f"detected {_fmt(elastic['detected_s'])}, every rank of attempt 0 stopped {_fmt(elastic['stopped_s'])}, "
@@ -258,8 +305,16 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
             say(f"  while {'stopping attempt 0' if phase == 'stop' else 'starting attempt 1'}: the coordinator used "
                 f"{_cores(use['coordinator_cores'])} core(s), its fake clients {_cores(use['clients_cores'])} (sampled "
                 "every 0.25 s: '-' for a shorter phase)")
+        regain = elastic["regain"]
+        say(f"  regained: {regain['relaunched']} relaunches asked {_fmt(regain['relaunch_asked_s'])} after the loss, "
+            f"{regain['rejoined']} agents back by {_fmt(regain['rejoined_s'])}; from the checkpoint boundary at "
+            f"{_fmt(regain['boundary_s'])}: growth decided {_fmt(regain['decided_s'])}, every rank of attempt 1 "
+            f"stopped {_fmt(regain['stopped_s'])}, attempt 2 assigned {_fmt(regain['assigned_s'])}, running at "
+            f"{workers} {_fmt(regain['running_s'])} ({regain['grow_reason']})")
         label = (f"elastic at scale: {elastic['hosts_lost']} of {elastic['hosts']} hosts ({HOSTS_LOST_SHARE:.0%}) lost "
                  f"among {workers} workers ->")
+        regained = (f"elastic at scale: the {elastic['hosts_lost']} lost host(s) back among {workers} workers, from the "
+                    "checkpoint boundary ->")
         complete = elastic["complete"]
         rows += [
             Row("scale", f"{label} resize decided",
@@ -269,6 +324,12 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
             Row("scale", f"{label} attempt at {elastic['survivors']} workers running, no failure charged",
                 _fmt(elastic["running_s"]), target=f"<= {TARGET_S:g} s",
                 met=elastic["running_s"] is not None and elastic["running_s"] <= TARGET_S and complete),
+            Row("scale", f"{regained} growth decided", f"{_fmt(regain['decided_s'])} (stopped {_fmt(regain['stopped_s'])})",
+                target=f"<= {TARGET_DECIDED_S:g} s",
+                met=regain["decided_s"] is not None and regain["decided_s"] <= TARGET_DECIDED_S and complete),
+            Row("scale", f"{regained} attempt at {workers} workers running", _fmt(regain["running_s"]),
+                target=f"<= {TARGET_S:g} s",
+                met=regain["running_s"] is not None and regain["running_s"] <= TARGET_S and complete),
         ]
     return rows, figures
 

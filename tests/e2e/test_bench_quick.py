@@ -253,10 +253,17 @@ def test_scale_elastic_hosts_lost_quick(tmp_path):
     recovery = workloads["scale"]["figures"]["recovery"]
     assert set(recovery) == {"hosts_lost"}
     lost = recovery["hosts_lost"]
-    # 10% of the 8 fake hosts (one), its agent's stream cancelled; the elastic run shrank to the survivors
-    # and succeeded with max_failures=0: no failure charged.
+    # 10% of the 8 fake hosts (one), its agent's stream cancelled; the elastic run shrank to the survivors,
+    # its lost host was relaunched after the resize interval and the run grew back to 64 at the next
+    # committed checkpoint, and it succeeded with max_failures=0: no failure charged.
     assert lost["hosts_lost"] == lost["losses_seen"] == 1 and lost["survivors"] == 56, lost
-    assert [(r["from_workers"], r["to_workers"]) for r in lost["resizes"]] == [(64, 56)], lost
-    assert lost["complete"] and lost["state"] == "SUCCEEDED" and lost["attempts"] == 2, lost
+    assert [(r["from_workers"], r["to_workers"]) for r in lost["resizes"]] == [(64, 56), (56, 64)], lost
+    assert lost["complete"] and lost["state"] == "SUCCEEDED" and lost["attempts"] == 3, lost
     assert 0 <= lost["detected_s"] <= lost["decided_s"] <= lost["assigned_s"] <= lost["running_s"], lost
+    regain = lost["regain"]
+    assert regain["relaunched"] == regain["rejoined"] == 1 and regain["grew"], regain
+    assert regain["relaunch_asked_s"] >= regain["interval_s"] - 0.1, regain  # probed after the interval
+    assert "checkpoint boundary" in regain["grow_reason"], regain
+    assert 0 <= regain["decided_s"] <= regain["stopped_s"] <= regain["assigned_s"] <= regain["running_s"], regain
     assert "elastic at scale: 1 of 8 hosts (10%) lost among 64 workers -> resize decided" in stdout
+    assert "elastic at scale: the 1 lost host(s) back among 64 workers, from the checkpoint boundary -> attempt at 64" in stdout
