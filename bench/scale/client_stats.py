@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import array
+import sys
 import time
 from typing import Optional
 
@@ -30,6 +31,11 @@ class Stats:
         self.errors: list[str] = []
         self.first_report_at: Optional[float] = None
         self.last_report_at: Optional[float] = None
+
+    def error(self, text: str) -> None:
+        """Record an error; it also goes to stderr (the client's log) at once, so a run that stalls says why."""
+        self.errors.append(text)
+        print(text, file=sys.stderr, flush=True)
 
     def sent_message(self, items: int) -> None:
         """One gRPC message towards the coordinator, carrying `items` agent or worker messages."""

@@ -322,12 +322,12 @@ class FakeWorker:
                 break
             except StreamBroke as exc:
                 if attempt == START_TRIES - 1:
-                    sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {exc}")
+                    sim.stats.error(f"{sim.elapsed():.1f}s rank {self.rank}: {exc}")
                     return False
                 sim.stats.reopened += 1
                 await asyncio.sleep(0.5 * 2 ** attempt)  # such breakage comes in bursts: let it pass
             except Exception as exc:  # noqa: BLE001 - recorded, and the exit code says it
-                sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
+                sim.stats.error(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
                 return False
         try:
             sim.training_started(self)
@@ -350,7 +350,7 @@ class FakeWorker:
             await asyncio.wait_for(asyncio.shield(self.link.ended), ACK_WAIT_S)
             return True
         except Exception as exc:  # noqa: BLE001 - recorded, and the exit code says it
-            sim.stats.errors.append(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
+            sim.stats.error(f"{sim.elapsed():.1f}s rank {self.rank}: {type(exc).__name__}: {exc}"[:300])
             return False
         finally:
             self.closed = True
@@ -378,6 +378,8 @@ class FakeAgent:
         self.relayed: dict[int, RelayedLink] = {}  # the worker streams it carries, by number
         self._numbers = itertools.count(1)
         self.call = None  # its AgentStream, once open
+        self._broke: Optional[str] = None  # why its last stream broke (None: it did not, or on purpose)
+        self._rejoined = False  # a relaunched agent said hello
         self.lost = False  # the "host_lost" fault fired: its stream was cancelled on purpose
 
     def lose(self, fault: bool = True) -> None:
@@ -454,22 +456,47 @@ class FakeAgent:
                                                  exited_at=time.time()))
 
     async def run(self) -> None:
-        """Hold the session until Shutdown (or until it breaks)."""
+        """Hold the session until Shutdown (or until it breaks). A stream that breaks before its first
+        command is opened again, after a growing pause (at most START_TRIES times, counted as
+        `reopened`): at 2048 fake agents the gRPC client library cancels some new streams at once
+        (CANCELLED within a second of the start; 156 of 2048 in one run), and an agent that gave up
+        would leave its node missing for good."""
+        for attempt in range(START_TRIES):
+            commanded = await self._session()
+            if commanded or self.lost or self._broke is None or attempt == START_TRIES - 1:
+                break
+            self.sim.stats.reopened += 1
+            print(f"opening again: {self._broke}", file=sys.stderr, flush=True)
+            self.upstream = AgentUpstream(self.sim.run_id, self.node_id, self.sim.stats, self.sim.digest)
+            await asyncio.sleep(0.5 * 2 ** attempt)
+        if self._broke is not None and not self.lost:
+            self.sim.stats.error(self._broke)
+
+    async def _session(self) -> bool:
+        """One AgentStream, until Shutdown or until it breaks (`_broke` says why); True once the
+        coordinator sent it a command."""
         sim = self.sim
+        self._broke = None
+        commanded = False
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
         heartbeat = None
         try:
             async with sim.connecting:  # (see CONNECTING_AT_ONCE)
                 await asyncio.wait_for(channel.channel_ready(), PHASE_WAIT_S)
             heartbeat = asyncio.ensure_future(self._heartbeat())
+            # wait_for_ready, as the real agent's stream: a connection the server closed (idle for
+            # IDLE_CONNECTION_MS before the call started, seen at 2048 fake agents) is retried instead
+            # of failing the agent, whose node would never connect.
             call = self.call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(),
-                                                                            metadata=sim.metadata)
+                                                                            metadata=sim.metadata, wait_for_ready=True)
             self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
                                           python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
                                           address="127.0.0.1", ifname="lo"))
-            if self.relaunched:
+            if self.relaunched and not self._rejoined:
+                self._rejoined = True  # (its first hello: a stream opened again says hello again)
                 sim.stats.rejoined_at.append(time.time())
             async for command in call:
+                commanded = True
                 kind = command.WhichOneof("body")
                 if kind == "relayed":
                     self._route(command.relayed)
@@ -484,10 +511,9 @@ class FakeAgent:
         except asyncio.CancelledError:
             if not self.lost:  # only the "host_lost" fault cancels the stream on purpose
                 raise
-        except Exception as exc:  # noqa: BLE001
-            if self.lost:  # the cancelled stream may also end as an RpcError(CANCELLED)
-                return
-            sim.stats.errors.append(f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300])
+        except Exception as exc:  # noqa: BLE001 - recorded by run(), and the exit code says it
+            if not self.lost:  # (the cancelled stream may also end as an RpcError(CANCELLED))
+                self._broke = f"{sim.elapsed():.1f}s agent {self.node_id}: {type(exc).__name__}: {exc}"[:300]
         finally:
             if heartbeat is not None:
                 heartbeat.cancel()
@@ -497,6 +523,7 @@ class FakeAgent:
                 task.cancel()
             self.upstream.put(_END)
             await channel.close()
+        return commanded
 
 
 class Simulation:

@@ -118,8 +118,10 @@ class DirectLink:
         sim = worker.sim
         self._outbox: asyncio.Queue = asyncio.Queue()
         self._channel = aio.insecure_channel(sim.address, options=OPTIONS)
+        # wait_for_ready, as the real worker's stream: a connection the server closed (idle before the
+        # call started, or refused while flooded) is retried instead of failing the stream.
         call = pb_grpc.CoordinatorStub(self._channel).WorkerStream(
-            _direct_requests(self._outbox, worker, sim.stats), metadata=sim.metadata)
+            _direct_requests(self._outbox, worker, sim.stats), metadata=sim.metadata, wait_for_ready=True)
         self.ended: asyncio.Future = asyncio.ensure_future(self._read(call, worker))
 
     @staticmethod

@@ -43,7 +43,7 @@ from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_p
 from minitrain.coordinator.outbox import Outbox
 from minitrain.coordinator.preemption import DRIVER, Preemption
 from minitrain.coordinator.preemption_signals import preemption_noted
-from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.ranks import assign_ranks, node_assignments
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup, warm_up_command
 from minitrain.errors import ConfigError
@@ -270,12 +270,10 @@ class Controller:
         attempt's size, the committed checkpoints, whether a lost host may be probed, and (while a
         failed attempt is judged) whether it lost a node."""
         membership, spec = self._membership, self._spec
-        if self._fits[0] != membership.version:
-            self._fits = (membership.version, self._fitting(membership.usable()))
         size = len(group.tracker.ranks) if group is not None else 0
         lost = self._loop.judging and group is not None and group.tracker.lost_a_node()
         return dataclasses.replace(
-            seen, fits=self._fits[1], size=size, lost_in_attempt=lost,
+            seen, fits=self._fits_now(), size=size, lost_in_attempt=lost,
             checkpoints_committed=self._commits.checkpoints_committed,
             probe_due=bool(membership.lost) and size < spec.num_workers and membership.probe_due())
 
@@ -364,6 +362,14 @@ class Controller:
         return fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
                                spec.cpus_per_worker, spec.node_slots)
 
+    def _fits_now(self) -> int:
+        """How many workers the usable nodes hold now (`_fitting`), recomputed only when the membership
+        changed: it is asked at every turn of an elastic run and at every connection."""
+        membership = self._membership
+        if self._fits[0] != membership.version:
+            self._fits = (membership.version, self._fitting(membership.usable()))
+        return self._fits[1]
+
     def _placed(self, nodes: list) -> list:
         """The ranks of an attempt started on `nodes` now: `num_workers` of them, or for an elastic run
         as many as fit (`elastic.attempt_size`); ConfigError when they do not fit."""
@@ -415,11 +421,14 @@ class Controller:
         if not self._rules.elastic or group is None or node_id in group.tracker.nodes() or \
                 self._loop.state not in (RunState.STARTING, RunState.RUNNING):
             return
+        spec = self._spec
         try:
-            planned = self._placed(self._membership.usable())
+            count = attempt_size(self._fits_now(), spec.min_workers, spec.num_workers)
         except ConfigError:  # fewer than min fit: nothing to get ready for
             return
-        mine = [a for a in planned if a.node_id == node_id]
+        # Only this node's ranks of that start (placing every rank at each connection was quadratic).
+        mine = node_assignments(self._membership.usable(), count, node_id, spec.gpus_per_worker,
+                                spec.placement_strategy, spec.cpus_per_worker, dict(spec.node_slots))
         if mine:
             self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine))
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Optional
 
 from minitrain.coordinator.actions import GROW, SHRINK
-from minitrain.coordinator.ranks import assign_ranks, node_capacity
+from minitrain.coordinator.ranks import node_capacity, rank_counts
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo
 
@@ -44,14 +44,15 @@ def fitting_workers(nodes: list[NodeInfo], most: int, gpus_per_worker: float = 0
                     cpus_per_worker: float = 1.0, slots: Optional[Mapping[str, Optional[int]]] = None) -> int:
     """The largest worker count <= `most` that `assign_ranks` places on `nodes` (0 when none fits).
 
-    Starts from the nodes' summed room, so a cluster with room for all `most` costs one placement."""
+    Starts from the nodes' summed room, so a cluster with room for all `most` costs one count of the
+    ranks per node (`rank_counts`, O(nodes): it is recomputed whenever a node connects or is lost)."""
     slots = dict(slots or {})
     room = sum(node_capacity(node, gpus_per_worker, cpus_per_worker, slots.get(node.node_id), len(nodes) == 1)
                for node in nodes)
     count = int(min(most, room)) if room != math.inf else most
     while count > 0:
         try:
-            assign_ranks(nodes, count, gpus_per_worker, placement_strategy, cpus_per_worker, slots)
+            rank_counts(nodes, count, gpus_per_worker, placement_strategy, cpus_per_worker, slots)
             return count
         except ConfigError:  # a STRICT_ strategy refuses counts the summed room allows
             count -= 1

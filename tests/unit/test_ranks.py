@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import collections
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.elastic import fitting_workers
+from minitrain.coordinator.ranks import assign_ranks, node_assignments, rank_counts
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo, WorkerAssignment
 
@@ -238,3 +240,42 @@ def test_property_requests_that_do_not_fit_raise_config_error(case):
     nodes, num_workers, gpus_per_worker, strategy = case
     with pytest.raises(ConfigError):
         assign_ranks(nodes, num_workers, gpus_per_worker, strategy)
+
+
+@settings(max_examples=300, deadline=None)
+@given(cpus=st.lists(st.integers(1, 6), min_size=1, max_size=6), num_workers=st.integers(0, 30),
+       strategy=st.sampled_from(["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]),
+       gpus=st.lists(st.integers(0, 3), min_size=6, max_size=6), gpus_per_worker=st.sampled_from([0.0, 0.5, 1.0, 2.0]),
+       slots=st.lists(st.one_of(st.none(), st.integers(0, 4)), min_size=6, max_size=6))
+def test_counts_and_one_nodes_assignments_agree_with_the_whole_placement(cpus, num_workers, strategy, gpus,
+                                                                         gpus_per_worker, slots):
+    """`rank_counts` and `node_assignments` (what an elastic run asks at each connection and turn, in
+    O(nodes)) say exactly what `assign_ranks` places, and refuse exactly what it refuses."""
+    nodes = [node(f"h{i}", gpus=gpus[i] if gpus_per_worker else 0, cpus=c) for i, c in enumerate(cpus)]
+    slot_map = {n.node_id: slots[i] for i, n in enumerate(nodes) if slots[i] is not None}
+    args = (gpus_per_worker, strategy, 1.0, slot_map)
+    try:
+        whole = assign_ranks(nodes, num_workers, *args)
+    except ConfigError as exc:
+        with pytest.raises(ConfigError, match=re.escape(str(exc).splitlines()[0])):
+            rank_counts(nodes, num_workers, *args)
+        with pytest.raises(ConfigError):
+            node_assignments(nodes, num_workers, nodes[0].node_id, *args)
+        return
+    placed = collections.Counter(a.node_id for a in whole)
+    assert rank_counts(nodes, num_workers, *args) == [placed[n.node_id] for n in nodes]
+    for n in nodes:
+        assert node_assignments(nodes, num_workers, n.node_id, *args) == [a for a in whole if a.node_id == n.node_id]
+    assert node_assignments(nodes, num_workers, "not-a-node", *args) == []
+    # fitting_workers (the elastic size) is the largest count the whole placement accepts
+    most = num_workers or 1
+    fits = next((k for k in range(most, 0, -1) if _places(nodes, k, args)), 0)
+    assert fitting_workers(nodes, most, gpus_per_worker, strategy, 1.0, slot_map) == fits
+
+
+def _places(nodes, count, args) -> bool:
+    try:
+        assign_ranks(nodes, count, *args)
+        return True
+    except ConfigError:
+        return False

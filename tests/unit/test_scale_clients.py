@@ -8,13 +8,14 @@ tests/e2e/test_bench_quick.py and tests/process/test_fake_cluster.py.)
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import queue
 
 import pytest
 
 from bench import cli
-from bench.scale import client_stats, clients, links
+from bench.scale import client_stats, clients, links, relaunch
 from minitrain.agent import relay
 from minitrain.rpc import report_window
 from minitrain.rpc.digest import fold_reports
@@ -197,3 +198,56 @@ def test_in_lockstep_one_rank_held_by_its_report_window_holds_the_group(tmp_path
     sent = asyncio.run(scenario())
     assert [round_ for round_, _ in sent] == sorted(list(range(12)) * 2)
     assert {round_ for round_, wants in sent if wants} == {1, 3, 5, 7, 9, 11}
+
+
+def test_a_relaunch_request_round_trips_and_the_reader_ends_with_its_stream():
+    posted = []
+    lines = io.StringIO((relaunch.request("node0007") + b"\n" + relaunch.request("node0001")).decode())
+    relaunch.read_requests(lines, posted.append).join(timeout=10)
+    assert posted == ["node0007", "node0001"]  # in order; a blank line is skipped; EOF ends the thread
+
+
+def test_a_relaunched_agent_counts_in_an_attempt_only_once_it_got_its_workers(tmp_path):
+    """An attempt placed before the relaunched agent connected leaves it out: the clients' barrier must
+    not wait for its workers there; it counts in the first attempt that starts workers on it."""
+    async def scenario():
+        sim = _simulation(tmp_path, node_ids=["node0000", "node0001"], workers=16)
+        assert sim.expected_in_attempt(0) == 16
+        sim.agents[1].lose()
+        assert sim.expected_in_attempt(1) == 8 and len(sim.stats.lost_at) == 1
+        lost = sim.agents[1]
+        sim.relaunch("node0001")
+        back = sim.agents[1]
+        assert back is not lost and back.relaunched and back.node_id == "node0001"
+        assert len(sim.stats.relaunched_at) == 1 and len(sim.stats.lost_at) == 1  # a relaunch is no loss
+        assert sim.expected_in_attempt(1) == 8  # attempt 1 was placed without it
+        back.started_attempts.add(2)
+        assert sim.expected_in_attempt(2) == 16
+        for run in sim._agent_runs:
+            run.cancel()
+
+    asyncio.run(scenario())
+
+
+def test_rank_0_reports_a_checkpoint_every_n_reports_written_where_it_is_committed(tmp_path):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+
+    async def scenario():
+        sim = _simulation(tmp_path, checkpoint_every=3, run_dir=str(run_dir), reports=7)
+        agent = sim.agents[0]
+        zero, one = (clients.FakeWorker(sim, agent, attempt=2, rank=r) for r in (0, 1))
+        for worker in (zero, one):
+            worker.link = agent.open_link(worker)
+            while worker.report():
+                pass
+        return zero, [(i.message.rank, i.message.report) for i in agent.upstream._items
+                      if i.message.HasField("report")]
+
+    zero, sent = asyncio.run(scenario())
+    named = [(rank, r.round, r.checkpoint_dir_name, r.wants_ack) for rank, r in sent if r.checkpoint_dir_name]
+    assert named == [(0, 2, "checkpoint_attempt2_000002", True), (0, 5, "checkpoint_attempt2_000005", True)]
+    for _, _, name, _ in named:
+        assert (run_dir / name / "state.txt").read_text().startswith("attempt 2")
+    assert not any(r.staged for _, r in sent)  # written in place: the coordinator commits without moving
+    assert zero.expected_acks() == len([r for rank, r in sent if rank == 0 and r.wants_ack])
