@@ -22,7 +22,8 @@ asks for an acknowledgement (`wants_ack`), which the controller sends after it r
 (rank-0 history, rounds): round trip = send -> its ReportAck read back by the worker (relayed: routed to
 it by its agent). Acks must come for the acknowledged rounds in order; anything else counts as
 reordered, a report never acknowledged as lost. With `telemetry` in the configuration, each worker also
-sends one Telemetry message a second (with its report of that tick), as a real worker's sampler does.
+sends a Telemetry message (with its report of that tick) as often as a real worker's sampler does: one a
+second, less often in an attempt of more ranks than its budget (`minitrain.worker.telemetry.interval_s`).
 (The coordinator process checks every report's order and timing itself: see `coordinator.ReportTap`.)
 
 Backpressure, as a real worker's report() has it (`minitrain.rpc.report_window`): every
@@ -93,6 +94,7 @@ from bench.scale.links import _END, OPTIONS, AgentUpstream, DirectLink, RelayedL
 from minitrain.lease import HEARTBEAT_INTERVAL_S
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc import report_window
+from minitrain.worker import telemetry
 
 TRANSPORTS = ("relayed", "direct")
 PHASES = ("lockstep", "random")
@@ -145,6 +147,7 @@ class FakeWorker:
         self.recorded = -1  # the highest round the coordinator recorded (a receipt or an ack says so)
         self.fault = sim.fault_for(attempt, rank)
         self.failed = self.frozen = self.closed = False
+        self.telemetry_every = 0  # one Telemetry message every this many reports (set with the assignment)
         sim.workers.append(self)
 
     def _put(self, **body) -> None:
@@ -188,8 +191,9 @@ class FakeWorker:
         self.sent_at.append(time.perf_counter())
         report.reported_at = time.time()
         link.send(out)
-        if sim.telemetry_every and i % sim.telemetry_every == 0:
-            # A real worker's sampler (minitrain.worker.telemetry) sends one a second.
+        if self.telemetry_every and i % self.telemetry_every == 0:
+            # A real worker's sampler (minitrain.worker.telemetry): one a second, less often in a run of
+            # more ranks than its budget.
             out, message = link.new_message()
             message.run_id, message.attempt, message.rank = sim.run_id, self.attempt, self.rank
             sample = message.telemetry
@@ -267,6 +271,7 @@ class FakeWorker:
             if self.next_ack >= self.sim.reports:
                 self.all_acked.set()
         elif kind == "assignment":
+            self.telemetry_every = self.sim.telemetry_every(command.assignment.world_size)
             self.assignment.set()
         elif kind == "rendezvous":
             self.rendezvous.set()
@@ -540,8 +545,7 @@ class Simulation:
             raise ValueError(f"transport: {self.transport!r} is not one of {', '.join(TRANSPORTS)}")
         self.phase = config.get("phase", "lockstep")
         self.offsets = slot_offsets(self.phase, 1.0 / self.rate_hz)
-        # One Telemetry message every this many reports (one a second, as a real worker's); 0: none.
-        self.telemetry_every = max(1, round(self.rate_hz)) if config.get("telemetry", False) else 0
+        self.telemetry = bool(config.get("telemetry", False))
         self.expected_workers = config["workers"]
         self.pid, self.hostname = os.getpid(), "bench-client"
         self.pids = itertools.count(1_000_000 + os.getpid() * 10_000)
@@ -566,6 +570,11 @@ class Simulation:
     def elapsed(self) -> float:
         """Seconds since this process started its simulation (error messages carry it)."""
         return time.monotonic() - self.started
+
+    def telemetry_every(self, world_size: int) -> int:
+        """A worker of a `world_size`-rank attempt sends one Telemetry message every this many reports,
+        as often as a real worker's sampler (`minitrain.worker.telemetry.interval_s`); 0: none."""
+        return max(1, round(self.rate_hz * telemetry.interval_s(world_size))) if self.telemetry else 0
 
     def fault_for(self, attempt: int, rank: int) -> Optional[dict]:
         """The fault injected into `rank` in `attempt`, if any (see the module docstring)."""

@@ -188,7 +188,7 @@ class WorkerRun:
             self._enter(Phase.TRAINING)
             self._client.wait_phase_ack(Phase.TRAINING, PHASE_ACK_TIMEOUT_S)
             sampling = telemetry.start(assignment.worker.gpu_ids, self._client.send_telemetry,
-                                       attempt=b["attempt"], rank=b["rank"])
+                                       attempt=b["attempt"], rank=b["rank"], world_size=assignment.worker.world_size)
             try:
                 with backend.training():  # e.g. XGBoost's communicator
                     value = payload.train_fn(payload.config) if payload.takes_config else payload.train_fn()

@@ -12,7 +12,10 @@ waits is the rank's own work:
   it stands, its elapsed time and the waits so far, the open wait included;
 - otherwise the last steps' figures again (None before the first report() ends).
 
-`TelemetryThread` sends a sample every INTERVAL_S (at most 1 Hz) while the training function runs;
+`TelemetryThread` sends a sample every `interval_s(world_size)` while the training function runs: once a
+second (INTERVAL_S), and less often in a run of more than RUN_SAMPLES_PER_S ranks, so that the whole
+run's samples stay within what the coordinator is given for them (at 16,384 ranks one every 4 s);
+
 `MINITRAIN_TELEMETRY=0` turns it off (see `minitrain.waits`). Telemetry never fails a worker: a
 measurement that raises is left out of the sample, and an error in the thread ends only the thread.
 """
@@ -30,7 +33,19 @@ from minitrain.records import GpuSample, TelemetrySample
 
 logger = logging.getLogger("minitrain")
 
-INTERVAL_S = 1.0  # at most one sample a second: the issue's budget for the control channel
+INTERVAL_S = 1.0  # at most one sample a second from a rank
+# At most this many samples a second from the whole run. Each costs the coordinator about what a report
+# costs (its Python, its share of a message); at one a second from 16,384 ranks the samples were half of
+# everything it took in, and as costly as the reports (docs/benchmarks/scale.md). Up to this many ranks
+# nothing changes; beyond, each rank samples less often (the straggler rule's window of samples spans
+# that much longer).
+RUN_SAMPLES_PER_S = 4096
+
+
+def interval_s(world_size: int) -> float:
+    """How often each rank of a `world_size`-rank run sends a sample: INTERVAL_S, or more seconds in a
+    run of more than RUN_SAMPLES_PER_S ranks."""
+    return max(INTERVAL_S, world_size / RUN_SAMPLES_PER_S)
 
 
 class GpuProbe:
@@ -196,12 +211,13 @@ class TelemetryThread:
 
 
 def start(device_indices: Sequence[int], send: Callable[[TelemetrySample], None], *, attempt: int,
-          rank: int) -> Optional[TelemetryThread]:
-    """Start the telemetry of `rank` of `attempt` (its GPUs: `device_indices`), or return None when
-    MINITRAIN_TELEMETRY=0."""
+          rank: int, world_size: int) -> Optional[TelemetryThread]:
+    """Start the telemetry of `rank` of `attempt` of `world_size` ranks (its GPUs: `device_indices`),
+    sampling every `interval_s(world_size)`, or return None when MINITRAIN_TELEMETRY=0."""
     if not waits.ENABLED:
         return None
-    thread = TelemetryThread(Sampler(GpuProbe(device_indices), attempt=attempt, rank=rank), send)
+    thread = TelemetryThread(Sampler(GpuProbe(device_indices), attempt=attempt, rank=rank), send,
+                             interval_s(world_size))
     thread.start()
     return thread
 

@@ -232,6 +232,19 @@ def test_the_thread_sends_samples_until_stopped():
     assert telemetry.TelemetryThread(None, None, interval_s=0.1)._interval_s == telemetry.INTERVAL_S
 
 
+def test_a_run_of_more_ranks_than_the_budget_samples_less_often_within_the_budget(monkeypatch):
+    for world in (1, 8, telemetry.RUN_SAMPLES_PER_S):
+        assert telemetry.interval_s(world) == telemetry.INTERVAL_S
+    for world in (telemetry.RUN_SAMPLES_PER_S + 1, 16384, 100_000):
+        assert telemetry.interval_s(world) > telemetry.INTERVAL_S
+        assert world / telemetry.interval_s(world) == pytest.approx(telemetry.RUN_SAMPLES_PER_S)  # the whole run's rate
+    assert telemetry.interval_s(16384) == 4.0
+    monkeypatch.setattr(telemetry.TelemetryThread, "start", lambda self: None)  # no thread: the interval is what is tested
+    monkeypatch.setattr(telemetry.waits, "ENABLED", True)
+    assert telemetry.start([], print, attempt=0, rank=3, world_size=16384)._interval_s == 4.0
+    assert telemetry.start([], print, attempt=0, rank=3, world_size=2)._interval_s == telemetry.INTERVAL_S
+
+
 def test_the_coordinator_reads_absent_fields_as_not_measured():
     message = pb.Telemetry(sampled_at=5.0, reports=7, step_time_s=0.25, cpu_percent=0.0, rss_bytes=10,
                            gpus=[pb.GpuSample(index=2, util_percent=50, memory_used_bytes=1, memory_total_bytes=2)])
