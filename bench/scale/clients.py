@@ -102,10 +102,11 @@ RANDOM_SLOTS = 20  # "random": slots spread over the period
 LOCKSTEP_SLOTS = 8  # "lockstep": sub-slots 0, 0.25, ..., 1.75 ms after the period starts
 LOCKSTEP_JITTER_S = 0.002
 ACK_WAIT_S = 120.0
-# Fake agents of one process that may be connecting at the same time. Real agents start on their own
-# hosts over seconds; thousands of connections opened in the same instant by one process make the gRPC
-# client library fail some of the new streams ("Internal error from Core", CANCELLED; seen with 1024
-# fake agents a process at 16384 workers), and an agent's broken stream loses its node.
+# Fake agents of one process that may be connecting at the same time (their channel, then their stream
+# until it is open). Real agents start on their own hosts over seconds; thousands of connections opened in
+# the same instant by one process make the gRPC client library fail some of the new streams ("Internal
+# error from Core" in execute_batch, CANCELLED; seen with 512 and 1024 fake agents a process at 16384
+# workers), and an agent's broken stream loses its node.
 CONNECTING_AT_ONCE = 64
 PHASE_WAIT_S = 120.0
 START_TRIES = 5
@@ -486,17 +487,18 @@ class FakeAgent:
         channel = aio.insecure_channel(sim.address, options=OPTIONS)
         heartbeat = None
         try:
-            async with sim.connecting:  # (see CONNECTING_AT_ONCE)
+            async with sim.connecting:  # (see CONNECTING_AT_ONCE): until the stream is open
                 await asyncio.wait_for(channel.channel_ready(), PHASE_WAIT_S)
+                # wait_for_ready, as the real agent's stream: a connection the server closed (idle for
+                # IDLE_CONNECTION_MS before the call started, seen at 2048 fake agents) is retried instead
+                # of failing the agent, whose node would never connect.
+                call = self.call = pb_grpc.CoordinatorStub(channel).AgentStream(
+                    self.upstream.requests(), metadata=sim.metadata, wait_for_ready=True)
+                self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
+                                              python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
+                                              address="127.0.0.1", ifname="lo"))
+                await asyncio.wait_for(call.wait_for_connection(), PHASE_WAIT_S)
             heartbeat = asyncio.ensure_future(self._heartbeat())
-            # wait_for_ready, as the real agent's stream: a connection the server closed (idle for
-            # IDLE_CONNECTION_MS before the call started, seen at 2048 fake agents) is retried instead
-            # of failing the agent, whose node would never connect.
-            call = self.call = pb_grpc.CoordinatorStub(channel).AgentStream(self.upstream.requests(),
-                                                                            metadata=sim.metadata, wait_for_ready=True)
-            self._put(hello=pb.AgentHello(hostname=self.node_id, pid=sim.pid, minitrain_version="bench",
-                                          python=sys.executable, cpus=self.slots, memory_bytes=1 << 30,
-                                          address="127.0.0.1", ifname="lo"))
             if self.relaunched and not self._rejoined:
                 self._rejoined = True  # (its first hello: a stream opened again says hello again)
                 sim.stats.rejoined_at.append(time.time())

@@ -201,7 +201,11 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
     detected = _first_state_after(got["states"], lost_at, "RESTARTING")
     decided = _first_state_after(got["states"], lost_at, "STARTING", 1)
     running = _first_state_after(got["states"], lost_at, "RUNNING", 1)
-    both = [(r["from_workers"], r["to_workers"]) for r in resizes] == [(workers, survivors), (survivors, workers)]
+    sizes = [(r["from_workers"], r["to_workers"]) for r in resizes]
+    # shrunk once to the survivors, then grown back to `workers` (in one step or more: a host whose
+    # agent came back after the first boundary joins at a later one)
+    regained = sizes[:1] == [(workers, survivors)] and len(sizes) >= 2 and sizes[-1][1] == workers \
+        and all(b > a for a, b in sizes[1:])
     # How much CPU the coordinator got (and its fake clients took) while it stopped attempt 0 and
     # while it started attempt 1: on a machine the clients share, a slow figure may be starvation.
     usage = {}
@@ -218,18 +222,24 @@ def hosts_lost(tmp: str, workers: int, slots: int, client_procs: int) -> dict:
             "resize_reason": resizes[0]["reason"][:300] if resizes else None,
             "regain": _regain(got, workers, survivors),
             # max_failures=0: a run that succeeded after the loss was charged no failure
-            "complete": got["state"] == "SUCCEEDED" and got["attempt"] == 2 and both
+            "complete": got["state"] == "SUCCEEDED" and got["attempt"] == len(sizes) and regained
             and len(got["lost_at"]) == len(hosts) and got["rounds_completed"] >= REGAIN_REPORTS}
 
 
 def _regain(got: dict, workers: int, survivors: int) -> dict:
-    """The regain's figures, in seconds from the checkpoint boundary at which the run grew back (the last
-    commit before the growth was decided); None where that step did not happen."""
+    """The regain's figures, in seconds from the checkpoint boundary at which the run first grew (the last
+    commit before that growth was decided): the growth decided, attempt 1 stopped, the grown attempt
+    assigned and running, and the run back at `workers` (the first attempt of that size running: the
+    same attempt when every lost host was back by that boundary, a later growth otherwise); None where
+    that step did not happen."""
+    lost_at = min(got["lost_at"], default=None)
     grown = next(((at, reason) for at, _, to, attempt, reason in got["states"]
                   if to == "RESTARTING" and attempt == 1 and reason.startswith("resize")), None)
-    lost_at = min(got["lost_at"], default=None)
+    steps = [(r["attempt"], r["to_workers"]) for r in got["resizes"] if r["to_workers"] > r["from_workers"]]
+    full = next((attempt for attempt, size in steps if size == workers), None)
     figures = {"interval_s": REGAIN_INTERVAL_S, "relaunched": len(got["relaunch_asked_at"]),
                "rejoined": len(got["rejoined_at"]), "grow_reason": grown[1] if grown else None,
+               "growth_steps": [size for _, size in steps],
                "relaunch_asked_s": min(got["relaunch_asked_at"]) - lost_at
                if got["relaunch_asked_at"] and lost_at is not None else None,
                "rejoined_s": max(got["rejoined_at"]) - lost_at if got["rejoined_at"] and lost_at is not None else None}
@@ -237,15 +247,17 @@ def _regain(got: dict, workers: int, survivors: int) -> dict:
                    default=None)
     if boundary is None:
         return {**figures, "boundary_s": None, "decided_s": None, "stopped_s": None, "assigned_s": None,
-                "running_s": None}
+                "running_s": None, "full_running_s": None, "grew": False}
     end1 = got["attempt_ends"].get("1") or {}
     running = _first_state_after(got["states"], boundary, "RUNNING", 2)
+    full_running = _first_state_after(got["states"], boundary, "RUNNING", full) if full is not None else None
     return {**figures, "boundary_s": boundary - lost_at if lost_at is not None else None,
             "decided_s": grown[0] - boundary,
             "stopped_s": end1["at"] - boundary if end1 else None,
             "assigned_s": got["attempt_starts"]["2"] - boundary if "2" in got["attempt_starts"] else None,
             "running_s": running[0] - boundary if running else None,
-            "grew": (survivors, workers) in [(r["from_workers"], r["to_workers"]) for r in got["resizes"]]}
+            "full_running_s": full_running[0] - boundary if full_running else None,
+            "grew": bool(steps) and steps[0][1] > survivors}
 
 
 def _cores(value) -> str:
@@ -309,8 +321,9 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
         say(f"  regained: {regain['relaunched']} relaunches asked {_fmt(regain['relaunch_asked_s'])} after the loss, "
             f"{regain['rejoined']} agents back by {_fmt(regain['rejoined_s'])}; from the checkpoint boundary at "
             f"{_fmt(regain['boundary_s'])}: growth decided {_fmt(regain['decided_s'])}, every rank of attempt 1 "
-            f"stopped {_fmt(regain['stopped_s'])}, attempt 2 assigned {_fmt(regain['assigned_s'])}, running at "
-            f"{workers} {_fmt(regain['running_s'])} ({regain['grow_reason']})")
+            f"stopped {_fmt(regain['stopped_s'])}, attempt 2 assigned {_fmt(regain['assigned_s'])}, running "
+            f"{_fmt(regain['running_s'])} ({regain['grow_reason']}); sizes grown to {regain['growth_steps']}, "
+            f"back at {workers} and running {_fmt(regain['full_running_s'])} after that boundary")
         label = (f"elastic at scale: {elastic['hosts_lost']} of {elastic['hosts']} hosts ({HOSTS_LOST_SHARE:.0%}) lost "
                  f"among {workers} workers ->")
         regained = (f"elastic at scale: the {elastic['hosts_lost']} lost host(s) back among {workers} workers, from the "
@@ -327,9 +340,10 @@ def bench_recovery(tmp: str, workers: int, hosts: int, slots: int, client_procs:
             Row("scale", f"{regained} growth decided", f"{_fmt(regain['decided_s'])} (stopped {_fmt(regain['stopped_s'])})",
                 target=f"<= {TARGET_DECIDED_S:g} s",
                 met=regain["decided_s"] is not None and regain["decided_s"] <= TARGET_DECIDED_S and complete),
-            Row("scale", f"{regained} attempt at {workers} workers running", _fmt(regain["running_s"]),
+            Row("scale", f"{regained} attempt at {workers} workers running", _fmt(regain["full_running_s"])
+                + ("" if len(regain["growth_steps"]) < 2 else f" (in {len(regain['growth_steps'])} growths)"),
                 target=f"<= {TARGET_S:g} s",
-                met=regain["running_s"] is not None and regain["running_s"] <= TARGET_S and complete),
+                met=regain["full_running_s"] is not None and regain["full_running_s"] <= TARGET_S and complete),
         ]
     return rows, figures
 

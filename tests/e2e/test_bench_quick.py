@@ -265,5 +265,6 @@ def test_scale_elastic_hosts_lost_quick(tmp_path):
     assert regain["relaunch_asked_s"] >= regain["interval_s"] - 0.1, regain  # probed after the interval
     assert "checkpoint boundary" in regain["grow_reason"], regain
     assert 0 <= regain["decided_s"] <= regain["stopped_s"] <= regain["assigned_s"] <= regain["running_s"], regain
+    assert regain["growth_steps"] == [64] and regain["full_running_s"] == regain["running_s"], regain
     assert "elastic at scale: 1 of 8 hosts (10%) lost among 64 workers -> resize decided" in stdout
     assert "elastic at scale: the 1 lost host(s) back among 64 workers, from the checkpoint boundary -> attempt at 64" in stdout
