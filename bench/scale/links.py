@@ -33,7 +33,8 @@ from minitrain.rpc.digest import fold_reports
 
 if TYPE_CHECKING:
     from bench.scale.client_stats import Stats
-    from bench.scale.clients import FakeAgent, FakeWorker
+    from bench.scale.clients import FakeAgent
+    from bench.scale.fake_worker import FakeWorker
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)

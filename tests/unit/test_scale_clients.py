@@ -15,7 +15,7 @@ import queue
 import pytest
 
 from bench import cli
-from bench.scale import client_stats, clients, links, relaunch
+from bench.scale import client_stats, clients, fake_worker, links, relaunch
 from minitrain.agent import relay
 from minitrain.rpc import report_window
 from minitrain.rpc.digest import fold_reports
@@ -108,9 +108,9 @@ def test_relayed_commands_reach_their_worker_and_close_ends_its_stream(tmp_path)
     async def scenario():
         sim = _simulation(tmp_path)
         agent = sim.agents[0]
-        worker = clients.FakeWorker(sim, agent, attempt=0, rank=3)
+        worker = fake_worker.FakeWorker(sim, agent, attempt=0, rank=3)
         worker.link = agent.open_link(worker)
-        other = clients.FakeWorker(sim, agent, attempt=0, rank=4)
+        other = fake_worker.FakeWorker(sim, agent, attempt=0, rank=4)
         other.link = agent.open_link(other)
         assert (worker.link.number, other.link.number) == (1, 2)  # numbered from 1 in opening order
         worker.sent_at = [0.0] * 8
@@ -175,7 +175,7 @@ def test_in_lockstep_one_rank_held_by_its_report_window_holds_the_group(tmp_path
     async def scenario():
         sim = _simulation(tmp_path, reports=12, rate_hz=500.0)
         agent = sim.agents[0]
-        first, second = (clients.FakeWorker(sim, agent, attempt=0, rank=r) for r in (0, 1))
+        first, second = (fake_worker.FakeWorker(sim, agent, attempt=0, rank=r) for r in (0, 1))
         for worker in (first, second):
             worker.link = agent.open_link(worker)
         slots = [[first, second]] + [[] for _ in sim.offsets[1:]]
@@ -236,7 +236,7 @@ def test_rank_0_reports_a_checkpoint_every_n_reports_written_where_it_is_committ
     async def scenario():
         sim = _simulation(tmp_path, checkpoint_every=3, run_dir=str(run_dir), reports=7)
         agent = sim.agents[0]
-        zero, one = (clients.FakeWorker(sim, agent, attempt=2, rank=r) for r in (0, 1))
+        zero, one = (fake_worker.FakeWorker(sim, agent, attempt=2, rank=r) for r in (0, 1))
         for worker in (zero, one):
             worker.link = agent.open_link(worker)
             while worker.report():
