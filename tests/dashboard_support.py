@@ -1,7 +1,24 @@
 """A run in the shape of the run monitor's read API (minitrain.coordinator.monitor.RunMonitor), with
 fixed values: the dashboard's unit tests check what it serves against these, value by value."""
 
+import signal
+import subprocess
 import time
+
+
+def stop_dashboard_cli(cli: subprocess.Popen, timeout_s: float) -> int:
+    """Ctrl-C the `python -m minitrain.dashboard` process and return its exit code. One that has not exited
+    within `timeout_s` is killed before the AssertionError, so that a failed test leaves no server behind
+    (a SIGINT that the process ignores, e.g. inherited as SIG_IGN from a shell without job control, would
+    otherwise keep it running after the test and its session)."""
+    cli.send_signal(signal.SIGINT)
+    try:
+        return cli.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        cli.kill()
+        cli.wait()
+        raise AssertionError(f"the dashboard CLI did not exit within {timeout_s:g} s of a SIGINT "
+                             f"(SIGINT inherited as ignored? killed)") from None
 
 
 class FixedRun:

@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ from minitrain import RunConfig, ScalingConfig
 from minitrain.torch import TorchTrainer
 
 from chromium_support import Chromium  # the `chromium` fixture is in tests/e2e/conftest.py
+from dashboard_support import stop_dashboard_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -154,7 +154,6 @@ def test_live_and_post_hoc_dashboard_in_chromium(tmp_path, chromium, monkeypatch
         _check_rendered(dom)
         assert "from storage" in dom and '<button class="stacks"' not in dom
     finally:
-        cli.send_signal(signal.SIGINT)
-        assert cli.wait(timeout=DEADLINE_S) == 0
+        assert stop_dashboard_cli(cli, DEADLINE_S) == 0
         cli.stdout.close()
         cli.stderr.close()

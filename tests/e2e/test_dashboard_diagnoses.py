@@ -20,7 +20,6 @@ import logging
 import os
 import pathlib
 import re
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer
 
 from chromium_support import DEADLINE_S
+from dashboard_support import stop_dashboard_cli
 
 pytestmark = pytest.mark.e2e
 
@@ -231,8 +231,7 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
         assert "memory climbs steadily" in after and "the data pipeline is not keeping up" in after
         assert _get(url + "api/nodes") == found["nodes"] and total_line in after
     finally:
-        cli.send_signal(signal.SIGINT)
-        cli.wait(timeout=DEADLINE_S)
+        stop_dashboard_cli(cli, DEADLINE_S)
         cli.stdout.close()
         cli.stderr.close()
 
