@@ -79,6 +79,12 @@ def _pickled(exc: BaseException) -> Optional[str]:
 def main(argv: list[str]) -> int:
     """Run one trial: read its payload on stdin, write results as JSON lines to fd argv[0], obey the
     tuner's continue/stop answers; dies by SIGINT with the tuner. Returns the exit code."""
+    # This process's stops are SIGINT (the tuner's death, a scheduler's STOP reaching a fit() as Ctrl-C),
+    # so it takes Python's own SIGINT handling whatever it inherited: a sweep started in the background
+    # of a shell without job control (`nohup python sweep.py &`, a batch script) hands its children
+    # SIGINT ignored, and then ASHA's stops did nothing (a stopped trial trained to the end) and a trial
+    # outlived its tuner.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     procs.die_with_parent(signal.SIGINT, expected_parent=knobs.TUNE_PARENT.get())
     out = os.fdopen(int(argv[0]), "w", buffering=1)
     stdin = sys.stdin.buffer

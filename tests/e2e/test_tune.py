@@ -274,6 +274,36 @@ def test_ctrl_c_stops_the_trials_and_restore_resumes_them(tmp_path):
     assert all([m["i"] for m in r._metrics_history] == list(range(6)) for r in results)
 
 
+IGNORED_SIGINT_SWEEP = """
+import json, signal, sys
+sys.path.insert(0, {tests!r})
+import minitrain
+from minitrain import tune
+from minitrain.torch import TorchTrainer
+from tune_trainables import train_func
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # as in `nohup python sweep.py &` from a script
+trainer = TorchTrainer(train_func, scaling_config=minitrain.ScalingConfig(num_workers=1),
+                       run_config=minitrain.RunConfig(name="fit", storage_path={out!r}))
+results = tune.Tuner(trainer, param_space={{"train_loop_config": {{"lr": 1e-3, "epochs": 10}}}},
+                     run_config=tune.RunConfig(name="sweep", storage_path={out!r}, stop={{"training_iteration": 2}}),
+                     ).fit()
+print(json.dumps([r.metrics["training_iteration"] for r in results]))
+"""
+
+
+def test_a_sweep_that_inherited_sigint_ignored_still_stops_its_trainer_trials(tmp_path):
+    """A trial's stop reaches its fit() as Ctrl-C (SIGINT to the trial process). A sweep started in the
+    background of a shell without job control hands its children SIGINT ignored; the trial process takes
+    Python's own handling back, so the stop criterion still stops the 10-epoch fit() at iteration 2."""
+    script = tmp_path / "sweep.py"
+    script.write_text(IGNORED_SIGINT_SWEEP.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2], done.stdout[-2000:]
+    assert _trial_pids(str(tmp_path)) == []
+
+
 # ------------------------------------------------------------------ concurrency and failures
 
 
