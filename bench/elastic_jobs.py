@@ -86,7 +86,7 @@ def train_func(config: dict) -> None:
                                                                   "entered": entered, "loaded": loaded,
                                                                   "prepared": prepared})
             first = False
-        with tempfile.TemporaryDirectory() as tmp:
+        with tempfile.TemporaryDirectory(dir=out) as tmp:  # in the bench's directory: a stopped rank leaves it
             if rank == 0:
                 unwrapped = getattr(model, "module", model)
                 torch.save({"model": unwrapped.state_dict(), "optimizer": optimizer.state_dict(),

@@ -73,7 +73,8 @@ def train_elastic(config):
         total = torch.ones(1)
         dist.all_reduce(total)  # every rank takes part: a lost peer breaks this step
         state["step"] += 1
-        with tempfile.TemporaryDirectory() as tmp:
+        # under the test's tmp_path: a rank stopped inside this block (the resize's stop) leaves it there
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(config["marker"])) as tmp:
             if rank == 0:
                 json.dump(state, open(os.path.join(tmp, "state.json"), "w"))
             minitrain.report({"step": state["step"], "world": world, "sum": total.item()},
