@@ -294,13 +294,16 @@ print(json.dumps([r.metrics["training_iteration"] for r in results]))
 def test_a_sweep_that_inherited_sigint_ignored_still_stops_its_trainer_trials(tmp_path):
     """A trial's stop reaches its fit() as Ctrl-C (SIGINT to the trial process). A sweep started in the
     background of a shell without job control hands its children SIGINT ignored; the trial process takes
-    Python's own handling back, so the stop criterion still stops the 10-epoch fit() at iteration 2."""
+    Python's own handling back, so the stop criterion still stops the 10-epoch fit() (at iteration 2)."""
     script = tmp_path / "sweep.py"
     script.write_text(IGNORED_SIGINT_SWEEP.format(tests=os.path.dirname(__file__), out=str(tmp_path)))
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert done.returncode == 0, done.stderr[-3000:]
-    assert json.loads(done.stdout.strip().splitlines()[-1]) == [2], done.stdout[-2000:]
+    # Stopped at iteration 2, or a round or so later on a loaded machine (the stop reaches the fit()
+    # while its worker goes on); without the trial process's own SIGINT handling it trained all 10.
+    iterations = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(iterations) == 1 and 2 <= iterations[0] < 10, done.stdout[-2000:]
     assert _trial_pids(str(tmp_path)) == []
 
 
