@@ -107,6 +107,7 @@ class FakeAgentLauncher:
         count = max(1, min(spec["client_procs"], len(node_ids)))
         shares = [node_ids[i::count] for i in range(count)]
         barrier = os.path.join(spec["out_dir"], "barrier")
+        relaunches = bool(spec.get("relaunch", False))
         os.makedirs(barrier)
         procs = []
         for index, nodes in enumerate(shares):
@@ -118,16 +119,16 @@ class FakeAgentLauncher:
                       "telemetry": spec.get("telemetry", False), "transport": spec.get("transport", "relayed"),
                       "phase": spec.get("phase", "lockstep"), "digest": spec.get("digest", True),
                       "checkpoint_every": spec.get("checkpoint_every", 0),
-                      "run_dir": os.path.join(spec["out_dir"], RUN_NAME), "relaunch": spec.get("relaunch", False)}
+                      "run_dir": os.path.join(spec["out_dir"], RUN_NAME), "relaunch": relaunches}
             with open(os.path.join(spec["out_dir"], f"client_{index}.log"), "wb") as log:
                 proc = subprocess.Popen([sys.executable, "-m", CLIENTS_MODULE], stdin=subprocess.PIPE,
                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             proc.stdin.write(json.dumps(config).encode() + b"\n")
             proc.stdin.flush()
-            if not config["relaunch"]:
+            if not relaunches:
                 proc.stdin.close()  # (kept open for relaunch requests otherwise)
             procs.append((proc, nodes))
-        self.agents = FakeAgents(procs, config["relaunch"])
+        self.agents = FakeAgents(procs, relaunches)
         return self.agents
 
 

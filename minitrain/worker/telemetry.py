@@ -15,7 +15,6 @@ waits is the rank's own work:
 `TelemetryThread` sends a sample every `interval_s(world_size)` while the training function runs: once a
 second (INTERVAL_S), and less often in a run of more than RUN_SAMPLES_PER_S ranks, so that the whole
 run's samples stay within what the coordinator is given for them (at 16,384 ranks one every 4 s);
-
 `MINITRAIN_TELEMETRY=0` turns it off (see `minitrain.waits`). Telemetry never fails a worker: a
 measurement that raises is left out of the sample, and an error in the thread ends only the thread.
 """
