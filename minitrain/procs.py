@@ -107,6 +107,8 @@ def reap_orphans(keep: Iterable[int]) -> list[int]:
     """Reap this process's zombie children whose pid is not in `keep` (children someone else waits
     for, through a Popen or an `AdoptedChild`); returns the pids reaped. For a subreaper, whose
     adopted orphans (a dead worker's DataLoader children, say) would otherwise stay zombies."""
+    if not _has_dead_child():
+        return []  # the common case, one system call: the scan below reads every process on the host
     keep = set(keep)
     reaped = []
     try:
@@ -122,6 +124,19 @@ def reap_orphans(keep: Iterable[int]) -> list[int]:
         except (psutil.Error, ChildProcessError):
             continue
     return reaped
+
+
+def _has_dead_child() -> bool:
+    """Whether any child of this process has exited and is not reaped yet; reaps nothing (WNOWAIT).
+
+    psutil's `children()` reads the stat file of every process on the machine: 4 ms each time on an
+    idle 2-core VM, which an agent polling every COMMAND_POLL_S took from the training (2% of a core)."""
+    try:
+        return os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # no children at all
+        return False
+    except (AttributeError, OSError):  # no waitid here: let the scan decide
+        return True
 
 
 def signal_orphans(keep: Iterable[int], sig: Optional[int]) -> list[int]:

@@ -355,3 +355,32 @@ def test_a_subreaper_waits_for_adopted_orphans_and_reaps_the_rest():
     assert json.loads(done.stdout) == {
         "parent_is_us": True, "poll_while_alive": None, "timed_out": True,
         "killed": -signal.SIGTERM, "exit_code": 7, "reaped_dropped": True, "kept_untouched": True}
+
+
+DEAD_CHILD_CHECK = textwrap.dedent("""
+    import json, os, subprocess, sys, time
+    from minitrain import procs
+    seen = {"no_children": procs._has_dead_child()}
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    seen["alive"] = procs._has_dead_child()
+    child.stdin.close()
+    deadline = time.monotonic() + 10
+    while not procs._has_dead_child() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    seen["exited"] = procs._has_dead_child()
+    seen["still_exited"] = procs._has_dead_child()  # the look reaped nothing
+    seen["waited"] = child.wait(timeout=10)
+    seen["reaped"] = procs._has_dead_child()
+    print(json.dumps(seen))
+""")
+
+
+def test_the_dead_child_check_sees_an_exited_child_without_reaping_it():
+    """reap_orphans scans the process table only when a child is dead: the check must see every dead
+    child (or an orphan would stay a zombie) and reap none (a Popen waits for its own)."""
+    done = subprocess.run([sys.executable, "-c", DEAD_CHILD_CHECK], capture_output=True, text=True,
+                          timeout=60, cwd=REPO_ROOT)
+    assert done.returncode == 0, done.stderr
+    import json
+    assert json.loads(done.stdout) == {"no_children": False, "alive": False, "exited": True,
+                                       "still_exited": True, "waited": 0, "reaped": False}
