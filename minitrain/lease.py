@@ -2,9 +2,11 @@
 
 Both ends of an agent's stream hold one: the coordinator on each agent, each agent on the coordinator.
 The peer is silent when nothing of it was read for `timeout_s` plus its backlog: how long its latest
-heartbeat took from being stamped (`sent_at`, the peer's wall clock) to being read here. Heartbeats
-travel in the same stream as the data, behind whatever the peer queued before them, so when the reader
-falls behind (a coordinator saturated by reports) they arrive late. Judged by read times alone, a peer
+stamped message took from being stamped (`sent_at`, the peer's wall clock when it queued the message)
+to being read here. An agent stamps every message and sends a heartbeat only when it queued nothing
+else for HEARTBEAT_INTERVAL_S; the coordinator stamps its heartbeats. Messages travel in one ordered
+stream, behind whatever the peer queued before them, so when the reader falls behind (a coordinator
+saturated by reports) they arrive late. Judged by read times alone, a peer
 that is alive and sending looked silent, and the coordinator declared healthy nodes lost
 (docs/benchmarks/scale.md, "Past saturation"). A dead or frozen peer is still found by gRPC's keepalive
 pings, which the transport answers outside this queue; a peer that stops while backlogged is declared
@@ -20,13 +22,14 @@ import time
 from typing import Callable, Optional
 
 MAX_BACKLOG_S = 60.0  # the most a heartbeat's delay extends the lease
-# Both ends of an agent's stream send a heartbeat this often and hold a lease of LEASE_TIMEOUT_S on the
-# other: a silent peer is found 5-6 s after its last message (the coordinator looks once a heartbeat).
+# Both ends of an agent's stream send a heartbeat this often (the agent: when it sent nothing else
+# meanwhile) and hold a lease of LEASE_TIMEOUT_S on the other: a silent peer is found 5-6 s after its
+# last message (the coordinator looks once a heartbeat).
 HEARTBEAT_INTERVAL_S = 1.0
 LEASE_TIMEOUT_S = 5.0
 
 class Lease:
-    """Silence of one peer: `heard()` at every message read from it, with `sent_at` for a heartbeat."""
+    """Silence of one peer: `heard()` at every message read from it, with its `sent_at` stamp."""
 
     __slots__ = ("timeout_s", "_clock", "_wall", "last_heard", "backlog_s")
 
@@ -36,11 +39,11 @@ class Lease:
         self._clock = clock
         self._wall = wall
         self.last_heard = clock()
-        self.backlog_s = 0.0  # how late the latest heartbeat was read (never negative)
+        self.backlog_s = 0.0  # how late the latest stamped message was read (never negative)
 
     def heard(self, sent_at: Optional[float] = None) -> None:
-        """A message of the peer was read now; `sent_at`: the peer's wall-clock stamp on a heartbeat
-        (None or 0: not stamped, the backlog stays as it was)."""
+        """A message of the peer was read now; `sent_at`: the peer's wall-clock stamp on it (None or 0:
+        not stamped, the backlog stays as it was)."""
         self.last_heard = self._clock()
         if sent_at:
             self.backlog_s = min(max(0.0, self._wall() - sent_at), MAX_BACKLOG_S)
@@ -56,4 +59,4 @@ class Lease:
     def describe(self) -> str:
         """Why it expired, for logs and failure messages."""
         return (f"nothing for {self.silent_s():.1f} s (lease {self.timeout_s:g} s, plus {self.backlog_s:.1f} s "
-                "for its latest heartbeat's delay)")
+                "for its latest message's delay)")

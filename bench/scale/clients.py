@@ -156,7 +156,7 @@ class FakeAgent:
             self.call.cancel()
 
     def _put(self, **body) -> None:
-        self.upstream.put(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, **body))
+        self.upstream.put(pb.AgentMessage(run_id=self.sim.run_id, node_id=self.node_id, sent_at=time.time(), **body))
 
     def open_link(self, worker: FakeWorker):
         """A new stream for `worker`: carried by this agent, or its own connection (`transport`)."""
@@ -179,9 +179,16 @@ class FakeAgent:
                 link.worker.handle(item.command)
 
     async def _heartbeat(self) -> None:
+        """A heartbeat whenever nothing else was queued for HEARTBEAT_INTERVAL_S, as the real agent."""
+        wait_s = HEARTBEAT_INTERVAL_S
         while True:
-            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
-            self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
+            await asyncio.sleep(wait_s)
+            quiet_s = time.monotonic() - self.upstream.last_queued
+            if quiet_s >= HEARTBEAT_INTERVAL_S:
+                self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
+                wait_s = HEARTBEAT_INTERVAL_S
+            else:
+                wait_s = HEARTBEAT_INTERVAL_S - quiet_s
 
     async def _worker(self, attempt: int, rank: int, pid: int) -> None:
         worker = FakeWorker(self.sim, self, attempt, rank)

@@ -10,7 +10,8 @@ configuration of `bench.scale.clients`):
   while the iterator waits goes at once, alone; items put while gRPC writes the previous message go
   together in the next, its runs of plain reports folded into progress digests
   (`minitrain.rpc.digest`) as the real agent's are (`digest` false in the configuration: not folded,
-  the figures before issue 31). Commands come down as `RelayedDown` items, which the agent's reader routes to the
+  the figures before issue 31). Each batch is stamped (`sent_at`) with the time its first item was
+  queued, and the agent's own messages when they were, as the real agent's. Commands come down as `RelayedDown` items, which the agent's reader routes to the
   worker by stream number (`close` ends the worker's stream; items for a stream gone are dropped).
 - "direct" (workers without an agent, and the figures before the relay): each fake worker opens its
   own channel and connection and its own WorkerStream, as a worker process dialing the coordinator does.
@@ -66,14 +67,22 @@ class AgentUpstream:
         self._items: collections.deque = collections.deque()
         self._ready = asyncio.Event()
         self.silent = False
+        self.last_queued = time.monotonic()  # the fake agent's heartbeats skip while things are queued
 
-    def put(self, item) -> None:
-        """Queue an AgentMessage, a RelayedMessage, or _END (the agent's half-close); nothing but _END
-        once `silence()` was called."""
+    def put(self, item, queued_at: float | None = None) -> None:
+        """Queue an AgentMessage (stamped by its maker), a RelayedMessage (stamped `queued_at`, None:
+        now), or _END (the agent's half-close); nothing but _END once `silence()` was called."""
         if self.silent and item is not _END:
             return
+        self.last_queued = time.monotonic()
+        if isinstance(item, pb.RelayedMessage):
+            item = (time.time() if queued_at is None else queued_at, item)
         self._items.append(item)
         self._ready.set()
+
+    def queued(self) -> list:
+        """What is queued now, in order, as it was put (relayed items without their time)."""
+        return [item[1] if type(item) is tuple else item for item in self._items]
 
     def silence(self) -> None:
         """The "silent" fault: from now on this agent sends nothing (no heartbeat, none of its workers'
@@ -95,21 +104,23 @@ class AgentUpstream:
             item = queued.popleft()
             if item is _END:
                 return
-            if not isinstance(item, pb.RelayedMessage):
+            if type(item) is not tuple:
                 stats.sent_message(1)
                 yield item
                 continue
-            items, size = [item], item.ByteSize()
-            while len(items) < MAX_BATCH_ITEMS and queued and isinstance(queued[0], pb.RelayedMessage):
-                following_size = queued[0].ByteSize()
+            queued_at, first = item
+            items, size = [first], first.ByteSize()
+            while len(items) < MAX_BATCH_ITEMS and queued and type(queued[0]) is tuple:
+                following_size = queued[0][1].ByteSize()
                 if size + following_size > MAX_BATCH_BYTES:
                     break
-                items.append(queued.popleft())
+                items.append(queued.popleft()[1])
                 size += following_size
             stats.sent_message(len(items))
             if self._digest:  # as the real agent does (minitrain.agent.stream)
                 items = fold_reports(items, self._run_id)
-            yield pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, relayed=pb.RelayedUp(items=items))
+            yield pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=queued_at,
+                                  relayed=pb.RelayedUp(items=items))
 
 
 class DirectLink:

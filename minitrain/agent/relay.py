@@ -295,15 +295,16 @@ def remove_stale_directories(parent: str) -> list[str]:
     return removed
 
 
-def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list], object]) -> Iterator[object]:
+def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list, float], object]) -> Iterator[object]:
     """The agent's request iterator: what is put into `outbox`, until END_OF_STREAM, with runs of
     relayed items merged.
 
-    A `pb.RelayedMessage` taken from the queue takes along every relayed item already queued right
-    behind it, up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES (serialized), and `batch(items)` (their
-    list, in order) is yielded in their place. Anything else is yielded as it is, and ends a run:
-    nothing is ever reordered. Nothing waits for more items to come: an idle queue sends an item at
-    once.
+    A relayed item is queued as `(queued_at, pb.RelayedMessage)` (`queued_at`: the wall clock when it
+    was queued). One taken from the queue takes along every relayed item already queued right behind
+    it, up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES (serialized), and `batch(items, queued_at)` (their
+    messages in order, and the first one's `queued_at`: how long the batch waited, for the peer's
+    lease) is yielded in their place. Anything else is yielded as it is, and ends a run: nothing is
+    ever reordered. Nothing waits for more items to come: an idle queue sends an item at once.
     """
     held = None  # taken from the queue while filling a batch; goes next
     while True:
@@ -311,22 +312,23 @@ def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list], obje
         held = None
         if item is END_OF_STREAM:
             return
-        if not isinstance(item, pb.RelayedMessage):
+        if type(item) is not tuple:
             yield item
             continue
-        items, size = [item], item.ByteSize()
+        queued_at, first = item
+        items, size = [first], first.ByteSize()
         while len(items) < MAX_BATCH_ITEMS:
             try:
                 following = outbox.get_nowait()
             except queue.Empty:
                 break
-            if not isinstance(following, pb.RelayedMessage):
+            if type(following) is not tuple:
                 held = following
                 break
-            following_size = following.ByteSize()
+            following_size = following[1].ByteSize()
             if size + following_size > MAX_BATCH_BYTES:
                 held = following
                 break
-            items.append(following)
+            items.append(following[1])
             size += following_size
-        yield batch(items)
+        yield batch(items, queued_at)

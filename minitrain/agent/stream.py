@@ -2,11 +2,13 @@
 
 `CoordinatorStream` holds the `Coordinator.AgentStream` call and everything that travels on it, so
 the agent's supervision (minitrain.agent.agent) never sees protobuf:
-- upward, one FIFO queue: the hello (from a `NodeInfo`), a heartbeat every HEARTBEAT_INTERVAL_S,
-  and the facts the agent reports through typed methods (`spawned`, `exited`, `log_line`,
-  `stack_dump`), in the order they were called, interleaved with the relayed worker streams
-  (minitrain.agent.relay, owned here: its items share this queue, so a worker's Done goes up
-  before its WorkerExited);
+- upward, one FIFO queue: the hello (from a `NodeInfo`), the facts the agent reports through typed
+  methods (`spawned`, `exited`, `log_line`, `stack_dump`), in the order they were called,
+  interleaved with the relayed worker streams (minitrain.agent.relay, owned here: its items share
+  this queue, so a worker's Done goes up before its WorkerExited), and a heartbeat when nothing else
+  was queued for HEARTBEAT_INTERVAL_S. Every message carries `sent_at`, the wall clock when it was
+  queued, from which the coordinator's lease allows for its own backlog (minitrain.lease): at one
+  report a second, heartbeats sent anyway were half of what thousands of agents sent the coordinator;
 - downward, a reader thread: every message renews the lease on the coordinator (minitrain.lease),
   relayed worker commands go straight to the relay, and commands are converted to the records of
   `minitrain.commands` (minitrain.rpc.convert) and queued for `next_command`. A Shutdown is not
@@ -14,7 +16,7 @@ the agent's supervision (minitrain.agent.agent) never sees protobuf:
 
 The stream ends, once, with a reason: the coordinator's Shutdown, the coordinator closing the
 stream, the connection breaking, the lease running out (nothing heard for LEASE_TIMEOUT_S plus the
-latest heartbeat's delay), or the agent's `end(reason)`. Its end wakes `next_command` at once.
+latest stamped message's delay), or the agent's `end(reason)`. Its end wakes `next_command` at once.
 """
 
 from __future__ import annotations
@@ -67,7 +69,8 @@ class CoordinatorStream:
         self._call = None
         # Workers dial this relay, not the coordinator: their messages go up on this one stream, in
         # the outbox's order with the agent's (minitrain.agent.relay). Started by open().
-        self._relay = RelayServer(token, send_up=self._outbox.put)
+        self._relay = RelayServer(token, send_up=self._queue_relayed)
+        self._last_queued = time.monotonic()  # when anything was last queued upward (heartbeats skip then)
 
     # ------------------------------------------------------------------ life
 
@@ -85,7 +88,7 @@ class CoordinatorStream:
             raise
         self._channel = channel
         stub = pb_grpc.CoordinatorStub(channel)
-        self._outbox.put(self._message(hello=convert.hello_from_node(node)))
+        self._put(hello=convert.hello_from_node(node))
         # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
         self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch),
                                       metadata=call_metadata(self._token), wait_for_ready=True)
@@ -171,25 +174,43 @@ class CoordinatorStream:
             self.end(reason)  # wakes the command loop now, not at its next poll
 
     def _heartbeat(self) -> None:
-        while not self._ended.wait(HEARTBEAT_INTERVAL_S):
+        """Check the lease on the coordinator, and send a heartbeat whenever nothing else was queued
+        for HEARTBEAT_INTERVAL_S (any message renews the agent's lease at the coordinator)."""
+        wait_s = HEARTBEAT_INTERVAL_S
+        while not self._ended.wait(wait_s):
             if self._lease.expired():
                 self.end(f"the coordinator sent {self._lease.describe()}")
                 return
-            self._outbox.put(self._message(heartbeat=pb.Heartbeat(sent_at=time.time())))
+            quiet_s = time.monotonic() - self._last_queued
+            if quiet_s >= HEARTBEAT_INTERVAL_S:
+                now = time.time()
+                self._put(heartbeat=pb.Heartbeat(sent_at=now), stamp=now)  # (older coordinators read its own)
+                wait_s = HEARTBEAT_INTERVAL_S
+            else:
+                wait_s = HEARTBEAT_INTERVAL_S - quiet_s
 
     # ------------------------------------------------------------------ upward
 
-    def _message(self, **body) -> pb.AgentMessage:
-        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, **body)
+    def _put(self, stamp: Optional[float] = None, **body) -> None:
+        """Queue one message of the agent's own, stamped `stamp` (None: now)."""
+        self._last_queued = time.monotonic()
+        self._outbox.put(pb.AgentMessage(run_id=self._run_id, node_id=self._node_id,
+                                         sent_at=time.time() if stamp is None else stamp, **body))
 
-    def _relayed_batch(self, items: list) -> pb.AgentMessage:
+    def _queue_relayed(self, item: pb.RelayedMessage) -> None:
+        """The relay's `send_up`: queue a worker stream's item with the time (see coalesced_requests)."""
+        self._last_queued = time.monotonic()
+        self._outbox.put((time.time(), item))
+
+    def _relayed_batch(self, items: list, queued_at: float) -> pb.AgentMessage:
         # Runs of plain reports go up as progress digests (minitrain.rpc.digest): one packed item per
         # run instead of a nested message per report for the coordinator to walk.
-        return self._message(relayed=pb.RelayedUp(items=fold_reports(items, self._run_id)))
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=queued_at,
+                               relayed=pb.RelayedUp(items=fold_reports(items, self._run_id)))
 
     def spawned(self, attempt: int, rank: int, pid: int) -> None:
         """Report that worker `rank` of `attempt` runs as process `pid`."""
-        self._outbox.put(self._message(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=pid)))
+        self._put(spawned=pb.WorkerSpawned(attempt=attempt, rank=rank, pid=pid))
 
     def exited(self, attempt: int, rank: int, pid: int, *, exit_code: Optional[int], signal: Optional[int],
                stopped_by_agent: bool, exited_at: float, spawn_error: str = "",
@@ -197,19 +218,19 @@ class CoordinatorStream:
         """Report the end of worker `rank` of `attempt`: its exit code, or the signal that killed it
         (None for the other), whether the agent stopped it, when; `spawn_error` when it could not be
         started at all (pid 0), `oom_suspected` when the kernel's OOM killer probably killed it."""
-        self._outbox.put(self._message(exited=pb.WorkerExited(
+        self._put(exited=pb.WorkerExited(
             attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0, signal=signal or 0,
             stopped_by_agent=stopped_by_agent, exited_at=exited_at, spawn_error=spawn_error,
-            oom_suspected=oom_suspected)))
+            oom_suspected=oom_suspected))
 
     def log_line(self, attempt: int, rank: int, stderr: bool, line: str) -> None:
         """Forward one output line (without its newline) of worker `rank` of `attempt`."""
-        self._outbox.put(self._message(logs=pb.LogLines(attempt=attempt, rank=rank, stderr=stderr, lines=[line])))
+        self._put(logs=pb.LogLines(attempt=attempt, rank=rank, stderr=stderr, lines=[line]))
 
     def preemption(self, signal_name: str, received_at: float) -> None:
         """Say this agent received the preemption signal `signal_name`."""
-        self._outbox.put(self._message(preemption=pb.PreemptionSignal(signal=signal_name, received_at=received_at)))
+        self._put(preemption=pb.PreemptionSignal(signal=signal_name, received_at=received_at))
 
     def stack_dump(self, attempt: int, rank: int, text: str) -> None:
         """Send the thread stacks worker `rank` of `attempt` wrote ("" when it wrote none in time)."""
-        self._outbox.put(self._message(stack_dump=pb.StackDump(attempt=attempt, rank=rank, text=text)))
+        self._put(stack_dump=pb.StackDump(attempt=attempt, rank=rank, text=text))

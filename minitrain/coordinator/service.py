@@ -219,7 +219,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 lease = self._leases.get(node_id)
                 if lease is None:
                     lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
-                lease.heard(message.heartbeat.sent_at if kind == "heartbeat" else None)
+                # Every message is stamped (an agent of an older version: only its heartbeats).
+                lease.heard(message.sent_at or (message.heartbeat.sent_at if kind == "heartbeat" else None))
                 if kind == "hello" and not state["node_id"]:
                     state["node_id"] = node_id
                     node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))

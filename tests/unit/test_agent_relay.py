@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import queue
 import stat
+import time
 import threading
 
 import pytest
@@ -240,31 +241,50 @@ def _relayed(stream: int, phase: int) -> pb.RelayedMessage:
     return pb.RelayedMessage(stream=stream, message=pb.WorkerMessage(phase=pb.PhaseChange(phase=phase)))
 
 
-def _batch(items: list) -> tuple:
+def _batch(items: list, queued_at: float) -> tuple:
     return ("batch", [(item.stream, item.message.phase.phase) for item in items])
+
+
+def _queued(item: pb.RelayedMessage, at: float = 0.0) -> tuple:
+    """A relayed item as the agent's stream queues it (see coalesced_requests)."""
+    return (at, item)
 
 
 def test_queued_relayed_items_go_as_one_batch_and_other_messages_split_batches_in_order():
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for phase in range(3):
-        outbox.put(_relayed(1 + phase % 2, phase))
+        outbox.put(_queued(_relayed(1 + phase % 2, phase)))
     own = pb.AgentMessage(heartbeat=pb.Heartbeat(sent_at=1.0))
     outbox.put(own)
-    outbox.put(_relayed(2, 3))
-    outbox.put(_relayed(1, 4))
+    outbox.put(_queued(_relayed(2, 3)))
+    outbox.put(_queued(_relayed(1, 4)))
     outbox.put(END_OF_STREAM)
     sent = list(coalesced_requests(outbox, _batch))
     assert sent == [("batch", [(1, 0), (2, 1), (1, 2)]), own, ("batch", [(2, 3), (1, 4)])]
 
 
+def test_a_batch_is_stamped_with_the_time_its_first_item_was_queued():
+    """The batch's stamp is when its oldest item was queued: the time it waited in the agent's queue
+    counts in the coordinator's allowance for a late message, as a heartbeat queued there would."""
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    outbox.put(_queued(_relayed(1, 0), at=10.0))
+    outbox.put(_queued(_relayed(1, 1), at=11.0))
+    outbox.put(pb.AgentMessage(sent_at=12.0))
+    outbox.put(_queued(_relayed(1, 2), at=13.0))
+    outbox.put(END_OF_STREAM)
+    stamps = [queued_at if isinstance(queued_at, float) else queued_at.sent_at
+              for queued_at in coalesced_requests(outbox, lambda items, queued_at: queued_at)]
+    assert stamps == [10.0, 12.0, 13.0]
+
+
 def test_an_idle_queue_sends_an_item_at_once_and_items_queued_meanwhile_go_together():
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     requests = coalesced_requests(outbox, _batch)
-    outbox.put(_relayed(1, 0))
+    outbox.put(_queued(_relayed(1, 0)))
     assert next(requests) == ("batch", [(1, 0)])  # nothing else queued: no wait for more
     # The consumer (gRPC's sending thread) is busy meanwhile: what piles up goes as one message.
     for phase in range(1, 5):
-        outbox.put(_relayed(1, phase))
+        outbox.put(_queued(_relayed(1, phase)))
     assert next(requests) == ("batch", [(1, 1), (1, 2), (1, 3), (1, 4)])
     outbox.put(END_OF_STREAM)
     assert list(requests) == []
@@ -274,7 +294,7 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
     monkeypatch.setattr(relay_module, "MAX_BATCH_ITEMS", 2)
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for phase in range(5):
-        outbox.put(_relayed(1, phase))
+        outbox.put(_queued(_relayed(1, phase)))
     outbox.put(END_OF_STREAM)
     assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
 
@@ -283,7 +303,7 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
         failure=pb.WorkerFailure(message="x" * 1000)))
     monkeypatch.setattr(relay_module, "MAX_BATCH_BYTES", 2 * big.ByteSize() + 1)
     for _ in range(5):
-        outbox.put(big)
+        outbox.put(_queued(big))
     outbox.put(END_OF_STREAM)
     assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
 
@@ -297,13 +317,15 @@ def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_com
     try:
         client = WorkerClient(stream.relay_address, TOKEN, "run-1", 0, 0)
         client.send_hello(1, "")
-        item = stream._outbox.get(timeout=DEADLINE_S)
+        queued_at, item = stream._outbox.get(timeout=DEADLINE_S)
         assert isinstance(item, pb.RelayedMessage) and item.message.hello.pid == 1
-        stream._outbox.put(item)
+        assert abs(queued_at - time.time()) < DEADLINE_S
+        stream._outbox.put((queued_at, item))
         stream._outbox.put(END_OF_STREAM)
         [sent] = list(coalesced_requests(stream._outbox, stream._relayed_batch))
         assert (sent.run_id, sent.node_id, sent.WhichOneof("body")) == ("run-1", "node-a", "relayed")
         assert list(sent.relayed.items) == [item]
+        assert sent.sent_at == queued_at  # stamped when queued, not when sent (the lease's allowance)
 
         class _Call:  # the coordinator's commands as the AgentStream call yields them
             def __iter__(self):

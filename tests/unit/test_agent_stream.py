@@ -76,6 +76,37 @@ def test_heartbeats_flow_while_the_coordinator_is_heard_and_the_lease_ends_after
     assert stream.shutdown is None
 
 
+def test_no_heartbeat_goes_while_other_messages_do_and_every_message_is_stamped(monkeypatch):
+    """Heartbeats were half of what thousands of agents sent the coordinator at one report a second:
+    an agent that queued anything within HEARTBEAT_INTERVAL_S sends none (any message renews its lease
+    at the coordinator, and carries the stamp the lease's allowance is measured from). Once it is
+    quiet, heartbeats come again."""
+    monkeypatch.setattr(stream_module, "HEARTBEAT_INTERVAL_S", 0.2)
+    stream = CoordinatorStream("127.0.0.1:1", "node-a", "run-1", "token", lease_timeout_s=30.0)
+    beating = threading.Thread(target=stream._heartbeat, daemon=True)
+    beating.start()
+    try:
+        busy_until = time.monotonic() + 1.0  # five intervals, a message every twentieth of one
+        while time.monotonic() < busy_until:
+            stream.log_line(0, 0, False, "x")
+            stream._queue_relayed(pb.RelayedMessage(stream=1, closed=True))
+            time.sleep(0.01)
+        busy = _drain(stream._outbox)
+        deadline = time.monotonic() + DEADLINE_S
+        quiet: list = []
+        while not quiet and time.monotonic() < deadline:  # quiet now: a heartbeat comes
+            quiet = _drain(stream._outbox)
+            time.sleep(0.01)
+    finally:
+        stream.end("test over")
+        beating.join(DEADLINE_S)
+    own = [m for m in busy if not isinstance(m, tuple)]
+    assert own and set(_kinds(own)) == {"logs"}  # no heartbeat among them
+    assert all(abs(m.sent_at - time.time()) < DEADLINE_S for m in own)
+    assert all(isinstance(t[0], float) for t in busy if isinstance(t, tuple))
+    assert _kinds(quiet) == ["heartbeat"] and quiet[0].sent_at == quiet[0].heartbeat.sent_at
+
+
 def test_commands_become_records_heartbeats_renew_the_lease_and_shutdown_ends_the_stream(stream):
     stream._call = _Commands([
         pb.AgentCommand(heartbeat=pb.Heartbeat()),

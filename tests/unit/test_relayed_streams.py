@@ -289,7 +289,7 @@ def test_an_unknown_minitrain_relay_value_is_refused_with_the_fix(monkeypatch, t
 
 
 def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(short_lease_coordinator):
-    """The coordinator's lease on an agent allows its latest heartbeat's delay: heartbeats queue behind the
+    """The coordinator's lease on an agent allows its latest message's delay: heartbeats queue behind the
     agent's relayed reports in one stream, and a coordinator that reads them late (saturated) declared
     healthy nodes lost. Here the 1 s lease ends for an agent whose heartbeat came on time, and only about
     3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why."""
@@ -311,3 +311,28 @@ def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(
     assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
     assert "lease 1 s, plus 0.0 s" in lost["node-prompt"][1]
     assert "lease 1 s, plus 3.0 s" in lost["node-late"][1] and lost["node-late"][1].startswith("it sent nothing for")
+
+
+def test_an_agent_s_stamped_data_message_extends_its_lease_as_a_heartbeat_would(short_lease_coordinator):
+    """An agent sends heartbeats only when it queued nothing else, so its other messages carry the stamp
+    the lease's allowance is measured from: a relayed batch read 3 s after it was queued (and no
+    heartbeat at all) keeps the 1 s lease about 3 s longer, like the late heartbeat above."""
+    events, hub, agent = short_lease_coordinator
+    late, prompt = agent("node-late"), agent("node-prompt")
+    late.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-late", sent_at=time.time() - 3.0,
+                                    relayed=pb.RelayedUp(items=[report(1, 0, 0)])))
+    prompt.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-prompt", sent_at=time.time(),
+                                      relayed=pb.RelayedUp(items=[report(1, 1, 0)])))
+    started = time.monotonic()
+    lost = {}
+    deadline = started + DEADLINE_S
+    while len(lost) < 2 and time.monotonic() < deadline:
+        try:
+            event = events.get(timeout=0.05)
+        except queue.Empty:
+            continue
+        if isinstance(event, ev.AgentLost):
+            lost[event.node_id] = (time.monotonic() - started, event.reason)
+    assert list(lost) == ["node-prompt", "node-late"], lost
+    assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
+    assert "lease 1 s, plus 3.0 s" in lost["node-late"][1]

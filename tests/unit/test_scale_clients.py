@@ -47,10 +47,11 @@ def _real_agent(items: list) -> list:
     """What the real agent's request iterator makes of the same queue (its runs of reports folded into
     digests, as `minitrain.agent.stream` folds them)."""
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
-    for item in items + [END_OF_STREAM]:
-        outbox.put(item)
-    batch = lambda batched: pb.AgentMessage(run_id=RUN, node_id=NODE,  # noqa: E731
-                                            relayed=pb.RelayedUp(items=fold_reports(batched, RUN)))
+    for at, item in enumerate(items):  # relayed items are queued with their time, as the agent's stream does
+        outbox.put((float(at), item) if isinstance(item, pb.RelayedMessage) else item)
+    outbox.put(END_OF_STREAM)
+    batch = lambda batched, queued_at: pb.AgentMessage(run_id=RUN, node_id=NODE, sent_at=queued_at,  # noqa: E731
+                                                       relayed=pb.RelayedUp(items=fold_reports(batched, RUN)))
     return list(relay.coalesced_requests(outbox, batch))
 
 
@@ -59,11 +60,12 @@ def test_the_fake_agent_batches_exactly_as_the_real_agent():
     items = [_relayed(1), _relayed(2), _heartbeat(), _relayed(1), pb.RelayedMessage(stream=2, closed=True),
              _relayed(3, big), _relayed(4, big), _relayed(5), _heartbeat()]
     upstream = links.AgentUpstream(RUN, NODE, client_stats.Stats(0))
-    for item in items:
-        upstream.put(item)
+    for at, item in enumerate(items):
+        upstream.put(item, queued_at=float(at))
     upstream.put(links._END)
     fake = asyncio.run(_take(upstream, 5))
     real = _real_agent(items)
+    assert [m.sent_at for m in fake if m.HasField("relayed")] == [0.0, 3.0, 6.0]  # each batch's first item
     assert [m.SerializeToString() for m in fake] == [m.SerializeToString() for m in real]
     # Never reordered, never merged across the agent's own messages, the byte cap kept.
     # Runs of reports go as digests (their streams listed), the closing item keeps its own place.
@@ -128,7 +130,7 @@ def test_relayed_commands_reach_their_worker_and_close_ends_its_stream(tmp_path)
         other.link.abort()
         await other.link.close()
         agent._route(pb.RelayedDown(items=[pb.RelayedCommand(stream=2, close=True)]))
-        return list(agent.upstream._items)
+        return list(agent.upstream.queued())
 
     queued = asyncio.run(scenario())
     # Each stream's end goes up once, as the real relay reports it, whoever ended it.
@@ -192,7 +194,7 @@ def test_in_lockstep_one_rank_held_by_its_report_window_holds_the_group(tmp_path
         for worker in (first, second):
             receipt(worker, 11)
         await asyncio.wait_for(ticker, 30.0)
-        sent = [item.message.report for item in agent.upstream._items if item.message.HasField("report")]
+        sent = [item.message.report for item in agent.upstream.queued() if item.message.HasField("report")]
         return [(r.round, r.wants_receipt) for r in sent]
 
     sent = asyncio.run(scenario())
@@ -241,7 +243,7 @@ def test_rank_0_reports_a_checkpoint_every_n_reports_written_where_it_is_committ
             worker.link = agent.open_link(worker)
             while worker.report():
                 pass
-        return zero, [(i.message.rank, i.message.report) for i in agent.upstream._items
+        return zero, [(i.message.rank, i.message.report) for i in agent.upstream.queued()
                       if i.message.HasField("report")]
 
     zero, sent = asyncio.run(scenario())

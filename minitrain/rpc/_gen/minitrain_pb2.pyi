@@ -23,9 +23,10 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption")
+    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
     HELLO_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     SPAWNED_FIELD_NUMBER: _ClassVar[int]
@@ -36,6 +37,7 @@ class AgentMessage(_message.Message):
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
+    sent_at: float
     hello: AgentHello
     heartbeat: Heartbeat
     spawned: WorkerSpawned
@@ -44,7 +46,7 @@ class AgentMessage(_message.Message):
     stack_dump: StackDump
     relayed: RelayedUp
     preemption: PreemptionSignal
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ...) -> None: ...
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ...) -> None: ...
 
 class PreemptionSignal(_message.Message):
     __slots__ = ("signal", "received_at")
