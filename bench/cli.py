@@ -328,6 +328,9 @@ def main(argv=None) -> int:
     names = ("scale",) if args.command == "scale" and not args.only else (args.only or DEFAULT)
     if args.repeats is not None and args.repeats < 1:
         parser().error("--repeats must be >= 1")
+    if args.tmp_dir and not os.path.isdir(args.tmp_dir):
+        parser().error(f"--tmp-dir {args.tmp_dir!r} is not a directory: give one that exists (the bench "
+                       "makes its temporary directory inside it and removes only that)")
     sizes = _sizes(args)
     machine = machine_info()
     say(machine_line(machine))

@@ -88,6 +88,15 @@ def test_command_line_sizes_and_selection():
             cli.parser().parse_args(bad)
 
 
+def test_a_tmp_dir_that_does_not_exist_is_refused_before_anything_runs(tmp_path, capsys):
+    missing = tmp_path / "nope"
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--only", "report", "--tmp-dir", str(missing)])
+    assert refused.value.code == 2
+    assert f"--tmp-dir '{missing}' is not a directory: give one that exists" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 # ---------------------------------------------------------------------- each workload, quick
 
 
