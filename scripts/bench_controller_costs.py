@@ -60,7 +60,7 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     """A controller in RUNNING with one attempt of `ranks` training ranks (no agents, no server)."""
     storage = Storage.for_run(out_dir, "run")
     storage.makedirs()
-    node_ids = tuple(f"node{i:04d}" for i in range(ranks // SLOTS))
+    node_ids = tuple(f"node{i:04d}" for i in range(-(-ranks // SLOTS)))  # (the last may be partly used)
     settings = LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"", backend="gloo",
                               dist_timeout_s=600.0, cwd="", worker_env={})
     spec = RunSpec(run_id="bench", num_workers=ranks, node_ids=node_ids, launch=settings,

@@ -76,6 +76,12 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     ddp = workloads["ddp"]["figures"]
     assert ddp["minitrain_steps_per_s"] > 0 and ddp["torchrun_steps_per_s"] > 0
     assert ddp["runs"]["minitrain"][0]["threads"] == ddp["runs"]["torchrun"][0]["threads"]
+    # What the supervising processes used during the timed steps, found by each side's rank 0 among its
+    # ancestors: minitrain's driver and agent, torchrun's launcher.
+    assert set(ddp["runs"]["minitrain"][0]["supervisor_cpu_ms_per_step"]) == {"driver", "agent"}
+    assert set(ddp["runs"]["torchrun"][0]["supervisor_cpu_ms_per_step"]) == {"launcher"}
+    assert set(ddp["supervisor_cpu_ms_per_step"]) == {"driver", "agent", "launcher"}
+    assert all(v >= 0 for v in ddp["supervisor_cpu_ms_per_step"].values())
     # The telemetry overhead side: the minitrain loop again with MINITRAIN_TELEMETRY=0 in its workers.
     assert set(ddp["runs"]) == {"minitrain", "torchrun", "minitrain_telemetry_off"}
     assert ddp["runs"]["minitrain"][0]["telemetry_env"] != "0"
@@ -96,9 +102,10 @@ def test_job_memory_report_and_ddp_quick(tmp_path):
     assert "report_bookkeeping_us" not in off[0]
     assert 0 < ddp["direct_fraction"] < 1
     measures = [row["measure"] for row in workloads["ddp"]["rows"]]
-    assert len(measures) == 4 and measures[1].startswith("telemetry overhead")
-    assert measures[2].startswith("telemetry on / off in alternating blocks")
-    assert measures[3].startswith("telemetry cost timed directly")
+    assert len(measures) == 5 and measures[1].startswith("CPU used by the processes supervising the workers")
+    assert measures[2].startswith("telemetry overhead")
+    assert measures[3].startswith("telemetry on / off in alternating blocks")
+    assert measures[4].startswith("telemetry cost timed directly")
 
 
 @pytest.mark.e2e
