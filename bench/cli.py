@@ -41,6 +41,7 @@ target is missed: benchmarks are figures, not tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -297,11 +298,26 @@ def _keep_logs(tmp: str, dest: str) -> None:
                 shutil.copy(path, target)
 
 
+@contextlib.contextmanager
+def _torch_caches_in(tmp: str):
+    """The jobs' torch compile cache goes into the bench's temporary directory (removed with it) unless
+    the caller chose one: DDP's workers make torch's default one, /tmp/torchinductor_<user>, which
+    outlived every bench run."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield
+        return
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmp, "torchinductor")
+    try:
+        yield
+    finally:
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+
+
 def run(names: tuple, sizes: dict, args: argparse.Namespace) -> tuple[list[WorkloadResult], list[str]]:
     """Run the workloads in ORDER; returns their results and the failures (one line each)."""
     results, failures = [], []
     base = os.path.realpath(args.tmp_dir or tempfile.gettempdir())
-    with tempfile.TemporaryDirectory(prefix="minitrain-bench-", dir=base) as tmp:
+    with tempfile.TemporaryDirectory(prefix="minitrain-bench-", dir=base) as tmp, _torch_caches_in(tmp):
         try:
             for name in [n for n in ORDER if n in names]:
                 say(f"\n== {name}")

@@ -199,11 +199,13 @@ def run_role(tmp: str, module: str, role: str, spec: dict, name: str, timeout_s:
 def torchrun_argv(module: str, args: Iterable[str], nproc: int = NUM_WORKERS,
                   max_restarts: Optional[int] = None) -> list[str]:
     """`torchrun --standalone --nproc-per-node N [--max-restarts R] -m bench.<module> args`,
-    torchrun from this interpreter's environment (`python -m torch.distributed.run` if absent)."""
+    torchrun from this interpreter's environment (`python -m torch.distributed.run` if absent). Its logs
+    go to `torchelastic/` in the job's working directory (the bench's temporary directory): by default
+    torchrun makes a /tmp/torchelastic_* directory per job and leaves it there."""
     candidate = os.path.join(os.path.dirname(sys.executable), "torchrun")
     base = [candidate] if os.access(candidate, os.X_OK) else [sys.executable, "-m", "torch.distributed.run"]
     restarts = ["--max-restarts", str(max_restarts)] if max_restarts is not None else []
-    return [*base, "--standalone", "--nproc-per-node", str(nproc), *restarts, "-m",
+    return [*base, "--standalone", "--nproc-per-node", str(nproc), *restarts, "--log-dir", "torchelastic", "-m",
             f"bench.{module}", *args]
 
 
