@@ -41,6 +41,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -211,6 +212,8 @@ def _teardown(state: dict, procs: dict, timeout: float = 5.0) -> list[str]:
     for f in state["files"]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f)
+    for d in state.get("dirs", []):  # only what the cluster made (the hosts' temp directories)
+        shutil.rmtree(d, ignore_errors=True)
     if state.get("created_dir"):
         with contextlib.suppress(OSError):
             os.rmdir(state["workdir"])
@@ -318,7 +321,7 @@ class NetnsCluster:
         with _registry_lock():
             self._pick_names()
             self._state = {"version": 1, "id": self.id, "subnet": str(self.subnet), "bridge": self.bridge,
-                           "workdir": str(self.workdir), "created_dir": created_dir, "files": [],
+                           "workdir": str(self.workdir), "created_dir": created_dir, "files": [], "dirs": [],
                            "links": [self.bridge], "namespaces": [], "hosts": [],
                            "owner": None if self.detach else {"pid": os.getpid(), "start": _start_time(os.getpid())}}
             self._save()
@@ -392,11 +395,25 @@ class NetnsCluster:
                  "PrintMotd no", "PrintLastLog no", "X11Forwarding no", "MaxStartups 200", "MaxSessions 200",
                  "Subsystem sftp internal-sftp",  # no AcceptEnv: the client's environment stays out
                  # The hosts share this machine's filesystem: each gets a resource ledger of its own, as a
-                 # separate machine has (minitrain.hosts.ledger), so a run's claims on h0 are not h1's.
-                 f"SetEnv MINITRAIN_LEDGER_DIR={self.ledger_dir(host)}"]
+                 # separate machine has (minitrain.hosts.ledger), so a run's claims on h0 are not h1's, and
+                 # a temp directory of its own, removed with the cluster: what an agent killed there leaves
+                 # in it (its relay directory) would otherwise outlive the cluster in /tmp.
+                 f"SetEnv MINITRAIN_LEDGER_DIR={self.ledger_dir(host)} TMPDIR={self.tmp_dir(host)}"]
         if penalties:  # OpenSSH >= 9.8 would block a source after repeated probes/cut connections
             lines.append("PerSourcePenalties no")
         return "".join(line + "\n" for line in lines)
+
+    def tmp_dir(self, host) -> str:
+        """The temp directory of `host` (its sessions get it as TMPDIR): made once, in this process's temp
+        directory (kept short: it holds the agents' Unix sockets), and removed at teardown."""
+        index = self.host(host).index
+        made = self._state.setdefault("host_tmp", {})
+        if str(index) not in made:
+            path = tempfile.mkdtemp(prefix=f"netns-h{index}-")
+            made[str(index)] = path
+            self._state["dirs"].append(path)
+            self._save()
+        return made[str(index)]
 
     def ledger_dir(self, host) -> str:
         """The resource ledger directory of `host` (its sessions get it as MINITRAIN_LEDGER_DIR)."""
