@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import logging
 import os
+import threading
+import time
 
 import pytest
 
@@ -104,17 +106,46 @@ def test_a_later_attempt_closes_the_files_of_the_earlier_ones(tmp_path):
     def open_fds() -> int:
         return len(os.listdir("/proc/self/fd"))
 
+    def fds_settle_at(expected: int) -> int:  # the files are made on the sink's own thread
+        deadline = time.monotonic() + 10
+        while open_fds() != expected and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return open_fds()
+
     sink = LogSink(str(tmp_path), console=False)
     before = open_fds()
     for rank in range(50):
         sink.open(0, rank)
     sink.write(0, 3, "h0", False, ["first"])
-    assert open_fds() == before + 50
+    assert fds_settle_at(before + 50) == before + 50
     sink.open(1, 0)  # the first worker of attempt 1: attempt 0 was drained before it started
-    assert open_fds() == before + 1
+    assert fds_settle_at(before + 1) == before + 1
     sink.write(0, 3, "h0", False, ["late"])  # a late line still lands in its own file
     sink.write(1, 0, "h0", False, ["next"])
     sink.close()
     assert open_fds() == before
     assert (tmp_path / "attempt_0" / "rank_3.log").read_text() == "first\nlate\n"
     assert (tmp_path / "attempt_1" / "rank_0.log").read_text() == "next\n"
+
+
+def test_started_workers_files_are_made_off_the_callers_thread_and_all_exist_after_close(tmp_path, monkeypatch):
+    """open() is called on the coordinator's gRPC loop, where making 14,744 files was a quarter of the loop
+    while a 16,384-rank attempt started: the files are made on the sink's own thread, every one of them
+    by close(), and an open() after close() makes its file at once."""
+    makers = set()
+    make = LogSink._make
+
+    def recording_make(self, attempt, rank):
+        makers.add(threading.current_thread().name)
+        make(self, attempt, rank)
+
+    monkeypatch.setattr(LogSink, "_make", recording_make)
+    sink = LogSink(str(tmp_path), console=False)
+    for rank in range(100):
+        sink.open(0, rank)
+    sink.close()
+    assert makers == {"minitrain-log-files"}
+    assert sorted(p.name for p in (tmp_path / "attempt_0").iterdir()) == sorted(f"rank_{r}.log" for r in range(100))
+    sink.open(1, 0)
+    assert (tmp_path / "attempt_1" / "rank_0.log").exists()
+    sink.close()
