@@ -288,15 +288,8 @@ def test_an_unknown_minitrain_relay_value_is_refused_with_the_fix(monkeypatch, t
     assert list(tmp_path.iterdir()) == []  # refused before anything was created
 
 
-def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(short_lease_coordinator):
-    """The coordinator's lease on an agent allows its latest message's delay: heartbeats queue behind the
-    agent's relayed reports in one stream, and a coordinator that reads them late (saturated) declared
-    healthy nodes lost. Here the 1 s lease ends for an agent whose heartbeat came on time, and only about
-    3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why."""
-    events, hub, agent = short_lease_coordinator
-    late, prompt = agent("node-late"), agent("node-prompt")
-    late.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))
-    prompt.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+def _two_agents_lost(events) -> dict:
+    """{node: (seconds from now until its AgentLost, the reason)} of the next two agents lost, in order."""
     started = time.monotonic()
     lost = {}
     deadline = started + DEADLINE_S
@@ -307,6 +300,19 @@ def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(
             continue
         if isinstance(event, ev.AgentLost):
             lost[event.node_id] = (time.monotonic() - started, event.reason)
+    return lost
+
+
+def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(short_lease_coordinator):
+    """The coordinator's lease on an agent allows its latest message's delay: heartbeats queue behind the
+    agent's relayed reports in one stream, and a coordinator that reads them late (saturated) declared
+    healthy nodes lost. Here the 1 s lease ends for an agent whose heartbeat came on time, and only about
+    3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why."""
+    events, hub, agent = short_lease_coordinator
+    late, prompt = agent("node-late"), agent("node-prompt")
+    late.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))
+    prompt.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+    lost = _two_agents_lost(events)
     assert list(lost) == ["node-prompt", "node-late"], lost
     assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
     assert "lease 1 s, plus 0.0 s" in lost["node-prompt"][1]
@@ -323,16 +329,7 @@ def test_an_agent_s_stamped_data_message_extends_its_lease_as_a_heartbeat_would(
                                     relayed=pb.RelayedUp(items=[report(1, 0, 0)])))
     prompt.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-prompt", sent_at=time.time(),
                                       relayed=pb.RelayedUp(items=[report(1, 1, 0)])))
-    started = time.monotonic()
-    lost = {}
-    deadline = started + DEADLINE_S
-    while len(lost) < 2 and time.monotonic() < deadline:
-        try:
-            event = events.get(timeout=0.05)
-        except queue.Empty:
-            continue
-        if isinstance(event, ev.AgentLost):
-            lost[event.node_id] = (time.monotonic() - started, event.reason)
+    lost = _two_agents_lost(events)
     assert list(lost) == ["node-prompt", "node-late"], lost
     assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
     assert "lease 1 s, plus 3.0 s" in lost["node-late"][1]
