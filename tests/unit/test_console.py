@@ -4,6 +4,7 @@ cannot be written never breaking anything."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pty
@@ -61,8 +62,11 @@ class Terminal:
         return lines
 
     def close(self):
-        self.out.close()
+        # The master first: a flush into a full pty buffer nobody reads would block for ever; with the
+        # master gone it fails at once (EIO).
         os.close(self.master)
+        with contextlib.suppress(OSError):
+            self.out.close()
 
 
 @pytest.fixture
@@ -126,7 +130,9 @@ def test_concurrent_output_is_never_torn_by_the_status(terminal):
         for w in workers:
             w.join(0.01)
     stop.set()
-    drawer.join()
+    while drawer.is_alive():  # still read: on a full pty buffer its write would block and it would never stop
+        chunks.append(terminal.read())
+        drawer.join(0.01)
     screen = terminal.screen()
     worker_lines = [line for line in screen if not line.startswith(("status", "ranks"))]
     for rank in range(3):
