@@ -6,8 +6,8 @@ stamped message took from being stamped (`sent_at`, the peer's wall clock when i
 to being read here. An agent stamps every message and sends a heartbeat only when it queued nothing
 else for HEARTBEAT_INTERVAL_S; the coordinator stamps its heartbeats. Messages travel in one ordered
 stream, behind whatever the peer queued before them, so when the reader falls behind (a coordinator
-saturated by reports) they arrive late. Judged by read times alone, a peer
-that is alive and sending looked silent, and the coordinator declared healthy nodes lost
+saturated by reports) they arrive late. Judged by read times alone, a peer that is alive and sending
+looked silent, and the coordinator declared healthy nodes lost
 (docs/benchmarks/scale.md, "Past saturation"). A dead or frozen peer is still found by gRPC's keepalive
 pings, which the transport answers outside this queue; a peer that stops while backlogged is declared
 silent that much later.
@@ -21,7 +21,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-MAX_BACKLOG_S = 60.0  # the most a heartbeat's delay extends the lease
+MAX_BACKLOG_S = 60.0  # the most a message's delay extends the lease
 # Both ends of an agent's stream send a heartbeat this often (the agent: when it sent nothing else
 # meanwhile) and hold a lease of LEASE_TIMEOUT_S on the other: a silent peer is found 5-6 s after its
 # last message (the coordinator looks once a heartbeat).
