@@ -1,4 +1,4 @@
-"""minitrain.lease: a peer is silent after the timeout plus its latest heartbeat's delay, capped."""
+"""minitrain.lease: a peer is silent after the timeout plus the delay of its latest stamped message, capped."""
 
 from __future__ import annotations
 
