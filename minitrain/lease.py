@@ -28,6 +28,13 @@ MAX_BACKLOG_S = 60.0  # the most a message's delay extends the lease
 HEARTBEAT_INTERVAL_S = 1.0
 LEASE_TIMEOUT_S = 5.0
 
+def until_heartbeat_s(quiet_s: float, interval_s: float = HEARTBEAT_INTERVAL_S) -> float:
+    """How long an agent that queued nothing for `quiet_s` waits before its next heartbeat; 0 when one
+    is due now (a whole interval of quiet). Any message renews its lease at the coordinator, so
+    heartbeats only fill the silences."""
+    return max(0.0, interval_s - quiet_s)
+
+
 class Lease:
     """Silence of one peer: `heard()` at every message read from it, with its `sent_at` stamp."""
 

@@ -212,7 +212,7 @@ def _teardown(state: dict, procs: dict, timeout: float = 5.0) -> list[str]:
     for f in state["files"]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(f)
-    for d in state.get("dirs", []):  # only what the cluster made (the hosts' temp directories)
+    for d in state.get("host_tmp", {}).values():  # only what the cluster made
         shutil.rmtree(d, ignore_errors=True)
     if state.get("created_dir"):
         with contextlib.suppress(OSError):
@@ -321,7 +321,7 @@ class NetnsCluster:
         with _registry_lock():
             self._pick_names()
             self._state = {"version": 1, "id": self.id, "subnet": str(self.subnet), "bridge": self.bridge,
-                           "workdir": str(self.workdir), "created_dir": created_dir, "files": [], "dirs": [],
+                           "workdir": str(self.workdir), "created_dir": created_dir, "files": [],
                            "links": [self.bridge], "namespaces": [], "hosts": [],
                            "owner": None if self.detach else {"pid": os.getpid(), "start": _start_time(os.getpid())}}
             self._save()
@@ -409,9 +409,7 @@ class NetnsCluster:
         index = self.host(host).index
         made = self._state.setdefault("host_tmp", {})
         if str(index) not in made:
-            path = tempfile.mkdtemp(prefix=f"netns-h{index}-")
-            made[str(index)] = path
-            self._state["dirs"].append(path)
+            made[str(index)] = tempfile.mkdtemp(prefix=f"netns-h{index}-")
             self._save()
         return made[str(index)]
 

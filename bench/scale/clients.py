@@ -92,7 +92,7 @@ from bench.scale import relaunch
 from bench.scale.client_stats import Stats
 from bench.scale.fake_worker import PHASE_WAIT_S, START_TRIES, FakeWorker
 from bench.scale.links import _END, OPTIONS, AgentUpstream, DirectLink, RelayedLink
-from minitrain.lease import HEARTBEAT_INTERVAL_S
+from minitrain.lease import HEARTBEAT_INTERVAL_S, until_heartbeat_s
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc import report_window
 from minitrain.worker import telemetry
@@ -183,12 +183,10 @@ class FakeAgent:
         wait_s = HEARTBEAT_INTERVAL_S
         while True:
             await asyncio.sleep(wait_s)
-            quiet_s = time.monotonic() - self.upstream.last_queued
-            if quiet_s >= HEARTBEAT_INTERVAL_S:
+            wait_s = until_heartbeat_s(time.monotonic() - self.upstream.last_queued)
+            if not wait_s:
                 self._put(heartbeat=pb.Heartbeat(sent_at=time.time()))
                 wait_s = HEARTBEAT_INTERVAL_S
-            else:
-                wait_s = HEARTBEAT_INTERVAL_S - quiet_s
 
     async def _worker(self, attempt: int, rank: int, pid: int) -> None:
         worker = FakeWorker(self.sim, self, attempt, rank)

@@ -11,8 +11,9 @@ configuration of `bench.scale.clients`):
   together in the next, its runs of plain reports folded into progress digests
   (`minitrain.rpc.digest`) as the real agent's are (`digest` false in the configuration: not folded,
   the figures before issue 31). Each batch is stamped (`sent_at`) with the time its first item was
-  queued, and the agent's own messages when they were, as the real agent's. Commands come down as `RelayedDown` items, which the agent's reader routes to the
-  worker by stream number (`close` ends the worker's stream; items for a stream gone are dropped).
+  queued, and the agent's own messages when they were, as the real agent's. Commands come down as
+  `RelayedDown` items, which the agent's reader routes to the worker by stream number (`close` ends the
+  worker's stream; items for a stream gone are dropped).
 - "direct" (workers without an agent, and the figures before the relay): each fake worker opens its
   own channel and connection and its own WorkerStream, as a worker process dialing the coordinator does.
 """

@@ -31,7 +31,7 @@ import grpc
 from minitrain import commands as cmd
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.rpc.digest import fold_reports
-from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S, Lease
+from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S, Lease, until_heartbeat_s
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -181,13 +181,11 @@ class CoordinatorStream:
             if self._lease.expired():
                 self.end(f"the coordinator sent {self._lease.describe()}")
                 return
-            quiet_s = time.monotonic() - self._last_queued
-            if quiet_s >= HEARTBEAT_INTERVAL_S:
+            wait_s = until_heartbeat_s(time.monotonic() - self._last_queued, HEARTBEAT_INTERVAL_S)
+            if not wait_s:
                 now = time.time()
                 self._put(heartbeat=pb.Heartbeat(sent_at=now), stamp=now)  # (older coordinators read its own)
                 wait_s = HEARTBEAT_INTERVAL_S
-            else:
-                wait_s = HEARTBEAT_INTERVAL_S - quiet_s
 
     # ------------------------------------------------------------------ upward
 

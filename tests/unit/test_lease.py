@@ -55,3 +55,11 @@ def test_clock_skew_never_shortens_and_never_switches_off_the_lease():
     assert peer.expired()
     peer.heard(sent_at=0.0)  # not stamped: the delay stays as it was
     assert peer.backlog_s == MAX_BACKLOG_S
+
+
+def test_an_agent_owes_a_heartbeat_only_after_a_whole_interval_of_quiet():
+    from minitrain.lease import until_heartbeat_s
+
+    assert until_heartbeat_s(0.0, 1.0) == 1.0  # it just sent something: a whole interval to go
+    assert until_heartbeat_s(0.25, 1.0) == 0.75
+    assert until_heartbeat_s(1.0, 1.0) == 0.0 and until_heartbeat_s(7.0, 1.0) == 0.0  # due now
