@@ -29,7 +29,7 @@ from minitrain import commands as cmd
 from minitrain import procs
 from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
-from minitrain.agent.fork_servers import StartedWorker, ForkServerPool, start_worker
+from minitrain.agent.fork_servers import READY_WAIT_S, StartedWorker, ForkServerPool, start_worker
 from minitrain.agent.stream import CoordinatorStream
 from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import NodeInfo
@@ -80,6 +80,9 @@ class NodeAgent:
         self._oom_baseline = procs.oom_kill_count()
         self._fork_server = ForkServerPool()
         self._last_start: Optional[tuple] = None
+        # When a warm-up for a start (PrepareForkServers with an environment) asked for its answer
+        # (monotonic), until the answer went (`_answer_warm_up`) or workers were started here.
+        self._warm_up_asked: Optional[float] = None
         # Held while a child is started (until it is in _workers or the fork server pool) and while
         # orphans are reaped or swept: the sweep must never take a child being started for a leftover.
         self._children_lock = threading.Lock()
@@ -121,6 +124,7 @@ class NodeAgent:
                 elif self._serving():  # idle (not woken by the stream's end): tend the children
                     self._refill_fork_server()
                     self._reap_orphans()
+                self._answer_warm_up()
         finally:
             if self._signalled is not None:
                 self.request_stop(self._signalled)
@@ -207,6 +211,7 @@ class NodeAgent:
             key, env = self._worker_env(command.env, command.cwd)
             self._fork_server.want(key, env, command.cwd or None)
             self._refill_fork_server()
+            self._warm_up_asked = time.monotonic()
         elif isinstance(command, cmd.PrepareForkServers) and self._last_start is not None:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
@@ -214,6 +219,19 @@ class NodeAgent:
         elif isinstance(command, cmd.DumpStacks):
             threading.Thread(target=self._dump_stacks, args=(command.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
+
+    def _answer_warm_up(self) -> None:
+        """Once the fork server a warm-up asked for is ready, or will not be (or is not within
+        READY_WAIT_S, as long as a start would wait for it), say so to the coordinator: an elastic run
+        grows onto this node only then (docs/elastic.md)."""
+        if self._warm_up_asked is None:
+            return
+        answer = self._fork_server.readiness()
+        if answer is None and time.monotonic() - self._warm_up_asked >= READY_WAIT_S:
+            answer = (False, f"its fork server was not ready within {READY_WAIT_S:g} s")
+        if answer is not None:
+            self._warm_up_asked = None
+            self._stream.warmed(*answer)
 
     def _refill_fork_server(self) -> None:
         with self._children_lock:
@@ -245,6 +263,7 @@ class NodeAgent:
         return (tuple(sorted(env.items())), cwd), env
 
     def _start_workers(self, start: cmd.StartWorkers) -> None:
+        self._warm_up_asked = None  # the start came: it takes the fork server as it is
         key, env = self._worker_env(start.env, start.cwd)
         with self._lock:
             self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)

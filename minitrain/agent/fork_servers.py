@@ -189,6 +189,18 @@ class ForkServerPool:
             logger.warning("could not start a fork server (%s); workers will be spawned", exc)
             self.wanted = False
 
+    def readiness(self) -> Optional[tuple[bool, str]]:
+        """Whether the wanted fork server can fork warm workers: (True, "") once its imports are done,
+        (False, why) when there will be none (it could not be started, or kept dying), None while it
+        still imports or is about to be started again (`refill`). Never blocks."""
+        if not self.wanted:
+            return False, "no fork server could be started"
+        if self.server is not None and self.server.alive():
+            return (True, "") if self.server.wait_ready(0.0) else None
+        if self.starts >= MAX_SERVER_STARTS:
+            return False, f"its fork server exited {self.starts} times"
+        return None
+
     def pids(self) -> list[int]:
         """The fork server's pid, if one runs (the agent must not reap it as an orphan)."""
         return [self.server.process.pid] if self.server is not None else []

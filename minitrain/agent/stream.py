@@ -229,6 +229,10 @@ class CoordinatorStream:
         """Say this agent received the preemption signal `signal_name`."""
         self._put(preemption=pb.PreemptionSignal(signal=signal_name, received_at=received_at))
 
+    def warmed(self, ready: bool, detail: str) -> None:
+        """Answer a warm-up for a start: its fork server is `ready`, or there will be none (`detail`)."""
+        self._put(warmed=pb.WarmedUp(ready=ready, detail=detail))
+
     def stack_dump(self, attempt: int, rank: int, text: str) -> None:
         """Send the thread stacks worker `rank` of `attempt` wrote ("" when it wrote none in time)."""
         self._put(stack_dump=pb.StackDump(attempt=attempt, rank=rank, text=text))

@@ -114,6 +114,7 @@ class Controller:
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock, backoff)
         self._fits = (-1, 0)  # elastic: (membership version, workers its usable nodes hold)
+        self._fits_ready = (-1, 0)  # elastic: (membership version, workers its ready nodes hold)
         self._lost_in_attempt: dict[str, str] = {}  # node id -> why, for the current attempt's lost nodes
         self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
@@ -273,7 +274,7 @@ class Controller:
         size = len(group.tracker.ranks) if group is not None else 0
         lost = self._loop.judging and group is not None and group.tracker.lost_a_node()
         return dataclasses.replace(
-            seen, fits=self._fits_now(), size=size, lost_in_attempt=lost,
+            seen, fits=self._fits_now(), fits_ready=self._fits_ready_now(), size=size, lost_in_attempt=lost,
             checkpoints_committed=self._commits.checkpoints_committed,
             probe_due=bool(membership.lost) and size < spec.num_workers and membership.probe_due())
 
@@ -349,6 +350,7 @@ class Controller:
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
         self._start_error = ""
+        self._membership.attempt_started()
         self._commits.delete_uncommitted()
         previous = self._current.tracker
         self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
@@ -369,6 +371,14 @@ class Controller:
         if self._fits[0] != membership.version:
             self._fits = (membership.version, self._fitting(membership.usable()))
         return self._fits[1]
+
+    def _fits_ready_now(self) -> int:
+        """How many workers the nodes ready to grow onto hold now (`Membership.ready`: not still warming
+        up), recomputed only when the membership changed."""
+        membership = self._membership
+        if self._fits_ready[0] != membership.version:
+            self._fits_ready = (membership.version, self._fitting(membership.ready()))
+        return self._fits_ready[1]
 
     def _placed(self, nodes: list) -> list:
         """The ranks of an attempt started on `nodes` now: `num_workers` of them, or for an elastic run
@@ -406,7 +416,8 @@ class Controller:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
-                ev.AgentLost: self._on_agent_lost, ev.PreemptionSignalled: self._preemption.signalled,
+                ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._on_node_warmed,
+                ev.PreemptionSignalled: self._preemption.signalled,
                 ev.PreemptionSeen: self._preemption.seen}
 
     def _handle(self, event: ev.RunEvent) -> None:
@@ -429,8 +440,20 @@ class Controller:
         # Only this node's ranks of that start (placing every rank at each connection was quadratic).
         mine = node_assignments(self._membership.usable(), count, node_id, spec.gpus_per_worker,
                                 spec.placement_strategy, spec.cpus_per_worker, dict(spec.node_slots))
-        if mine:
-            self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine))
+        # Growth waits for its answer (NodeWarmed): the group trains on meanwhile instead of idling in the
+        # next attempt's rendezvous while this node imports torch.
+        if mine and self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine)):
+            self._membership.warming(node_id)
+
+    def _on_node_warmed(self, event: ev.NodeWarmed) -> None:
+        """A node readied for growth answered: from now on the run may grow onto it."""
+        if not self._membership.warmed(event):
+            return
+        if event.ready:
+            logger.info("node %s is ready to grow onto (its warm worker imported torch)", event.node_id)
+        else:
+            logger.warning("node %s has no warm worker (%s); growing onto it starts its worker(s) cold",
+                           event.node_id, event.detail)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""

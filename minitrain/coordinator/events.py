@@ -26,6 +26,17 @@ class AgentLost(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class NodeWarmed(RunEvent):
+    """The agent of `node_id` (on its stream `stream`) answered a warm-up for a start: its fork server
+    is `ready`, or there will be none (`detail` says why)."""
+
+    node_id: str
+    stream: int
+    ready: bool
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class StackDumped(RunEvent):
     """An agent sent the thread stacks of one worker (empty when it did not answer)."""
 

@@ -155,6 +155,7 @@ class Seen:
     preempt_reached: bool = False  # every rank reported the round agreed after a preemption
     # Elastic runs only (zero/False otherwise):
     fits: int = 0  # workers the usable nodes hold now, at most max_workers (coordinator/elastic.py)
+    fits_ready: int = 0  # of those, on nodes not still warming up for growth (Membership.ready): growth waits for these
     size: int = 0  # ranks of the current attempt
     lost_in_attempt: bool = False  # (while judging) a node of the current attempt was lost with its ranks
     checkpoints_committed: int = 0  # checkpoints committed by this fit() so far

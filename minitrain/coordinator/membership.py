@@ -67,6 +67,9 @@ class Membership:
         self._streams: dict[str, int] = {}  # node_id -> its agent's current stream
         self._lost: dict[str, str] = {}  # node_id -> why it was lost
         self._relaunched: list[str] = []  # lost nodes given a new agent, not yet back
+        # Nodes readied for a start they are not in yet (an elastic run's returning host), whose agent has
+        # not answered that its warm worker is ready (or will not be): growth does not count them yet.
+        self._warming: set[str] = set()
         self._backoff = backoff if backoff is not None else HostBackoff()
         self.version = 0  # changes whenever the usable nodes may have: what depends on them is recomputed
         self._missing: tuple[int, tuple[str, ...]] = (-1, ())  # (version, missing()) asked at every loop turn
@@ -82,6 +85,7 @@ class Membership:
         """A node's agent connected (again) on stream `event.stream`."""
         self.nodes[event.node.node_id] = event.node
         self._streams[event.node.node_id] = event.stream
+        self._warming.discard(event.node.node_id)  # a new agent: it is readied again if need be
         self.version += 1
 
     def lose(self, event: ev.AgentLost) -> bool:
@@ -90,9 +94,31 @@ class Membership:
         if event.stream != self._streams.get(event.node_id, event.stream) or event.node_id in self._lost:
             return False
         self._lost[event.node_id] = event.reason
+        self._warming.discard(event.node_id)
         self._backoff.failed(event.node_id, self._clock())
         self.version += 1
         return True
+
+    def warming(self, node_id: str) -> None:
+        """`node_id` was sent a warm-up for a start it is not in yet: `ready()` leaves it out until its
+        agent answers (`warmed`), it is lost or connects again, or an attempt starts (`attempt_started`)."""
+        self._warming.add(node_id)
+        self.version += 1
+
+    def warmed(self, event: ev.NodeWarmed) -> bool:
+        """The agent answered its warm-up; False (nothing changes) for an older stream's answer or a
+        node that was not warming."""
+        if event.stream != self._streams.get(event.node_id) or event.node_id not in self._warming:
+            return False
+        self._warming.discard(event.node_id)
+        self.version += 1
+        return True
+
+    def attempt_started(self) -> None:
+        """An attempt started: it took every node as it was, so none is waited for any more."""
+        if self._warming:
+            self._warming.clear()
+            self.version += 1
 
     # ------------------------------------------------------------------ questions
 
@@ -117,6 +143,11 @@ class Membership:
     def usable(self) -> list[NodeInfo]:
         """The nodes an attempt may run on: connected and not lost, in the run's order."""
         return [self.nodes[n] for n in self._node_ids if n not in self._lost and n in self.nodes]
+
+    def ready(self) -> list[NodeInfo]:
+        """The usable nodes a running attempt may grow onto now: those not still warming up (see
+        `warming`), in the run's order."""
+        return [node for node in self.usable() if node.node_id not in self._warming]
 
     def probe_due(self) -> bool:
         """Some lost node's retry interval has run out (`relaunch_lost` would start a new agent there)."""

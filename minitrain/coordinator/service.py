@@ -243,6 +243,9 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                 elif kind == "preemption" and state["node_id"]:
                     signalled = message.preemption
                     self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
+                elif kind == "warmed" and state["node_id"]:
+                    warmed = message.warmed
+                    self._events.put(ev.NodeWarmed(node_id, state["stream"], warmed.ready, warmed.detail))
                 elif kind == "stack_dump":
                     dump = message.stack_dump
                     header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "

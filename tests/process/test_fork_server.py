@@ -126,3 +126,40 @@ def test_the_quick_server_exits_when_the_agent_closes_its_end(server):
     _wait_until(lambda: not _children(proc.pid), "the quick server outlived the agent's end of the socket")
     release.touch()  # the fork server then finds the socket closed after its preloads, and exits
     assert proc.wait(timeout=DEADLINE_S) == 0 and quick
+
+
+def test_the_pool_says_ready_once_a_real_fork_server_imported_torch(tmp_path):
+    """What the agent answers to an elastic run's warm-up (`ForkServerPool.readiness`): nothing while
+    the server imports, ready once it did; the pool's server is the real `python -m minitrain.worker`."""
+    from minitrain.agent.fork_servers import ForkServerPool
+
+    pool = ForkServerPool()
+    pool.want(("key",), dict(os.environ), str(tmp_path))
+    pool.refill()
+    try:
+        assert pool.readiness() is None  # an interpreter started microseconds ago has not imported torch
+        _wait_until(lambda: pool.readiness() is not None, "the fork server never said ready")
+        assert pool.readiness() == (True, "")
+    finally:
+        pool.clear()
+
+
+def test_the_pool_says_there_will_be_no_fork_server_when_it_keeps_dying(tmp_path):
+    from minitrain.agent import fork_servers
+
+    pool = fork_servers.ForkServerPool()
+    # An interpreter that cannot start (no standard library under PYTHONHOME) exits at once, each time.
+    pool.want(("key",), {**os.environ, "PYTHONHOME": str(tmp_path / "nowhere")}, str(tmp_path))
+    try:
+        def answer():
+            pool.refill()  # the agent's idle loop restarts a dead server, MAX_SERVER_STARTS times at most
+            return pool.readiness()
+
+        _wait_until(lambda: answer() is not None, "the pool never gave up")
+        assert pool.readiness() == (False, f"its fork server exited {fork_servers.MAX_SERVER_STARTS} times")
+        pool.clear()
+        pool.want(("key",), dict(os.environ), str(tmp_path / "missing"))  # a cwd that does not exist
+        pool.refill()
+        assert pool.readiness() == (False, "no fork server could be started")
+    finally:
+        pool.clear()

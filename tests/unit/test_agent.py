@@ -22,7 +22,7 @@ class RecordingStream:
         self.facts: list[tuple[str, tuple, dict]] = []
 
     def __getattr__(self, name):
-        if name not in ("spawned", "exited", "log_line", "stack_dump"):
+        if name not in ("spawned", "exited", "log_line", "stack_dump", "warmed"):
             raise AttributeError(name)
         return lambda *args, **kwargs: self.facts.append((name, args, kwargs))
 
@@ -79,3 +79,42 @@ def test_a_fork_server_can_be_readied_for_a_start_this_agent_has_not_seen(agent,
     assert agent._fork_server.key == key and agent._fork_server.wanted and agent._fork_server.cwd == "/w"
     assert env["GLOO_SOCKET_IFNAME"] == "eth0" and env["PYTHONUNBUFFERED"] == "1"
     assert agent._worker_env({"GLOO_SOCKET_IFNAME": "eth1"}, "/w")[0] != key  # another start: another server
+
+
+def test_a_warm_up_for_a_start_is_answered_once_when_its_fork_server_is_ready(agent, monkeypatch):
+    """The coordinator grows onto a returning node only once it heard that node's answer: ready, or
+    never (then it grows cold); the answer goes once, and a start that came first cancels it."""
+    monkeypatch.setattr(agent._fork_server, "refill", lambda: None)  # the real server: tests/process
+    answers = iter([None, None, (True, "")])
+    monkeypatch.setattr(agent._fork_server, "readiness", lambda: next(answers))
+    agent._execute(cmd.PrepareForkServers(count=1, env={}, cwd="/w"))  # answers None (still importing)
+    agent._answer_warm_up()
+    assert agent._stream.facts == []
+    agent._answer_warm_up()  # ready
+    agent._answer_warm_up()  # nothing more to say
+    assert agent._stream.facts == [("warmed", (True, ""), {})]
+    agent._execute(cmd.PrepareForkServers(count=1))  # keeping the last start's server warm: no answer asked
+    agent._answer_warm_up()
+    assert len(agent._stream.facts) == 1
+
+
+def test_a_warm_up_whose_fork_server_never_gets_ready_is_answered_not_ready(agent, monkeypatch):
+    monkeypatch.setattr(agent._fork_server, "refill", lambda: None)
+    monkeypatch.setattr(agent._fork_server, "readiness", lambda: None)  # importing for ever
+    agent._execute(cmd.PrepareForkServers(count=1, env={}, cwd="/w"))
+    agent._answer_warm_up()
+    assert agent._stream.facts == []
+    agent._warm_up_asked -= agent_module.READY_WAIT_S  # as long as a start would wait for it has passed
+    agent._answer_warm_up()
+    [(fact, (ready, detail), _)] = agent._stream.facts
+    assert fact == "warmed" and not ready and "not ready within 60 s" in detail
+
+
+def test_a_start_cancels_the_warm_up_answer(agent, monkeypatch):
+    monkeypatch.setattr(agent._fork_server, "refill", lambda: None)
+    monkeypatch.setattr(agent._fork_server, "readiness", lambda: (True, ""))
+    monkeypatch.setattr(agent_module, "start_worker", lambda env, cwd: (_ for _ in ()).throw(OSError(1, "no")))
+    agent._execute(cmd.PrepareForkServers(count=1, env={}, cwd="/w"))
+    agent._start_workers(cmd.StartWorkers(attempt=1, workers=(cmd.WorkerLaunch(0, 0),), cwd="/w", env={}))
+    agent._answer_warm_up()
+    assert [fact for fact, _, _ in agent._stream.facts] == ["exited"]  # the start's, no answer

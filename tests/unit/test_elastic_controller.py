@@ -104,3 +104,34 @@ def test_a_host_that_connects_while_the_run_is_smaller_gets_a_warm_fork_server_f
     assert warm == [("h1", cmd.PrepareForkServers(1, env={"A": "1", "GLOO_SOCKET_IFNAME": "eth0",
                                                           "NCCL_SOCKET_IFNAME": "eth0"}, cwd="/work"))]
     controller.end()
+
+
+def test_growth_counts_a_host_that_came_back_only_once_its_agent_answered_the_warm_up(tmp_path):
+    """The group trains on at its size while the returned host imports torch, instead of being stopped
+    at the next checkpoint and waiting for that import in the next attempt's rendezvous."""
+    controller, events = _controller(tmp_path, Agents(), Hub(), start_wait_s=0.0)
+    controller.begin()
+    events.put(ev.AgentConnected(_node("h0"), stream=1))
+    for _ in range(5):
+        controller.step()
+    events.put(ev.AgentConnected(_node("h1"), stream=2))
+    controller.step()
+
+    def fits():
+        seen = controller._observe(0.0)
+        return seen.fits, seen.fits_ready
+
+    assert fits() == (2, 1)  # h1 is in, but still warming up
+    events.put(ev.NodeWarmed("h1", stream=1, ready=True))  # an answer from an older agent of h1: ignored
+    controller.step()
+    assert fits() == (2, 1)
+    events.put(ev.NodeWarmed("h1", stream=2, ready=False, detail="its fork server exited 3 times"))
+    controller.step()
+    assert fits() == (2, 2)  # no warm worker there will ever be: grown onto cold rather than never
+    events.put(ev.AgentConnected(_node("h1"), stream=3))  # a new agent there: readied again, waited for again
+    controller.step()
+    assert fits() == (2, 1)
+    events.put(ev.AgentLost("h1", "its connection broke", stream=3))
+    controller.step()
+    assert fits() == (1, 1)
+    controller.end()

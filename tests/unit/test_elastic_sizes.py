@@ -23,7 +23,7 @@ from minitrain.run_state import RunState, check_move
 
 S = RunState
 ELASTIC = Rules(max_failures=0, stop_grace_s=3.0, min_workers=1, resize_interval_s=5.0)
-RUNNING_2 = Seen(has_attempt=True, all_training=True, size=2, fits=2)
+RUNNING_2 = Seen(has_attempt=True, all_training=True, size=2, fits=2, fits_ready=2)
 
 
 def _run(script, loop, rules=ELASTIC):
@@ -141,7 +141,7 @@ def test_a_node_loss_that_leaves_fewer_than_min_is_charged_and_waits_for_the_age
 # ---------------------------------------------------------------------------------- grow
 
 def test_growth_waits_the_interval_then_the_next_committed_checkpoint():
-    small = Seen(has_attempt=True, all_training=True, size=1, fits=2, checkpoints_committed=3)
+    small = Seen(has_attempt=True, all_training=True, size=1, fits=2, fits_ready=2, checkpoints_committed=3)
     loop = _running(size_at=100.0)
     loop, actions = _run([(small, 104.0)], loop)
     assert loop.grow_armed is None and actions == []  # the interval has not passed
@@ -157,11 +157,24 @@ def test_growth_waits_the_interval_then_the_next_committed_checkpoint():
 
 
 def test_growth_is_called_off_when_the_capacity_goes_again():
-    small = Seen(has_attempt=True, all_training=True, size=1, fits=2, checkpoints_committed=3)
+    small = Seen(has_attempt=True, all_training=True, size=1, fits=2, fits_ready=2, checkpoints_committed=3)
     loop, _ = _run([(small, 105.0)], _running())
     assert loop.grow_armed == 3
-    loop, _ = _run([(replace(small, fits=1, checkpoints_committed=4), 106.0)], loop)
+    loop, _ = _run([(replace(small, fits=1, fits_ready=1, checkpoints_committed=4), 106.0)], loop)
     assert loop.grow_armed is None and loop.state is S.RUNNING
+
+
+def test_growth_waits_for_the_returned_node_to_be_warm_and_the_group_trains_on_meanwhile():
+    # The node is back (fits 2) but its warm worker still imports torch (fits_ready 1): checkpoints
+    # pass the interval without a growth; once it is ready, the next checkpoint grows the run.
+    warming = Seen(has_attempt=True, all_training=True, size=1, fits=2, fits_ready=1, checkpoints_committed=3)
+    loop, actions = _run([(warming, 105.0), (replace(warming, checkpoints_committed=5), 109.0)], _running())
+    assert loop.grow_armed is None and loop.state is S.RUNNING and actions == []
+    ready = replace(warming, fits_ready=2, checkpoints_committed=5)
+    loop, actions = _run([(ready, 110.0)], loop)
+    assert loop.grow_armed == 5 and loop.state is S.RUNNING
+    loop, actions = _run([(replace(ready, checkpoints_committed=6), 110.5)], loop)
+    assert (loop.state, loop.resize, loop.failures) == (S.RESTARTING, GROW, 0)
 
 
 def test_dead_probes_are_dropped_and_lost_hosts_probed_while_running():
@@ -198,7 +211,8 @@ _SEEN = st.builds(
     Seen, agents_missing=st.sampled_from([(), ("n1",)]), agents_failed=st.sampled_from(["", "died"]),
     lost_nodes=st.booleans(), has_attempt=st.booleans(), failed=st.booleans(), finished=st.booleans(),
     all_training=st.booleans(), all_exited=st.booleans(), all_drained=st.booleans(), round_pending=st.booleans(),
-    root_cause=st.just("cause"), interrupted=st.booleans(), fits=st.integers(0, 3), size=st.integers(0, 2),
+    root_cause=st.just("cause"), interrupted=st.booleans(), fits=st.integers(0, 3), fits_ready=st.integers(0, 3),
+    size=st.integers(0, 2),
     lost_in_attempt=st.booleans(), checkpoints_committed=st.integers(0, 3), probe_due=st.booleans())
 
 

@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption")
+    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption", "warmed")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
@@ -35,6 +35,7 @@ class AgentMessage(_message.Message):
     STACK_DUMP_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
+    WARMED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     sent_at: float
@@ -46,7 +47,16 @@ class AgentMessage(_message.Message):
     stack_dump: StackDump
     relayed: RelayedUp
     preemption: PreemptionSignal
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ...) -> None: ...
+    warmed: WarmedUp
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ..., warmed: _Optional[_Union[WarmedUp, _Mapping]] = ...) -> None: ...
+
+class WarmedUp(_message.Message):
+    __slots__ = ("ready", "detail")
+    READY_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    ready: bool
+    detail: str
+    def __init__(self, ready: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class PreemptionSignal(_message.Message):
     __slots__ = ("signal", "received_at")
