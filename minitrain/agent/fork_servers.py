@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from minitrain import procs
+from minitrain.rpc.fork_protocol import FORK, READY, WARM
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -82,7 +83,8 @@ class ForkServer:
         finally:
             theirs.close()
         self._sock = ours
-        self.ready = False
+        self.ready = False  # it can fork workers (torch imported)
+        self.warm = False  # and every preload is done: its workers pay for no import (fork_server.WARM)
 
     def alive(self) -> bool:
         """False once the server process exited (or was closed)."""
@@ -92,9 +94,16 @@ class ForkServer:
         """True once the server has finished its imports (waits up to `timeout_s` for it)."""
         if self.ready or not self.alive():
             return self.ready
-        if self._receive(timeout_s) == b"ready":
+        if self._receive(timeout_s) == READY:
             self.ready = True
         return self.ready
+
+    def is_warm(self) -> bool:
+        """True once the server finished every preload; never blocks. (Only between forks, which are
+        synchronous: no fork's answer can be pending here.)"""
+        if not self.warm and self.wait_ready(0.0):
+            self._receive(0.0)  # takes the WARM datagram if it came
+        return self.warm
 
     def fork_worker(self) -> Optional[StartedWorker]:
         """A new worker forked from the server, waiting for its bootstrap line; None when the server
@@ -107,7 +116,7 @@ class ForkServer:
         stderr_r, stderr_w = os.pipe()
         stack_fd = anonymous_file()
         try:
-            socket.send_fds(self._sock, [b"fork"], [stdin_r, stdout_w, stderr_w, stack_fd])
+            socket.send_fds(self._sock, [FORK], [stdin_r, stdout_w, stderr_w, stack_fd])
             reply = json.loads(self._receive(REPLY_WAIT_S) or b"{}")
         except (OSError, ValueError) as exc:
             reply = {"error": str(exc)}
@@ -130,7 +139,11 @@ class ForkServer:
         while self.alive():
             ready, _, _ = select.select([self._sock], [], [], min(0.1, max(0.0, deadline - time.monotonic())))
             if ready:
-                return self._sock.recv(4096)
+                message = self._sock.recv(4096)
+                if message == WARM:  # the preloads are done (it may come between any two answers)
+                    self.warm = True
+                    continue
+                return message
             if time.monotonic() >= deadline:
                 break
         return b""
@@ -190,13 +203,14 @@ class ForkServerPool:
             self.wanted = False
 
     def readiness(self) -> Optional[tuple[bool, str]]:
-        """Whether the wanted fork server can fork warm workers: (True, "") once its imports are done,
-        (False, why) when there will be none (it could not be started, or kept dying), None while it
-        still imports or is about to be started again (`refill`). Never blocks."""
+        """Whether the wanted fork server forks fully warm workers: (True, "") once every import and
+        preload is done (`ForkServer.is_warm`), (False, why) when there will be none (it could not be
+        started, or kept dying), None while it still imports or is about to be started again
+        (`refill`). Never blocks."""
         if not self.wanted:
             return False, "no fork server could be started"
         if self.server is not None and self.server.alive():
-            return (True, "") if self.server.wait_ready(0.0) else None
+            return (True, "") if self.server.is_warm() else None
         if self.starts >= MAX_SERVER_STARTS:
             return False, f"its fork server exited {self.starts} times"
         return None

@@ -1,1 +1,2 @@
-"""gRPC plumbing (L1): generated code, auth, channel/server factories, proto <-> record conversion."""
+"""gRPC plumbing (L1): generated code, auth, channel/server factories, proto <-> record conversion; and
+the fork server's socket protocol (`fork_protocol`), which the agent and the worker share."""

@@ -7,8 +7,10 @@ context is copied into a fork), then waits on a Unix socket shared with the agen
 it forks a worker in milliseconds, and the worker goes on exactly as a freshly started one would:
 it reads its bootstrap line on stdin and runs.
 
-Protocol (SOCK_SEQPACKET, one message per datagram): the fork server sends b"ready" once its imports are
-done. The agent sends b"fork" with four file descriptors (SCM_RIGHTS): the read end of the worker's
+Protocol (SOCK_SEQPACKET, one message per datagram; `minitrain.rpc.fork_protocol` owns the datagrams):
+the fork server sends b"ready" once its imports are done (torch.distributed: it can fork workers) and
+b"warm" once its slower preloads are done too (see below: a worker forked from then on pays for none of
+them). The agent sends b"fork" with four file descriptors (SCM_RIGHTS): the read end of the worker's
 stdin pipe, the write ends of its stdout and stderr pipes, and its stack-dump file. The fork server
 answers {"pid": N} (or {"error": "..."}) as JSON.
 
@@ -36,9 +38,8 @@ import sys
 from typing import Callable, Optional
 
 from minitrain import procs
+from minitrain.rpc.fork_protocol import FORK, READY, WARM
 
-READY = b"ready"
-FORK = b"fork"
 FDS_PER_FORK = 4  # stdin, stdout, stderr, stack-dump file
 _MAX_MESSAGE = 4096
 
@@ -58,6 +59,10 @@ def serve(sock_fd: int, then: Optional[Callable[[], None]] = None) -> int:
         stack_fd = _serve_while(sock, then)
         if stack_fd is not None:
             return stack_fd  # in a worker the quick server forked
+    try:
+        sock.send(WARM)  # (the quick server is gone: no answer of its can follow this)
+    except OSError:  # the agent closed its end: it is done with us, or gone
+        os._exit(0)
     while True:
         stack_fd = _serve_one(sock)
         if stack_fd is not None:

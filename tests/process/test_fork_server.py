@@ -18,6 +18,7 @@ import pytest
 from minitrain.worker import fork_server
 
 DEADLINE_S = 60.0
+WARM_SEEN: set = set()  # the sockets on which the fork server said its preloads were done
 
 # The fork server under test: its `then` (the slow preloads) runs until the test creates a file. A
 # forked worker prints whether `then` had finished in the state it was forked from, then exits.
@@ -47,7 +48,11 @@ def _fork(sock: socket.socket) -> dict:
     try:
         socket.send_fds(sock, [fork_server.FORK], [stdin_r, stdout_w, stderr_w, stack_fd])
         sock.settimeout(DEADLINE_S)
-        reply = json.loads(sock.recv(4096))
+        reply = sock.recv(4096)
+        if reply == fork_server.WARM:  # the preloads finished meanwhile (it comes between two answers)
+            WARM_SEEN.add(sock.fileno())
+            reply = sock.recv(4096)
+        reply = json.loads(reply)
     finally:
         for fd in (stdin_r, stdout_w, stderr_w, stack_fd, stdin_w):
             os.close(fd)
@@ -106,6 +111,7 @@ def test_workers_are_forked_during_the_slow_preloads_and_from_the_server_after_t
     _wait_until(lambda: not _children(proc.pid), "the quick server did not stop once the preloads were done")
     late = _fork(sock)
     assert late["preloaded"] is True and late["stack_fd_open"]
+    assert sock.fileno() in WARM_SEEN  # said once the preloads were done, before the answer it gave after them
     assert proc.poll() is None
 
 
@@ -115,7 +121,7 @@ def test_a_request_sent_during_the_hand_over_is_answered(server):
     answers = [_fork(sock) for _ in range(5)]
     assert len({a["pid"] for a in answers}) == 5
     _wait_until(lambda: not _children(proc.pid), "the quick server did not stop")
-    assert _fork(sock)["preloaded"] is True
+    assert _fork(sock)["preloaded"] is True and sock.fileno() in WARM_SEEN
 
 
 def test_the_quick_server_exits_when_the_agent_closes_its_end(server):
@@ -130,7 +136,8 @@ def test_the_quick_server_exits_when_the_agent_closes_its_end(server):
 
 def test_the_pool_says_ready_once_a_real_fork_server_imported_torch(tmp_path):
     """What the agent answers to an elastic run's warm-up (`ForkServerPool.readiness`): nothing while
-    the server imports, ready once it did; the pool's server is the real `python -m minitrain.worker`."""
+    the server imports, ready once every preload is done (its WARM, after torch._dynamo); the pool's
+    server is the real `python -m minitrain.worker`, and it still forks a worker after that."""
     from minitrain.agent.fork_servers import ForkServerPool
 
     pool = ForkServerPool()
@@ -139,7 +146,12 @@ def test_the_pool_says_ready_once_a_real_fork_server_imported_torch(tmp_path):
     try:
         assert pool.readiness() is None  # an interpreter started microseconds ago has not imported torch
         _wait_until(lambda: pool.readiness() is not None, "the fork server never said ready")
-        assert pool.readiness() == (True, "")
+        assert pool.readiness() == (True, "") and pool.server.ready and pool.server.warm
+        started = pool.take(("key",))
+        assert started is not None  # the WARM datagram did not stand in for the fork's answer
+        started.process.stdin.close()  # no bootstrap line: the worker exits
+        assert started.process.wait(timeout=DEADLINE_S) != 0
+        os.close(started.stack_fd)
     finally:
         pool.clear()
 

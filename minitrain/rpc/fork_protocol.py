@@ -1,0 +1,7 @@
+"""The fork server's socket protocol (L1): the datagrams a node agent (`minitrain.agent.fork_servers`)
+and its fork server (`minitrain.worker.fork_server`, whose docstring tells the whole exchange) send each
+other on their SOCK_SEQPACKET socket pair. One owner, as the two ends may not import each other."""
+
+READY = b"ready"  # fork server -> agent, once: torch.distributed is imported, it can fork workers
+WARM = b"warm"  # fork server -> agent, once, after READY, between two answers: every preload is done too
+FORK = b"fork"  # agent -> fork server: fork a worker (with its four file descriptors)
