@@ -430,3 +430,29 @@ def test_the_counted_answers_equal_a_scan_of_every_rank_after_any_sequence_of_ev
         assert tracker.finished() == all(s.done and s.exited and s.failure is None for s in states)
         assert tracker.lost_a_node() == any(s.failure is not None and s.failure.kind is FailureKind.NODE_LOST
                                             for s in states)
+
+
+FAILURE_EVENTS = st.lists(st.tuples(st.sampled_from(["died", "raised", "peer", "lost", "stopped"]),
+                                    st.integers(0, 3), st.sampled_from([10.0, 20.0, 30.0])), max_size=30)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAILURE_EVENTS)
+def test_the_kept_root_cause_equals_the_one_found_by_a_scan_after_any_sequence_of_failures(events):
+    """The root cause is kept as failures come in (a scan at every change was quadratic at thousands of
+    failures): an exit learned before the rank's own exception (which amends it, also into a peer's
+    consequence), a node lost, ties in time broken by rank; always what `errors.root_cause` finds."""
+    tracker = make_tracker(4)
+    for kind, rank, time in events:
+        if kind == "died":
+            exited(tracker, rank, exit_code=1, time=time)
+        elif kind == "raised":
+            reported(tracker, rank, time=time)
+        elif kind == "peer":  # a collective that broke because a peer went away
+            reported(tracker, rank, exc_type="RuntimeError", message="Connection closed by peer", time=time)
+        elif kind == "lost":
+            tracker.on_node_lost(node_of(tracker, rank), "lease", time)
+        else:
+            exited(tracker, rank, sig=signal.SIGTERM, stopped_by_agent=True, time=time)
+        assert tracker.root_cause_line() == root_cause_line(tracker.failures())
+        assert tracker.lost_a_node() == any(f.kind is FailureKind.NODE_LOST for f in tracker.failures())
