@@ -24,7 +24,7 @@ import grpc
 from minitrain.commands import AgentCommand, WorkerCommand
 from minitrain.coordinator import events as ev
 from minitrain.coordinator.worker_streams import CLOSE, RelayedStreams, WorkerIntake
-from minitrain.lease import Lease
+from minitrain.lease import Lease, reader_lag_s
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
@@ -261,15 +261,21 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def watch_leases(self, interval_s: float) -> None:
         """Heartbeat every agent and report the ones that went silent; runs on the server loop."""
+        lag_s, since = 0.0, self._clock()
         while True:
             await asyncio.sleep(interval_s)
+            # How far behind this loop reads its agents, from the agents read since the last tick (when
+            # none was, it is as behind as before): no agent is judged silent for the reader's own delay.
+            now = self._clock()
+            latest = reader_lag_s(self._leases.values(), since)
+            lag_s, since = (lag_s if latest is None else latest), now
             # One message a tick, never changed once queued: an agent judges the coordinator's backlog
             # from its sent_at (a stamp rewritten while the message waited would hide the wait).
             heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
             for node_id in self._hub.agent_ids():
                 lease = self._leases.get(node_id)
-                if lease is not None and lease.expired():
-                    verdict = f"it sent {lease.describe()}"
+                if lease is not None and lease.expired(lag_s):
+                    verdict = f"it sent {lease.describe(lag_s)}"
                     logger.warning("node %s: %s; treating it as lost", node_id, verdict)
                     self._verdicts[node_id] = verdict
                     self._leases.pop(node_id, None)

@@ -333,3 +333,18 @@ def test_an_agent_s_stamped_data_message_extends_its_lease_as_a_heartbeat_would(
     assert list(lost) == ["node-prompt", "node-late"], lost
     assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
     assert "lease 1 s, plus 3.0 s" in lost["node-late"][1]
+
+
+def test_a_coordinator_that_reads_late_judges_no_agent_silent_for_its_own_delay(short_lease_coordinator):
+    """When the coordinator reads one agent 3 s later than that agent's messages can come (its own
+    quickest one was read at once), it is behind on everyone: another agent, read on time once and then
+    silent, keeps its 1 s lease about 3 s longer too, and the reason says the coordinator was late."""
+    events, hub, agent = short_lease_coordinator
+    behind, quiet = agent("node-behind"), agent("node-quiet")
+    behind.send(heartbeat=pb.Heartbeat(sent_at=time.time()))  # its quickest: read at once
+    behind.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))  # then one read 3 s late
+    quiet.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+    lost = _two_agents_lost(events)
+    assert set(lost) == {"node-behind", "node-quiet"}, lost
+    assert lost["node-quiet"][0] >= 3.0, lost  # 1 s alone without the coordinator's lag
+    assert "the coordinator read its agents 3.0 s late" in lost["node-quiet"][1]
