@@ -84,7 +84,7 @@ class ForkServer:
             theirs.close()
         self._sock = ours
         self.ready = False  # it can fork workers (torch imported)
-        self.warm = False  # and every preload is done: its workers pay for no import (fork_server.WARM)
+        self.warm = False  # and every preload is done: its workers pay for no import (fork_protocol.WARM)
 
     def alive(self) -> bool:
         """False once the server process exited (or was closed)."""

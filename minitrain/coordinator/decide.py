@@ -38,7 +38,8 @@ attempt starts at once with the survivors, `max_failures` untouched); otherwise 
 as above. While it runs, lost hosts are probed again each resize interval, and when more workers fit
 than run on nodes ready to take them (`Seen.fits_ready`: a node that came back is ready once its warm
 worker imported torch) and the interval since the attempt started has passed, the attempt is stopped at
-the next committed checkpoint and restarted larger (GROW). The sizes are the controller's (coordinator/elastic.py).
+the next committed checkpoint and restarted larger (GROW). The sizes are the controller's
+(coordinator/elastic.py).
 
 The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/preemption.py): the first signal while RUNNING sends every rank the notice
@@ -258,8 +259,9 @@ def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
 def _elastic(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Action, ...]) -> Decision:
     """STARTING or RUNNING an elastic run: nodes whose new agent died are out again; lost hosts whose
     retry interval ran out get a new agent (probed); and when more workers fit than run on ready nodes
-    (`seen.fits_ready`), at least the resize interval after the attempt started, the attempt is restarted larger at the next committed
-    checkpoint (`seen.checkpoints_committed` past the count when growth became due), not charged."""
+    (`seen.fits_ready`), at least the resize interval after the attempt started, the attempt is
+    restarted larger at the next committed checkpoint (`seen.checkpoints_committed` past the count when
+    growth became due), not charged."""
     if seen.agents_failed:
         actions += (DropDeadAgents(),)
     if seen.probe_due:
