@@ -19,14 +19,16 @@ One peer's latest delay is not enough when the reader keeps falling behind: at 4
 reports/s on a 2-core VM the coordinator read every agent seconds late and later each second, and a live
 agent whose latest message had come 4.2 s late went unread for 9.7 s while its next messages waited
 behind the others': declared lost, the run failed. So the reader's own lag counts too (`reader_lag_s`):
-the largest delay, among the peers read in the last moment, beyond each peer's own smallest delay ever
+the delay, among the peers read in the last moment, beyond each peer's own smallest delay ever
 (`Lease.lag_s`: that smallest delay is its clock's offset plus the network's latency, so a skewed clock
-adds nothing). A silent peer is found `timeout_s` plus the longer of its own backlog and the reader's lag
-after its last message: 5-6 s while the reader keeps up, as before.
+adds nothing), at its 90th percentile so that one peer on a slow path does not lengthen every lease. A
+silent peer is found `timeout_s` plus the longer of its own backlog and the reader's lag after its last
+message: 5-6 s while the reader keeps up, as before.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Iterable, Optional
 
@@ -88,9 +90,15 @@ class Lease:
         return text + ")"
 
 
+READER_LAG_QUANTILE = 0.9  # of the peers' lags: one slow link (or a few) does not lengthen every lease
+
+
 def reader_lag_s(leases: Iterable[Lease], since: float) -> Optional[float]:
-    """How far behind the reader of `leases` is: the largest `lag_s` among the peers read at or after
-    `since` (the leases' monotonic clock); None when none of them was (the reader's lag is unknown then:
-    keep the last one)."""
-    lags = [lease.lag_s for lease in leases if lease.last_heard >= since]
-    return max(lags) if lags else None
+    """How far behind the reader of `leases` is: the READER_LAG_QUANTILE quantile (nearest rank) of
+    `lag_s` among the peers read at or after `since` (the leases' monotonic clock); None when none of them
+    was (the reader's lag is unknown then: keep the last one). A reader that falls behind delays every
+    peer's messages; a slow network path delays one peer's only, and is left out up to 10% of the peers."""
+    lags = sorted(lease.lag_s for lease in leases if lease.last_heard >= since)
+    if not lags:
+        return None
+    return lags[max(0, math.ceil(READER_LAG_QUANTILE * len(lags)) - 1)]

@@ -96,3 +96,19 @@ def test_a_reader_that_falls_behind_judges_no_live_peer_silent_for_its_own_delay
     clocks.advance(5.4)
     assert quiet.expired(lag)  # a dead peer is still found: the reader's lag later
     assert reader_lag_s([quiet, busy], clocks.mono) is None  # nobody read since: unknown
+
+
+def test_one_peer_on_a_slow_path_does_not_lengthen_every_lease_but_a_reader_behind_on_all_does():
+    clocks = Clocks()
+    peers = [lease(clocks) for _ in range(20)]
+    for peer in peers:
+        peer.heard(sent_at=clocks.wall - 0.1)
+    since = clocks.mono
+    clocks.advance(1.0)
+    for peer in peers[1:]:
+        peer.heard(sent_at=clocks.wall - 0.1)
+    peers[0].heard(sent_at=clocks.wall - 30.1)  # its own link is 30 s slow now
+    assert reader_lag_s(peers, since) < 1e-9
+    for peer in peers:
+        peer.heard(sent_at=clocks.wall - 10.1)  # the reader is 10 s behind on everyone
+    assert abs(reader_lag_s(peers, since) - 10.0) < 1e-9
