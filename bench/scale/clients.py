@@ -273,7 +273,7 @@ class FakeAgent:
                 elif kind == "dump_stacks":
                     self._dump_stacks(command.dump_stacks)
                 elif kind == "prepare_fork_servers" and command.prepare_fork_servers.for_start:
-                    # A real agent answers once its fork server imported torch; a fake worker imports
+                    # A real agent answers once its fork server is warm (every import done); a fake worker imports
                     # nothing, so its node is warm at once (the run grows onto it only after this).
                     self._put(warmed=pb.WarmedUp(ready=True))
                 elif kind == "shutdown":

@@ -450,7 +450,7 @@ class Controller:
         if not self._membership.warmed(event):
             return
         if event.ready:
-            logger.info("node %s is ready to grow onto (its warm worker imported torch)", event.node_id)
+            logger.info("node %s is ready to grow onto (its fork server is warm)", event.node_id)
         else:
             logger.warning("node %s has no warm worker (%s); growing onto it starts its worker(s) cold",
                            event.node_id, event.detail)

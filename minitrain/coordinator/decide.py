@@ -36,8 +36,8 @@ An elastic run (`Rules.min_workers` set) charges a failure only once the failed 
 node of it was lost and the survivors hold `min_workers`, the restart is a resize (SHRINK: the next
 attempt starts at once with the survivors, `max_failures` untouched); otherwise one failure is charged
 as above. While it runs, lost hosts are probed again each resize interval, and when more workers fit
-than run on nodes ready to take them (`Seen.fits_ready`: a node that came back is ready once its warm
-worker imported torch) and the interval since the attempt started has passed, the attempt is stopped at
+than run on nodes ready to take them (`Seen.fits_ready`: a node that came back is ready once its fork
+server is warm) and the interval since the attempt started has passed, the attempt is stopped at
 the next committed checkpoint and restarted larger (GROW). The sizes are the controller's
 (coordinator/elastic.py).
 
