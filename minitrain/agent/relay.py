@@ -1,53 +1,60 @@
 """The agent's relay of its workers' streams: one connection and batched messages per host (L2).
 
-A worker on this node opens its `Coordinator.WorkerStream` on the agent instead of the coordinator:
-`RelayServer` serves that one RPC on a Unix socket in a fresh directory only the agent's user can
-enter (0700), plaintext (it never leaves the machine), and refuses every call without the run token
-before its first message is parsed (the coordinator's own interceptor, `minitrain.rpc.auth`). The
-worker is unchanged: it only dials another address.
+A worker on this node does not dial the coordinator: it opens its stream on the agent's relay, a Unix
+socket in a fresh directory only the agent's user can enter (0700), and speaks the local stream
+protocol of `minitrain.rpc.local_stream` (not gRPC: a plain report is one write on the worker's side
+and wakes nobody here). The relay refuses a connection whose hello does not carry the run token
+(compared in constant time before anything else is parsed) or does not come within HELLO_TIMEOUT_S.
 
-Each accepted stream gets a number (1, 2, ... never reused). Upward, every message the worker sends
-becomes `RelayedMessage(stream=n, message=m)`, handed in the worker's order to `send_up`, and when the
-stream ends for any reason (the worker half-closed, was killed, cancelled, the coordinator closed it,
-the relay stopped) one `RelayedMessage(stream=n, closed=True)` follows, exactly once. The agent's
-stream (minitrain.agent.stream) puts these on the same FIFO as the agent's own messages, so a worker's
-Done goes up before its WorkerExited.
-`coalesced_requests` then merges consecutive relayed items into one `RelayedUp` ("Nagle without a
-timer": an idle queue sends an item at once; under load batches grow by themselves).
+Each accepted stream gets a number (1, 2, ... never reused). The relay reads what its workers wrote
+once every READ_INTERVAL_S while any stream is open and a read found something within QUIET_AFTER_S,
+at once when a worker rings its doorbell (it waits for an answer, or it wrote nothing for RING_AFTER_S:
+see minitrain.rpc.local_stream), when a frame is half read, and when `drain()` asks. Upward, every message a
+worker sent becomes `RelayedMessage(stream=n, message=m)`, in the worker's order; what one read finds on
+every stream is handed to `send_up` as one list, so the agent's stream carries it up as one message for
+the whole host. When the stream ends for any reason (the worker half-closed, was
+killed, its bytes were not frames, the coordinator closed it, the relay stopped) one
+`RelayedMessage(stream=n, closed=True)` follows, exactly once. The agent's stream
+(minitrain.agent.stream) puts these on the same FIFO as the agent's own messages, and asks `drain()`
+before it reports a worker's exit, so a worker's last messages (its Done, or the reports of a worker
+killed outright, which the kernel kept) go up before its WorkerExited.
+`coalesced_requests` then merges consecutive relayed items into one `RelayedUp`.
 
-Downward, `deliver(RelayedDown)` routes each item: a command to that stream's response stream (the
-worker reads it), `close` ends that response stream; an item for a stream that is gone is dropped.
-When the worker half-closes, the relay ends its response stream itself after the commands already
-routed to it, as the coordinator does for a direct stream: the worker's `close()` never waits on a
-round trip to the coordinator, and the coordinator learns of the end from the `closed` item.
+Downward, `deliver(RelayedDown)` routes each item: a command to that stream's socket, `close` ends
+the relay's side of it after what was routed before (and `closed` goes up); an item for a stream that
+is gone is dropped. When the worker half-closes, the relay ends its side itself after the commands
+already routed to it, as the coordinator does for a direct stream: the worker's `close()` never waits
+on a round trip to the coordinator, and the coordinator learns of the end from the `closed` item.
 
 An agent killed outright (SIGKILL, the OOM killer) cannot remove its directory. Each directory holds
 an `owner.lock` file that its agent keeps flock'ed for its life (the kernel drops the lock when the
 process dies, whatever kills it), so `start()` first removes the relay directories of this user whose
 lock is free: those of dead agents, and only their socket, lock file and the then empty directory.
 
-The server runs grpc.aio on a thread of its own (one event loop for all streams, no thread per
-worker); `send_up` is called on that thread and must not block.
+The relay runs on a thread of its own (one selector for every stream, no thread per worker);
+`send_up` is called on that thread and must not block.
 """
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
+import hmac
 import itertools
 import logging
 import os
 import queue
+import selectors
+import socket
 import tempfile
 import threading
+import time
 from typing import Callable, Iterator, Optional
 
-from grpc import aio
+from google.protobuf.message import DecodeError
 
+from minitrain.rpc import local_stream
 from minitrain.rpc._gen import minitrain_pb2 as pb
-from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
-from minitrain.rpc.auth import AioTokenAuthInterceptor
-from minitrain.rpc.channel import END_OF_STREAM, server_options
+from minitrain.rpc.channel import END_OF_STREAM
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -55,51 +62,93 @@ DIRECTORY_PREFIX = "minitrain-relay-"
 SOCKET_NAME = "relay.sock"
 LOCK_NAME = "owner.lock"  # flock'ed by the owning agent for its life: free means the owner is gone
 MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
-STOP_GRACE_S = 0.5
 START_TIMEOUT_S = 30.0
+DRAIN_TIMEOUT_S = 2.0
+RECEIVE_BYTES = 1 << 18
+LISTEN_BACKLOG = 1024
 # A batch of relayed items sent up as one AgentMessage stays below these (one larger item goes alone).
 MAX_BATCH_BYTES = 4 << 20
 MAX_BATCH_ITEMS = 10_000
 
-_CLOSE = object()  # on a stream's queue: end its response stream after what is queued before
+_STREAM_FIELD = pb.RelayedMessage.DESCRIPTOR.fields_by_name["stream"].number
+_MESSAGE_FIELD = pb.RelayedMessage.DESCRIPTOR.fields_by_name["message"].number
 
 
-class _Servicer(pb_grpc.CoordinatorServicer):
-    """Serves WorkerStream for the relay; every other RPC of the service is UNIMPLEMENTED here."""
+class _Stream:
+    """One worker's stream on the relay (the relay's thread only)."""
 
-    def __init__(self, relay: "RelayServer"):
-        # The relay's async generator itself: gRPC tells a streaming handler by its function kind.
-        self.WorkerStream = relay._serve_stream
+    __slots__ = ("number", "socket", "doorbell", "frames", "out", "prefix", "up_closed", "down_closing",
+                 "events")
+
+    def __init__(self, number: int, sock: socket.socket, doorbell: int):
+        self.number = number
+        self.socket = sock
+        self.doorbell = doorbell
+        self.frames = local_stream.FrameReader()
+        self.out = bytearray()  # commands not yet taken by the worker's socket
+        # Each upward item is this prefix plus the worker's message as a field: parsed once, not copied.
+        self.prefix = local_stream.varint(_STREAM_FIELD << 3) + local_stream.varint(number)
+        self.up_closed = False  # its `closed` went up: nothing more of it goes up
+        self.down_closing = False  # the coordinator closed it: end our side once `out` is sent
+        self.events = 0  # what the selector watches its socket for (0: not registered)
+
+
+class _Hello:
+    """A connection whose hello has not come in full yet."""
+
+    __slots__ = ("socket", "deadline", "data", "fds")
+
+    def __init__(self, sock: socket.socket):
+        self.socket = sock
+        self.deadline = time.monotonic() + local_stream.HELLO_TIMEOUT_S
+        self.data = bytearray()
+        self.fds: list[int] = []
 
 
 class RelayServer:
     """The relay of this node's worker streams; see the module docstring.
 
-    `token` is the run token every caller must present; `send_up(item)` receives each
-    `pb.RelayedMessage`, in order, on the relay's own thread (it must return at once: a queue put).
-    `start()` then `address` ("unix:/..."), `deliver()` from any thread, `stop()` once at the end.
+    `token` is the run token every worker must present; `send_up(items)` receives the
+    `pb.RelayedMessage`s, in order, a list at a time, on the relay's own thread (it must return at once:
+    a queue put).
+    `start()` then `address` ("local:/..."), `deliver()` and `drain()` from any thread, `stop()` once at
+    the end.
     """
 
-    def __init__(self, token: str, send_up: Callable[[pb.RelayedMessage], None]):
-        self._token = token
+    def __init__(self, token: str, send_up: Callable[[list], None]):
+        self._token = token.encode()
         self._send_up = send_up
+        self._up: list = []  # what the relay's thread read and has not handed to send_up yet
         self._numbers = itertools.count(1)
-        self._streams: dict[int, asyncio.Queue] = {}  # touched on the loop's thread only
         self._directory: Optional[str] = None
         self._lock_fd = -1
         self._socket_path: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
-        self._loop: Optional[asyncio.AbstractEventLoop] = None
-        self._stopping: Optional[asyncio.Event] = None
-        self._ready = threading.Event()
-        self._startup_error: Optional[BaseException] = None
+        self._listener: Optional[socket.socket] = None
+        self._wake_read = self._wake_write = -1
+        # Handed from other threads to the relay's, under the condition's lock.
+        self._cond = threading.Condition()
+        self._down: list = []
+        self._drains_asked = 0
+        self._drains_done = 0
+        self._stopping = False
+        self._running = False
+        # The relay's thread only.
+        self._selector: Optional[selectors.BaseSelector] = None
+        self._streams: dict[int, _Stream] = {}
+        self._hellos: dict[int, _Hello] = {}  # by socket fd
+        # Monotonic: when a read last found bytes (or an end), taken after it; when the latest read of
+        # every stream began. Quiet (no reading on the interval) once a read that began QUIET_AFTER_S
+        # after the last bytes found nothing: a starved relay reads once more before it goes quiet.
+        self._last_data = 0.0
+        self._last_read = 0.0
 
     @property
     def address(self) -> str:
-        """What a worker dials: "unix:<directory>/relay.sock" (only after `start()`)."""
+        """What a worker dials: "local:<directory>/relay.sock" (only after `start()`)."""
         if self._socket_path is None:
             raise RuntimeError("the relay has not been started")
-        return f"unix:{self._socket_path}"
+        return local_stream.address(self._socket_path)
 
     @property
     def directory(self) -> Optional[str]:
@@ -107,7 +156,7 @@ class RelayServer:
         return self._directory
 
     def start(self) -> "RelayServer":
-        """Create the directory (0700), bind the socket, serve; returns once the server listens.
+        """Create the directory (0700), bind the socket, serve; returns once the socket listens.
 
         Raises (and leaves nothing behind) when it cannot bind. Call once.
         """
@@ -122,107 +171,347 @@ class RelayServer:
             self._remove_directory()
             raise OSError(f"the relay's socket path {path!r} is longer than a Unix socket allows "
                           f"({MAX_SOCKET_PATH} bytes); set TMPDIR to a shorter directory")
+        try:
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            try:
+                listener.bind(self._socket_path)
+                listener.listen(LISTEN_BACKLOG)
+                listener.setblocking(False)
+            except BaseException:
+                listener.close()
+                raise
+        except OSError as exc:
+            self._remove_directory()
+            raise OSError(f"the relay could not listen on {self._socket_path}: {exc}") from exc
+        self._listener = listener
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, ("accept", None))
+        self._selector.register(self._wake_read, selectors.EVENT_READ, ("wake", None))
+        self._running = True
         self._thread = threading.Thread(target=self._run, name="agent-relay", daemon=True)
         self._thread.start()
-        if not self._ready.wait(START_TIMEOUT_S):
-            self._startup_error = TimeoutError(f"the relay did not start within {START_TIMEOUT_S:g} s")
-        if self._startup_error is not None:
-            self.stop()
-            raise self._startup_error
         return self
 
     def deliver(self, down: pb.RelayedDown) -> None:
         """Route the coordinator's items, in order, to their worker streams (from any thread).
 
-        `command` goes to that stream's response stream; `close` ends it after what was routed
-        before. Items for a stream that ended (or never existed) are dropped, as is everything once
-        the relay stopped.
+        `command` goes to that stream's socket; `close` ends the relay's side of it after what was
+        routed before. Items for a stream that ended (or never existed) are dropped, as is everything
+        once the relay stopped.
         """
-        loop = self._loop
-        if loop is None or not down.items:
+        if not down.items:
             return
-        try:
-            loop.call_soon_threadsafe(self._route, list(down.items))
-        except RuntimeError:
-            pass  # the loop is closed: the relay stopped, every stream ended
+        with self._cond:
+            if not self._running:
+                return
+            self._down.extend(down.items)
+        self._poke()
+
+    def drain(self, timeout_s: float = DRAIN_TIMEOUT_S) -> bool:
+        """Have the relay read what every worker wrote so far and hand it to `send_up`; returns once it
+        did (True), or False after `timeout_s` or when the relay is not running (nothing to read)."""
+        with self._cond:
+            if not self._running or threading.current_thread() is self._thread:
+                return False
+            self._drains_asked += 1
+            ticket = self._drains_asked
+        self._poke()
+        with self._cond:
+            return self._cond.wait_for(lambda: self._drains_done >= ticket or not self._running, timeout_s) \
+                and self._drains_done >= ticket
 
     def stop(self) -> None:
-        """End every stream (each sends its `closed` item), stop the server, join its thread, and
-        remove the socket and the directory `start()` made (nothing else). Idempotent."""
-        loop, stopping = self._loop, self._stopping
-        if loop is not None and stopping is not None:
-            try:
-                loop.call_soon_threadsafe(stopping.set)
-            except RuntimeError:
-                pass  # the loop ended already
+        """Read what the workers wrote, end every stream (each sends its `closed` item), join the
+        thread, and remove the socket and the directory `start()` made (nothing else). Idempotent."""
+        with self._cond:
+            self._stopping = True
         if self._thread is not None:
+            self._poke()
             self._thread.join(timeout=START_TIMEOUT_S)
         self._remove_directory()
 
-    # ------------------------------------------------------------------ the loop's thread
+    def _poke(self) -> None:
+        with self._cond:  # the relay's end closes the pipe under this lock: never a reused descriptor
+            if self._wake_write < 0:
+                return
+            try:
+                os.write(self._wake_write, b"!")
+            except BlockingIOError:
+                pass  # the pipe is full: a wake-up is pending anyway
+
+    # ------------------------------------------------------------------ the relay's thread
 
     def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        try:
-            loop.run_until_complete(self._serve())
-        finally:
-            loop.close()
-
-    async def _serve(self) -> None:
-        try:
-            self._stopping = asyncio.Event()
-            server = aio.server(interceptors=[AioTokenAuthInterceptor(self._token)], options=server_options())
-            pb_grpc.add_CoordinatorServicer_to_server(_Servicer(self), server)
-            if not server.add_insecure_port(f"unix:{self._socket_path}"):
-                raise OSError(f"the relay could not bind unix:{self._socket_path}")
-            await server.start()
-            self._loop = asyncio.get_running_loop()
-        except BaseException as exc:  # surfaced by start()
-            self._startup_error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        await self._stopping.wait()
-        for stream in self._streams.values():
-            stream.put_nowait(_CLOSE)
-        await server.stop(grace=STOP_GRACE_S)
-        self._loop = None  # deliver() drops from now on
-
-    def _route(self, items: list) -> None:
-        for item in items:
-            stream = self._streams.get(item.stream)
-            if stream is not None:
-                stream.put_nowait(_CLOSE if item.close else item.command)
-
-    async def _serve_stream(self, request_iterator, _context):
-        number = next(self._numbers)
-        responses: asyncio.Queue = asyncio.Queue()
-        self._streams[number] = responses
-        reader = asyncio.ensure_future(self._read(number, request_iterator, responses))
+        selector = self._selector
+        next_read: Optional[float] = None
+        self._last_data = self._last_read = time.monotonic()
         try:
             while True:
-                command = await responses.get()
-                if command is _CLOSE:
+                now = time.monotonic()
+                timeout = None
+                if self._streams and self._last_read - self._last_data < local_stream.QUIET_AFTER_S:
+                    if next_read is None:
+                        next_read = now + local_stream.READ_INTERVAL_S
+                    timeout = max(0.0, next_read - now)
+                else:
+                    next_read = None  # quiet: the next write rings (minitrain.rpc.local_stream)
+                if self._hellos:
+                    first = min(h.deadline for h in self._hellos.values())
+                    timeout = max(0.0, first - now) if timeout is None else min(timeout, max(0.0, first - now))
+                read_now = False
+                for key, mask in selector.select(timeout):
+                    kind, target = key.data
+                    if kind == "stream":
+                        self._on_stream_event(target, mask)
+                    elif kind == "doorbell":
+                        _clear(target.doorbell)
+                        read_now = True
+                    elif kind == "hello":
+                        self._on_hello(target)
+                    elif kind == "accept":
+                        self._accept()
+                    else:  # wake
+                        _clear_pipe(self._wake_read)
+                with self._cond:
+                    down, self._down = self._down, []
+                    stopping = self._stopping
+                    drain_ticket = self._drains_asked if self._drains_asked > self._drains_done else 0
+                for item in down:
+                    self._route(item)
+                now = time.monotonic()
+                if read_now or drain_ticket or stopping or (next_read is not None and now >= next_read):
+                    self._read_all()
+                    next_read = now + local_stream.READ_INTERVAL_S if self._streams else None
+                self._hand_up()
+                if drain_ticket:
+                    with self._cond:
+                        self._drains_done = max(self._drains_done, drain_ticket)
+                        self._cond.notify_all()
+                if stopping:
                     return
-                yield command
+                if self._hellos:
+                    self._expire_hellos(now)
+        except BaseException:  # a bug here must not leave workers waiting in silence
+            logger.exception("the relay failed; its streams end")
         finally:
-            # Runs on every end (returned, cancelled, broken). The reader calls send_up synchronously
-            # right after each message it reads, so once it is cancelled nothing of this stream can
-            # follow the closing item.
-            reader.cancel()
-            del self._streams[number]
-            self._send_up(pb.RelayedMessage(stream=number, closed=True))
+            self._shut_down()
 
-    async def _read(self, number: int, request_iterator, responses: asyncio.Queue) -> None:
-        send_up = self._send_up
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # out of descriptors: the worker's connect fails; not ours to die of
+                logger.warning("the relay could not accept a worker's stream: %s", exc)
+                return
+            sock.setblocking(False)
+            hello = _Hello(sock)
+            self._hellos[sock.fileno()] = hello
+            self._selector.register(sock, selectors.EVENT_READ, ("hello", hello))
+
+    def _on_hello(self, hello: _Hello) -> None:
         try:
-            async for message in request_iterator:
-                send_up(pb.RelayedMessage(stream=number, message=message))
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # a broken connection: the stream ends like a half-closed one
+            data, fds, _, _ = socket.recv_fds(hello.socket, local_stream.MAX_HELLO_BYTES, 1)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data, fds = b"", []
+        hello.fds.extend(fds)
+        if not data:
+            self._refuse(hello, "it closed before its hello")
+            return
+        hello.data += data
+        if len(hello.data) < 4:
+            return
+        size = int.from_bytes(hello.data[:4], "big")
+        if size > local_stream.MAX_HELLO_BYTES:
+            self._refuse(hello, "its hello is too long")
+            return
+        if len(hello.data) < 4 + size:
+            if len(hello.data) >= local_stream.MAX_HELLO_BYTES:
+                self._refuse(hello, "its hello is too long")
+            return
+        payload, rest = bytes(hello.data[4:4 + size]), bytes(hello.data[4 + size:])
+        magic = local_stream.HELLO_MAGIC
+        if not payload.startswith(magic) or not hmac.compare_digest(payload[len(magic):], self._token):
+            self._refuse(hello, "it did not present the run's token")
+            return
+        if len(hello.fds) != 1:
+            self._refuse(hello, "it sent no doorbell with its hello")
+            return
+        del self._hellos[hello.socket.fileno()]
+        self._selector.unregister(hello.socket)
+        stream = _Stream(next(self._numbers), hello.socket, hello.fds[0])
+        self._streams[stream.number] = stream
+        self._last_data = time.monotonic()  # a new stream: read on the interval again
+        self._selector.register(stream.doorbell, selectors.EVENT_READ, ("doorbell", stream))
+        if rest:
+            self._take(stream, rest)
+        self._read(stream)
+
+    def _refuse(self, hello: _Hello, why: str) -> None:
+        logger.warning("the relay refused a worker's stream: %s", why)
+        self._hellos.pop(hello.socket.fileno(), None)
+        self._selector.unregister(hello.socket)
+        hello.socket.close()
+        for fd in hello.fds:
+            os.close(fd)
+
+    def _expire_hellos(self, now: float) -> None:
+        for hello in [h for h in self._hellos.values() if h.deadline <= now]:
+            self._refuse(hello, f"no hello within {local_stream.HELLO_TIMEOUT_S:g} s")
+
+    def _read_all(self) -> None:
+        self._last_read = time.monotonic()
+        for stream in list(self._streams.values()):
+            self._read(stream)
+
+    def _read(self, stream: _Stream) -> None:
+        """Read what `stream`'s worker wrote and send it up; end the stream at its end."""
+        while stream.number in self._streams:
+            try:
+                data = stream.socket.recv(RECEIVE_BYTES)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                data = b""  # reset: the worker is gone, as at its end
+            self._last_data = time.monotonic()
+            if not data:
+                if stream.frames.pending and not stream.up_closed:
+                    logger.warning("relayed stream %d ended inside a message; that message is dropped",
+                                   stream.number)
+                self._end(stream)
+                return
+            self._take(stream, data)
+        self._watch(stream)
+
+    def _take(self, stream: _Stream, data: bytes) -> None:
+        """Send up the messages `data` completes (nothing, once the stream's `closed` went up)."""
+        try:
+            frames = stream.frames.feed(data)
+        except local_stream.FrameError as exc:
+            logger.warning("relayed stream %d sent bytes that are not frames (%s); it ends", stream.number, exc)
+            self._end(stream)
+            return
+        if stream.up_closed:
+            return
+        up, prefix = self._up, stream.prefix
+        for payload in frames:
+            try:
+                item = pb.RelayedMessage.FromString(prefix + local_stream.message_field(_MESSAGE_FIELD, payload))
+            except DecodeError:
+                logger.warning("relayed stream %d sent a message that does not parse; it ends", stream.number)
+                self._end(stream)
+                return
+            up.append(item)
+
+    def _route(self, item: pb.RelayedCommand) -> None:
+        stream = self._streams.get(item.stream)
+        if stream is None or stream.down_closing:
+            return
+        if item.close:
+            stream.down_closing = True
+            self._close_up(stream)  # nothing of it goes up after the coordinator's close
+        else:
+            stream.out += local_stream.frame(item.command.SerializeToString())
+        self._flush(stream)
+
+    def _flush(self, stream: _Stream) -> None:
+        """Send what the worker's socket takes now; end our side once a closing stream's out is sent."""
+        while stream.out:
+            try:
+                sent = stream.socket.send(stream.out)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError:
+                stream.out.clear()  # the worker is gone; its end is read next
+                break
+            del stream.out[:sent]
+        if stream.down_closing and not stream.out:
+            try:
+                stream.socket.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+        self._watch(stream)
+
+    def _on_stream_event(self, stream: _Stream, mask: int) -> None:
+        if mask & selectors.EVENT_WRITE:
+            self._flush(stream)
+        if mask & selectors.EVENT_READ and stream.number in self._streams:
+            self._read(stream)
+
+    def _watch(self, stream: _Stream) -> None:
+        """Watch the socket for reading while a frame is half read or the coordinator closed the stream
+        (until the worker's end), and for writing while commands wait; not at all otherwise (read on
+        the interval)."""
+        if stream.number not in self._streams:
+            return
+        events = 0
+        if stream.frames.pending or stream.down_closing:
+            events |= selectors.EVENT_READ
+        if stream.out:
+            events |= selectors.EVENT_WRITE
+        if events == stream.events:
+            return
+        if not events:
+            self._selector.unregister(stream.socket)
+        elif not stream.events:
+            self._selector.register(stream.socket, events, ("stream", stream))
+        else:
+            self._selector.modify(stream.socket, events, ("stream", stream))
+        stream.events = events
+
+    def _close_up(self, stream: _Stream) -> None:
+        if not stream.up_closed:
+            stream.up_closed = True
+            self._up.append(pb.RelayedMessage(stream=stream.number, closed=True))
+
+    def _hand_up(self) -> None:
+        """Hand what was read to `send_up`, as one list (one wake-up of the agent's sender)."""
+        if self._up:
+            up, self._up = self._up, []
+            self._send_up(up)
+
+    def _end(self, stream: _Stream) -> None:
+        """The worker's side ended (or broke): `closed` goes up, then our side ends and the stream goes.
+        Commands the worker's socket did not take are dropped."""
+        self._close_up(stream)
+        if stream.out:
+            self._flush(stream)  # a half-closed worker still reads: what was routed before reaches it
+        del self._streams[stream.number]
+        if stream.events:
+            self._selector.unregister(stream.socket)
+        self._selector.unregister(stream.doorbell)
+        try:
+            stream.socket.shutdown(socket.SHUT_WR)
+        except OSError:
             pass
-        responses.put_nowait(_CLOSE)
+        stream.socket.close()
+        os.close(stream.doorbell)
+
+    def _shut_down(self) -> None:
+        """The relay's thread ends: every stream ends, every descriptor closes."""
+        with self._cond:
+            self._running = False
+            self._down = []
+            self._cond.notify_all()
+        try:
+            self._read_all()
+        except BaseException:
+            logger.exception("the relay could not read its streams' last messages")
+        for stream in list(self._streams.values()):
+            self._end(stream)
+        self._hand_up()
+        for hello in list(self._hellos.values()):
+            self._refuse(hello, "the relay stopped")
+        self._selector.close()
+        self._listener.close()
+        with self._cond:
+            os.close(self._wake_read)
+            os.close(self._wake_write)
+            self._wake_read = self._wake_write = -1
 
     def _remove_directory(self) -> None:
         directory, self._directory = self._directory, None
@@ -231,6 +520,21 @@ class RelayServer:
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # after the removal: a sweeper never sees our directory ownerless
             self._lock_fd = -1
+
+
+def _clear(eventfd: int) -> None:
+    try:
+        os.eventfd_read(eventfd)
+    except (BlockingIOError, InterruptedError):
+        pass
+
+
+def _clear_pipe(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except (BlockingIOError, InterruptedError):
+        pass
 
 
 def _hold_owner_lock(directory: str) -> int:
@@ -299,24 +603,26 @@ def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list, float
     """The agent's request iterator: what is put into `outbox`, until END_OF_STREAM, with runs of
     relayed items merged.
 
-    A relayed item is queued as `(queued_at, pb.RelayedMessage)` (`queued_at`: the wall clock when it
-    was queued). One taken from the queue takes along every relayed item already queued right behind
-    it, up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES (serialized), and `batch(items, queued_at)` (their
-    messages in order, and the first one's `queued_at`: how long the batch waited, for the peer's
-    lease) is yielded in their place. Anything else is yielded as it is, and ends a run: nothing is
-    ever reordered. Nothing waits for more items to come: an idle queue sends an item at once.
+    Relayed items are queued as `(queued_at, [pb.RelayedMessage, ...])` (`queued_at`: the wall clock
+    when they were queued). One such entry taken from the queue takes along every relayed entry already
+    queued right behind it, up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES (serialized; an entry over them
+    goes alone), and `batch(items, queued_at)` (their messages in order, and the first entry's
+    `queued_at`: how long the batch waited, for the peer's lease) is yielded in their place. Anything
+    else is yielded as it is, and ends a run: nothing is ever reordered. Nothing waits for more items
+    to come: an idle queue sends an entry at once.
     """
     held = None  # taken from the queue while filling a batch; goes next
     while True:
-        item = held if held is not None else outbox.get()
+        entry = held if held is not None else outbox.get()
         held = None
-        if item is END_OF_STREAM:
+        if entry is END_OF_STREAM:
             return
-        if type(item) is not tuple:
-            yield item
+        if type(entry) is not tuple:
+            yield entry
             continue
-        queued_at, first = item
-        items, size = [first], first.ByteSize()
+        queued_at, first = entry
+        items = list(first)
+        size = sum(item.ByteSize() for item in items)
         while len(items) < MAX_BATCH_ITEMS:
             try:
                 following = outbox.get_nowait()
@@ -325,10 +631,10 @@ def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list, float
             if type(following) is not tuple:
                 held = following
                 break
-            following_size = following[1].ByteSize()
-            if size + following_size > MAX_BATCH_BYTES:
+            following_size = sum(item.ByteSize() for item in following[1])
+            if size + following_size > MAX_BATCH_BYTES or len(items) + len(following[1]) > MAX_BATCH_ITEMS:
                 held = following
                 break
-            items.append(following[1])
+            items.extend(following[1])
             size += following_size
         yield batch(items, queued_at)

@@ -134,7 +134,7 @@ class CoordinatorStream:
 
     @property
     def relay_address(self) -> str:
-        """What this node's workers dial for a relayed stream ("unix:...", after `open()`)."""
+        """What this node's workers dial for a relayed stream ("local:...", after `open()`)."""
         return self._relay.address
 
     # ------------------------------------------------------------------ downward
@@ -195,10 +195,11 @@ class CoordinatorStream:
         self._outbox.put(pb.AgentMessage(run_id=self._run_id, node_id=self._node_id,
                                          sent_at=time.time() if stamp is None else stamp, **body))
 
-    def _queue_relayed(self, item: pb.RelayedMessage) -> None:
-        """The relay's `send_up`: queue a worker stream's item with the time (see coalesced_requests)."""
+    def _queue_relayed(self, items: list) -> None:
+        """The relay's `send_up`: queue worker streams' items (one read's) with the time (see
+        coalesced_requests)."""
         self._last_queued = time.monotonic()
-        self._outbox.put((time.time(), item))
+        self._outbox.put((time.time(), items))
 
     def _relayed_batch(self, items: list, queued_at: float) -> pb.AgentMessage:
         # Runs of plain reports go up as progress digests (minitrain.rpc.digest): one packed item per
@@ -215,7 +216,12 @@ class CoordinatorStream:
                oom_suspected: bool = False) -> None:
         """Report the end of worker `rank` of `attempt`: its exit code, or the signal that killed it
         (None for the other), whether the agent stopped it, when; `spawn_error` when it could not be
-        started at all (pid 0), `oom_suspected` when the kernel's OOM killer probably killed it."""
+        started at all (pid 0), `oom_suspected` when the kernel's OOM killer probably killed it.
+
+        What the worker wrote to its relayed stream goes up first: the relay reads it now (a worker
+        killed outright leaves its last reports in its socket, and the relay reads on an interval)."""
+        if pid:
+            self._relay.drain()
         self._put(exited=pb.WorkerExited(
             attempt=attempt, rank=rank, pid=pid, exit_code=exit_code or 0, signal=signal or 0,
             stopped_by_agent=stopped_by_agent, exited_at=exited_at, spawn_error=spawn_error,

@@ -75,8 +75,8 @@ def client_channel(address: str, cert_pem: Optional[bytes] = None) -> grpc.Chann
 
     Loopback addresses are plaintext; any other address is TLS trusting only `cert_pem`, the run's
     certificate (`minitrain.rpc.tls`), and ValueError is raised when it is missing. The run token
-    authenticates the caller in both cases. A Unix socket ("unix:/path", the node agent's relay) is
-    plaintext too. Stream calls on it should pass `wait_for_ready=True`.
+    authenticates the caller in both cases. A Unix socket ("unix:/path") is plaintext too (the node
+    agent's relay is not gRPC: `minitrain.rpc.local_stream`). Stream calls on it should pass `wait_for_ready=True`.
     """
     tls.require_cert(address, cert_pem)
     if not tls.is_local_socket(address) and tls.uses_tls(tls.host_of(address)):

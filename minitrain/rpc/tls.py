@@ -53,8 +53,8 @@ def uses_tls(host: str) -> bool:
 
 
 def is_local_socket(address: str) -> bool:
-    """True for a Unix socket address ("unix:/path"): plaintext, it never leaves the machine (the node
-    agent's relay, `minitrain.agent.relay`, guards it with a 0700 directory and the run token)."""
+    """True for a Unix socket address ("unix:/path"): plaintext, it never leaves the machine (the run
+    token still authenticates every call on it)."""
     return address.startswith("unix:")
 
 

@@ -23,7 +23,10 @@ from minitrain.commands import Assignment
 from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.backend import StoreLink, TorchBackend
+from minitrain.rpc import local_stream
 from minitrain.worker.client import StreamClosed, WorkerClient
+from minitrain.worker.grpc_client import GrpcWorkerClient
+from minitrain.worker.local_client import LocalWorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
@@ -97,6 +100,15 @@ def capture_failure(rank: int, phase: Phase, exc: BaseException) -> tuple[Worker
     return failure, _pickle_exception(exc), full
 
 
+def _connect(b: dict) -> WorkerClient:
+    """The worker's stream on the address its agent gave: the agent's relay (a local stream) or the
+    coordinator itself (gRPC, TLS pinned to the run's certificate unless loopback)."""
+    if local_stream.is_local(b["coordinator"]):
+        return LocalWorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
+    return GrpcWorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"],
+                            tls_cert=b.get("tls_cert", "").encode("ascii"))
+
+
 def _context(assignment: Assignment) -> TrainContext:
     worker = assignment.worker
     return TrainContext(
@@ -163,8 +175,7 @@ class WorkerRun:
         """Run the phases; capture any failure; flush everything to the coordinator."""
         b = self._bootstrap
         try:
-            self._client = WorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"],
-                                        tls_cert=b.get("tls_cert", "").encode("ascii"))
+            self._client = _connect(b)
             self._client.send_hello(os.getpid(), socket.gethostname())
             _flush_on_sigterm(self._client)
             self._enter(Phase.STARTUP)

@@ -31,9 +31,9 @@ class Upward:
         self.items: list[pb.RelayedMessage] = []
         self._cond = threading.Condition()
 
-    def send_up(self, item: pb.RelayedMessage) -> None:
+    def send_up(self, items: list) -> None:
         with self._cond:
-            self.items.append(item)
+            self.items.extend(items)
             self._cond.notify_all()
 
     def wait_for(self, predicate, what: str) -> None:
@@ -106,7 +106,7 @@ def test_a_close_from_the_coordinator_ends_the_workers_stream_and_it_exits(relay
 AGENT = """
 import sys, time
 from minitrain.agent.relay import RelayServer
-relay = RelayServer("token", lambda item: None).start()
+relay = RelayServer("token", lambda items: None).start()
 print(relay.directory, flush=True)
 time.sleep(600)
 """
@@ -133,3 +133,39 @@ def test_the_directory_of_a_sigkilled_agent_is_removed_by_the_next_relay(upward)
                 stream.close()
     # The live one, killed by the cleanup above, is swept too: the test leaves nothing behind.
     assert live_directory in remove_stale_directories(os.path.dirname(live_directory))
+
+
+# A stand-in worker: its real relayed stream, N plain reports, then SIGKILL 0 ms after the last put().
+REPORTER = """
+import json, os, signal, sys
+from minitrain.worker.local_client import LocalWorkerClient
+b = json.loads(sys.stdin.readline())
+client = LocalWorkerClient(b["coordinator"], b["token"], "run-1", 0, b["rank"])
+client.send_hello(os.getpid(), "")
+for round_ in range(b["reports"]):
+    client.put(client.report_message(round_, json.dumps({"round": round_}), "", False))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("reports", [1, 500])
+def test_a_worker_killed_right_after_report_returned_loses_none_of_its_reports(relay, upward, reports):
+    """What a relayed worker reported is in the kernel once put() returns: killed outright at once, its
+    reports still reach the relay, in order, before its end, when the agent drains before reporting the
+    exit (minitrain.agent.stream.exited). No ring: plain reports never ring the doorbell."""
+    worker = procs.spawn([sys.executable, "-c", REPORTER], env=dict(os.environ))
+    try:
+        worker.stdin.write(json.dumps({"coordinator": relay.address, "token": TOKEN, "rank": 3,
+                                       "reports": reports}).encode() + b"\n")
+        worker.stdin.close()
+        assert worker.wait(DEADLINE_S) == -signal.SIGKILL, worker.stderr.read().decode()
+    finally:
+        procs.stop_process_group(worker, grace_s=0.0)
+        worker.stdout.close()
+        worker.stderr.close()
+    assert relay.drain(DEADLINE_S)
+    upward.wait_for(lambda items: any(i.closed for i in items), "the killed worker's end")
+    items = upward.items
+    assert items[0].message.HasField("hello") and items[-1].closed
+    assert [i.message.report.round for i in items[1:-1]] == list(range(reports))
+    assert [json.loads(i.message.report.metrics_json)["round"] for i in items[1:-1]] == list(range(reports))

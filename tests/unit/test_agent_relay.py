@@ -1,12 +1,15 @@
-"""The agent's relay of worker streams (minitrain.agent.relay), in process: real gRPC over its Unix
-socket with the real WorkerClient as the worker, and the agent's coalescing request iterator. A worker
-killed as a process is in tests/process/test_relay_processes.py."""
+"""The agent's relay of worker streams (minitrain.agent.relay), in process: the local stream protocol
+(minitrain.rpc.local_stream) over its Unix socket with the real LocalWorkerClient as the worker, hostile
+connections speaking raw bytes, and the agent's coalescing request iterator. A worker killed as a process
+is in tests/process/test_relay_processes.py."""
 
 from __future__ import annotations
 
 import os
 import queue
+import socket
 import stat
+import struct
 import time
 import threading
 
@@ -15,9 +18,11 @@ import pytest
 from minitrain.agent import relay as relay_module
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.agent.stream import CoordinatorStream
+from minitrain.rpc import local_stream
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 from minitrain.worker.client import StreamClosed, WorkerClient
+from minitrain.worker.local_client import LocalWorkerClient
 
 TOKEN = "the-run-token"
 DEADLINE_S = 30.0
@@ -30,9 +35,9 @@ class Upward:
         self.items: list[pb.RelayedMessage] = []
         self._cond = threading.Condition()
 
-    def send_up(self, item: pb.RelayedMessage) -> None:
+    def send_up(self, items: list) -> None:
         with self._cond:
-            self.items.append(item)
+            self.items.extend(items)
             self._cond.notify_all()
 
     def wait_for(self, predicate, what: str) -> None:
@@ -58,7 +63,7 @@ def upward():
 
 
 def _client(relay: RelayServer, rank: int, token: str = TOKEN) -> WorkerClient:
-    return WorkerClient(relay.address, token, "run-1", 0, rank)
+    return LocalWorkerClient(relay.address, token, "run-1", 0, rank)
 
 
 def _command(number: int, world_size: int) -> pb.RelayedCommand:
@@ -125,7 +130,7 @@ def test_commands_reach_their_own_stream_and_close_ends_it(relay, upward):
 def test_a_broken_connection_sends_exactly_one_closed(relay, upward):
     client = _client(relay, 3)
     number = _hello_from(client, upward)
-    client._channel.close()  # the connection goes away without a half-close
+    client._socket.shutdown(socket.SHUT_RDWR)  # the connection goes away without the client's close()
     upward.wait_for(lambda items: any(i.closed for i in items), "the closed item")
     # The stream is gone: a close from the coordinator now is dropped and sends nothing more.
     relay.deliver(pb.RelayedDown(items=[pb.RelayedCommand(stream=number, close=True)]))
@@ -136,37 +141,133 @@ def test_a_broken_connection_sends_exactly_one_closed(relay, upward):
     assert later.close(DEADLINE_S)
 
 
-@pytest.mark.parametrize("token", ["wrong-token", ""], ids=["wrong", "missing"])
-def test_a_caller_without_the_run_token_is_refused_before_any_message_is_relayed(relay, upward, token):
-    if token:
-        intruder = _client(relay, 5, token=token)
-    else:  # no token metadata at all
-        import grpc
+def _raw(relay: RelayServer) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(local_stream.socket_path(relay.address))
+    return sock
 
-        from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
-        from minitrain.rpc.channel import client_channel
 
-        channel = client_channel(relay.address)
-        call = pb_grpc.CoordinatorStub(channel).WorkerStream(iter([pb.WorkerMessage(rank=5)]))
-        with pytest.raises(grpc.RpcError) as refused:
-            list(call)
-        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
-        channel.close()
-        intruder = None
-    if intruder is not None:
-        intruder.send_hello(5, "")
-        with pytest.raises(StreamClosed, match="UNAUTHENTICATED"):
-            intruder.wait_assignment(DEADLINE_S)
-        intruder.close(DEADLINE_S)
-    # A rightful worker after it is relayed as stream 1: the refused call never got a number either.
+def _refused(sock: socket.socket) -> bool:
+    """True once the relay closed `sock` (it reads EOF, or a reset), within the deadline."""
+    sock.settimeout(DEADLINE_S)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    finally:
+        sock.close()
+
+
+def _with_doorbell(sock: socket.socket, data: bytes) -> None:
+    doorbell = os.eventfd(0)
+    try:
+        socket.send_fds(sock, [data], [doorbell])
+    finally:
+        os.close(doorbell)
+
+
+@pytest.mark.parametrize("hello", ["wrong token", "no token", "no magic", "no doorbell", "oversized",
+                                   "closed early"])
+def test_a_connection_without_the_run_token_is_refused_before_any_message_is_relayed(relay, upward, hello):
+    intruder = _raw(relay)
+    message = local_stream.frame(pb.WorkerMessage(rank=5, hello=pb.WorkerHello(pid=5)).SerializeToString())
+    if hello == "wrong token":
+        _with_doorbell(intruder, local_stream.hello("not-" + TOKEN) + message)
+    elif hello == "no token":
+        _with_doorbell(intruder, local_stream.frame(local_stream.HELLO_MAGIC) + message)
+    elif hello == "no magic":
+        _with_doorbell(intruder, local_stream.frame(TOKEN.encode()) + message)
+    elif hello == "no doorbell":
+        intruder.sendall(local_stream.hello(TOKEN) + message)
+    elif hello == "oversized":  # a length no hello has: refused before reading it
+        _with_doorbell(intruder, struct.pack(">I", 1 << 30))
+    else:
+        intruder.shutdown(socket.SHUT_WR)
+    assert _refused(intruder)
+    # A rightful worker after it is relayed as stream 1: the refused connection never got a number.
     assert _hello_from(_client(relay, 6), upward) == 1
     assert [item.message.rank for item in upward.items] == [6]
+
+
+def test_a_worker_with_a_wrong_token_sees_its_stream_end(relay, upward):
+    intruder = _client(relay, 5, token="wrong-token")
+    intruder.send_hello(5, "")
+    with pytest.raises(StreamClosed):
+        intruder.wait_assignment(DEADLINE_S)
+    intruder.close(DEADLINE_S)
+    assert upward.items == []
+
+
+def test_a_connection_that_says_nothing_is_dropped_after_the_hello_timeout(monkeypatch, upward):
+    monkeypatch.setattr(local_stream, "HELLO_TIMEOUT_S", 0.2)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        silent = _raw(relay)
+        assert _refused(silent)
+        assert _hello_from(_client(relay, 1), upward) == 1
+    finally:
+        relay.stop()
+
+
+def test_a_plain_report_waits_for_the_interval_and_an_awaited_message_rings_at_once(monkeypatch, upward):
+    """The relay reads on its interval, on a doorbell, and on drain(): with an interval of an hour, a
+    plain report goes up only when the relay is asked to drain (as the agent does before it reports an
+    exit) or when a message someone waits for rings, and then in the worker's order."""
+    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        client = _client(relay, 2)
+        number = _hello_from(client, upward)  # a hello rings
+        client.put(client.report_message(0, '{"a": 0}', "", False))
+        assert relay.drain(DEADLINE_S)
+        assert [i.message.report.round for i in upward.of_stream(number) if i.message.HasField("report")] == [0]
+        client.put(client.report_message(1, '{"a": 1}', "", False))
+        client.send_phase(3)  # rings: the report before it goes up too, first
+        upward.wait_for(lambda items: any(i.message.HasField("phase") and i.message.phase.phase == 3
+                                          for i in items), "the phase change")
+        kinds = [i.message.WhichOneof("body") for i in upward.of_stream(number)]
+        assert kinds == ["hello", "report", "report", "phase"]
+        assert client.close(DEADLINE_S)
+    finally:
+        relay.stop()
+
+
+def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkeypatch, upward):
+    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        sock = _raw(relay)
+        doorbell = os.eventfd(0)
+        socket.send_fds(sock, [local_stream.hello(TOKEN)], [doorbell])
+        data = local_stream.frame(pb.WorkerMessage(rank=7, hello=pb.WorkerHello(pid=7)).SerializeToString())
+        sock.sendall(data[:3])
+        os.eventfd_write(doorbell, 1)
+        assert relay.drain(DEADLINE_S) and upward.items == []  # the first part is read, and held
+        sock.sendall(data[3:])  # no ring: the relay watches a stream while a frame is half read
+        upward.wait_for(lambda items: any(i.message.rank == 7 for i in items), "the completed frame")
+        sock.close()
+        assert relay.drain(DEADLINE_S)  # an end is read on the interval or when asked, as the agent does
+        upward.wait_for(lambda items: any(i.closed for i in items), "the end")
+        os.close(doorbell)
+    finally:
+        relay.stop()
+
+
+def test_bytes_that_are_not_messages_end_the_stream_once(relay, upward):
+    sock = _raw(relay)
+    _with_doorbell(sock, local_stream.hello(TOKEN)
+                   + local_stream.frame(pb.WorkerMessage(rank=8, hello=pb.WorkerHello(pid=8)).SerializeToString())
+                   + local_stream.frame(b"\xff\xff\xff not protobuf"))
+    relay.drain(DEADLINE_S)
+    upward.wait_for(lambda items: any(i.closed for i in items), "the end")
+    assert [(i.closed, i.message.rank) for i in upward.items] == [(False, 8), (True, 0)]
+    assert _refused(sock)
 
 
 def test_the_directory_is_private_and_stop_ends_streams_and_removes_it(upward):
     relay = RelayServer(TOKEN, upward.send_up).start()
     directory = relay.directory
-    assert relay.address == f"unix:{directory}/relay.sock"
+    assert relay.address == f"local:{directory}/relay.sock"
     assert stat.S_IMODE(os.stat(directory).st_mode) == 0o700
     assert stat.S_ISSOCK(os.stat(os.path.join(directory, "relay.sock")).st_mode)
     client = _client(relay, 0)
@@ -247,7 +348,7 @@ def _batch(items: list, queued_at: float) -> tuple:
 
 def _queued(item: pb.RelayedMessage, at: float = 0.0) -> tuple:
     """A relayed item as the agent's stream queues it (see coalesced_requests)."""
-    return (at, item)
+    return (at, [item])
 
 
 def test_queued_relayed_items_go_as_one_batch_and_other_messages_split_batches_in_order():
@@ -315,12 +416,12 @@ def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_com
     stream = CoordinatorStream("127.0.0.1:1", "node-a", "run-1", TOKEN)
     stream._relay.start()
     try:
-        client = WorkerClient(stream.relay_address, TOKEN, "run-1", 0, 0)
+        client = LocalWorkerClient(stream.relay_address, TOKEN, "run-1", 0, 0)
         client.send_hello(1, "")
-        queued_at, item = stream._outbox.get(timeout=DEADLINE_S)
+        queued_at, [item] = stream._outbox.get(timeout=DEADLINE_S)
         assert isinstance(item, pb.RelayedMessage) and item.message.hello.pid == 1
         assert abs(queued_at - time.time()) < DEADLINE_S
-        stream._outbox.put((queued_at, item))
+        stream._outbox.put((queued_at, [item]))
         stream._outbox.put(END_OF_STREAM)
         [sent] = list(coalesced_requests(stream._outbox, stream._relayed_batch))
         assert (sent.run_id, sent.node_id, sent.WhichOneof("body")) == ("run-1", "node-a", "relayed")
@@ -339,3 +440,27 @@ def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_com
         assert client.close(DEADLINE_S)
     finally:
         stream._relay.stop()
+
+
+def test_a_quiet_relay_stops_reading_on_the_interval_and_a_report_after_quiet_rings(monkeypatch, upward):
+    """No wake-ups for a quiet host: once a read found nothing for QUIET_AFTER_S the relay reads only when
+    rung; a worker's plain report after RING_AFTER_S without a write rings, so it is never left unread."""
+    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 0.01)
+    monkeypatch.setattr(local_stream, "RING_AFTER_S", 0.1)
+    monkeypatch.setattr(local_stream, "QUIET_AFTER_S", 0.2)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        client = _client(relay, 2)
+        number = _hello_from(client, upward)
+        deadline = time.monotonic() + DEADLINE_S
+        while relay._last_read - relay._last_data < local_stream.QUIET_AFTER_S:  # it goes quiet by itself
+            assert time.monotonic() < deadline, "the relay never went quiet"
+            time.sleep(0.01)
+        reads = relay._last_read
+        client.put(client.report_message(0, '{"a": 0}', "", False))  # the first write after quiet: rings
+        upward.wait_for(lambda items: any(i.message.HasField("report") for i in items), "the report")
+        assert relay._last_read > reads
+        assert [i.message.WhichOneof("body") for i in upward.of_stream(number)] == ["hello", "report"]
+        assert client.close(DEADLINE_S)
+    finally:
+        relay.stop()

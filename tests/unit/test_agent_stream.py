@@ -89,7 +89,7 @@ def test_no_heartbeat_goes_while_other_messages_do_and_every_message_is_stamped(
         busy_until = time.monotonic() + 1.0  # five intervals, a message every twentieth of one
         while time.monotonic() < busy_until:
             stream.log_line(0, 0, False, "x")
-            stream._queue_relayed(pb.RelayedMessage(stream=1, closed=True))
+            stream._queue_relayed([pb.RelayedMessage(stream=1, closed=True)])
             time.sleep(0.01)
         busy = _drain(stream._outbox)
         deadline = time.monotonic() + DEADLINE_S
@@ -213,7 +213,7 @@ def test_open_says_hello_first_and_close_ends_the_call_after_what_is_queued(stre
                     memory_bytes=1 << 30, gpu_ids=(0,), python="/usr/bin/python3", minitrain_version="0")
     stream.open(node)
     try:
-        assert stream.relay_address.startswith("unix:")
+        assert stream.relay_address.startswith("local:")
         hello = next(seen["requests"])
         assert hello.WhichOneof("body") == "hello" and (hello.run_id, hello.node_id) == ("run-1", "node-a")
         assert (hello.hello.hostname, hello.hello.pid, hello.hello.address, list(hello.hello.gpu_ids)) == (

@@ -84,11 +84,12 @@ LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(m
 # them: rpc/ itself, the coordinator's servicer and hub (service), its worker streams' intake
 # (worker_streams) and its gRPC server (server), the
 # agent's stream with the coordinator (stream) and its worker-stream relay (relay), the worker's stream
-# (client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
+# (client, with its transports grpc_client and local_client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
 # (bench.scale.clients and bench.scale.fake_worker, and their streams in bench.scale.links).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.worker_streams",
              "minitrain.coordinator.server",
-             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "bench.scale.clients",
+             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "minitrain.worker.grpc_client",
+             "minitrain.worker.local_client", "bench.scale.clients",
              "bench.scale.fake_worker", "bench.scale.links"}
 GENERATED = "minitrain.rpc._gen"
 

@@ -13,8 +13,9 @@ from types import SimpleNamespace
 from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
-from minitrain.worker import client as client_module
-from minitrain.worker.client import QueuedReport, WorkerClient
+from minitrain.worker import grpc_client as client_module
+from minitrain.worker.client import QueuedReport
+from minitrain.worker.grpc_client import GrpcWorkerClient as WorkerClient
 
 
 def _sender():

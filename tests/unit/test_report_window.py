@@ -2,7 +2,7 @@
 has not recorded (minitrain.rpc.report_window, applied by minitrain.worker.session), and the coordinator
 sends a receipt for each report that asks for one as soon as it recorded it (minitrain.coordinator.commits).
 
-The worker side runs the real WorkerSession and WorkerClient over real gRPC, through the agent's real
+The worker side runs the real WorkerSession and its LocalWorkerClient on the agent's real
 relay on its Unix socket; the test plays the coordinator (it sees what the relay sends up, and sends
 receipts down). The coordinator side runs the real controller and Hub with a real asyncio loop.
 """
@@ -22,7 +22,8 @@ from minitrain.records import Phase, ReportRecord
 from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
-from minitrain.worker.client import StreamClosed, WorkerClient
+from minitrain.worker.client import StreamClosed
+from minitrain.worker.local_client import LocalWorkerClient
 from minitrain.worker.session import WorkerSession
 
 from test_coordinator_scale import _training_controller
@@ -41,13 +42,14 @@ class Upward:
         self.stream = 0
         self._cond = threading.Condition()
 
-    def send_up(self, item: pb.RelayedMessage) -> None:
+    def send_up(self, items: list) -> None:
         with self._cond:
-            kind = None if item.closed else item.message.WhichOneof("body")
-            if kind in ("report", "report_batch"):  # a batch: consecutive reports of one worker
-                batch = [item.message.report] if kind == "report" else item.message.report_batch.reports
-                self.reports.extend(batch)
-                self.stream = item.stream
+            for item in items:
+                kind = None if item.closed else item.message.WhichOneof("body")
+                if kind in ("report", "report_batch"):  # a batch: consecutive reports of one worker
+                    batch = [item.message.report] if kind == "report" else item.message.report_batch.reports
+                    self.reports.extend(batch)
+                    self.stream = item.stream
             self._cond.notify_all()
 
     def wait_count(self, count: int) -> None:
@@ -65,7 +67,7 @@ class Reporter:
     """A training loop in a thread: `total` metrics-only reports through a real session."""
 
     def __init__(self, relay: RelayServer, tmp_path, total: int):
-        self.client = WorkerClient(relay.address, TOKEN, "run-1", 0, 0)
+        self.client = LocalWorkerClient(relay.address, TOKEN, "run-1", 0, 0)
         storage = Storage.for_run(str(tmp_path / "results"), "run")
         storage.makedirs()
         self.session = WorkerSession(self.client, TrainContext(experiment_name="run"), storage)

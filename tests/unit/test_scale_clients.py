@@ -48,7 +48,7 @@ def _real_agent(items: list) -> list:
     digests, as `minitrain.agent.stream` folds them)."""
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for at, item in enumerate(items):  # relayed items are queued with their time, as the agent's stream does
-        outbox.put((float(at), item) if isinstance(item, pb.RelayedMessage) else item)
+        outbox.put((float(at), [item]) if isinstance(item, pb.RelayedMessage) else item)
     outbox.put(END_OF_STREAM)
     batch = lambda batched, queued_at: pb.AgentMessage(run_id=RUN, node_id=NODE, sent_at=queued_at,  # noqa: E731
                                                        relayed=pb.RelayedUp(items=fold_reports(batched, RUN)))

@@ -1,0 +1,134 @@
+"""The local stream between a worker and its node agent's relay (L1): one owner for its wire format.
+
+A relayed worker does not speak gRPC to its agent: gRPC costs every message a wake-up of several
+threads on both ends, and on a CPU-bound host that CPU comes out of the training. Instead the worker
+writes each message, as it is made, to a Unix stream socket in the relay's private directory, and the
+agent reads what its workers wrote once every READ_INTERVAL_S (or at once when a worker rings its
+doorbell), and sends it up as one message for the whole host (`minitrain.agent.relay`). A plain
+report() is one write: no thread wakes, and what was written survives the worker (a SIGKILLed worker's
+reports are still read from the socket).
+
+The exchange, on one `SOCK_STREAM` connection per worker stream:
+1. the worker sends the *hello*: one frame holding HELLO_MAGIC and the run token, with its doorbell
+   (an eventfd) attached as SCM_RIGHTS. The relay compares the token in constant time before it
+   parses anything else, and closes a connection whose hello is wrong or late (HELLO_TIMEOUT_S);
+2. upward, frames holding serialized `WorkerMessage`s, in the worker's order; after writing one the
+   worker waits on (a commit acknowledgement, a receipt, anything but a plain report), or one that
+   follows RING_AFTER_S without a write, it adds 1 to its doorbell, and the relay reads at once;
+3. downward, frames holding serialized `WorkerCommand`s;
+4. the worker ends its side with `shutdown(SHUT_WR)` (the relay reads everything before that end, then
+   ends its own side), and the relay ends its side when the coordinator closes the stream.
+
+A frame is a 4-byte big-endian length and that many bytes (at most MAX_FRAME_BYTES, gRPC's own limit).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from minitrain.rpc.channel import MAX_MESSAGE_BYTES
+
+SCHEME = "local:"  # a relayed worker's address: "local:<socket path>"
+HELLO_MAGIC = b"minitrain-local-stream-1\n"
+HELLO_TIMEOUT_S = 10.0
+MAX_HELLO_BYTES = 4096
+MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
+# How often the relay reads what its workers wrote while any stream is open: a plain report reaches the
+# agent's stream up to this much later. The same interval as a direct stream's (minitrain.worker.grpc_client):
+# the coordinator sees a metric no later relayed than direct.
+READ_INTERVAL_S = 0.05
+# A quiet host costs no wake-ups: the relay stops reading on the interval once a read found nothing for
+# QUIET_AFTER_S, and a worker rings for a plain report too when it wrote nothing for RING_AFTER_S. Safe
+# because RING_AFTER_S < QUIET_AFTER_S: a report that does not ring follows a write less than RING_AFTER_S
+# old, which a read either found (the relay reads on for QUIET_AFTER_S after it) or will find.
+RING_AFTER_S = 1.0
+QUIET_AFTER_S = 2.0
+
+_LENGTH = struct.Struct(">I")
+
+
+class FrameError(ValueError):
+    """The bytes on a local stream are not frames of this protocol."""
+
+
+def address(socket_path: str) -> str:
+    """The address a worker is given for the relay's socket at `socket_path`."""
+    return SCHEME + socket_path
+
+
+def is_local(address_: str) -> bool:
+    """True for an address made by `address` (a relayed stream), False for a coordinator's."""
+    return address_.startswith(SCHEME)
+
+
+def socket_path(address_: str) -> str:
+    """The socket path of a local address."""
+    if not is_local(address_):
+        raise ValueError(f"{address_!r} is not a local stream address ({SCHEME}<socket path>)")
+    return address_[len(SCHEME):]
+
+
+def frame(payload: bytes) -> bytes:
+    """`payload` as one frame."""
+    if len(payload) > MAX_FRAME_BYTES:
+        raise FrameError(f"a message of {len(payload)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
+    return _LENGTH.pack(len(payload)) + payload
+
+
+def hello(token: str) -> bytes:
+    """The hello frame a worker sends first (its doorbell goes along as SCM_RIGHTS)."""
+    return frame(HELLO_MAGIC + token.encode())
+
+
+class FrameReader:
+    """Cuts a byte stream into frames: `feed` what was received, then take `frames()`.
+
+    `pending` is True while a frame has begun but not ended (its reader should keep reading).
+    Raises FrameError for a frame over `max_bytes`, before buffering it.
+    """
+
+    def __init__(self, max_bytes: int = MAX_FRAME_BYTES):
+        self._buffer = bytearray()
+        self._max = max_bytes
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._buffer)
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """Append `data`; return the frames it completed, in order."""
+        buffer = self._buffer
+        buffer += data
+        frames = []
+        start = 0
+        while len(buffer) - start >= 4:
+            (size,) = _LENGTH.unpack_from(buffer, start)
+            if size > self._max:
+                raise FrameError(f"a frame of {size} bytes is over the {self._max}-byte limit")
+            end = start + 4 + size
+            if end > len(buffer):
+                break
+            frames.append(bytes(buffer[start + 4:end]))
+            start = end
+        if start:
+            del buffer[:start]
+        return frames
+
+
+def varint(value: int) -> bytes:
+    """`value` (>= 0) as a protobuf varint (to wrap a serialized message as a field of another without
+    parsing it: protobuf merges concatenated fields)."""
+    out = bytearray()
+    while True:
+        low = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(low | 0x80)
+        else:
+            out.append(low)
+            return bytes(out)
+
+
+def message_field(number: int, payload: bytes) -> bytes:
+    """Field `number` holding the serialized message `payload`, in protobuf's wire format."""
+    return varint((number << 3) | 2) + varint(len(payload)) + payload
