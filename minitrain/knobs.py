@@ -92,8 +92,8 @@ def _relay(text: str) -> Optional[bool]:
         return None
     if value in _ON or value in _OFF:
         return value in _ON
-    raise ValueError("not a known value; use auto (the default: relay from 128 workers on), 1 (always relay) "
-                     "or 0 (never relay)")
+    raise ValueError("not a known value; use 1 (relay, the default; auto means the same) or 0 (every worker "
+                     "dials the coordinator itself)")
 
 
 def _status(text: str) -> str:
@@ -204,8 +204,8 @@ DASHBOARD: Knob[Optional[str]] = Knob(
     "HOST:PORT, HOST or PORT, or 0 to turn it off (parsed by minitrain.dashboard.settings).")
 RELAY: Knob[Optional[bool]] = Knob(
     "MINITRAIN_RELAY", None, _relay,
-    "Whether workers' streams go through their node agent's relay: auto (default: from 128 workers on), "
-    "1 (always) or 0 (never).")
+    "Whether workers' streams go through their node agent's relay: 1 (the default, at every size; auto "
+    "means the same) or 0 (every worker dials the coordinator itself over gRPC).")
 STATUS: Knob[str] = Knob(
     "MINITRAIN_STATUS", "auto", _status,
     "The driver's live status: auto (a block at the bottom of a terminal, summary lines elsewhere), lines "

@@ -448,15 +448,13 @@ def _accepts_one_argument(fn: Callable) -> bool:
 # batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
 # stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
 # (docs/benchmarks/scale.md, "Workers' streams relayed by their agent").
-RELAY_AUTO_FROM_WORKERS = 128
-
-
 def relays_workers(num_workers: int) -> bool:
     """Whether a run of `num_workers` workers relays their streams through the node agents, as
-    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`); ConfigError names a value it does not know.
-    Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
+    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`: on unless set to 0, at every size, since a relayed
+    stream costs the host less and loses no report of a killed worker); ConfigError names a value it
+    does not know. Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
     choice = knobs.RELAY.get()
-    return num_workers >= RELAY_AUTO_FROM_WORKERS if choice is None else choice
+    return True if choice is None else choice
 
 
 def _hosts_of(cluster: ClusterConfig) -> dict:

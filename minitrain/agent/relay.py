@@ -7,9 +7,9 @@ and wakes nobody here). The relay refuses a connection whose hello does not carr
 (compared in constant time before anything else is parsed) or does not come within HELLO_TIMEOUT_S.
 
 Each accepted stream gets a number (1, 2, ... never reused). The relay reads what its workers wrote
-once every READ_INTERVAL_S while any stream is open and a read found something within QUIET_AFTER_S,
-at once when a worker rings its doorbell (it waits for an answer, or it wrote nothing for RING_AFTER_S:
-see minitrain.rpc.local_stream), when a frame is half read, and when `drain()` asks. Upward, every message a
+when `minitrain.rpc.local_stream` says (every READ_INTERVAL_S while reports flow, LINGER_S after a plain
+ring, at once after an urgent one, not at all on a quiet host), when a frame is half read, and when
+`drain()` asks. Upward, every message a
 worker sent becomes `RelayedMessage(stream=n, message=m)`, in the worker's order; what one read finds on
 every stream is handed to `send_up` as one list, so the agent's stream carries it up as one message for
 the whole host. When the stream ends for any reason (the worker half-closed, was
@@ -244,29 +244,31 @@ class RelayServer:
 
     def _run(self) -> None:
         selector = self._selector
-        next_read: Optional[float] = None
+        interval_due: Optional[float] = None  # the next read on the interval (None: quiet, or no streams)
+        linger_due: Optional[float] = None  # the read a plain ring asked for
         self._last_data = self._last_read = time.monotonic()
         try:
             while True:
                 now = time.monotonic()
-                timeout = None
                 if self._streams and self._last_read - self._last_data < local_stream.QUIET_AFTER_S:
-                    if next_read is None:
-                        next_read = now + local_stream.READ_INTERVAL_S
-                    timeout = max(0.0, next_read - now)
+                    if interval_due is None:
+                        interval_due = now + local_stream.READ_INTERVAL_S
                 else:
-                    next_read = None  # quiet: the next write rings (minitrain.rpc.local_stream)
-                if self._hellos:
-                    first = min(h.deadline for h in self._hellos.values())
-                    timeout = max(0.0, first - now) if timeout is None else min(timeout, max(0.0, first - now))
+                    interval_due = None  # quiet: the next write rings (minitrain.rpc.local_stream)
+                dues = [due for due in (interval_due, linger_due) if due is not None]
+                dues += [hello.deadline for hello in self._hellos.values()]
+                timeout = max(0.0, min(dues) - now) if dues else None
                 read_now = False
                 for key, mask in selector.select(timeout):
                     kind, target = key.data
                     if kind == "stream":
                         self._on_stream_event(target, mask)
                     elif kind == "doorbell":
-                        _clear(target.doorbell)
-                        read_now = True
+                        rings = _take_rings(target.doorbell)
+                        if local_stream.is_urgent(rings):
+                            read_now = True
+                        elif rings and linger_due is None:  # plain: the host's other reports may follow
+                            linger_due = time.monotonic() + local_stream.LINGER_S
                     elif kind == "hello":
                         self._on_hello(target)
                     elif kind == "accept":
@@ -280,9 +282,11 @@ class RelayServer:
                 for item in down:
                     self._route(item)
                 now = time.monotonic()
-                if read_now or drain_ticket or stopping or (next_read is not None and now >= next_read):
+                due = min((d for d in (interval_due, linger_due) if d is not None), default=None)
+                if read_now or drain_ticket or stopping or (due is not None and now >= due):
                     self._read_all()
-                    next_read = now + local_stream.READ_INTERVAL_S if self._streams else None
+                    linger_due = None
+                    interval_due = now + local_stream.READ_INTERVAL_S if self._streams else None
                 self._hand_up()
                 if drain_ticket:
                     with self._cond:
@@ -522,11 +526,12 @@ class RelayServer:
             self._lock_fd = -1
 
 
-def _clear(eventfd: int) -> None:
+def _take_rings(eventfd: int) -> int:
+    """The doorbell's summed rings since the last take (0 when none)."""
     try:
-        os.eventfd_read(eventfd)
+        return os.eventfd_read(eventfd)
     except (BlockingIOError, InterruptedError):
-        pass
+        return 0
 
 
 def _clear_pipe(fd: int) -> None:

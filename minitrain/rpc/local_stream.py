@@ -13,8 +13,9 @@ The exchange, on one `SOCK_STREAM` connection per worker stream:
    (an eventfd) attached as SCM_RIGHTS. The relay compares the token in constant time before it
    parses anything else, and closes a connection whose hello is wrong or late (HELLO_TIMEOUT_S);
 2. upward, frames holding serialized `WorkerMessage`s, in the worker's order; after writing one the
-   worker waits on (a commit acknowledgement, a receipt, anything but a plain report), or one that
-   follows RING_AFTER_S without a write, it adds 1 to its doorbell, and the relay reads at once;
+   worker waits on (a commit acknowledgement, a receipt, anything but a plain report) it rings its
+   doorbell URGENT_RING and the relay reads at once, and after a plain report that follows RING_AFTER_S
+   without a write, RING (see READ_INTERVAL_S below for when the relay reads);
 3. downward, frames holding serialized `WorkerCommand`s;
 4. the worker ends its side with `shutdown(SHUT_WR)` (the relay reads everything before that end, then
    ends its own side), and the relay ends its side when the coordinator closes the stream.
@@ -33,16 +34,32 @@ HELLO_MAGIC = b"minitrain-local-stream-1\n"
 HELLO_TIMEOUT_S = 10.0
 MAX_HELLO_BYTES = 4096
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
-# How often the relay reads what its workers wrote while any stream is open: a plain report reaches the
-# agent's stream up to this much later. The same interval as a direct stream's (minitrain.worker.grpc_client):
-# the coordinator sees a metric no later relayed than direct.
+# When the relay reads, so that a fast loop's reports leave together and a slow loop's at once, with no
+# wake-up per report and none on a quiet host (the same timing as a direct stream's sender,
+# minitrain.worker.grpc_client):
+# - while reports flow, every READ_INTERVAL_S: a loop that reports faster sends what it reported meanwhile
+#   as one message (with its host's other workers'), and rings nothing;
+# - a worker rings for a plain report written RING_AFTER_S or more after its previous write (a slower
+#   loop, or the first report after a pause): the relay reads LINGER_S later, so the host's other
+#   workers' reports of the same step go along;
+# - a worker rings URGENT for a message it will wait for (anything but a plain report): read at once;
+# - the relay stops reading on the interval once a read that began QUIET_AFTER_S after the last bytes it
+#   found finds nothing. Safe because RING_AFTER_S < QUIET_AFTER_S: a report that does not ring follows a
+#   write less than RING_AFTER_S old, which a read either found (and the relay reads on for
+#   QUIET_AFTER_S after it) or will find.
 READ_INTERVAL_S = 0.05
-# A quiet host costs no wake-ups: the relay stops reading on the interval once a read found nothing for
-# QUIET_AFTER_S, and a worker rings for a plain report too when it wrote nothing for RING_AFTER_S. Safe
-# because RING_AFTER_S < QUIET_AFTER_S: a report that does not ring follows a write less than RING_AFTER_S
-# old, which a read either found (the relay reads on for QUIET_AFTER_S after it) or will find.
-RING_AFTER_S = 1.0
-QUIET_AFTER_S = 2.0
+RING_AFTER_S = 0.05
+LINGER_S = 0.005
+QUIET_AFTER_S = 0.1
+# What a ring adds to the doorbell (an eventfd counter, summed until the relay reads it).
+RING = 1
+URGENT_RING = 1 << 32
+
+
+def is_urgent(rings: int) -> bool:
+    """Whether the doorbell's summed value `rings` holds an urgent ring."""
+    return rings >= URGENT_RING
+
 
 _LENGTH = struct.Struct(">I")
 

@@ -3,9 +3,9 @@
 The protocol is `minitrain.rpc.local_stream`'s. Every message is written to the socket when it is made,
 on the caller's thread: a plain report costs its protobuf and one `send` (a few microseconds; no thread
 wakes: the relay reads every READ_INTERVAL_S), and what was written is the kernel's, so a worker killed
-outright loses nothing it reported. A message someone will wait for (anything but a plain report), and
-a report after RING_AFTER_S without a write (the relay may have stopped reading on its interval), also
-ring the doorbell, and the relay reads at once. A reader thread takes in the commands that come back.
+outright loses nothing it reported. A message someone will wait for (anything but a plain report)
+rings the doorbell urgently, and the relay reads at once; a report after RING_AFTER_S without a write
+(a slow loop, or the relay may have gone quiet) rings it plainly, and the relay reads a linger later. A reader thread takes in the commands that come back.
 
 A send that finds the socket's buffer full waits until the relay reads (backpressure, as the report
 window's); one that fails because the relay is gone is dropped: the reader sees the end too, and every
@@ -65,7 +65,7 @@ class LocalWorkerClient(WorkerClient):
                         self._socket.shutdown(socket.SHUT_WR)
                     except OSError:
                         pass  # the relay is gone: the reader saw it or will
-            self._ring()
+            self._ring(local_stream.URGENT_RING)
             return
         if type(item) is QueuedReport:
             payload = self._header + local_stream.message_field(_REPORT_FIELD,
@@ -84,15 +84,17 @@ class LocalWorkerClient(WorkerClient):
             now = time.monotonic()  # once the bytes are the kernel's (see local_stream.RING_AFTER_S)
             after_quiet = now - self._last_write > local_stream.RING_AFTER_S
             self._last_write = now
-        if urgent or after_quiet:
-            self._ring()
+        if urgent:
+            self._ring(local_stream.URGENT_RING)
+        elif after_quiet:
+            self._ring(local_stream.RING)
 
-    def _ring(self) -> None:
+    def _ring(self, value: int) -> None:
         with self._send_lock:
             if self._doorbell < 0:
                 return  # closed
             try:
-                os.eventfd_write(self._doorbell, 1)
+                os.eventfd_write(self._doorbell, value)
             except OSError:
                 pass  # the counter is full (the relay has not read it for 2**64 rings): it reads anyway
 
@@ -124,6 +126,7 @@ class LocalWorkerClient(WorkerClient):
         self._reader.join(timeout=1.0)
         with self._send_lock:
             self._socket.close()
-            os.close(self._doorbell)
-            self._doorbell = -1
+            if self._doorbell >= 0:  # a second close (the SIGTERM flush after the normal one) is a no-op
+                os.close(self._doorbell)
+                self._doorbell = -1
         return closed

@@ -1,9 +1,9 @@
 """Workers' streams relayed by their node agent, end to end (MINITRAIN_RELAY; minitrain/agent/relay.py).
 
-A real run with the relay forced on: every rank's stream goes through its agent's Unix socket (the
-training function looks at its own process' sockets), a rank fails after a committed checkpoint, the
-group restarts from it and finishes, and every round's metrics and the checkpoint arrive as with
-direct streams. A small run left to "auto" keeps direct streams.
+A real run with the relay on (the default; also forced): every rank's stream goes through its agent's
+Unix socket (the training function looks at its own process' sockets), a rank fails after a committed
+checkpoint, the group restarts from it and finishes, and every round's metrics and the checkpoint arrive
+as with direct streams. MINITRAIN_RELAY=0 gives every rank its direct gRPC stream instead.
 """
 
 from __future__ import annotations
@@ -63,8 +63,12 @@ def _fit(tmp_path, **failure):
                              failure_config=FailureConfig(**failure))).fit()
 
 
-def test_a_relayed_run_restarts_from_its_checkpoint_and_loses_nothing(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINITRAIN_RELAY", "1")
+@pytest.mark.parametrize("relay", [None, "1"], ids=["default", "forced"])
+def test_a_relayed_run_restarts_from_its_checkpoint_and_loses_nothing(tmp_path, monkeypatch, relay):
+    if relay is None:
+        monkeypatch.delenv("MINITRAIN_RELAY", raising=False)
+    else:
+        monkeypatch.setenv("MINITRAIN_RELAY", relay)
     result = _fit(tmp_path, max_failures=1)
     assert result.error is None
     # Both attempts' ranks went through the relay: attempt 0 from step 0, attempt 1 from step 3.
@@ -81,12 +85,14 @@ def test_a_relayed_run_restarts_from_its_checkpoint_and_loses_nothing(tmp_path, 
     assert history[:3] == [(0, 0), (1, 0), (2, 0)] and history[3:] in ([(3, 0)], [(3, 0), (3, 0)]), history
 
 
-def test_a_small_run_left_to_auto_keeps_direct_streams(tmp_path, monkeypatch):
-    monkeypatch.delenv("MINITRAIN_RELAY", raising=False)
+def test_relay_off_gives_every_rank_a_direct_stream(tmp_path, monkeypatch):
+    monkeypatch.setenv("MINITRAIN_RELAY", "0")
     result = _fit(tmp_path, max_failures=1)
     assert result.error is None
     for rank in (0, 1):
-        assert json.loads((tmp_path / f"relayed_rank{rank}_from0.json").read_text())["to_driver"]
+        for start in (0, 3):
+            seen = json.loads((tmp_path / f"relayed_rank{rank}_from{start}.json").read_text())
+            assert seen == {"to_driver": True, "unix": False}, (rank, start)
 
 
 def train_reports_back_to_back(config):

@@ -210,10 +210,11 @@ def test_a_connection_that_says_nothing_is_dropped_after_the_hello_timeout(monke
 
 
 def test_a_plain_report_waits_for_the_interval_and_an_awaited_message_rings_at_once(monkeypatch, upward):
-    """The relay reads on its interval, on a doorbell, and on drain(): with an interval of an hour, a
-    plain report goes up only when the relay is asked to drain (as the agent does before it reports an
-    exit) or when a message someone waits for rings, and then in the worker's order."""
+    """The relay reads on its interval, on a doorbell, and on drain(): with an interval and a linger of an
+    hour, a plain report goes up only when the relay is asked to drain (as the agent does before it
+    reports an exit) or when a message someone waits for rings, and then in the worker's order."""
     monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
     relay = RelayServer(TOKEN, upward.send_up).start()
     try:
         client = _client(relay, 2)
@@ -234,6 +235,7 @@ def test_a_plain_report_waits_for_the_interval_and_an_awaited_message_rings_at_o
 
 def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkeypatch, upward):
     monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
     relay = RelayServer(TOKEN, upward.send_up).start()
     try:
         sock = _raw(relay)
@@ -241,7 +243,7 @@ def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkey
         socket.send_fds(sock, [local_stream.hello(TOKEN)], [doorbell])
         data = local_stream.frame(pb.WorkerMessage(rank=7, hello=pb.WorkerHello(pid=7)).SerializeToString())
         sock.sendall(data[:3])
-        os.eventfd_write(doorbell, 1)
+        os.eventfd_write(doorbell, local_stream.URGENT_RING)
         assert relay.drain(DEADLINE_S) and upward.items == []  # the first part is read, and held
         sock.sendall(data[3:])  # no ring: the relay watches a stream while a frame is half read
         upward.wait_for(lambda items: any(i.message.rank == 7 for i in items), "the completed frame")
@@ -444,10 +446,12 @@ def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_com
 
 def test_a_quiet_relay_stops_reading_on_the_interval_and_a_report_after_quiet_rings(monkeypatch, upward):
     """No wake-ups for a quiet host: once a read found nothing for QUIET_AFTER_S the relay reads only when
-    rung; a worker's plain report after RING_AFTER_S without a write rings, so it is never left unread."""
+    rung; a worker's plain report after RING_AFTER_S without a write rings (plainly: read a linger
+    later), so it is never left unread."""
     monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 0.01)
     monkeypatch.setattr(local_stream, "RING_AFTER_S", 0.1)
     monkeypatch.setattr(local_stream, "QUIET_AFTER_S", 0.2)
+    monkeypatch.setattr(local_stream, "LINGER_S", 0.05)
     relay = RelayServer(TOKEN, upward.send_up).start()
     try:
         client = _client(relay, 2)
@@ -464,3 +468,33 @@ def test_a_quiet_relay_stops_reading_on_the_interval_and_a_report_after_quiet_ri
         assert client.close(DEADLINE_S)
     finally:
         relay.stop()
+
+
+def test_a_flood_of_silent_connections_does_not_hold_up_a_worker_and_is_dropped(monkeypatch, upward):
+    monkeypatch.setattr(local_stream, "HELLO_TIMEOUT_S", 1.0)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    flood = []
+    try:
+        flood = [_raw(relay) for _ in range(200)]
+        client = _client(relay, 1)
+        assert _hello_from(client, upward) == 1  # served while 200 connections say nothing
+        for sock in flood:
+            assert _refused(sock)  # each dropped at its deadline
+        assert relay._hellos == {} and list(relay._streams) == [1]
+        assert client.close(DEADLINE_S)
+    finally:
+        for sock in flood:
+            sock.close()
+        relay.stop()
+
+
+def test_close_twice_and_sends_after_close_are_harmless(relay, upward):
+    """A worker's SIGTERM flush closes its stream after the normal close already did (found by the e2e
+    suite run relayed): the second close, and a message queued after it, raise nothing."""
+    client = _client(relay, 4)
+    _hello_from(client, upward)
+    assert client.close(DEADLINE_S)
+    assert client.close(0.1)  # already closed: still True, nothing raised
+    client.send_phase(5)  # dropped: the stream ended
+    client.put(client.report_message(0, "{}", "", False))
+    assert not any(i.message.HasField("phase") for i in upward.items)

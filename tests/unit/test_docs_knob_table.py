@@ -34,9 +34,9 @@ def _table_rows() -> dict[str, tuple[str, str]]:
 
 def _shown_default(knob: knobs.Knob) -> str:
     """The default cell the page gives `knob`: its value as a variable's text, "unset" for None (but
-    RELAY's None, which means "auto": relay from 128 workers on)."""
+    RELAY's None, which means relaying: `1`)."""
     if knob is knobs.RELAY:
-        return "`auto`"
+        return "`1`"
     if knob.default is None:
         return "unset"
     if isinstance(knob.default, bool):

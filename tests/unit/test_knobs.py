@@ -122,7 +122,7 @@ def test_values_are_parsed():
 @pytest.mark.parametrize("knob, value, fix", [
     (knobs.STATUS, "sometimes", "lines"),
     (knobs.TELEMETRY, "maybe", "off"),
-    (knobs.RELAY, "sometimes", "1 (always relay)"),
+    (knobs.RELAY, "sometimes", "1 (relay, the default"),
     (knobs.STATUS_INTERVAL_S, "-1", "above 0"),
     (knobs.STATUS_INTERVAL_S, "inf", "above 0"),
     (knobs.STRAGGLER_FACTOR, "1", "above 1"),
@@ -145,9 +145,10 @@ def test_the_environment_is_read_when_asked(monkeypatch):
     assert knobs.STATUS_INTERVAL_S.get() == 30.0
 
 
-def test_the_relay_threshold_in_the_docs_is_the_one_in_force():
-    from minitrain.trainer import RELAY_AUTO_FROM_WORKERS
+def test_the_relay_default_in_the_docs_is_the_one_in_force():
+    from minitrain.trainer import relays_workers
 
-    assert f"from {RELAY_AUTO_FROM_WORKERS} workers on" in knobs.RELAY.doc
-    with pytest.raises(ConfigError, match=f"from {RELAY_AUTO_FROM_WORKERS} workers on"):
+    assert "1 (the default, at every size" in knobs.RELAY.doc
+    assert knobs.RELAY.get({}) is None and relays_workers(1) is True
+    with pytest.raises(ConfigError, match="1 \\(relay, the default; auto means the same\\) or 0"):
         knobs.RELAY.get({"MINITRAIN_RELAY": "sometimes"})

@@ -263,7 +263,7 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
 # ---------------------------------------------------------------------------------- MINITRAIN_RELAY
 
 @pytest.mark.parametrize("value, workers, relayed", [
-    (None, 2, False), (None, 127, False), (None, 128, True), ("auto", 4096, True), ("AUTO", 8, False),
+    (None, 1, True), (None, 2, True), (None, 4096, True), ("auto", 4096, True), ("AUTO", 8, True),
     ("1", 2, True), ("on", 2, True), ("0", 4096, False), ("off", 4096, False), (" no ", 4096, False)])
 def test_minitrain_relay_decides_who_relays(monkeypatch, value, workers, relayed):
     from minitrain.trainer import relays_workers
@@ -283,7 +283,7 @@ def test_an_unknown_minitrain_relay_value_is_refused_with_the_fix(monkeypatch, t
     monkeypatch.setenv("MINITRAIN_RELAY", "sometimes")
     trainer = TorchTrainer(lambda: None, scaling_config=ScalingConfig(num_workers=2),
                            run_config=RunConfig(name="r", storage_path=str(tmp_path)))
-    with pytest.raises(ConfigError, match=r"MINITRAIN_RELAY='sometimes'.*auto.*1 \(always relay\).*0"):
+    with pytest.raises(ConfigError, match=r"MINITRAIN_RELAY='sometimes'.*1 \(relay, the default.*or 0"):
         trainer.fit()
     assert list(tmp_path.iterdir()) == []  # refused before anything was created
 
