@@ -330,12 +330,10 @@ class RelayServer:
         if len(hello.data) < 4:
             return
         size = int.from_bytes(hello.data[:4], "big")
-        if size > local_stream.MAX_HELLO_BYTES:
+        if 4 + size > local_stream.MAX_HELLO_BYTES:  # refused before it is buffered
             self._refuse(hello, "its hello is too long")
             return
         if len(hello.data) < 4 + size:
-            if len(hello.data) >= local_stream.MAX_HELLO_BYTES:
-                self._refuse(hello, "its hello is too long")
             return
         payload, rest = bytes(hello.data[4:4 + size]), bytes(hello.data[4 + size:])
         magic = local_stream.HELLO_MAGIC

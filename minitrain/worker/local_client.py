@@ -7,8 +7,8 @@ outright loses nothing it reported. A message someone will wait for (anything bu
 rings the doorbell urgently, and the relay reads at once; a report after RING_AFTER_S without a write
 (a slow loop, or the relay may have gone quiet) rings it plainly, and the relay reads a linger later. A reader thread takes in the commands that come back.
 
-A send that finds the socket's buffer full waits until the relay reads (backpressure, as the report
-window's); one that fails because the relay is gone is dropped: the reader sees the end too, and every
+A send that finds the socket's buffer full rings (the relay may be quiet) and waits until the relay has
+read it (backpressure, as the report window's); one that fails because the relay is gone is dropped: the reader sees the end too, and every
 wait then raises StreamClosed.
 """
 
@@ -77,7 +77,19 @@ class LocalWorkerClient(WorkerClient):
             if self._write_ended:
                 return
             try:
-                self._socket.sendall(data)
+                sent = self._socket.send(data, socket.MSG_DONTWAIT)
+                if sent < len(data):
+                    # The buffer is full: the relay may not read on its own (quiet, or not until its
+                    # interval), so ring first; a half-read frame keeps it reading until the end.
+                    self._ring(local_stream.URGENT_RING)
+                    self._socket.sendall(memoryview(data)[sent:])
+            except BlockingIOError:
+                self._ring(local_stream.URGENT_RING)
+                try:
+                    self._socket.sendall(data)
+                except OSError:
+                    self._write_ended = True
+                    return
             except OSError:
                 self._write_ended = True  # the relay is gone; the reader ends the stream
                 return

@@ -498,3 +498,26 @@ def test_close_twice_and_sends_after_close_are_harmless(relay, upward):
     client.send_phase(5)  # dropped: the stream ended
     client.put(client.report_message(0, "{}", "", False))
     assert not any(i.message.HasField("phase") for i in upward.items)
+
+
+def test_a_message_larger_than_the_socket_buffers_arrives_while_the_relay_would_not_read(monkeypatch, upward):
+    """A plain report rings nothing, and with an interval and a linger of an hour the relay would not read
+    on its own: a report too large for the socket's buffers rings when its send cannot finish, and the
+    half-read frame keeps the relay reading until its end (without that, the worker waited forever)."""
+    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
+    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        client = _client(relay, 2)
+        number = _hello_from(client, upward)
+        big = '{"blob": "' + "x" * (8 << 20) + '"}'
+        sender = threading.Thread(target=lambda: client.put(client.report_message(0, big, "", False)))
+        sender.start()
+        sender.join(DEADLINE_S)
+        assert not sender.is_alive(), "the worker's send never finished"
+        assert relay.drain(DEADLINE_S)
+        [report] = [i.message.report for i in upward.of_stream(number) if i.message.HasField("report")]
+        assert report.metrics_json == big
+        assert client.close(DEADLINE_S)
+    finally:
+        relay.stop()
