@@ -5,6 +5,7 @@ is in tests/process/test_relay_processes.py."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import socket
@@ -141,6 +142,22 @@ def test_a_broken_connection_sends_exactly_one_closed(relay, upward):
     assert later.close(DEADLINE_S)
 
 
+@contextlib.contextmanager
+def _relay_timed(monkeypatch, upward, **timing):
+    """A started relay with `local_stream`'s timing constants set as given (READ_INTERVAL_S=...); stopped
+    at the end."""
+    for name, value in timing.items():
+        monkeypatch.setattr(local_stream, name, value)
+    relay = RelayServer(TOKEN, upward.send_up).start()
+    try:
+        yield relay
+    finally:
+        relay.stop()
+
+
+NEVER = 3600.0  # an interval or a linger that no test outlasts: the relay reads only when rung or asked
+
+
 def _raw(relay: RelayServer) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(local_stream.socket_path(relay.address))
@@ -199,24 +216,17 @@ def test_a_worker_with_a_wrong_token_sees_its_stream_end(relay, upward):
 
 
 def test_a_connection_that_says_nothing_is_dropped_after_the_hello_timeout(monkeypatch, upward):
-    monkeypatch.setattr(local_stream, "HELLO_TIMEOUT_S", 0.2)
-    relay = RelayServer(TOKEN, upward.send_up).start()
-    try:
+    with _relay_timed(monkeypatch, upward, HELLO_TIMEOUT_S=0.2) as relay:
         silent = _raw(relay)
         assert _refused(silent)
         assert _hello_from(_client(relay, 1), upward) == 1
-    finally:
-        relay.stop()
 
 
 def test_a_plain_report_waits_for_the_interval_and_an_awaited_message_rings_at_once(monkeypatch, upward):
     """The relay reads on its interval, on a doorbell, and on drain(): with an interval and a linger of an
     hour, a plain report goes up only when the relay is asked to drain (as the agent does before it
     reports an exit) or when a message someone waits for rings, and then in the worker's order."""
-    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
-    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
-    relay = RelayServer(TOKEN, upward.send_up).start()
-    try:
+    with _relay_timed(monkeypatch, upward, READ_INTERVAL_S=NEVER, LINGER_S=NEVER) as relay:
         client = _client(relay, 2)
         number = _hello_from(client, upward)  # a hello rings
         client.put(client.report_message(0, '{"a": 0}', "", False))
@@ -229,15 +239,10 @@ def test_a_plain_report_waits_for_the_interval_and_an_awaited_message_rings_at_o
         kinds = [i.message.WhichOneof("body") for i in upward.of_stream(number)]
         assert kinds == ["hello", "report", "report", "phase"]
         assert client.close(DEADLINE_S)
-    finally:
-        relay.stop()
 
 
 def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkeypatch, upward):
-    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
-    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
-    relay = RelayServer(TOKEN, upward.send_up).start()
-    try:
+    with _relay_timed(monkeypatch, upward, READ_INTERVAL_S=NEVER, LINGER_S=NEVER) as relay:
         sock = _raw(relay)
         doorbell = os.eventfd(0)
         socket.send_fds(sock, [local_stream.hello(TOKEN)], [doorbell])
@@ -251,8 +256,6 @@ def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkey
         assert relay.drain(DEADLINE_S)  # an end is read on the interval or when asked, as the agent does
         upward.wait_for(lambda items: any(i.closed for i in items), "the end")
         os.close(doorbell)
-    finally:
-        relay.stop()
 
 
 def test_bytes_that_are_not_messages_end_the_stream_once(relay, upward):
@@ -448,12 +451,8 @@ def test_a_quiet_relay_stops_reading_on_the_interval_and_a_report_after_quiet_ri
     """No wake-ups for a quiet host: once a read found nothing for QUIET_AFTER_S the relay reads only when
     rung; a worker's plain report after RING_AFTER_S without a write rings (plainly: read a linger
     later), so it is never left unread."""
-    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 0.01)
-    monkeypatch.setattr(local_stream, "RING_AFTER_S", 0.1)
-    monkeypatch.setattr(local_stream, "QUIET_AFTER_S", 0.2)
-    monkeypatch.setattr(local_stream, "LINGER_S", 0.05)
-    relay = RelayServer(TOKEN, upward.send_up).start()
-    try:
+    with _relay_timed(monkeypatch, upward, READ_INTERVAL_S=0.01, RING_AFTER_S=0.1, QUIET_AFTER_S=0.2,
+                      LINGER_S=0.05) as relay:
         client = _client(relay, 2)
         number = _hello_from(client, upward)
         deadline = time.monotonic() + DEADLINE_S
@@ -466,26 +465,22 @@ def test_a_quiet_relay_stops_reading_on_the_interval_and_a_report_after_quiet_ri
         assert relay._last_read > reads
         assert [i.message.WhichOneof("body") for i in upward.of_stream(number)] == ["hello", "report"]
         assert client.close(DEADLINE_S)
-    finally:
-        relay.stop()
 
 
 def test_a_flood_of_silent_connections_does_not_hold_up_a_worker_and_is_dropped(monkeypatch, upward):
-    monkeypatch.setattr(local_stream, "HELLO_TIMEOUT_S", 1.0)
-    relay = RelayServer(TOKEN, upward.send_up).start()
     flood = []
-    try:
-        flood = [_raw(relay) for _ in range(200)]
-        client = _client(relay, 1)
-        assert _hello_from(client, upward) == 1  # served while 200 connections say nothing
-        for sock in flood:
-            assert _refused(sock)  # each dropped at its deadline
-        assert relay._hellos == {} and list(relay._streams) == [1]
-        assert client.close(DEADLINE_S)
-    finally:
-        for sock in flood:
-            sock.close()
-        relay.stop()
+    with _relay_timed(monkeypatch, upward, HELLO_TIMEOUT_S=1.0) as relay:
+        try:
+            flood = [_raw(relay) for _ in range(200)]
+            client = _client(relay, 1)
+            assert _hello_from(client, upward) == 1  # served while 200 connections say nothing
+            for sock in flood:
+                assert _refused(sock)  # each dropped at its deadline
+            assert relay._hellos == {} and list(relay._streams) == [1]
+            assert client.close(DEADLINE_S)
+        finally:
+            for sock in flood:
+                sock.close()
 
 
 def test_close_twice_and_sends_after_close_are_harmless(relay, upward):
@@ -504,10 +499,7 @@ def test_a_message_larger_than_the_socket_buffers_arrives_while_the_relay_would_
     """A plain report rings nothing, and with an interval and a linger of an hour the relay would not read
     on its own: a report too large for the socket's buffers rings when its send cannot finish, and the
     half-read frame keeps the relay reading until its end (without that, the worker waited forever)."""
-    monkeypatch.setattr(local_stream, "READ_INTERVAL_S", 3600.0)
-    monkeypatch.setattr(local_stream, "LINGER_S", 3600.0)
-    relay = RelayServer(TOKEN, upward.send_up).start()
-    try:
+    with _relay_timed(monkeypatch, upward, READ_INTERVAL_S=NEVER, LINGER_S=NEVER) as relay:
         client = _client(relay, 2)
         number = _hello_from(client, upward)
         big = '{"blob": "' + "x" * (8 << 20) + '"}'
@@ -519,5 +511,3 @@ def test_a_message_larger_than_the_socket_buffers_arrives_while_the_relay_would_
         [report] = [i.message.report for i in upward.of_stream(number) if i.message.HasField("report")]
         assert report.metrics_json == big
         assert client.close(DEADLINE_S)
-    finally:
-        relay.stop()
