@@ -78,7 +78,7 @@ class _Stream:
     """One worker's stream on the relay (the relay's thread only)."""
 
     __slots__ = ("number", "socket", "doorbell", "frames", "out", "prefix", "up_closed", "down_closing",
-                 "events")
+                 "rung", "events")
 
     def __init__(self, number: int, sock: socket.socket, doorbell: int):
         self.number = number
@@ -90,6 +90,9 @@ class _Stream:
         self.prefix = local_stream.varint(_STREAM_FIELD << 3) + local_stream.varint(number)
         self.up_closed = False  # its `closed` went up: nothing more of it goes up
         self.down_closing = False  # the coordinator closed it: end our side once `out` is sent
+        # Rung urgently and a frame is still half read: the worker waits on it (or on its send, which
+        # rings when the socket's buffer is full), so the socket is watched until the frame's end.
+        self.rung = False
         self.events = 0  # what the selector watches its socket for (0: not registered)
 
 
@@ -267,6 +270,7 @@ class RelayServer:
                         rings = _take_rings(target.doorbell)
                         if local_stream.is_urgent(rings):
                             read_now = True
+                            target.rung = True
                         elif rings and linger_due is None:  # plain: the host's other reports may follow
                             linger_due = time.monotonic() + local_stream.LINGER_S
                     elif kind == "hello":
@@ -387,6 +391,8 @@ class RelayServer:
                 self._end(stream)
                 return
             self._take(stream, data)
+        if not stream.frames.pending:
+            stream.rung = False
         self._watch(stream)
 
     def _take(self, stream: _Stream, data: bytes) -> None:
@@ -445,13 +451,15 @@ class RelayServer:
             self._read(stream)
 
     def _watch(self, stream: _Stream) -> None:
-        """Watch the socket for reading while a frame is half read or the coordinator closed the stream
-        (until the worker's end), and for writing while commands wait; not at all otherwise (read on
-        the interval)."""
+        """Watch the socket for reading while a frame the worker rang for is half read or the coordinator
+        closed the stream (until the worker's end), and for writing while commands wait; not at all
+        otherwise. A frame half read without a ring (a read met a tight loop mid-send) is read to its end
+        on the next interval: the relay is not quiet, having just found bytes; watching it made every
+        later send of that loop wake the relay."""
         if stream.number not in self._streams:
             return
         events = 0
-        if stream.frames.pending or stream.down_closing:
+        if (stream.frames.pending and stream.rung) or stream.down_closing:
             events |= selectors.EVENT_READ
         if stream.out:
             events |= selectors.EVENT_WRITE

@@ -250,7 +250,7 @@ def test_a_frame_written_in_parts_is_read_to_its_end_without_another_ring(monkey
         sock.sendall(data[:3])
         os.eventfd_write(doorbell, local_stream.URGENT_RING)
         assert relay.drain(DEADLINE_S) and upward.items == []  # the first part is read, and held
-        sock.sendall(data[3:])  # no ring: the relay watches a stream while a frame is half read
+        sock.sendall(data[3:])  # no ring: a frame it was rung for is watched while it is half read
         upward.wait_for(lambda items: any(i.message.rank == 7 for i in items), "the completed frame")
         sock.close()
         assert relay.drain(DEADLINE_S)  # an end is read on the interval or when asked, as the agent does
@@ -511,3 +511,23 @@ def test_a_message_larger_than_the_socket_buffers_arrives_while_the_relay_would_
         [report] = [i.message.report for i in upward.of_stream(number) if i.message.HasField("report")]
         assert report.metrics_json == big
         assert client.close(DEADLINE_S)
+
+
+def test_a_frame_half_read_without_a_ring_is_not_watched_and_ends_on_the_next_interval(monkeypatch, upward):
+    """A read that meets a tight loop mid-send leaves a frame half read; the relay does not watch that
+    socket (every later send would wake it) but reads the rest on its next interval."""
+    with _relay_timed(monkeypatch, upward, READ_INTERVAL_S=0.05, QUIET_AFTER_S=NEVER, LINGER_S=NEVER) as relay:
+        sock = _raw(relay)
+        doorbell = os.eventfd(0)
+        hello = local_stream.frame(pb.WorkerMessage(rank=9, hello=pb.WorkerHello(pid=9)).SerializeToString())
+        socket.send_fds(sock, [local_stream.hello(TOKEN) + hello], [doorbell])
+        upward.wait_for(lambda items: any(i.message.rank == 9 for i in items), "the hello")
+        report = local_stream.frame(pb.WorkerMessage(rank=9, report=pb.Report(round=0)).SerializeToString())
+        sock.sendall(report[:3])
+        assert relay.drain(DEADLINE_S)
+        [stream] = relay._streams.values()
+        assert stream.frames.pending and stream.events == 0  # half read, not watched
+        sock.sendall(report[3:])  # no ring, no drain: the interval reads it
+        upward.wait_for(lambda items: any(i.message.HasField("report") for i in items), "the report")
+        sock.close()
+        os.close(doorbell)
