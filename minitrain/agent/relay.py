@@ -8,7 +8,8 @@ and wakes nobody here). The relay refuses a connection whose hello does not carr
 
 Each accepted stream gets a number (1, 2, ... never reused). The relay reads what its workers wrote
 when `minitrain.rpc.local_stream` says (every READ_INTERVAL_S while reports flow, LINGER_S after a plain
-ring, at once after an urgent one, not at all on a quiet host), when a frame is half read, and when
+ring, at once after an urgent one, not at all on a quiet host), while a frame it was rung for is half
+read, and when
 `drain()` asks. Upward, every message a
 worker sent becomes `RelayedMessage(stream=n, message=m)`, in the worker's order; what one read finds on
 every stream is handed to `send_up` as one list, so the agent's stream carries it up as one message for
