@@ -21,9 +21,9 @@ from minitrain import _session
 from minitrain.context import TrainContext
 from minitrain.commands import Assignment
 from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
+from minitrain.rpc import local_stream
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.backend import StoreLink, TorchBackend
-from minitrain.rpc import local_stream
 from minitrain.worker.client import StreamClosed, WorkerClient
 from minitrain.worker.grpc_client import GrpcWorkerClient
 from minitrain.worker.local_client import LocalWorkerClient
