@@ -110,6 +110,7 @@ class FrameReader:
 
     @property
     def pending(self) -> bool:
+        """True while bytes of a frame not yet complete are held (its reader should read on)."""
         return bool(self._buffer)
 
     def feed(self, data: bytes) -> list[bytes]:
