@@ -3,13 +3,18 @@
 A real run with the relay on (the default; also forced): every rank's stream goes through its agent's
 Unix socket (the training function looks at its own process' sockets), a rank fails after a committed
 checkpoint, the group restarts from it and finishes, and every round's metrics and the checkpoint arrive
-as with direct streams. MINITRAIN_RELAY=0 gives every rank its direct gRPC stream instead.
+as with direct streams. MINITRAIN_RELAY=0 gives every rank its direct gRPC stream instead. Reports past
+the report window wait for receipts, and a frozen agent (SIGSTOP) holds its ranks' report() until it runs
+again, losing nothing.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import threading
+import time
 
 import psutil
 import pytest
@@ -121,3 +126,66 @@ def test_reports_past_the_report_window_wait_and_all_arrive_in_order(tmp_path, m
     assert history == list(range(reports))
     waits = [json.loads((tmp_path / f"window_rank{rank}.json").read_text())["window_wait_s"] for rank in (0, 1)]
     assert max(waits) > 0, "no rank ever waited for a receipt: the window did not hold"
+
+
+def train_freezes_its_agent(config):
+    """Reports back to back; rank 0 freezes its node agent (SIGSTOP) at `freeze_at` and carries on.
+    Each rank writes down its longest report() call."""
+    rank = minitrain.get_context().get_world_rank()
+    longest = 0.0
+    for step in range(config["reports"]):
+        if rank == 0 and step == config["freeze_at"]:
+            marker = config["marker"]
+            with open(marker + ".tmp", "w") as handle:
+                handle.write(str(os.getppid()))  # the agent (workers are its children)
+            os.rename(marker + ".tmp", marker)
+            os.kill(os.getppid(), signal.SIGSTOP)
+        began = time.monotonic()
+        minitrain.report({"step": step, "rank": rank})
+        longest = max(longest, time.monotonic() - began)
+    with open(os.path.join(config["out"], f"frozen_rank{rank}.json"), "w") as handle:
+        json.dump({"longest_report_s": longest}, handle)
+
+
+def test_workers_wait_while_their_agent_is_frozen_and_lose_nothing(tmp_path, monkeypatch):
+    """A frozen agent (SIGSTOP, shorter than its lease) reads nothing from its relay. Its relayed
+    workers must not fail or drop reports: report() waits (the report window, then the socket's
+    buffer) until the agent runs again, and the run goes on without a restart, every round in order."""
+    monkeypatch.setenv("MINITRAIN_RELAY", "1")
+    freeze_s = 2.0  # the fault's length, well inside the 5 s lease: the node must not be declared lost
+    marker = str(tmp_path / "frozen_agent")
+    thawed = threading.Event()
+
+    def thaw():  # the test is the fault: it holds the agent frozen for freeze_s, then lets it go
+        deadline = time.monotonic() + 120
+        while not os.path.exists(marker) and time.monotonic() < deadline and not thawed.is_set():
+            time.sleep(0.01)
+        if os.path.exists(marker):
+            agent = int(open(marker).read())
+            assert "minitrain.agent" in " ".join(psutil.Process(agent).cmdline())
+            time.sleep(freeze_s)
+            os.kill(agent, signal.SIGCONT)
+        thawed.set()
+
+    thawing = threading.Thread(target=thaw, daemon=True)
+    thawing.start()
+    reports = 2000
+    try:
+        result = TorchTrainer(
+            train_freezes_its_agent,
+            train_loop_config={"out": str(tmp_path), "reports": reports, "freeze_at": 100, "marker": marker},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="frozen", storage_path=str(tmp_path / "runs"),
+                                 failure_config=FailureConfig(max_failures=0))).fit()
+    finally:
+        thawed.set()
+        thawing.join(timeout=150)
+    assert os.path.exists(marker), "rank 0 never froze its agent"
+    assert result.error is None and result.metrics == {"step": reports - 1, "rank": 0}
+    history = [row["step"] for row in result.metrics_dataframe.to_dict("records")]
+    assert history == list(range(reports)), "a round lost, repeated or reordered (or the group restarted)"
+    longest = {rank: json.loads((tmp_path / f"frozen_rank{rank}.json").read_text())["longest_report_s"]
+               for rank in (0, 1)}
+    # Rank 0 reported 1900 rounds after the freeze, far more than its report window holds unrecorded:
+    # one of its calls waited for (most of) the freeze instead of failing or queueing without bound.
+    assert longest[0] >= freeze_s / 2, longest
