@@ -5,7 +5,11 @@ Measures, at several world sizes (docs/benchmarks/scale.md):
   with a run directory, as `TorchTrainer.fit()` installs it), with no straggler and with a few;
 - report: one report event through `Controller._handle` plus one loop turn (`_observe` and `decide`)
   for it, the worst case of a quiet loop that wakes for every event;
-- pace: one `Pace.reported` with every rank's window full.
+- pace: one `Pace.reported` with every rank's window full;
+- round: one lockstep round of every rank's report as the coordinator gets it relayed (one serialized
+  `ReportDigest` of 8 reports per host: parsed, unfolded with `digest_records`, one `ReportsReceived` through
+  `Controller._handle` and one loop turn per host, `RunMonitor` on): what a round costs the coordinator's
+  Python apart from gRPC (its per-message floor is scripts/bench_grpc_floor.py's), in ms per round.
 Usage: .venv/bin/python scripts/bench_controller_costs.py [--ranks 64,1024,4096] [--seconds 1.0]
 Figures are CPU microseconds per call (median of 5 repeats); they are meant for before/after
 comparisons on one machine, not as absolute numbers.
@@ -41,6 +45,8 @@ from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, Work
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment  # noqa: E402
 from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402
 from minitrain.storage.filesystem import Storage  # noqa: E402
+from minitrain.rpc._gen import minitrain_pb2 as pb  # noqa: E402
+from minitrain.rpc.digest import digest_records  # noqa: E402
 
 SLOTS = 8
 
@@ -169,12 +175,49 @@ def bench_pace(ranks: int, count: int) -> float:
     return _cpu_us_per_call(call, count)
 
 
+def bench_round(ranks: int, rounds: int) -> float:
+    """CPU ms per lockstep round of `ranks` reports arriving as one digest per host (median of `rounds`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        controller, monitor = _controller(ranks, tmp, monitor=True)
+        rules = controller._rules
+        hosts = range(0, ranks, SLOTS)
+        figures = []
+        for round_ in range(rounds + 1):
+            now = time.time()
+            wire = [pb.ReportDigest(  # what the agents folded (rpc/digest.py), as bytes on the wire
+                stream=list(range(1, SLOTS + 1)), attempt=[0] * SLOTS, rank=list(range(first, first + SLOTS)),
+                round=[round_] * SLOTS, reported_at=[now] * SLOTS,
+                metrics_json=['{"loss": 0.5, "step": %d, "lr": 0.001}' % round_] * SLOTS,
+                wants_ack=[False] * SLOTS, wants_receipt=[(round_ + 1) % 64 == 0] * SLOTS).SerializeToString()
+                for first in hosts]
+            start = time.process_time()
+            for data in wire:
+                records = digest_records(pb.ReportDigest.FromString(data))
+                controller._handle(ev.ReportsReceived(tuple(records)))
+                now = controller._clock()
+                decision = decide(controller._loop, controller._observe(now), now, rules)
+                controller._loop = decision.loop
+            if round_:  # the first round is a warm-up
+                figures.append((time.process_time() - start) * 1e3)
+        assert len(controller._commits.history.metrics) == rounds + 1, "every round completed"
+        monitor.on_run_end(run_outcome(controller._loop, controller._current.group.tracker,
+                                       controller._commits.history, max_failures=0, run_path="", start_error=""))
+        return statistics.median(figures)
+
+
 def main() -> None:
     logging.getLogger("minitrain").setLevel(logging.ERROR)  # the stragglers flagged on purpose
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="64,1024,4096")
     parser.add_argument("--count", type=int, default=4000, help="calls per repeat")
+    parser.add_argument("--rounds", type=int, default=20, help="round: rounds measured")
+    parser.add_argument("--only-round", action="store_true", help="measure the round alone")
     args = parser.parse_args()
+    if args.only_round:
+        for ranks in [int(s) for s in args.ranks.split(",")]:
+            figure = bench_round(ranks, args.rounds)
+            print(f"round of {ranks} ranks: {figure:.1f} ms of CPU ({figure * 1e3 / ranks:.1f} us per report)")
+        return
     sizes = [int(s) for s in args.ranks.split(",")]
     print("| ranks | telemetry, no straggler (us) | telemetry, 8 stragglers (us) | report + loop turn (us) "
           "| Pace.reported (us) |")

@@ -31,7 +31,7 @@ import grpc
 from minitrain import commands as cmd
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.rpc.digest import fold_reports
-from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_TIMEOUT_S, Lease, until_heartbeat_s
+from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S, LEASE_TIMEOUT_S, Lease, until_heartbeat_s
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -174,18 +174,20 @@ class CoordinatorStream:
             self.end(reason)  # wakes the command loop now, not at its next poll
 
     def _heartbeat(self) -> None:
-        """Check the lease on the coordinator, and send a heartbeat whenever nothing else was queued
-        for HEARTBEAT_INTERVAL_S (any message renews the agent's lease at the coordinator)."""
-        wait_s = HEARTBEAT_INTERVAL_S
+        """Check the lease on the coordinator every LEASE_CHECK_INTERVAL_S, and send a heartbeat whenever
+        nothing else was queued for HEARTBEAT_INTERVAL_S (any message renews the agent's lease at the
+        coordinator)."""
+        wait_s = min(HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S)
         while not self._ended.wait(wait_s):
             if self._lease.expired():
                 self.end(f"the coordinator sent {self._lease.describe()}")
                 return
-            wait_s = until_heartbeat_s(time.monotonic() - self._last_queued, HEARTBEAT_INTERVAL_S)
-            if not wait_s:
+            until_s = until_heartbeat_s(time.monotonic() - self._last_queued, HEARTBEAT_INTERVAL_S)
+            if not until_s:
                 now = time.time()
                 self._put(heartbeat=pb.Heartbeat(sent_at=now), stamp=now)  # (older coordinators read its own)
-                wait_s = HEARTBEAT_INTERVAL_S
+                until_s = HEARTBEAT_INTERVAL_S
+            wait_s = min(until_s, LEASE_CHECK_INTERVAL_S)
 
     # ------------------------------------------------------------------ upward
 

@@ -12,7 +12,7 @@ from grpc import aio
 
 from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
-from minitrain.lease import HEARTBEAT_INTERVAL_S
+from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S
 from minitrain.rpc import limits, tls
 from minitrain.rpc.auth import AioTokenAuthInterceptor
 from minitrain.rpc.channel import server_options
@@ -142,7 +142,7 @@ class CoordinatorServer:
             self._ready.set()
             return
         self._ready.set()
-        leases = asyncio.ensure_future(self._service.watch_leases(HEARTBEAT_INTERVAL_S))
+        leases = asyncio.ensure_future(self._service.watch_leases(HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S))
         await self._stopped.wait()
         leases.cancel()
         await self._server.stop(grace=0.5)

@@ -259,19 +259,25 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         finally:
             outbox.put_nowait(CLOSE)
 
-    async def watch_leases(self, interval_s: float) -> None:
-        """Heartbeat every agent and report the ones that went silent; runs on the server loop."""
+    async def watch_leases(self, heartbeat_interval_s: float, check_interval_s: float) -> None:
+        """Every `check_interval_s`, report the agents that went silent; every `heartbeat_interval_s`,
+        heartbeat every agent. Runs on the server loop."""
         lag_s, since = 0.0, self._clock()
+        next_heartbeat = since + heartbeat_interval_s
         while True:
-            await asyncio.sleep(interval_s)
-            # How far behind this loop reads its agents, from the agents read since the last tick (when
-            # none was, it is as behind as before): no agent is judged silent for the reader's own delay.
+            await asyncio.sleep(check_interval_s)
             now = self._clock()
-            latest = reader_lag_s(self._leases.values(), since)
-            lag_s, since = (lag_s if latest is None else latest), now
-            # One message a tick, never changed once queued: an agent judges the coordinator's backlog
-            # from its sent_at (a stamp rewritten while the message waited would hide the wait).
-            heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
+            heartbeat = None
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_interval_s
+                # How far behind this loop reads its agents, from the agents read since the last heartbeat
+                # (when none was, it is as behind as before): no agent is judged silent for the reader's
+                # own delay. Once a heartbeat, so that each figure covers every agent's last message.
+                latest = reader_lag_s(self._leases.values(), since)
+                lag_s, since = (lag_s if latest is None else latest), now
+                # One message a heartbeat, never changed once queued: an agent judges the coordinator's
+                # backlog from its sent_at (a stamp rewritten while the message waited would hide the wait).
+                heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
             for node_id in self._hub.agent_ids():
                 lease = self._leases.get(node_id)
                 if lease is not None and lease.expired(lag_s):
@@ -280,7 +286,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
                     self._verdicts[node_id] = verdict
                     self._leases.pop(node_id, None)
                     self._hub._queue_for_agent(node_id, CLOSE)
-                else:
+                elif heartbeat is not None:
                     self._hub._queue_for_agent(node_id, heartbeat)
 
     # ------------------------------------------------------------------ workers

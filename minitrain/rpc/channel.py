@@ -28,7 +28,7 @@ MAX_MESSAGE_BYTES = 1 << 30  # train functions may close over sizeable objects
 
 KEEPALIVE_TIME_MS = 1000
 KEEPALIVE_TIMEOUT_MS = 3000
-# Well under the agent's 5 s lease: a peer turned away by a full server still gets in in time.
+# Under the agent's 4 s lease (minitrain.lease): a peer turned away by a full server still gets in in time.
 HANDSHAKE_TIMEOUT_MS = 3000
 IDLE_CONNECTION_MS = 5000
 MAX_RECONNECT_BACKOFF_MS = 1000

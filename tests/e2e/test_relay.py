@@ -152,7 +152,7 @@ def test_workers_wait_while_their_agent_is_frozen_and_lose_nothing(tmp_path, mon
     workers must not fail or drop reports: report() waits (the report window, then the socket's
     buffer) until the agent runs again, and the run goes on without a restart, every round in order."""
     monkeypatch.setenv("MINITRAIN_RELAY", "1")
-    freeze_s = 2.0  # the fault's length, well inside the 5 s lease: the node must not be declared lost
+    freeze_s = 2.0  # the fault's length, well inside the 4 s lease: the node must not be declared lost
     marker = str(tmp_path / "frozen_agent")
     thawed = threading.Event()
 

@@ -19,6 +19,7 @@ import pytest
 
 from minitrain.commands import ReportAck
 from minitrain.coordinator import events as ev
+from minitrain.coordinator import server as server_module
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc import auth
@@ -301,6 +302,37 @@ def _two_agents_lost(events) -> dict:
         if isinstance(event, ev.AgentLost):
             lost[event.node_id] = (time.monotonic() - started, event.reason)
     return lost
+
+
+def test_a_silent_agent_is_found_at_the_next_lease_check_not_the_next_heartbeat(monkeypatch):
+    """The coordinator looks at its leases every LEASE_CHECK_INTERVAL_S and heartbeats its agents every
+    HEARTBEAT_INTERVAL_S (issue 31: a silent host found within 5 s, LEASE_TIMEOUT_S 4 s). Here leases are
+    checked every 50 ms and heartbeats go once a second: an agent that says hello and then nothing, its
+    connection held open, is found within a few checks of its 1 s lease (a check once a heartbeat would
+    find it up to a second later), and until then it got at most one heartbeat a second."""
+    monkeypatch.setattr(server_module, "LEASE_CHECK_INTERVAL_S", 0.05)
+    for events, hub, agent in _serve(lease_timeout_s=1.0):
+        silent = agent("node-silent")
+        lost = None
+        deadline = time.monotonic() + DEADLINE_S
+        while lost is None and time.monotonic() < deadline:
+            try:
+                event = events.get(timeout=0.05)
+            except queue.Empty:
+                continue
+            if isinstance(event, ev.AgentLost):
+                lost = event
+        assert lost is not None and lost.node_id == "node-silent"
+        silent_s = float(lost.reason.split("nothing for ")[1].split(" s")[0])
+        assert 1.0 <= silent_s < 1.5, lost.reason
+        heartbeats = 0
+        while True:
+            try:
+                command = silent.commands.get(timeout=0.5)
+            except queue.Empty:
+                break
+            heartbeats += command.WhichOneof("body") == "heartbeat"
+        assert heartbeats <= 2, f"{heartbeats} heartbeats in {silent_s} s: one per lease check?"
 
 
 def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(short_lease_coordinator):
