@@ -47,10 +47,17 @@ MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
 #   found finds nothing. Safe because RING_AFTER_S < QUIET_AFTER_S: a report that does not ring follows a
 #   write less than RING_AFTER_S old, which a read either found (and the relay reads on for
 #   QUIET_AFTER_S after it) or will find.
-READ_INTERVAL_S = 0.05
-RING_AFTER_S = 0.05
+# 100 ms: a plain report reaches the coordinator at most about 0.1 s after report() returned, and a
+# fast loop's host sends 10 messages a second. Each message wakes several threads on both ends, and a
+# cold wake-up costs about 0.1 ms of CPU on a 2-core VM: at 50 ms (the direct stream's REPORT_INTERVAL_S,
+# which bounds what a SIGKILL loses and so stays 50 ms; the relay's bound is only latency) the driver and
+# the agent took 31 and 26 ms of CPU a second beside a 2-rank loop reporting 85 times a second, at
+# 100 ms 25 and 19 (docs/benchmarks/index.md).
+READ_INTERVAL_S = 0.1
+RING_AFTER_S = 0.1
 LINGER_S = 0.005
-QUIET_AFTER_S = 0.1
+QUIET_AFTER_S = 0.2
+assert RING_AFTER_S < QUIET_AFTER_S, "the relay could go quiet with a report unread (see above)"
 # What a ring adds to the doorbell (an eventfd counter, summed until the relay reads it).
 RING = 1
 URGENT_RING = 1 << 32
