@@ -4,11 +4,11 @@ configuration of `bench.scale.clients`):
   as `minitrain.agent.relay` carries a real worker's (one connection per host). The agent numbers
   each worker stream it carries (1, 2, ..., never reused) and puts one `RelayedMessage` per worker
   message on its upward FIFO, the same FIFO as its own messages, then `closed` when the worker's stream
-  ends. It coalesces exactly as the real agent does: having taken a relayed item, its request iterator
-  also takes every relayed item already queued behind it (never past one of the agent's own messages,
-  at most MAX_BATCH_ITEMS and MAX_BATCH_BYTES) into one `AgentMessage(relayed=RelayedUp)`. An item put
-  while the iterator waits goes at once, alone; items put while gRPC writes the previous message go
-  together in the next, its runs of plain reports folded into progress digests
+  ends. It coalesces with the real agent's code (`minitrain.agent.relay.coalesce`): having taken an
+  item, its request iterator also takes everything already queued behind it (at most MAX_BATCH_ITEMS
+  and MAX_BATCH_BYTES), runs of relayed items as one `AgentMessage(relayed=RelayedUp)`, several messages
+  as one `AgentBatch`. An item put while the iterator waits goes at once, alone; items put while gRPC
+  writes the previous message go together in the next, its runs of plain reports folded into progress digests
   (`minitrain.rpc.digest`) as the real agent's are (`digest` false in the configuration: not folded,
   the figures before issue 31). Each batch is stamped (`sent_at`) with the time its first item was
   queued, and the agent's own messages when they were, as the real agent's. Commands come down as
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from minitrain.agent.relay import MAX_BATCH_BYTES, MAX_BATCH_ITEMS
+from minitrain.agent.relay import NOTHING_QUEUED, coalesce
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.channel import CLIENT_OPTIONS
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
 # A channel of its own per worker: without this, gRPC shares one connection among identical channels.
 OPTIONS = CLIENT_OPTIONS + (("grpc.use_local_subchannel_pool", 1),)
-_END = None  # on a queue: the stream's requests end (a half-close)
+_END = object()  # on a queue: the stream's requests end (a half-close)
 
 
 async def _direct_requests(outbox: asyncio.Queue, worker: "FakeWorker", stats: "Stats"):
@@ -77,13 +77,13 @@ class AgentUpstream:
             return
         self.last_queued = time.monotonic()
         if isinstance(item, pb.RelayedMessage):
-            item = (time.time() if queued_at is None else queued_at, item)
+            item = (time.time() if queued_at is None else queued_at, [item])  # as the real agent queues it
         self._items.append(item)
         self._ready.set()
 
     def queued(self) -> list:
         """What is queued now, in order, as it was put (relayed items without their time)."""
-        return [item[1] if type(item) is tuple else item for item in self._items]
+        return [item[1][0] if type(item) is tuple else item for item in self._items]
 
     def silence(self) -> None:
         """The "silent" fault: from now on this agent sends nothing (no heartbeat, none of its workers'
@@ -94,34 +94,36 @@ class AgentUpstream:
         self._stats.silenced_at.append(time.time())
 
     async def requests(self):
-        """Yield the queue's messages until _END. A RelayedMessage takes along every relayed item queued
-        right behind it (up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES, serialized) into one RelayedUp;
-        anything else goes as it is and ends the run. Nothing waits for more items to come."""
+        """Yield the queue's messages until _END, each as the real agent's request iterator makes it
+        (`minitrain.agent.relay.coalesce`: what is queued together goes as one message). Nothing waits
+        for more items to come."""
         queued, stats = self._items, self._stats
+
+        def take_next():
+            return queued.popleft() if queued else NOTHING_QUEUED
+
+        held = None
         while True:
-            while not queued:
-                self._ready.clear()
-                await self._ready.wait()
-            item = queued.popleft()
-            if item is _END:
+            if held is None:
+                while not queued:
+                    self._ready.clear()
+                    await self._ready.wait()
+                held = queued.popleft()
+            if held is _END:
                 return
-            if type(item) is not tuple:
-                stats.sent_message(1)
-                yield item
-                continue
-            queued_at, first = item
-            items, size = [first], first.ByteSize()
-            while len(items) < MAX_BATCH_ITEMS and queued and type(queued[0]) is tuple:
-                following_size = queued[0][1].ByteSize()
-                if size + following_size > MAX_BATCH_BYTES:
-                    break
-                items.append(queued.popleft()[1])
-                size += following_size
-            stats.sent_message(len(items))
-            if self._digest:  # as the real agent does (minitrain.agent.stream)
-                items = fold_reports(items, self._run_id)
-            yield pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=queued_at,
-                                  relayed=pb.RelayedUp(items=items))
+            message, held, count = coalesce(held, take_next, self._batch, self._bundle)
+            stats.sent_message(count)
+            yield message
+
+    def _batch(self, items: list, queued_at: float) -> pb.AgentMessage:
+        if self._digest:  # as the real agent does (minitrain.agent.stream)
+            items = fold_reports(items, self._run_id)
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=queued_at,
+                               relayed=pb.RelayedUp(items=items))
+
+    def _bundle(self, messages: list) -> pb.AgentMessage:
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=messages[0].sent_at,
+                               batch=pb.AgentBatch(messages=messages))
 
 
 class DirectLink:

@@ -611,42 +611,78 @@ def remove_stale_directories(parent: str) -> list[str]:
     return removed
 
 
-def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list, float], object]) -> Iterator[object]:
-    """The agent's request iterator: what is put into `outbox`, until END_OF_STREAM, with runs of
-    relayed items merged.
+NOTHING_QUEUED = object()  # what a `coalesce` caller's take_next() returns when its queue is empty
 
-    Relayed items are queued as `(queued_at, [pb.RelayedMessage, ...])` (`queued_at`: the wall clock
-    when they were queued). One such entry taken from the queue takes along every relayed entry already
-    queued right behind it, up to MAX_BATCH_ITEMS and MAX_BATCH_BYTES (serialized; an entry over them
-    goes alone), and `batch(items, queued_at)` (their messages in order, and the first entry's
-    `queued_at`: how long the batch waited, for the peer's lease) is yielded in their place. Anything
-    else is yielded as it is, and ends a run: nothing is ever reordered. Nothing waits for more items
-    to come: an idle queue sends an entry at once.
+
+def coalesce(first, take_next: Callable[[], object], batch: Callable[[list, float], object],
+             bundle: Callable[[list], object]) -> tuple[object, object, int]:
+    """One upward message of an agent: `first` (an entry taken from its queue) and every entry
+    `take_next()` gives right behind it, up to MAX_BATCH_ITEMS items and MAX_BATCH_BYTES (serialized; an
+    entry over them goes alone). Returns (the message, the entry taken but left for the next message or
+    None, how many items the message carries).
+
+    Entries are the agent's own messages (`pb.AgentMessage`) and relayed items, queued as
+    `(queued_at, [pb.RelayedMessage, ...])` (`queued_at`: the wall clock when they were queued).
+    `take_next()` returns the next entry without waiting, or NOTHING_QUEUED; an entry that is neither
+    (the queue's end marker) ends the message and is left for the caller. Each run of consecutive
+    relayed entries becomes `batch(items, queued_at)` (their items in order; the run's first
+    `queued_at`: how long it waited, for the peer's lease); when that leaves one message, it is the
+    message; several go as `bundle(messages)` (an `AgentBatch`), in their order. Nothing is reordered,
+    and nothing waits for more entries to come: an idle queue sends an entry at once. A bundle saves the
+    coordinator a message's wake-ups per entry: at a start or a stop, every host queues a spawned or an
+    exited message per worker between its relayed streams' items.
     """
-    held = None  # taken from the queue while filling a batch; goes next
+    messages: list = []
+    run_items: Optional[list] = None
+    run_queued_at = 0.0
+    count = size = 0
+    entry, held = first, None
+    while True:
+        relayed = type(entry) is tuple
+        if relayed:
+            entry_count, entry_size = len(entry[1]), sum(item.ByteSize() for item in entry[1])
+        else:
+            entry_count, entry_size = 1, entry.ByteSize()
+        if count and (count + entry_count > MAX_BATCH_ITEMS or size + entry_size > MAX_BATCH_BYTES):
+            held = entry
+            break
+        count, size = count + entry_count, size + entry_size
+        if relayed:
+            if run_items is None:
+                run_queued_at, run_items = entry[0], list(entry[1])
+            else:
+                run_items.extend(entry[1])
+        else:
+            if run_items is not None:
+                messages.append(batch(run_items, run_queued_at))
+                run_items = None
+            messages.append(entry)
+        entry = take_next()
+        if entry is NOTHING_QUEUED:
+            break
+        if type(entry) is not tuple and not isinstance(entry, pb.AgentMessage):
+            held = entry  # the end marker
+            break
+    if run_items is not None:
+        messages.append(batch(run_items, run_queued_at))
+    return (messages[0] if len(messages) == 1 else bundle(messages)), held, count
+
+
+def coalesced_requests(outbox: "queue.SimpleQueue", batch: Callable[[list, float], object],
+                       bundle: Callable[[list], object]) -> Iterator[object]:
+    """The agent's request iterator: what is put into `outbox`, until END_OF_STREAM, as `coalesce`
+    makes it (what is queued together goes as one message, in order)."""
+
+    def take_next():
+        try:
+            return outbox.get_nowait()
+        except queue.Empty:
+            return NOTHING_QUEUED
+
+    held = None
     while True:
         entry = held if held is not None else outbox.get()
-        held = None
         if entry is END_OF_STREAM:
             return
-        if type(entry) is not tuple:
-            yield entry
-            continue
-        queued_at, first = entry
-        items = list(first)
-        size = sum(item.ByteSize() for item in items)
-        while len(items) < MAX_BATCH_ITEMS:
-            try:
-                following = outbox.get_nowait()
-            except queue.Empty:
-                break
-            if type(following) is not tuple:
-                held = following
-                break
-            following_size = sum(item.ByteSize() for item in following[1])
-            if size + following_size > MAX_BATCH_BYTES or len(items) + len(following[1]) > MAX_BATCH_ITEMS:
-                held = following
-                break
-            items.extend(following[1])
-            size += following_size
-        yield batch(items, queued_at)
+        message, held, _ = coalesce(entry, take_next, batch, bundle)
+        yield message

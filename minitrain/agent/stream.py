@@ -6,7 +6,9 @@ the agent's supervision (minitrain.agent.agent) never sees protobuf:
   methods (`spawned`, `exited`, `log_line`, `stack_dump`), in the order they were called,
   interleaved with the relayed worker streams (minitrain.agent.relay, owned here: its items share
   this queue, so a worker's Done goes up before its WorkerExited), and a heartbeat when nothing else
-  was queued for HEARTBEAT_INTERVAL_S. Every message carries `sent_at`, the wall clock when it was
+  was queued for HEARTBEAT_INTERVAL_S. What is queued together goes up as one message
+  (`minitrain.agent.relay.coalesce`: runs of relayed items as one RelayedUp, several messages as one
+  AgentBatch). Every message carries `sent_at`, the wall clock when it was
   queued, from which the coordinator's lease allows for its own backlog (minitrain.lease): at one
   report a second, heartbeats sent anyway were half of what thousands of agents sent the coordinator;
 - downward, a reader thread: every message renews the lease on the coordinator (minitrain.lease),
@@ -90,7 +92,7 @@ class CoordinatorStream:
         stub = pb_grpc.CoordinatorStub(channel)
         self._put(hello=convert.hello_from_node(node))
         # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
-        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch),
+        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch, self._bundle),
                                       metadata=call_metadata(self._token), wait_for_ready=True)
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
@@ -202,6 +204,11 @@ class CoordinatorStream:
         coalesced_requests)."""
         self._last_queued = time.monotonic()
         self._outbox.put((time.time(), items))
+
+    def _bundle(self, messages: list) -> pb.AgentMessage:
+        # Messages queued together go as one (an AgentBatch), stamped with the first one's time.
+        return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=messages[0].sent_at,
+                               batch=pb.AgentBatch(messages=messages))
 
     def _relayed_batch(self, items: list, queued_at: float) -> pb.AgentMessage:
         # Runs of plain reports go up as progress digests (minitrain.rpc.digest): one packed item per

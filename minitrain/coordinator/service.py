@@ -199,65 +199,93 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
         try:
-            async for message in request_iterator:
-                if message.run_id != self._run_id:
-                    state["reason"] = f"the agent belongs to run {message.run_id!r}"
-                    # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
-                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
-                    context.set_details(f"this coordinator serves run {self._run_id!r}, "
-                                        f"not {message.run_id!r} (that run is over, or the agent was "
-                                        f"started for another one)")
+            async for received in request_iterator:
+                if received.WhichOneof("body") == "batch":
+                    # Messages the agent queued together, each handled as if it had come alone; a
+                    # batch inside a batch is not read (the agent never makes one).
+                    if not self._check_agent(received, context, state):
+                        break
+                    messages = [m for m in received.batch.messages if m.WhichOneof("body") != "batch"]
+                else:
+                    messages = (received,)
+                if not all(self._from_agent(message, context, outbox, state) for message in messages):
                     break
-                node_id = message.node_id
-                if self._node_ids and node_id not in self._node_ids:
-                    state["reason"] = f"{node_id!r} is not one of the run's hosts"
-                    context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
-                    context.set_details(f"{node_id!r} is not one of this run's hosts "
-                                        f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
-                    break
-                kind = message.WhichOneof("body")
-                lease = self._leases.get(node_id)
-                if lease is None:
-                    lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
-                # Every message is stamped (an agent of an older version: only its heartbeats).
-                lease.heard(message.sent_at or (message.heartbeat.sent_at if kind == "heartbeat" else None))
-                if kind == "hello" and not state["node_id"]:
-                    state["node_id"] = node_id
-                    node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
-                    self._node_names[node_id] = node.hostname
-                    self._hub.register_agent(node_id, outbox)
-                    self._events.put(ev.AgentConnected(node, state["stream"]))
-                elif kind == "relayed":
-                    if state["node_id"]:  # (an agent says hello first)
-                        state["relayed"].receive(message.relayed)
-                elif kind == "logs":
-                    logs = message.logs
-                    self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
-                                         logs.stderr, list(logs.lines))
-                elif kind == "spawned":
-                    s = message.spawned
-                    self._log_sink.open(s.attempt, s.rank)
-                    self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
-                elif kind == "exited":
-                    self._events.put(_exited_event(node_id, message.exited))
-                elif kind == "preemption" and state["node_id"]:
-                    signalled = message.preemption
-                    self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
-                elif kind == "warmed" and state["node_id"]:
-                    warmed = message.warmed
-                    self._events.put(ev.NodeWarmed(node_id, state["stream"], warmed.ready, warmed.detail))
-                elif kind == "stack_dump":
-                    dump = message.stack_dump
-                    header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
-                              "detection or the dashboard):")
-                    text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
-                    self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
-                                         True, [header, *text.rstrip().splitlines()])
-                    self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
         except Exception as exc:  # the stream broke: the agent or its host is gone
             state["reason"] = f"its connection broke ({type(exc).__name__})"
         finally:
             outbox.put_nowait(CLOSE)
+
+    def _check_agent(self, message: pb.AgentMessage, context, state: dict) -> bool:
+        """False (and the call's status set) when `message` is not of this run or its node is not one
+        of the run's hosts: nothing more of that stream is read."""
+        if message.run_id != self._run_id:
+            state["reason"] = f"the agent belongs to run {message.run_id!r}"
+            # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"this coordinator serves run {self._run_id!r}, "
+                                f"not {message.run_id!r} (that run is over, or the agent was "
+                                f"started for another one)")
+            return False
+        node_id = message.node_id
+        if self._node_ids and node_id not in self._node_ids:
+            state["reason"] = f"{node_id!r} is not one of the run's hosts"
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"{node_id!r} is not one of this run's hosts "
+                                f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
+            return False
+        return True
+
+    def _from_agent(self, message: pb.AgentMessage, context, outbox: asyncio.Queue, state: dict) -> bool:
+        """Handle one message of an agent's stream; False when nothing more of the stream is read."""
+        if not self._check_agent(message, context, state):
+            return False
+        node_id = message.node_id
+        kind = message.WhichOneof("body")
+        lease = self._leases.get(node_id)
+        if lease is None:
+            lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
+        # Every message is stamped (an agent of an older version: only its heartbeats).
+        lease.heard(message.sent_at or (message.heartbeat.sent_at if kind == "heartbeat" else None))
+        if kind == "hello" and not state["node_id"]:
+            state["node_id"] = node_id
+            node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
+            self._node_names[node_id] = node.hostname
+            self._hub.register_agent(node_id, outbox)
+            self._events.put(ev.AgentConnected(node, state["stream"]))
+        elif kind == "relayed":
+            if state["node_id"]:  # (an agent says hello first)
+                state["relayed"].receive(message.relayed)
+        elif kind == "logs":
+            logs = message.logs
+            self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
+                                 logs.stderr, list(logs.lines))
+        elif kind == "spawned":
+            s = message.spawned
+            self._log_sink.open(s.attempt, s.rank)
+            self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
+        elif kind == "exited":
+            self._events.put(_exited_event(node_id, message.exited))
+        elif kind == "preemption" and state["node_id"]:
+            signalled = message.preemption
+            self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
+        elif kind == "warmed" and state["node_id"]:
+            warmed = message.warmed
+            self._events.put(ev.NodeWarmed(node_id, state["stream"], warmed.ready, warmed.detail))
+        elif kind == "stack_dump":
+            dump = message.stack_dump
+            header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
+                      "detection or the dashboard):")
+            text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
+            self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
+                                 True, [header, *text.rstrip().splitlines()])
+            self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
+        elif kind not in _AGENT_MESSAGE_KINDS:
+            # Dropped in silence, a newer agent's message (a start's WorkerSpawned in a kind this
+            # coordinator does not know) would leave the run waiting for it: say why, and end the stream.
+            state["reason"] = (f"it sent a message this coordinator does not know ({kind or 'empty'}): the agent "
+                               "runs another minitrain version than the driver; install the same version on every host")
+            return False
+        return True
 
     async def watch_leases(self, heartbeat_interval_s: float, check_interval_s: float) -> None:
         """Every `check_interval_s`, report the agents that went silent; every `heartbeat_interval_s`,
@@ -345,6 +373,10 @@ async def _drain_agent(outbox: asyncio.Queue):
             if merged is not None:
                 command = merged
         yield command
+
+
+# What an agent may send: every kind of AgentMessage's body in the proto this coordinator was built with.
+_AGENT_MESSAGE_KINDS = frozenset(field.name for field in pb.AgentMessage.DESCRIPTOR.oneofs_by_name["body"].fields)
 
 
 def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:

@@ -181,8 +181,9 @@ def test_scale_quick(tmp_path):
         assert run["lost"] == 0 and run["reordered"] == 0 and run["all_recorded"], run
         assert run["recorded"] == run["expected"] == run["workers"] * run["reports_per_worker"]
         assert run["p99_ms"] > 0 and run["rss_peak_mib"] > 0 and run["coordinator_cores"] is not None
-    # A relayed worker's report and telemetry of a tick, queued together, go up in one agent message.
-    assert runs[0]["items_per_message"] > 1.0 == runs[1]["items_per_message"]
+    # A relayed worker's report and telemetry of a tick, queued together, go up in one agent message;
+    # direct, only the agents' own messages queued together share one (their workers' spawned, exited).
+    assert runs[0]["items_per_message"] > runs[1]["items_per_message"] >= 1.0
     assert "Control-plane scale" in stdout and "| 64 (8) | relayed |" in stdout and "| 64 (8) | direct |" in stdout
 
 

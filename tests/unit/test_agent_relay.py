@@ -356,7 +356,13 @@ def _queued(item: pb.RelayedMessage, at: float = 0.0) -> tuple:
     return (at, [item])
 
 
-def test_queued_relayed_items_go_as_one_batch_and_other_messages_split_batches_in_order():
+def _bundle(messages: list) -> tuple:
+    return ("bundle", messages)
+
+
+def test_what_is_queued_together_goes_as_one_message_in_order():
+    """Runs of relayed items become one batch each; with the agent's own messages between them they go
+    as one bundle (an AgentBatch), in the order they were queued."""
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for phase in range(3):
         outbox.put(_queued(_relayed(1 + phase % 2, phase)))
@@ -365,8 +371,34 @@ def test_queued_relayed_items_go_as_one_batch_and_other_messages_split_batches_i
     outbox.put(_queued(_relayed(2, 3)))
     outbox.put(_queued(_relayed(1, 4)))
     outbox.put(END_OF_STREAM)
-    sent = list(coalesced_requests(outbox, _batch))
-    assert sent == [("batch", [(1, 0), (2, 1), (1, 2)]), own, ("batch", [(2, 3), (1, 4)])]
+    sent = list(coalesced_requests(outbox, _batch, _bundle))
+    assert sent == [("bundle", [("batch", [(1, 0), (2, 1), (1, 2)]), own, ("batch", [(2, 3), (1, 4)])])]
+
+
+def test_a_single_message_goes_as_it_is_and_own_messages_alone_are_bundled():
+    outbox: "queue.SimpleQueue" = queue.SimpleQueue()
+    spawned = [pb.AgentMessage(spawned=pb.WorkerSpawned(rank=r)) for r in range(3)]
+    outbox.put(spawned[0])
+    outbox.put(END_OF_STREAM)
+    assert list(coalesced_requests(outbox, _batch, _bundle)) == [spawned[0]]  # not wrapped
+    for message in spawned:
+        outbox.put(message)
+    outbox.put(END_OF_STREAM)
+    assert list(coalesced_requests(outbox, _batch, _bundle)) == [("bundle", spawned)]
+
+
+def test_the_agent_s_bundle_is_an_agent_batch_stamped_with_its_first_message_s_time():
+    stream = CoordinatorStream("127.0.0.1:1", "node-a", "run-1", TOKEN)
+    outbox = stream._outbox
+    outbox.put(pb.AgentMessage(sent_at=5.0, spawned=pb.WorkerSpawned(rank=0)))
+    outbox.put(_queued(_relayed(1, 0), at=6.0))
+    outbox.put(pb.AgentMessage(sent_at=7.0, exited=pb.WorkerExited(rank=0)))
+    outbox.put(END_OF_STREAM)
+    [sent] = list(coalesced_requests(outbox, stream._relayed_batch, stream._bundle))
+    assert (sent.run_id, sent.node_id, sent.sent_at, sent.WhichOneof("body")) == ("run-1", "node-a", 5.0, "batch")
+    inner = sent.batch.messages
+    assert [m.WhichOneof("body") for m in inner] == ["spawned", "relayed", "exited"]
+    assert [m.sent_at for m in inner] == [5.0, 6.0, 7.0]  # each keeps its own stamp (the lease reads it)
 
 
 def test_a_batch_is_stamped_with_the_time_its_first_item_was_queued():
@@ -378,14 +410,13 @@ def test_a_batch_is_stamped_with_the_time_its_first_item_was_queued():
     outbox.put(pb.AgentMessage(sent_at=12.0))
     outbox.put(_queued(_relayed(1, 2), at=13.0))
     outbox.put(END_OF_STREAM)
-    stamps = [queued_at if isinstance(queued_at, float) else queued_at.sent_at
-              for queued_at in coalesced_requests(outbox, lambda items, queued_at: queued_at)]
-    assert stamps == [10.0, 12.0, 13.0]
+    [(_, stamps)] = coalesced_requests(outbox, lambda items, queued_at: queued_at, _bundle)
+    assert [s if isinstance(s, float) else s.sent_at for s in stamps] == [10.0, 12.0, 13.0]
 
 
 def test_an_idle_queue_sends_an_item_at_once_and_items_queued_meanwhile_go_together():
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
-    requests = coalesced_requests(outbox, _batch)
+    requests = coalesced_requests(outbox, _batch, _bundle)
     outbox.put(_queued(_relayed(1, 0)))
     assert next(requests) == ("batch", [(1, 0)])  # nothing else queued: no wait for more
     # The consumer (gRPC's sending thread) is busy meanwhile: what piles up goes as one message.
@@ -402,7 +433,12 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
     for phase in range(5):
         outbox.put(_queued(_relayed(1, phase)))
     outbox.put(END_OF_STREAM)
-    assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
+    assert [len(b[1]) for b in coalesced_requests(outbox, _batch, _bundle)] == [2, 2, 1]
+    own = pb.AgentMessage(spawned=pb.WorkerSpawned(rank=7))
+    for _ in range(3):  # an own message counts as one item: one past the cap goes in the next message
+        outbox.put(own)
+    outbox.put(END_OF_STREAM)
+    assert list(coalesced_requests(outbox, _batch, _bundle)) == [("bundle", [own, own]), own]
 
     monkeypatch.setattr(relay_module, "MAX_BATCH_ITEMS", 10_000)
     big = pb.RelayedMessage(stream=1, message=pb.WorkerMessage(
@@ -411,7 +447,7 @@ def test_a_batch_is_capped_by_items_and_by_bytes(monkeypatch):
     for _ in range(5):
         outbox.put(_queued(big))
     outbox.put(END_OF_STREAM)
-    assert [len(b[1]) for b in coalesced_requests(outbox, _batch)] == [2, 2, 1]
+    assert [len(b[1]) for b in coalesced_requests(outbox, _batch, _bundle)] == [2, 2, 1]
 
 
 # ---------------------------------------------------------------------------------- the agent's wiring
@@ -428,7 +464,7 @@ def test_the_agent_s_stream_relays_its_workers_messages_and_delivers_relayed_com
         assert abs(queued_at - time.time()) < DEADLINE_S
         stream._outbox.put((queued_at, [item]))
         stream._outbox.put(END_OF_STREAM)
-        [sent] = list(coalesced_requests(stream._outbox, stream._relayed_batch))
+        [sent] = list(coalesced_requests(stream._outbox, stream._relayed_batch, stream._bundle))
         assert (sent.run_id, sent.node_id, sent.WhichOneof("body")) == ("run-1", "node-a", "relayed")
         assert list(sent.relayed.items) == [item]
         assert sent.sent_at == queued_at  # stamped when queued, not when sent (the lease's allowance)

@@ -234,6 +234,61 @@ def test_the_agents_stream_ending_closes_its_relayed_streams_before_the_node_is_
     assert not hub.to_worker(1, 0, ReportAck(0))
 
 
+def _own(**body) -> pb.AgentMessage:
+    return pb.AgentMessage(run_id=RUN_ID, node_id=NODE, sent_at=time.time(), **body)
+
+
+def test_an_agent_batch_becomes_the_events_of_its_messages_one_by_one_in_order(coordinator):
+    """An AgentBatch (what an agent queued together: minitrain.agent.relay.coalesce) is read as if each
+    of its messages had come alone: the same events, in the same order, as sending them one by one."""
+    events, hub, agent = coordinator
+    a = agent("node-a")
+    b = agent("node-b")
+    sequence = lambda node: [  # noqa: E731
+        pb.AgentMessage(run_id=RUN_ID, node_id=node, sent_at=time.time(), spawned=pb.WorkerSpawned(attempt=1, rank=0, pid=5)),
+        pb.AgentMessage(run_id=RUN_ID, node_id=node, sent_at=time.time(), relayed=pb.RelayedUp(items=[
+            worker_message(1, 0, hello=pb.WorkerHello(pid=5, hostname="h")), report(1, 0, 0)])),
+        pb.AgentMessage(run_id=RUN_ID, node_id=node, sent_at=time.time(), relayed=pb.RelayedUp(items=[
+            pb.RelayedMessage(stream=1, closed=True)])),
+        pb.AgentMessage(run_id=RUN_ID, node_id=node, sent_at=time.time(), exited=pb.WorkerExited(
+            attempt=1, rank=0, pid=5, exit_code=0))]
+    a.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-a", sent_at=time.time(),
+                                 batch=pb.AgentBatch(messages=sequence("node-a"))))
+    batched = next_events(events, 5)
+    for message in sequence("node-b"):
+        b.outbox.put(message)
+    alone = next_events(events, 5)
+    describe = lambda got: [(type(e).__name__, getattr(e, "rank", None)) for e in got]  # noqa: E731
+    assert describe(batched) == describe(alone) == [
+        ("WorkerSpawned", 0), ("WorkerConnected", 0), ("ReportsReceived", None), ("WorkerStreamClosed", 0),
+        ("WorkerExited", 0)]
+    assert batched[2].reports == alone[2].reports
+
+
+def test_a_batch_in_a_batch_is_not_read_and_a_batched_message_of_another_run_ends_the_stream(coordinator):
+    events, hub, agent = coordinator
+    a = agent()
+    nested = _own(batch=pb.AgentBatch(messages=[_own(spawned=pb.WorkerSpawned(attempt=1, rank=7, pid=7))]))
+    a.outbox.put(_own(batch=pb.AgentBatch(messages=[nested, _own(spawned=pb.WorkerSpawned(attempt=1, rank=1, pid=1))])))
+    [got] = next_events(events, 1)
+    assert (type(got).__name__, got.rank) == ("WorkerSpawned", 1)  # rank 7's, inside the nested batch, never
+    stranger = pb.AgentMessage(run_id="another-run", node_id=NODE, spawned=pb.WorkerSpawned(attempt=1, rank=2))
+    a.outbox.put(_own(batch=pb.AgentBatch(messages=[stranger, _own(spawned=pb.WorkerSpawned(attempt=1, rank=3))])))
+    [lost] = next_events(events, 1)
+    assert isinstance(lost, ev.AgentLost) and "another-run" in lost.reason  # nothing after the stranger read
+
+
+def test_an_agent_message_this_coordinator_does_not_know_ends_the_stream_with_the_fix(coordinator):
+    """A newer agent's message kind is not dropped in silence (the run would wait for what it said):
+    its stream ends, and the node's loss says why and what to do."""
+    events, hub, agent = coordinator
+    a = agent()
+    a.outbox.put(_own())  # no body: what a coordinator sees of a kind its proto does not have
+    [lost] = next_events(events, 1)
+    assert isinstance(lost, ev.AgentLost)
+    assert "does not know (empty)" in lost.reason and "same version on every host" in lost.reason
+
+
 def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     events, hub, agent = coordinator
     a = agent()

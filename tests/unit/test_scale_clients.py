@@ -52,7 +52,9 @@ def _real_agent(items: list) -> list:
     outbox.put(END_OF_STREAM)
     batch = lambda batched, queued_at: pb.AgentMessage(run_id=RUN, node_id=NODE, sent_at=queued_at,  # noqa: E731
                                                        relayed=pb.RelayedUp(items=fold_reports(batched, RUN)))
-    return list(relay.coalesced_requests(outbox, batch))
+    bundle = lambda messages: pb.AgentMessage(run_id=RUN, node_id=NODE, sent_at=messages[0].sent_at,  # noqa: E731
+                                              batch=pb.AgentBatch(messages=messages))
+    return list(relay.coalesced_requests(outbox, batch, bundle))
 
 
 def test_the_fake_agent_batches_exactly_as_the_real_agent():
@@ -63,15 +65,20 @@ def test_the_fake_agent_batches_exactly_as_the_real_agent():
     for at, item in enumerate(items):
         upstream.put(item, queued_at=float(at))
     upstream.put(links._END)
-    fake = asyncio.run(_take(upstream, 5))
+    fake = asyncio.run(_take(upstream, 2))
     real = _real_agent(items)
-    assert [m.sent_at for m in fake if m.HasField("relayed")] == [0.0, 3.0, 6.0]  # each batch's first item
     assert [m.SerializeToString() for m in fake] == [m.SerializeToString() for m in real]
-    # Never reordered, never merged across the agent's own messages, the byte cap kept.
-    # Runs of reports go as digests (their streams listed), the closing item keeps its own place.
-    shapes = [[i.stream or list(i.digest.stream) for i in m.relayed.items] if m.HasField("relayed") else "heartbeat"
-              for m in fake]
-    assert shapes == [[[1, 2]], "heartbeat", [[1], 2, [3]], [[4, 5]], "heartbeat"]
+    # What was queued together goes as one AgentBatch, stamped with its first message's time; inside,
+    # nothing is reordered, runs of relayed items are one RelayedUp (stamped with their first item's
+    # time), and the byte cap is kept (the two big items go in different messages). Runs of reports go
+    # as digests (their streams listed), the closing item keeps its own place.
+    assert [m.WhichOneof("body") for m in fake] == ["batch", "batch"]
+    assert [m.sent_at for m in fake] == [0.0, 6.0]
+    inner = [list(m.batch.messages) for m in fake]
+    assert [[x.sent_at for x in messages if x.HasField("relayed")] for messages in inner] == [[0.0, 3.0], [6.0]]
+    shapes = [[[i.stream or list(i.digest.stream) for i in x.relayed.items] if x.HasField("relayed") else "heartbeat"
+               for x in messages] for messages in inner]
+    assert shapes == [[[[1, 2]], "heartbeat", [[1], 2, [3]]], [[[4, 5]], "heartbeat"]]
 
 
 def test_an_idle_fake_agent_sends_an_item_at_once_and_batches_what_queues_during_a_write():
