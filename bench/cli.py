@@ -247,7 +247,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-kills", type=int, help="detect: agent SIGKILLs (default 5)")
     p.add_argument("--agent-stops", type=int, help="detect: agent SIGSTOPs (default 5)")
     p.add_argument("--train-s", type=float, help="restart, detect: seconds of training per attempt (default 5)")
-    p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60)")
+    p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60; torchrun's "
+                   "jobs at most 60)")
     p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")

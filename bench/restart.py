@@ -57,6 +57,10 @@ TARGET_RESTART_MEDIAN_S = 1.0
 TARGET_RESTART_P90_S = 1.5
 TARGET_DETECT_S = 5.0
 TAG_VAR = "MINITRAIN_BENCH_RESTART_TAG"
+# torchrun restarts in 1.5-2.4 s when it does (TORCHRUN_REFERENCE); one that showed no progress for a minute
+# is its known hang in init_process_group, recorded as such. A longer stall (the minitrain jobs' --stall-s,
+# sized for a busy machine) only made CI wait: 240 s per hung torchrun job.
+TORCHRUN_STALL_S = 60.0
 TORCHRUN_REFERENCE = ("reference: torchrun --max-restarts 1 restarted in 1.5-2.4 s in 4 of 9 tries; "
                       "4 failed (gloo dialled the dead attempt's address), 1 hung")
 
@@ -176,8 +180,10 @@ def _ending(job: dict) -> str:
 
 def torchrun_section(tmp: str, runs: int, restarts: int, train_s: float, stall_s: float) -> dict:
     """`runs` torchrun jobs one after the other (a hang ends a job: more jobs, more restarts
-    observed); each job is printed, and the restarts of all of them are pooled."""
+    observed); each job is printed, and the restarts of all of them are pooled. A job stalls after
+    `stall_s` or TORCHRUN_STALL_S, whichever is shorter."""
     jobs = []
+    stall_s = min(stall_s, TORCHRUN_STALL_S)
     for index in range(runs):
         job = torchrun_job(tmp, f"torchrun_{index + 1}", restarts, train_s, stall_s)
         jobs.append(job)
