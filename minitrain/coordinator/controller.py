@@ -2,7 +2,8 @@
 
 It runs on the thread that called `fit()`; servicer threads put facts (events, coordinator/events.py)
 into its queue. Each turn (`step`) it
-- takes every queued event (waiting at most POLL_S for the first) and routes it by type, through one
+- takes every queued event (waiting for the first up to the next moment a deadline can pass: see
+  `_next_wait`) and routes it by type, through one
   table, to where it is recorded: the current attempt's events to `CurrentAttempt` (its `WorkerGroup`
   and tracker, the `Commits`, the `HangWatch`, the observers), the agents' to `Membership`;
 - sees what is now true (`Seen`) and asks the pure `decide()` what happens next;
@@ -52,7 +53,11 @@ from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
 
-POLL_S = 0.05  # the longest the loop waits for an event before it looks at its deadlines again
+POLL_S = 0.05  # the longest the loop waits for an event while a stage's deadline may pass unannounced
+# ... and while an attempt of a fixed-size run starts or trains (stage WORKERS), where every fact decide()
+# reads arrives as an event but the hang clocks, whose next due moment the hang watch knows: a bound, not a
+# poll (each turn of an idle loop cost the driver ~0.3 ms of CPU, 20 turns a second at POLL_S).
+IDLE_WAIT_S = 1.0
 
 
 class FailurePolicy(Protocol):
@@ -201,10 +206,28 @@ class Controller:
         self._take_events(wait_s)
         now = self._clock()  # one instant for what is seen and for the decision on it
         decision = decide(self._loop, self._observe(now), now, self._rules)
+        stage = self._loop.stage
         previous, self._loop = self._loop.state, decision.loop
         self._act(previous, decision.actions)
-        # Act again at once after acting (a stage may already be over); otherwise wait for news.
-        return 0.0 if decision.actions else POLL_S
+        # Look again at once after acting or entering a stage (it may already be over: the processes all
+        # exited, so are their streams' ends in? Waiting POLL_S there cost every restart 50 ms);
+        # otherwise wait for news.
+        if decision.actions or decision.loop.stage is not stage:
+            return 0.0
+        return self._next_wait(now)
+
+    def _next_wait(self, now: float) -> float:
+        """How long the next turn may wait for an event, seen at `now` after a turn that did nothing.
+
+        While an attempt of a fixed-size run starts or trains (stage WORKERS), `decide` changes its mind
+        only on an event (a failure, a phase, an exit, a signal, Ctrl-C: `interrupt` queues one) or on a
+        hang clock, and the hang watch knows the earliest moment one can run out (`HangWatch.due`): the
+        loop sleeps until then, at most IDLE_WAIT_S. Every other stage has a deadline of its own, and an
+        elastic run's intervals run on the membership's clock: those look every POLL_S."""
+        loop, group = self._loop, self._current.group
+        if loop.stage is not Stage.WORKERS or self._rules.elastic or group is None:
+            return POLL_S
+        return min(IDLE_WAIT_S, max(POLL_S, self._hangs.due(group.tracker) - now))
 
     def request_stacks(self, rank: int) -> None:
         """Any thread: ask `rank` of the current attempt for its stacks; they reach the observers'
@@ -220,8 +243,11 @@ class Controller:
         return tuple(getattr(self._spec.failure_policy, "preemption_signals", ()))
 
     def interrupt(self) -> None:
-        """What Ctrl-C does (the SIGINT handler calls it): only counts; the loop acts on it within one
-        turn (the workers are stopped gracefully, the run ends ABORTED, `run()` raises KeyboardInterrupt)."""
+        """What Ctrl-C does (the SIGINT handler calls it): queues the fact, which wakes the loop at once
+        (the workers are stopped gracefully, the run ends ABORTED, `run()` raises KeyboardInterrupt)."""
+        self._events.put(ev.Interrupted())
+
+    def _on_interrupted(self, event: ev.Interrupted) -> None:
         self._interrupts += 1
 
     def _take_events(self, wait_s: float) -> None:
@@ -417,6 +443,7 @@ class Controller:
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
                 ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._on_node_warmed,
+                ev.Interrupted: self._on_interrupted,
                 ev.PreemptionSignalled: self._preemption.signalled,
                 ev.PreemptionSeen: self._preemption.seen}
 

@@ -161,6 +161,11 @@ class WorkerFailed(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class Interrupted(RunEvent):
+    """Ctrl-C reached the driver (`Controller.interrupt`, from its SIGINT handler)."""
+
+
+@dataclass(frozen=True, slots=True)
 class PreemptionSignalled(RunEvent):
     """A preemption signal reached the driver (`node_id` "") or the agent of `node_id`."""
 

@@ -57,6 +57,13 @@ class HangWatch:
         return (self.rule.deadline_s(slowest, starting=starting, uploading=uploading) or 0.0,
                 self.rule.explain(slowest, starting=starting, uploading=uploading))
 
+    def due(self, tracker: AttemptTracker) -> float:
+        """The earliest moment a live training rank of `tracker`'s attempt can be silent past its deadline,
+        as of the last time `watched` was built for it (no event has to come for that moment to arrive; each
+        event that could bring it nearer is followed by a turn that asks `watched` again); 0.0 when the watch
+        was built for another attempt, inf when no rank has a deadline."""
+        return self._due if tracker is self._tracker else 0.0
+
     def watched(self, tracker: AttemptTracker, now: float) -> dict[int, Watch]:
         """The hang clock of every live rank in its training function that has a deadline; empty
         while no rank can be silent past its deadline at `now`.

@@ -8,6 +8,8 @@ what the observers were told. The pure policy is tested on its own in test_decid
 from __future__ import annotations
 
 import queue
+import threading
+import time
 import typing
 from dataclasses import dataclass, field
 
@@ -16,7 +18,7 @@ import pytest
 from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shutdown, StartWorkers, StopWorkers
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S, Controller, LaunchSettings, RunSpec
 from minitrain.coordinator import decide
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
@@ -236,6 +238,23 @@ def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp
     assert h.end().state is RunState.SUCCEEDED
 
 
+def test_the_turn_that_enters_a_stage_is_followed_by_one_at_once(tmp_path):
+    """Every process of the failed attempt exited: the turn that moves to the drain stage (no action of its
+    own) is followed by one at once, which finds the streams ended and starts the next attempt. Waiting
+    POLL_S there for an event that is not coming cost every restart 50 ms."""
+    h = Harness(tmp_path, max_failures=1)
+    _started(h)
+    h.send(_failure(0, 1, "boom", h.now))
+    assert h.controller.state is RunState.RESTARTING and h.controller.step(0.0) == POLL_S
+    for rank, node in enumerate(NODES):
+        h.events.put(ev.WorkerStreamClosed(0, rank))
+        h.events.put(ev.WorkerExited(node, 0, rank, 100 + rank, None, 15, True, h.now))
+    assert h.controller.step(0.0) == 0.0  # all exited: the drain stage begins ...
+    assert h.hub.agent_kinds(StartWorkers).count("n0") == 1
+    h.controller.step(0.0)  # ... and the next turn, at once, finds every stream ended
+    assert h.controller.state is RunState.STARTING and h.hub.agent_kinds(StartWorkers).count("n0") == 2
+
+
 def _rank_1_fails_ahead_of_rank_0(h: Harness) -> None:
     """Rank 0 reported rounds 0-2; rank 1 reported rounds 0-3 and failed right after (report() is no
     barrier): round 3 is pending."""
@@ -334,6 +353,51 @@ def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
     [failure] = outcome.failures
     assert failure.rank == 1 and failure.exc_type == "WorkerHangError"
     assert "past its hang deadline of 30 s (FailureConfig.worker_hang_timeout_s=30)" in failure.message
+
+
+def test_a_training_attempt_sleeps_until_its_hang_clock_can_run_out_and_other_stages_look_every_poll(tmp_path):
+    """An idle turn while ranks train waits for the next event up to the hang watch's due moment (at most
+    IDLE_WAIT_S): 20 wake-ups a second of an idle driver were most of its CPU. Stages with deadlines of
+    their own still look every POLL_S."""
+    h = Harness(tmp_path, hang_timeout_s=30.0)
+    h.settle()
+    assert h.controller.step(0.0) == POLL_S  # LAUNCHING: the agents' deadline
+    _started(h)
+    h.report(0, 0)
+    assert h.controller.step(0.0) == IDLE_WAIT_S  # the earliest hang is 30 s away
+    h.now += 29.7
+    assert h.controller.step(0.0) == pytest.approx(0.3)  # ... now 0.3 s away: the wait ends there
+    h.now += 0.29
+    assert h.controller.step(0.0) == POLL_S  # never a busy loop: at least POLL_S
+    h.now += 0.02  # silent for 30.01 s: found on the turn after the wait
+    h.settle()
+    assert sorted(h.hub.agent_kinds(DumpStacks)) == ["n0", "n1"]
+    assert h.controller.step(0.0) == POLL_S  # STACKS: its own deadline
+
+
+def test_without_a_hang_deadline_a_training_attempt_waits_at_most_idle_wait_s(tmp_path):
+    h = Harness(tmp_path, hang_timeout_s=None)
+    _started(h)
+    h.report(0, 0)
+    h.now += 3600.0
+    assert h.controller.step(0.0) == IDLE_WAIT_S and h.controller.state is RunState.RUNNING
+
+
+def test_ctrl_c_wakes_a_loop_that_waits_for_an_event(tmp_path):
+    """The SIGINT handler's `interrupt()` queues an event: the loop acts at once, not after its wait."""
+    h = Harness(tmp_path)
+    _started(h)
+    turned = threading.Event()
+    waiter = threading.Thread(target=lambda: (h.controller.step(60.0), turned.set()), daemon=True)
+    began = time.monotonic()
+    waiter.start()
+    h.controller.interrupt()
+    assert turned.wait(10.0), "the loop slept through Ctrl-C"
+    assert time.monotonic() - began < 10.0
+    assert h.controller.state is RunState.STOPPING and sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    h.exit_all(0, stopped=True)
+    with pytest.raises(KeyboardInterrupt):
+        h.end()
 
 
 def test_ctrl_c_stops_the_workers_and_aborts_the_run(tmp_path):

@@ -9,7 +9,7 @@ import queue
 from minitrain import commands as cmd
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator import events as ev
-from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.controller import POLL_S, Controller, LaunchSettings, RunSpec
 from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState
@@ -96,6 +96,7 @@ def test_a_host_that_connects_while_the_run_is_smaller_gets_a_warm_fork_server_f
     for _ in range(5):
         controller.step()
     assert _starts(hub) == [("h0", 1)]  # no wait: min fitted and MINITRAIN_ELASTIC_START_WAIT_S=0
+    assert controller.step() == POLL_S  # an elastic run's intervals are looked at every POLL_S, even idle
     hub.sent.clear()
     events.put(ev.AgentConnected(_node("h1"), stream=2))
     controller.step()
