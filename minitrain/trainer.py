@@ -496,7 +496,7 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         raise WorkerGroupError(outcome.error_message, exceptions)
 
     def checkpoint(record) -> Checkpoint:
-        return Checkpoint(published.path(record.dir_name), filesystem=published.public_fs)
+        return Checkpoint(published.path(record.dir_name), filesystem=published.checkpoint_fs)
 
     latest = checkpoints.latest
     history = [entry["metrics"] for entry in read_metrics_history(storage)]

@@ -76,7 +76,7 @@ class CallbackRunner(RunObserver):
         storage = self.context.storage
         checkpoint = None
         if round_.checkpoint is not None:
-            checkpoint = Checkpoint(storage.path(round_.checkpoint.dir_name), filesystem=storage.public_fs)
+            checkpoint = Checkpoint(storage.path(round_.checkpoint.dir_name), filesystem=storage.checkpoint_fs)
         by_rank = [dict(m) if m is not None else {} for m in round_.metrics_by_rank]
         rank0 = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
         step = round_.index

@@ -228,7 +228,7 @@ class WorkerSession:
         return staged_dir(self._client.attempt, self._client.rank, dir_name)
 
     def _checkpoint_at(self, dir_name: str) -> Checkpoint:
-        return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.public_fs)
+        return Checkpoint(self.storage.path(dir_name), filesystem=self.storage.checkpoint_fs)
 
     def _dir_name_for(self, round_: int, requested: Optional[str]) -> str:
         if requested is None:

@@ -25,6 +25,7 @@ pafs = pytest.importorskip("pyarrow.fs")
 from minitrain import Checkpoint, ConfigError, Result, RunConfig  # noqa: E402
 from minitrain.data import read_csv  # noqa: E402
 from minitrain.storage.filesystem import Storage  # noqa: E402
+from minitrain.storage import user_filesystems  # noqa: E402
 from minitrain.storage.user_filesystems import as_fsspec  # noqa: E402
 
 
@@ -218,6 +219,26 @@ def test_storage_works_on_pyarrow_filesystems(arrow_storage, tmp_path):
     assert info.type == pafs.FileType.File and info.size == len("one")
     storage.remove_tree("checkpoint_000000")
     assert not storage.exists("checkpoint_000000")
+
+
+def test_a_checkpoint_of_a_storage_shows_what_public_fs_shows_and_builds_it_only_when_asked(arrow_storage, tmp_path,
+                                                                                                  monkeypatch):
+    """Workers and the driver build Checkpoints on `Storage.checkpoint_fs`: the same filesystem is shown as
+    with `public_fs`, without building it (importing pyarrow cost every restarted worker ~40 ms)."""
+    storage, given = arrow_storage
+    checkpoint = Checkpoint(storage.path("checkpoint_000000"), filesystem=storage.checkpoint_fs)
+    assert checkpoint.filesystem is given is storage.public_fs
+    for fs in (LocalFileSystem(), fsspec.filesystem("memory")):
+        plain = Storage(fs, str(tmp_path / "plain"))
+        checkpoint = Checkpoint(plain.path("checkpoint_000000"), filesystem=plain.checkpoint_fs)
+        assert checkpoint._fs is fs and type(checkpoint.filesystem) is type(plain.public_fs)
+    views = []
+    monkeypatch.setattr(user_filesystems, "pyarrow_view", lambda fs: views.append(fs) or pafs.LocalFileSystem())
+    plain = Storage(LocalFileSystem(), str(tmp_path / "plain"))
+    checkpoint = Checkpoint(plain.path("checkpoint_000000"), filesystem=plain.checkpoint_fs)
+    assert views == []  # nothing of pyarrow's is built with the checkpoint ...
+    checkpoint.filesystem
+    assert views == [plain.fs]  # ... only when it is shown
 
 
 # ---------------------------------------------------------------------------------- Result.from_path
