@@ -267,25 +267,36 @@ class NodeAgent:
         key, env = self._worker_env(start.env, start.cwd)
         with self._lock:
             self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)
-        for launch in start.workers:
-            self._spawn(start, launch, env, key)
+        with self._children_lock:  # from the forks until every worker is known (see _kept_children)
+            # One request for all the local ranks: the fork server forks them side by side.
+            forked = self._fork_server.take(key, len(start.workers))
+            workers = [self._adopt(start, launch, started, env) for launch, started in zip(start.workers, forked)]
+        for launch, worker in zip(start.workers, workers):
+            if worker is not None:
+                self._bootstrap(start, launch, worker)
         self._last_start = (key, env, start.cwd or None)
 
-    def _spawn(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, env: dict, key: tuple) -> None:
+    def _adopt(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, started: Optional[StartedWorker],
+               env: dict) -> Optional[WorkerProcess]:
+        """Rank `launch.rank`'s process: the forked one, else spawned now; None (its exit reported) when it
+        could not be started. Called under the children lock, so the worker is known before it is reaped."""
         attempt, rank = start.attempt, launch.rank
-        with self._children_lock:  # from the fork until the worker is known (see _kept_children)
-            started: Optional[StartedWorker] = self._fork_server.take(key)
-            if started is None:
-                try:
-                    started = start_worker(env, start.cwd or None)
-                except OSError as exc:
-                    self._send_exit(attempt, rank, 0, None, exc=exc)
-                    self._worker_gone(attempt)
-                    return
-            worker = WorkerProcess(attempt, rank, started.process, stack_fd=started.stack_fd)
-            with self._lock:
-                self._workers[(attempt, rank)] = worker
-        process, stack_fd = started.process, started.stack_fd
+        if started is None:
+            try:
+                started = start_worker(env, start.cwd or None)
+            except OSError as exc:
+                self._send_exit(attempt, rank, 0, None, exc=exc)
+                self._worker_gone(attempt)
+                return None
+        worker = WorkerProcess(attempt, rank, started.process, stack_fd=started.stack_fd)
+        with self._lock:
+            self._workers[(attempt, rank)] = worker
+        return worker
+
+    def _bootstrap(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, worker: WorkerProcess) -> None:
+        """Put the new worker into its attempt's cgroup, write its bootstrap line, watch its output and exit."""
+        attempt, rank = start.attempt, launch.rank
+        process, stack_fd = worker.process, worker.stack_fd
         if self._descendants is not None:
             # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
             self._descendants.add_worker(process.pid, attempt)

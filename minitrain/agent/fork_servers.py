@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from minitrain import procs
-from minitrain.rpc.fork_protocol import FORK, READY, WARM
+from minitrain.rpc.fork_protocol import FORK, MAX_FORKS_PER_REQUEST, READY, WARM
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -105,34 +105,60 @@ class ForkServer:
             self._receive(0.0)  # takes the WARM datagram if it came
         return self.warm
 
-    def fork_worker(self) -> Optional[StartedWorker]:
-        """A new worker forked from the server, waiting for its bootstrap line; None when the server
-        is not ready or fails (it is closed then: the caller spawns instead)."""
+    def fork_workers(self, count: int) -> list[Optional[StartedWorker]]:
+        """`count` new workers forked from the server, each waiting for its bootstrap line, in one
+        request per MAX_FORKS_PER_REQUEST (the server forks them side by side); None for each it could not
+        fork (all when the server is not ready or fails: it is closed then, and the caller spawns them)."""
+        started: list[Optional[StartedWorker]] = []
+        while len(started) < count and self.alive():
+            batch = self._fork_batch(min(count - len(started), MAX_FORKS_PER_REQUEST))
+            started += batch
+            if None in batch:
+                break
+        return started + [None] * (count - len(started))
+
+    def _fork_batch(self, count: int) -> list[Optional[StartedWorker]]:
         if not self.wait_ready(READY_WAIT_S):
             self.close()
-            return None
-        stdin_r, stdin_w = os.pipe()
-        stdout_r, stdout_w = os.pipe()
-        stderr_r, stderr_w = os.pipe()
-        stack_fd = anonymous_file()
+            return [None] * count
+        slots = []  # (stdin_w, stdout_r, stderr_r, stack_fd) we keep; (stdin_r, stdout_w, stderr_w) we send
         try:
-            socket.send_fds(self._sock, [FORK], [stdin_r, stdout_w, stderr_w, stack_fd])
-            reply = json.loads(self._receive(REPLY_WAIT_S) or b"{}")
-        except (OSError, ValueError) as exc:
-            reply = {"error": str(exc)}
+            for _ in range(count):
+                stdin_r, stdin_w = os.pipe()
+                stdout_r, stdout_w = os.pipe()
+                stderr_r, stderr_w = os.pipe()
+                slots.append(((stdin_w, stdout_r, stderr_r, anonymous_file()), (stdin_r, stdout_w, stderr_w)))
+            try:
+                socket.send_fds(self._sock, [FORK], [fd for ours, (i, o, e) in slots for fd in (i, o, e, ours[3])])
+                reply = json.loads(self._receive(REPLY_WAIT_S) or b"{}")
+            except (OSError, ValueError) as exc:
+                reply = {"error": str(exc)}
+            if not isinstance(reply, dict):
+                reply = {"error": f"an answer that is not an object: {reply!r:.80}"}
         finally:
-            for fd in (stdin_r, stdout_w, stderr_w):
-                os.close(fd)  # the worker holds its own copies now
-        if "pid" not in reply:
-            logger.warning("the fork server could not start a worker (%s); starting workers the usual way",
-                           reply.get("error", "no answer"))
-            for fd in (stdin_w, stdout_r, stderr_r, stack_fd):
-                os.close(fd)
+            for _, theirs in slots:
+                for fd in theirs:
+                    os.close(fd)  # the workers hold their own copies now
+        answers = [a if isinstance(a, dict) else {"error": f"a bad answer {a!r:.40}"}
+                   for a in (reply.get("workers") if isinstance(reply.get("workers"), list) else [])][:count]
+        answers += [{"error": str(reply.get("error", "no answer"))}] * (count - len(answers))
+        started: list[Optional[StartedWorker]] = []
+        for (stdin_w, stdout_r, stderr_r, stack_fd), _theirs in slots:
+            answer = answers[len(started)]
+            if not isinstance(answer, dict) or not isinstance(answer.get("pid"), int):
+                for fd in (stdin_w, stdout_r, stderr_r, stack_fd):
+                    os.close(fd)
+                started.append(None)
+                continue
+            child = procs.AdoptedChild(answer["pid"], stdin=os.fdopen(stdin_w, "wb"), stdout=os.fdopen(stdout_r, "rb"),
+                                       stderr=os.fdopen(stderr_r, "rb"))
+            started.append(StartedWorker(child, stack_fd))
+        if None in started:
+            why = next(a.get("error", "no answer") for a in answers if not isinstance(a.get("pid"), int))
+            logger.warning("the fork server could not start %d of %d workers (%s); starting them the usual way",
+                           started.count(None), count, why)
             self.close()
-            return None
-        child = procs.AdoptedChild(reply["pid"], stdin=os.fdopen(stdin_w, "wb"), stdout=os.fdopen(stdout_r, "rb"),
-                                   stderr=os.fdopen(stderr_r, "rb"))
-        return StartedWorker(child, stack_fd)
+        return started
 
     def _receive(self, timeout_s: float) -> bytes:
         deadline = time.monotonic() + timeout_s
@@ -167,15 +193,17 @@ class ForkServerPool:
     server: Optional[ForkServer] = None
     starts: int = 0
 
-    def take(self, key: tuple) -> Optional[StartedWorker]:
-        """A worker forked for `key`, or None (then spawn one; a server of another key is stopped)."""
+    def take(self, key: tuple, count: int = 1) -> list[Optional[StartedWorker]]:
+        """`count` workers forked for `key` (see `ForkServer.fork_workers`); None for each the caller must
+        spawn instead (all of them when there is no server for `key`: a server of another key is
+        stopped)."""
         if key != self.key:
             self.clear()
-            return None
+            return [None] * count
         if self.server is None:
-            return None
-        started = self.server.fork_worker()
-        if started is None:
+            return [None] * count
+        started = self.server.fork_workers(count)
+        if not self.server.alive():
             self.server = None
         return started
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -21,7 +22,8 @@ DEADLINE_S = 60.0
 WARM_SEEN: set = set()  # the sockets on which the fork server said its preloads were done
 
 # The fork server under test: its `then` (the slow preloads) runs until the test creates a file. A
-# forked worker prints whether `then` had finished in the state it was forked from, then exits.
+# forked worker prints whether `then` had finished in the state it was forked from, then exits once
+# its stdin is closed.
 SERVER = r"""
 import json, os, sys, time
 from minitrain.worker import fork_server
@@ -35,8 +37,19 @@ def preload():
 
 stack_fd = fork_server.serve(int(sys.argv[1]), then=preload)
 print(json.dumps({"preloaded": state["preloaded"], "stack_fd_open": os.fstat(stack_fd) is not None}), flush=True)
+sys.stdin.read()  # until the test closes the worker's stdin
 os._exit(0)
 """
+
+
+def _answer(sock: socket.socket) -> dict:
+    """The fork server's next answer (past its WARM, which may come between two answers)."""
+    sock.settimeout(DEADLINE_S)
+    reply = sock.recv(4096)
+    if reply == fork_server.WARM:  # the preloads finished meanwhile
+        WARM_SEEN.add(sock.fileno())
+        reply = sock.recv(4096)
+    return json.loads(reply)
 
 
 def _fork(sock: socket.socket) -> dict:
@@ -47,12 +60,7 @@ def _fork(sock: socket.socket) -> dict:
     stack_fd, _ = tempfile.mkstemp()
     try:
         socket.send_fds(sock, [fork_server.FORK], [stdin_r, stdout_w, stderr_w, stack_fd])
-        sock.settimeout(DEADLINE_S)
-        reply = sock.recv(4096)
-        if reply == fork_server.WARM:  # the preloads finished meanwhile (it comes between two answers)
-            WARM_SEEN.add(sock.fileno())
-            reply = sock.recv(4096)
-        reply = json.loads(reply)
+        [reply] = _answer(sock)["workers"]
     finally:
         for fd in (stdin_r, stdout_w, stderr_w, stack_fd, stdin_w):
             os.close(fd)
@@ -124,6 +132,50 @@ def test_a_request_sent_during_the_hand_over_is_answered(server):
     assert _fork(sock)["preloaded"] is True and sock.fileno() in WARM_SEEN
 
 
+def test_one_request_forks_several_workers_each_holding_only_its_own_pipes(server):
+    """A node's local ranks are forked in one request (side by side); no worker holds another's
+    descriptors: one worker's output ends when it exits, while the others still run. A request whose
+    descriptors do not come in fours is refused and leaves the server serving."""
+    sock, release, proc = server
+    release.touch()
+    _wait_until(lambda: not _children(proc.pid), "the quick server did not stop")
+    count = 3
+    pipes = [(os.pipe(), os.pipe(), os.pipe(), tempfile.mkstemp()[0]) for _ in range(count)]
+    try:
+        socket.send_fds(sock, [fork_server.FORK],
+                        [fd for (i, o, e, stack) in pipes for fd in (i[0], o[1], e[1], stack)])
+        answers = _answer(sock)["workers"]
+    finally:
+        for (i, o, e, stack) in pipes:
+            for fd in (i[0], o[1], e[1], stack):
+                os.close(fd)
+    pids = [a["pid"] for a in answers]
+    assert len(set(pids)) == count and proc.pid not in pids
+    outputs = [os.fdopen(o[0]) for (_, o, _, _) in pipes]
+    try:
+        assert all(json.loads(out.readline())["preloaded"] for out in outputs)  # each printed its line
+        # The last worker's stdin closes: it exits and its output ends while the others still run. Were its
+        # stdout's write end held by another worker (one forked while it was still open in the server), the
+        # end would not come.
+        os.close(pipes[-1][0][1])
+        ready, _, _ = select.select([outputs[-1]], [], [], DEADLINE_S)
+        assert ready and outputs[-1].read() == "", "the last worker's output did not end with it"
+        assert all(psutil.pid_exists(pid) for pid in pids[:-1])
+    finally:
+        for index, (i, _, e, _) in enumerate(pipes):
+            if index < count - 1:
+                os.close(i[1])
+            os.close(e[0])
+        for out in outputs:
+            out.close()
+    bad_r, bad_w = os.pipe()
+    socket.send_fds(sock, [fork_server.FORK], [bad_r, bad_w, bad_r])
+    os.close(bad_r)
+    os.close(bad_w)
+    assert "bad request" in _answer(sock)["error"]
+    assert _fork(sock)["preloaded"] is True  # still serving
+
+
 def test_the_quick_server_exits_when_the_agent_closes_its_end(server):
     sock, release, proc = server
     assert _fork(sock)["preloaded"] is False
@@ -147,7 +199,7 @@ def test_the_pool_says_ready_once_a_real_fork_server_imported_torch(tmp_path):
         assert pool.readiness() is None  # an interpreter started microseconds ago has not imported torch
         _wait_until(lambda: pool.readiness() is not None, "the fork server never said ready")
         assert pool.readiness() == (True, "") and pool.server.ready and pool.server.warm
-        started = pool.take(("key",))
+        [started] = pool.take(("key",))
         assert started is not None  # the WARM datagram did not stand in for the fork's answer
         started.process.stdin.close()  # no bootstrap line: the worker exits
         assert started.process.wait(timeout=DEADLINE_S) != 0
