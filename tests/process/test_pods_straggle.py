@@ -21,6 +21,7 @@ import json
 import os
 import pathlib
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -58,8 +59,10 @@ class _Job:
     def start(self, rank: int) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("MINITRAIN_JOIN", "PET_"))
                and k not in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT")}
+        # PYTHONFAULTHANDLER: a pod that has not exited by the deadline is stopped with SIGABRT (`kill`), which
+        # then writes every thread's stack into its log: the failure message shows where it was.
         env.update(WORLD_SIZE="2", RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(self.port),
-                   PYTHONPATH=str(REPO), MINITRAIN_DASHBOARD="0", MINITRAIN_STATUS="off",
+                   PYTHONPATH=str(REPO), PYTHONFAULTHANDLER="1", MINITRAIN_DASHBOARD="0", MINITRAIN_STATUS="off",
                    MINITRAIN_JOIN_TOKEN_FILE=str(self.token), MINITRAIN_JOIN_TIMEOUT_S=str(JOIN_TIMEOUT_S))
         with open(self.log(rank), "wb") as log:
             self.pods[rank] = subprocess.Popen(
@@ -67,7 +70,7 @@ class _Job:
                 env=env, stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO))
 
     def logs(self) -> str:
-        return "\n".join(f"--- {self.dir.name}/{path.name}\n{path.read_text(errors='replace')[-3000:]}"
+        return "\n".join(f"--- {self.dir.name}/{path.name}\n{path.read_text(errors='replace')[-12000:]}"
                          for path in sorted(self.dir.glob("pod*.log")))
 
     def wait(self, deadline: float) -> dict[int, int]:
@@ -80,10 +83,15 @@ class _Job:
         return codes
 
     def kill(self) -> None:
+        """Stop the pods still running: SIGABRT first, so that each writes its threads' stacks to its log."""
         for pod in self.pods.values():
             if pod.poll() is None:
-                pod.kill()
-                pod.wait()
+                pod.send_signal(signal.SIGABRT)
+                try:
+                    pod.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    pod.kill()
+                    pod.wait()
 
 
 @pytest.mark.e2e
