@@ -33,6 +33,9 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 SCRIPT = str(REPO / "bench" / "kubernetes_jobs.py")
 STRAGGLE_S = 40.0
 JOIN_TIMEOUT_S = 120  # far above the straggle; a run that breaks fails well within pytest-timeout
+# How long both jobs may take, from the second start, to train and exit: under a loaded CI machine (two test
+# workers beside DeepSpeed and fault-injection runs) both jobs took 65 s here, and a CI run reached 120 s.
+EXIT_DEADLINE_S = 200
 
 
 def _free_port() -> int:
@@ -95,7 +98,7 @@ class _Job:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(300)
 def test_pods_that_straggle_by_40_s_either_way_train_and_every_pod_exits_0(tmp_path):
     joiner_first, driver_first = _Job(tmp_path, "joiner-first"), _Job(tmp_path, "driver-first")
     try:
@@ -109,7 +112,7 @@ def test_pods_that_straggle_by_40_s_either_way_train_and_every_pod_exits_0(tmp_p
         assert not list(driver_first.out.glob("rank_*")), driver_first.logs()  # no worker before pod 1 joined
         joiner_first.start(0)
         driver_first.start(1)
-        deadline = time.monotonic() + JOIN_TIMEOUT_S
+        deadline = time.monotonic() + EXIT_DEADLINE_S
         codes = {job.dir.name: job.wait(deadline) for job in (joiner_first, driver_first)}
     finally:
         joiner_first.kill()
