@@ -206,6 +206,11 @@ RELAY: Knob[Optional[bool]] = Knob(
     "MINITRAIN_RELAY", None, _relay,
     "Whether workers' streams go through their node agent's relay: 1 (the default, at every size; auto "
     "means the same) or 0 (every worker dials the coordinator itself over gRPC).")
+LOCAL_AGENT_STREAM: Knob[bool] = Knob(
+    "MINITRAIN_LOCAL_AGENT_STREAM", True, _switch,
+    "Whether the node agent on the driver's machine streams to the coordinator over a local socket: 1 (the "
+    "default: no gRPC threads and wake-ups per message on either side) or 0 (gRPC on loopback, as remote "
+    "agents do).")
 STATUS: Knob[str] = Knob(
     "MINITRAIN_STATUS", "auto", _status,
     "The driver's live status: auto (a block at the bottom of a terminal, summary lines elsewhere), lines "
@@ -270,10 +275,11 @@ ELASTIC_START_WAIT_S: Knob[float] = Knob(
     "fit on the hosts that answered, unless every host is in sooner; the hosts that come later are used when "
     "it grows (docs/elastic.md). 0 starts as soon as min fit.")
 
-KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, STATUS, STATUS_INTERVAL_S, TELEMETRY,
-                                STRAGGLER_FACTOR, STRAGGLER_WINDOW, STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT,
-                                LEDGER_DIR, RESOURCE_WAIT_S, LEDGER_FOREIGN_GPUS, JOIN_TOKEN, JOIN_TOKEN_FILE,
-                                JOIN_TIMEOUT_S, ELASTIC_START_WAIT_S)
+KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, LOCAL_AGENT_STREAM, STATUS,
+                                STATUS_INTERVAL_S, TELEMETRY, STRAGGLER_FACTOR, STRAGGLER_WINDOW,
+                                STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT, LEDGER_DIR, RESOURCE_WAIT_S,
+                                LEDGER_FOREIGN_GPUS, JOIN_TOKEN, JOIN_TOKEN_FILE, JOIN_TIMEOUT_S,
+                                ELASTIC_START_WAIT_S)
 
 
 def check_all(environ: Optional[Mapping[str, str]] = None) -> None:

@@ -99,9 +99,10 @@ class FakeAgentLauncher:
         return "127.0.0.1"
 
     def start(self, node_ids: list[str], address_for, token: str, run_id: str,
-              tls_cert: bytes = b"") -> FakeAgents:
+              tls_cert: bytes = b"", local_stream: str = "") -> FakeAgents:
         """Start the client processes, each with its share of `node_ids`; the token goes on stdin.
-        `tls_cert` is always empty: the simulation binds loopback only."""
+        `tls_cert` is always empty: the simulation binds loopback only. `local_stream` is not used: the
+        fake agents stand for remote hosts, whose streams are gRPC (what the simulation measures)."""
         self.baseline_rss_mib = peak_rss_mib(os.getpid()) or 0.0
         spec = self._spec
         count = max(1, min(spec["client_procs"], len(node_ids)))

@@ -59,16 +59,19 @@ class NodeAgent:
     """Runs one node's workers for one run; see the module docstring.
 
     `run()` returns the process exit code: 0 after the coordinator's Shutdown, 1 when the lease broke.
+    `local_stream` ("local:<path>", the coordinator's socket on this machine): the agent's stream goes
+    there instead of to `coordinator_address` over gRPC (`CoordinatorStream`).
     """
 
     def __init__(self, coordinator_address: str, node_id: str, run_id: str, token: str,
-                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b""):
+                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b"", local_stream: str = ""):
         self._address = coordinator_address
         self._node_id = node_id
         self._run_id = run_id
         self._token = token
         self._tls_cert = tls_cert  # the run's certificate (PEM) to pin; empty for a loopback coordinator
-        self._stream = CoordinatorStream(coordinator_address, node_id, run_id, token, lease_timeout_s, tls_cert)
+        self._stream = CoordinatorStream(coordinator_address, node_id, run_id, token, lease_timeout_s, tls_cert,
+                                         local_address=local_stream)
         self._workers: dict[tuple[int, int], WorkerProcess] = {}
         self._lock = threading.Lock()
         self._signalled: Optional[str] = None  # set by a signal handler, without any lock (see note_signal)

@@ -27,10 +27,8 @@ is gone is dropped. When the worker half-closes, the relay ends its side itself 
 already routed to it, as the coordinator does for a direct stream: the worker's `close()` never waits
 on a round trip to the coordinator, and the coordinator learns of the end from the `closed` item.
 
-An agent killed outright (SIGKILL, the OOM killer) cannot remove its directory. Each directory holds
-an `owner.lock` file that its agent keeps flock'ed for its life (the kernel drops the lock when the
-process dies, whatever kills it), so `start()` first removes the relay directories of this user whose
-lock is free: those of dead agents, and only their socket, lock file and the then empty directory.
+The socket lives in a private directory (`minitrain.rpc.socket_directory`: mode 0700, an owner lock held
+for the agent's life, so `start()` first removes the relay directories of this user's dead agents).
 
 The relay runs on a thread of its own (one selector for every stream, no thread per worker);
 `send_up` is called on that thread and must not block.
@@ -38,22 +36,19 @@ The relay runs on a thread of its own (one selector for every stream, no thread 
 
 from __future__ import annotations
 
-import fcntl
-import hmac
 import itertools
 import logging
 import os
 import queue
 import selectors
 import socket
-import tempfile
 import threading
 import time
 from typing import Callable, Iterator, Optional
 
 from google.protobuf.message import DecodeError
 
-from minitrain.rpc import local_stream
+from minitrain.rpc import local_stream, socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 
@@ -61,8 +56,6 @@ logger = logging.getLogger("minitrain.agent")
 
 DIRECTORY_PREFIX = "minitrain-relay-"
 SOCKET_NAME = "relay.sock"
-LOCK_NAME = "owner.lock"  # flock'ed by the owning agent for its life: free means the owner is gone
-MAX_SOCKET_PATH = 107  # sun_path holds 108 bytes, the last one a NUL
 START_TIMEOUT_S = 30.0
 DRAIN_TIMEOUT_S = 2.0
 RECEIVE_BYTES = 1 << 18
@@ -124,8 +117,7 @@ class RelayServer:
         self._send_up = send_up
         self._up: list = []  # what the relay's thread read and has not handed to send_up yet
         self._numbers = itertools.count(1)
-        self._directory: Optional[str] = None
-        self._lock_fd = -1
+        self._directory = socket_directory.SocketDirectory(DIRECTORY_PREFIX, SOCKET_NAME)
         self._socket_path: Optional[str] = None
         self._thread: Optional[threading.Thread] = None
         self._listener: Optional[socket.socket] = None
@@ -157,7 +149,7 @@ class RelayServer:
     @property
     def directory(self) -> Optional[str]:
         """The private directory holding the socket (None before `start()` and after `stop()`)."""
-        return self._directory
+        return self._directory.path
 
     def start(self) -> "RelayServer":
         """Create the directory (0700), bind the socket, serve; returns once the socket listens.
@@ -166,15 +158,7 @@ class RelayServer:
         """
         if self._thread is not None:
             raise RuntimeError("the relay was started already")
-        remove_stale_directories(tempfile.gettempdir())
-        self._directory = tempfile.mkdtemp(prefix=DIRECTORY_PREFIX)  # mode 0700, ours alone
-        self._lock_fd = _hold_owner_lock(self._directory)
-        self._socket_path = os.path.join(self._directory, SOCKET_NAME)
-        if len(self._socket_path.encode()) > MAX_SOCKET_PATH:
-            path = self._socket_path
-            self._remove_directory()
-            raise OSError(f"the relay's socket path {path!r} is longer than a Unix socket allows "
-                          f"({MAX_SOCKET_PATH} bytes); set TMPDIR to a shorter directory")
+        self._socket_path = self._directory.create()
         try:
             listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             try:
@@ -341,8 +325,7 @@ class RelayServer:
         if len(hello.data) < 4 + size:
             return
         payload, rest = bytes(hello.data[4:4 + size]), bytes(hello.data[4 + size:])
-        magic = local_stream.HELLO_MAGIC
-        if not payload.startswith(magic) or not hmac.compare_digest(payload[len(magic):], self._token):
+        if not local_stream.hello_matches(payload, local_stream.HELLO_MAGIC, self._token):
             self._refuse(hello, "it did not present the run's token")
             return
         if len(hello.fds) != 1:
@@ -525,12 +508,7 @@ class RelayServer:
             self._wake_read = self._wake_write = -1
 
     def _remove_directory(self) -> None:
-        directory, self._directory = self._directory, None
-        if directory is not None:
-            _remove_relay_directory(directory)
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # after the removal: a sweeper never sees our directory ownerless
-            self._lock_fd = -1
+        self._directory.remove()
 
 
 def _take_rings(eventfd: int) -> int:
@@ -549,66 +527,10 @@ def _clear_pipe(fd: int) -> None:
         pass
 
 
-def _hold_owner_lock(directory: str) -> int:
-    """Create `directory`/owner.lock already locked (made under another name, locked, then renamed:
-    a sweeper never finds it unlocked while we live) and return its descriptor, held for our life."""
-    temporary = os.path.join(directory, LOCK_NAME + ".new")
-    fd = os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    os.rename(temporary, os.path.join(directory, LOCK_NAME))
-    return fd
-
-
-def _remove_relay_directory(directory: str) -> None:
-    """Remove the relay's own files in `directory`, then the directory if that left it empty."""
-    for name in (SOCKET_NAME, LOCK_NAME):
-        try:
-            os.unlink(os.path.join(directory, name))
-        except FileNotFoundError:
-            pass
-    try:
-        os.rmdir(directory)  # only an empty one: whatever else is there is not ours to delete
-    except FileNotFoundError:
-        pass
-    except OSError as exc:
-        logger.warning("could not remove the relay directory %s: %s", directory, exc)
-
-
 def remove_stale_directories(parent: str) -> list[str]:
-    """Remove the relay directories in `parent` left by dead agents of this user; return them.
-
-    A directory counts only when it is named like ours, is a real directory owned by this user, and
-    has an owner.lock that nobody holds (its agent died: the kernel released the lock). A live
-    agent's lock is held, so its directory is never touched; a directory without the lock file is
-    being created, or is not ours, and is left alone.
-    """
-    removed = []
-    try:
-        names = os.listdir(parent)
-    except OSError:
-        return removed
-    for name in names:
-        if not name.startswith(DIRECTORY_PREFIX):
-            continue
-        directory = os.path.join(parent, name)
-        try:
-            info = os.lstat(directory)
-            if not os.path.isdir(directory) or os.path.islink(directory) or info.st_uid != os.getuid():
-                continue
-            fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)  # held: its agent lives
-            continue
-        try:
-            _remove_relay_directory(directory)
-            removed.append(directory)
-        finally:
-            os.close(fd)
-    return removed
+    """Remove the relay directories in `parent` left by dead agents of this user; return them
+    (`minitrain.rpc.socket_directory.remove_stale`)."""
+    return socket_directory.remove_stale(parent, DIRECTORY_PREFIX, SOCKET_NAME)
 
 
 NOTHING_QUEUED = object()  # what a `coalesce` caller's take_next() returns when its queue is empty

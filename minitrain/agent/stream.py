@@ -1,7 +1,8 @@
 """The node agent's one stream with the coordinator: the agent's transport edge (L2).
 
-`CoordinatorStream` holds the `Coordinator.AgentStream` call and everything that travels on it, so
-the agent's supervision (minitrain.agent.agent) never sees protobuf:
+`CoordinatorStream` holds the `Coordinator.AgentStream` call (or, for an agent on the coordinator's
+machine, its local counterpart, minitrain.agent.local_call) and everything that travels on it, so the
+agent's supervision (minitrain.agent.agent) never sees protobuf:
 - upward, one FIFO queue: the hello (from a `NodeInfo`), the facts the agent reports through typed
   methods (`spawned`, `exited`, `log_line`, `stack_dump`), in the order they were called,
   interleaved with the relayed worker streams (minitrain.agent.relay, owned here: its items share
@@ -31,6 +32,7 @@ from typing import Optional
 import grpc
 
 from minitrain import commands as cmd
+from minitrain.agent.local_call import LocalAgentCall, LocalStreamBroken
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.rpc.digest import fold_reports
 from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S, LEASE_TIMEOUT_S, Lease, until_heartbeat_s
@@ -43,6 +45,8 @@ from minitrain.rpc.channel import END_OF_STREAM, client_channel
 
 
 _WAKE = object()  # on the command queue: the stream ended, the command loop should look now
+# How long close() lets a local stream write what was queued before it ends the stream.
+LOCAL_CLOSE_TIMEOUT_S = 2.0
 
 
 class CoordinatorStream:
@@ -50,12 +54,15 @@ class CoordinatorStream:
 
     `open(node)` once, then the fact methods and `next_command` from any thread, `close()` once at the
     end (after the workers are stopped: their last messages go up first). `tls_cert` is the run's
-    certificate (PEM) to pin, empty for a loopback coordinator.
+    certificate (PEM) to pin, empty for a loopback coordinator. With `local_address` (the coordinator's
+    local socket, "local:<path>", for an agent on its machine) the stream goes there instead of over gRPC
+    (`minitrain.agent.local_call`); everything on it is the same.
     """
 
     def __init__(self, address: str, node_id: str, run_id: str, token: str,
-                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b""):
+                 lease_timeout_s: float = LEASE_TIMEOUT_S, tls_cert: bytes = b"", local_address: str = ""):
         self._address = address
+        self._local_address = local_address
         self._node_id = node_id
         self._run_id = run_id
         self._token = token
@@ -79,21 +86,26 @@ class CoordinatorStream:
     def open(self, node: NodeInfo) -> None:
         """Start the relay, say hello as `node`, open the call and its reader and heartbeat threads.
 
-        Raises (leaving nothing open) when the relay cannot start. Commands come once the coordinator
-        read the hello, so the relay listens before any worker can be started.
+        Raises (leaving nothing open) when the relay cannot start or the local socket cannot be reached.
+        Commands come once the coordinator read the hello, so the relay listens before any worker can
+        be started.
         """
-        channel = client_channel(self._address, self._tls_cert)
-        try:
-            self._relay.start()
-        except BaseException:
-            channel.close()
-            raise
-        self._channel = channel
-        stub = pb_grpc.CoordinatorStub(channel)
+        self._relay.start()
         self._put(hello=convert.hello_from_node(node))
-        # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
-        self._call = stub.AgentStream(coalesced_requests(self._outbox, self._relayed_batch, self._bundle),
-                                      metadata=call_metadata(self._token), wait_for_ready=True)
+        requests = coalesced_requests(self._outbox, self._relayed_batch, self._bundle)
+        try:
+            if self._local_address:
+                self._call = LocalAgentCall(self._local_address, self._token, requests)
+            else:
+                self._channel = client_channel(self._address, self._tls_cert)
+                stub = pb_grpc.CoordinatorStub(self._channel)
+                # wait_for_ready: a connection refused by a flooded server is retried; the lease bounds the wait.
+                self._call = stub.AgentStream(requests, metadata=call_metadata(self._token), wait_for_ready=True)
+        except BaseException:
+            if self._channel is not None:
+                self._channel.close()
+            self._relay.stop()
+            raise
         threading.Thread(target=self._receive, name="agent-commands", daemon=True).start()
         threading.Thread(target=self._heartbeat, name="agent-heartbeat", daemon=True).start()
 
@@ -102,8 +114,11 @@ class CoordinatorStream:
         the call. After `open()` only."""
         self._relay.stop()
         self._outbox.put(END_OF_STREAM)
-        self._call.cancel()
-        self._channel.close()
+        if self._channel is None:
+            self._call.close(LOCAL_CLOSE_TIMEOUT_S)
+        else:
+            self._call.cancel()
+            self._channel.close()
 
     def end(self, reason: str) -> None:
         """End the stream with `reason` (the first reason given stays): heartbeats stop, `ended`
@@ -172,6 +187,8 @@ class CoordinatorStream:
         except grpc.RpcError as exc:
             details = exc.details() if hasattr(exc, "details") else ""
             reason = f"the connection broke: {exc.code().name}" + (f" ({details})" if details else "")
+        except LocalStreamBroken as exc:
+            reason = str(exc)
         finally:
             self.end(reason)  # wakes the command loop now, not at its next poll
 

@@ -12,6 +12,7 @@ from minitrain.coordinator.metrics_log import MetricsLog
 from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.server import CoordinatorServer
 from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
+from minitrain import knobs
 from minitrain.errors import LaunchError
 from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import RunOutcome
@@ -31,10 +32,11 @@ class Launcher(Protocol):
         """Which of `bind_hosts()` the node `node_id` reaches this machine by."""
 
     def start(self, node_ids: list[str], address_for: Callable[[str], str], token: str, run_id: str,
-              tls_cert: bytes = b""):
+              tls_cert: bytes = b"", local_stream: str = ""):
         """Start one agent per node id, each told to dial `address_for(node_id)` and given the token and
-        the run's TLS certificate (empty when every bind is loopback) on stdin; returns handles with
-        `dead_agents()`, `relaunch(node_id)` and `stop()`."""
+        the run's TLS certificate (empty when every bind is loopback) on stdin; an agent started on this
+        machine may open its stream on `local_stream` (the coordinator's local socket, "" for none)
+        instead. Returns handles with `dead_agents()`, `relaunch(node_id)` and `stop()`."""
 
 
 def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol,
@@ -43,7 +45,8 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
     """Serve one run to its end and leave nothing running. `observers` are told of the run's
     progress (`minitrain.coordinator.observers`).
 
-    A fresh 256-bit token authenticates every RPC of the run. When the coordinator binds any address
+    A fresh 256-bit token authenticates every RPC of the run. An agent on this machine streams over the
+    coordinator's local socket (`minitrain.coordinator.local_agents`) unless MINITRAIN_LOCAL_AGENT_STREAM=0. When the coordinator binds any address
     that is not loopback (a multi-host run), a fresh certificate and key (`tls.new_run_identity`, in
     memory only) encrypt every connection there. A launcher with `run_credentials()` (agents that join,
     `minitrain.hosts.joining`) gives the token, identity and fixed port instead.
@@ -60,13 +63,14 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
     hub = Hub()
     service = CoordinatorService(spec.run_id, events, hub, log_sink, lease_timeout_s=LEASE_TIMEOUT_S,
                                  node_ids=tuple(spec.node_ids))
-    server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity, port=port).start()
+    server = CoordinatorServer(service, hub, token, hosts=bind_hosts, identity=identity, port=port,
+                               local_agents=knobs.LOCAL_AGENT_STREAM.get()).start()
     agents = None
     try:
         try:
             agents = launcher.start(list(spec.node_ids), lambda node_id: server.address_for(
                 launcher.bind_host_for(node_id)), token, spec.run_id,
-                identity.cert_pem if identity is not None else b"")
+                identity.cert_pem if identity is not None else b"", local_stream=server.local_agent_address)
         except OSError as exc:
             raise LaunchError(f"could not start the node agents: {exc}") from exc
         return Controller(spec, hub, events, agents, checkpoints, metrics_log, observers=observers).run()

@@ -10,6 +10,7 @@ from typing import Optional
 
 from grpc import aio
 
+from minitrain.coordinator.local_agents import LocalAgentListener
 from minitrain.coordinator.service import CoordinatorService, Hub
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S
@@ -62,6 +63,10 @@ class CoordinatorServer:
     `start()` first raises the process's file-descriptor limit (`limits.raise_fd_limit`) and caps
     accepted connections below it (`channel.server_options`).
 
+    With `local_agents`, the same service also serves agent streams on a Unix socket
+    (`minitrain.coordinator.local_agents`), whose `local_agent_address` an agent on this machine can dial
+    instead ("" when there is none: not asked for, or it could not listen, which is logged).
+
     `start()` returns once the server listens; `address_for(host)` is then what a client dials.
     `stop()` ends every stream and joins the thread. Usable as a context manager. While it runs, the
     process's young-generation GC threshold is GC_YOUNG_THRESHOLD (restored by `stop()`).
@@ -69,8 +74,10 @@ class CoordinatorServer:
 
     def __init__(self, service: CoordinatorService, hub: Hub, token: str,
                  hosts: "tuple[str, ...] | str" = ("127.0.0.1",),
-                 identity: Optional[tls.RunIdentity] = None, port: int = 0):
+                 identity: Optional[tls.RunIdentity] = None, port: int = 0, local_agents: bool = False):
         self._service = service
+        self._local = LocalAgentListener(service, token) if local_agents else None
+        self._local_address = ""
         self._hub = hub
         self._token = token
         self._hosts = (hosts,) if isinstance(hosts, str) else tuple(hosts)
@@ -98,6 +105,11 @@ class CoordinatorServer:
     def port(self) -> Optional[int]:
         """The port of the first bound address (None before start)."""
         return self._ports.get(self._hosts[0])
+
+    @property
+    def local_agent_address(self) -> str:
+        """"local:<socket path>" for an agent on this machine (after start), "" when there is none."""
+        return self._local_address
 
     def address_for(self, host: str) -> str:
         """host:port that a client reaching this machine at `host` dials."""
@@ -141,10 +153,19 @@ class CoordinatorServer:
             self._startup_error = exc
             self._ready.set()
             return
+        if self._local is not None:
+            try:
+                await self._local.start()
+                self._local_address = self._local.address
+            except OSError as exc:  # the agents dial gRPC on loopback instead: slower, not wrong
+                logger.warning("no local socket for this machine's agent (%s); it uses gRPC", exc)
+                self._local = None
         self._ready.set()
         leases = asyncio.ensure_future(self._service.watch_leases(HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S))
         await self._stopped.wait()
         leases.cancel()
+        if self._local is not None:
+            await self._local.stop()
         await self._server.stop(grace=0.5)
 
     def stop(self) -> None:

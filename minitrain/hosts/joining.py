@@ -181,8 +181,10 @@ class JoinLauncher:
     def bind_host_for(self, node_id: str) -> str:
         return self.bind_hosts()[0]
 
-    def start(self, node_ids: list[str], address_for, token: str, run_id: str, tls_cert: bytes = b""):
-        """Start the agents of the local hosts among `node_ids`; the others join by themselves."""
+    def start(self, node_ids: list[str], address_for, token: str, run_id: str, tls_cert: bytes = b"",
+              local_stream: str = ""):
+        """Start the agents of the local hosts among `node_ids` (on `local_stream` when given, see
+        `ClusterLauncher.start`); the others join by themselves."""
         local = [node_id for node_id in node_ids if node_id in self._local]
         waiting = [node_id for node_id in node_ids if node_id not in self._local]
         if waiting:
@@ -190,5 +192,6 @@ class JoinLauncher:
                         ", ".join(waiting), self._join.address, run_id)
         handles = None
         if local:
-            handles = self._local_launcher.start(local, lambda _: self._join.address, token, run_id, tls_cert)
+            handles = self._local_launcher.start(local, lambda _: self._join.address, token, run_id, tls_cert,
+                                                 local_stream)
         return JoinedAgents(handles, frozenset(local))

@@ -161,12 +161,12 @@ class ClusterLauncher:
         """Every distinct local address the hosts reach this machine by."""
         return tuple(dict.fromkeys(self.bind_host_for(name) for name in self._hosts))
 
-    def _argv(self, host: HostSpec, coordinator_address: str, run_id: str) -> list[str]:
+    def _argv(self, host: HostSpec, coordinator_address: str, run_id: str, local_stream: str = "") -> list[str]:
         python = self._cluster.resolved_python()
         agent = [python, "-m", "minitrain.agent", "--coordinator", coordinator_address,
                  "--node-id", host.name, "--run-id", run_id]
         if host.local:
-            return agent
+            return agent + (["--local-stream", local_stream] if local_stream else [])
         if self._cluster.launcher == "srun":
             return srun_argv(host.name, agent, self._cluster.resolved_workdir(),
                              job_id=self._cluster.slurm_job_id)
@@ -176,10 +176,12 @@ class ClusterLauncher:
         return ssh_argv(host, self._cluster.ssh, command)
 
     def start(self, node_ids: list[str], address_for, token: str, run_id: str,
-              tls_cert: bytes = b"") -> LaunchedAgents:
+              tls_cert: bytes = b"", local_stream: str = "") -> LaunchedAgents:
         """Start one agent per node id and hand each, on stdin (never argv or environment), the token
         on the first line and then `tls_cert` (the run's certificate in PEM, to pin; empty when every
-        address is loopback); `address_for(node_id)` is the coordinator address that agent dials."""
+        address is loopback); `address_for(node_id)` is the coordinator address that agent dials. An
+        agent on this machine opens its stream on `local_stream` (the coordinator's local socket,
+        "local:<path>") when one is given."""
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([*self._pythonpath, env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env["PYTHONUNBUFFERED"] = "1"
@@ -187,7 +189,7 @@ class ClusterLauncher:
             env = srun_environment(env)
 
         def start_agent(node_id: str) -> AgentProcess:
-            argv = self._argv(self._hosts[node_id], address_for(node_id), run_id)
+            argv = self._argv(self._hosts[node_id], address_for(node_id), run_id, local_stream)
             process = procs.spawn(argv, env={**env, **self._agent_env.get(node_id, {})}, stdout=subprocess.DEVNULL)
             process.stdin.write(token.encode() + b"\n" + tls_cert)
             process.stdin.close()

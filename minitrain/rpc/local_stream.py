@@ -21,16 +21,23 @@ The exchange, on one `SOCK_STREAM` connection per worker stream:
    ends its own side), and the relay ends its side when the coordinator closes the stream.
 
 A frame is a 4-byte big-endian length and that many bytes (at most MAX_FRAME_BYTES, gRPC's own limit).
+
+The node agent on the coordinator's own machine speaks the same framing to the coordinator
+(`minitrain.coordinator.local_agents`, `minitrain.agent.local_call`) instead of gRPC on loopback: its hello
+holds AGENT_HELLO_MAGIC and the run token (no doorbell), then serialized `AgentMessage`s go up and
+serialized `AgentCommand`s come down, each side ending its writes with `shutdown(SHUT_WR)`.
 """
 
 from __future__ import annotations
 
+import hmac
 import struct
 
 from minitrain.rpc.channel import MAX_MESSAGE_BYTES
 
 SCHEME = "local:"  # a relayed worker's address: "local:<socket path>"
-HELLO_MAGIC = b"minitrain-local-stream-1\n"
+HELLO_MAGIC = b"minitrain-local-stream-1\n"  # a worker's stream on its agent's relay
+AGENT_HELLO_MAGIC = b"minitrain-agent-stream-1\n"  # an agent's stream on its coordinator's local socket
 HELLO_TIMEOUT_S = 10.0
 MAX_HELLO_BYTES = 4096
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
@@ -99,9 +106,16 @@ def frame(payload: bytes) -> bytes:
     return _LENGTH.pack(len(payload)) + payload
 
 
-def hello(token: str) -> bytes:
-    """The hello frame a worker sends first (its doorbell goes along as SCM_RIGHTS)."""
-    return frame(HELLO_MAGIC + token.encode())
+def hello(token: str, magic: bytes = HELLO_MAGIC) -> bytes:
+    """The hello frame a worker (`magic` HELLO_MAGIC: its doorbell goes along as SCM_RIGHTS) or an agent
+    (AGENT_HELLO_MAGIC) sends first."""
+    return frame(magic + token.encode())
+
+
+def hello_matches(payload: bytes, magic: bytes, token: bytes) -> bool:
+    """Whether a hello frame's `payload` is `magic` and the run's `token` (compared in constant time: the
+    check every local stream passes before anything else of it is parsed)."""
+    return payload.startswith(magic) and hmac.compare_digest(payload[len(magic):], token)
 
 
 class FrameReader:

@@ -94,7 +94,9 @@ def test_agents_start_as_steps_and_the_token_travels_only_on_stdin(fake_srun, tm
     monkeypatch.setenv("FAKE_SRUN_STDIN", str(stdin_file))
     monkeypatch.setenv("SLURM_GPUS_PER_TASK", "1")  # the user's own steps' shape: not the agent's
     launcher = ClusterLauncher(CLUSTER, pythonpath=("/shared/code",))
-    agents = launcher.start(["n01", "n02"], lambda node: f"10.0.0.1:5000", TOKEN, "run1", tls_cert=b"CERT")
+    # The coordinator's local socket is for an agent on its own machine: remote steps dial gRPC.
+    agents = launcher.start(["n01", "n02"], lambda node: f"10.0.0.1:5000", TOKEN, "run1", tls_cert=b"CERT",
+                            local_stream="local:/tmp/minitrain-coordinator-x/agents.sock")
     try:
         for agent in agents.agents:
             agent.process.wait(timeout=30)

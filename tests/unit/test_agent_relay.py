@@ -19,7 +19,7 @@ import pytest
 from minitrain.agent import relay as relay_module
 from minitrain.agent.relay import RelayServer, coalesced_requests
 from minitrain.agent.stream import CoordinatorStream
-from minitrain.rpc import local_stream
+from minitrain.rpc import local_stream, socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
 from minitrain.worker.client import StreamClosed, WorkerClient
@@ -313,7 +313,7 @@ def test_only_the_directories_of_dead_agents_are_swept(tmp_path):
     dead_with_stranger = relay_directory("stranger", files=("relay.sock", "owner.lock", "not-ours"))
     being_made = relay_directory("new", files=())  # no lock file yet: not ours to judge
     alive = relay_directory("alive", files=("relay.sock",))
-    held = relay_module._hold_owner_lock(alive)  # as a live agent holds it
+    held = socket_directory._hold_lock(alive)  # as a live agent holds it
     other = tmp_path / "something-else"
     other.mkdir()
     (other / "owner.lock").touch()

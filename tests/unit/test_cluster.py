@@ -288,3 +288,27 @@ def test_init_needs_exactly_one_source_and_changes_nothing_on_error(clean_cluste
     with pytest.raises(ConfigError, match="SSHOptions.port"):
         cluster.init("gpu2", ssh_port=0)
     assert cluster.current_cluster() is made
+
+
+def test_only_an_agent_on_this_machine_is_given_the_coordinator_s_local_socket():
+    from minitrain.hosts.launcher import ClusterLauncher
+
+    config = ClusterConfig(hosts=(HostSpec("localhost", 2, local=True), HostSpec("gpu1", 2, local=False)),
+                           python="python3")
+    launcher = ClusterLauncher(config)
+    local = launcher._argv(config.hosts[0], "10.0.0.1:5000", "run1", "local:/tmp/c/agents.sock")
+    assert local == ["python3", "-m", "minitrain.agent", "--coordinator", "10.0.0.1:5000", "--node-id", "localhost",
+                     "--run-id", "run1", "--local-stream", "local:/tmp/c/agents.sock"]
+    assert "--local-stream" not in launcher._argv(config.hosts[0], "127.0.0.1:5000", "run1", "")
+    remote = launcher._argv(config.hosts[1], "10.0.0.1:5000", "run1", "local:/tmp/c/agents.sock")
+    assert "--local-stream" not in remote and not any("agents.sock" in part for part in remote)
+
+
+def test_the_agent_refuses_a_local_stream_that_is_not_a_local_address(capsys):
+    from minitrain.agent.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--coordinator", "127.0.0.1:1", "--run-id", "r", "--local-stream", "/tmp/agents.sock"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--local-stream '/tmp/agents.sock' is not local:<socket path>" in error

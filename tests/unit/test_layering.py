@@ -87,8 +87,8 @@ LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(m
 # (client, with its transports grpc_client and local_client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
 # (bench.scale.clients and bench.scale.fake_worker, and their streams in bench.scale.links).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.worker_streams",
-             "minitrain.coordinator.server",
-             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.worker.client", "minitrain.worker.grpc_client",
+             "minitrain.coordinator.server", "minitrain.coordinator.local_agents",
+             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.agent.local_call", "minitrain.worker.client", "minitrain.worker.grpc_client",
              "minitrain.worker.local_client", "bench.scale.clients",
              "bench.scale.fake_worker", "bench.scale.links"}
 GENERATED = "minitrain.rpc._gen"
