@@ -142,7 +142,6 @@ def _fork_workers(sock: socket.socket, slots: list[list[int]]) -> int | None:
             os.close(read_pid)
             os.close(write_pid)
             errors[index] = f"fork failed: {exc}"
-            intermediate = 0
             pending.append((0, -1))
         else:
             if intermediate == 0:  # the intermediate: only this slot's descriptors stay open
