@@ -272,3 +272,19 @@ def test_an_agent_that_stops_reading_is_still_found_by_its_lease(monkeypatch):
                                                               env={}, relay=True))
         lost = _next_event(events, ev.AgentLost)
         assert lost.node_id == "localhost" and lost.reason.startswith("it sent nothing for ")
+
+
+def test_a_socket_that_cannot_be_made_leaves_the_agent_on_grpc(tmp_path, monkeypatch, caplog):
+    """A temporary directory whose path is too long for a Unix socket (or a full disk): the coordinator
+    still serves, over gRPC alone, says why, and leaves nothing behind."""
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    hub = Hub()
+    service = CoordinatorService(RUN_ID, events, hub, _Logs(), lease_timeout_s=60.0)
+    with CoordinatorServer(service, hub, TOKEN, local_agents=True) as server:
+        assert server.local_agent_address == "" and server.port
+        assert any("no local socket for this machine's agent" in r.getMessage() and "set TMPDIR" in r.getMessage()
+                   for r in caplog.records)
+    assert os.listdir(deep) == []
