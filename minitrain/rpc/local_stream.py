@@ -154,9 +154,15 @@ class FrameReader:
         return frames
 
 
+_ONE_BYTE = tuple(bytes((value,)) for value in range(0x80))  # every varint below 128 is its own byte
+
+
 def varint(value: int) -> bytes:
     """`value` (>= 0) as a protobuf varint (to wrap a serialized message as a field of another without
-    parsing it: protobuf merges concatenated fields)."""
+    parsing it: protobuf merges concatenated fields). Values below 128 (a report's field tag and length)
+    come from a table: this runs in every report()."""
+    if value < 0x80:
+        return _ONE_BYTE[value]
     out = bytearray()
     while True:
         low = value & 0x7F

@@ -12,6 +12,9 @@ import stat
 import time
 
 import pytest
+from google.protobuf.internal.encoder import _VarintBytes
+from hypothesis import given
+from hypothesis import strategies as st
 
 from minitrain import commands as cmd
 from minitrain.agent.local_call import LocalAgentCall, LocalStreamBroken
@@ -288,3 +291,18 @@ def test_a_socket_that_cannot_be_made_leaves_the_agent_on_grpc(tmp_path, monkeyp
         assert any("no local socket for this machine's agent" in r.getMessage() and "set TMPDIR" in r.getMessage()
                    for r in caplog.records)
     assert os.listdir(deep) == []
+
+
+@given(value=st.integers(min_value=0, max_value=2**64 - 1))
+def test_varint_is_protobuf_s_own_encoding(value):
+    """The table for values below 128 and the loop above it give exactly protobuf's bytes (a report's
+    field is spliced into its message by these bytes, unparsed)."""
+    assert local_stream.varint(value) == _VarintBytes(value)
+
+
+def test_a_spliced_field_parses_as_the_field():
+    report = pb.Report(round=7, metrics_json='{"loss": 0.5}' * 20)  # longer than 127 bytes: a 2-byte length
+    header = pb.WorkerMessage(run_id=RUN_ID, attempt=1, rank=2).SerializeToString()
+    field = pb.WorkerMessage.DESCRIPTOR.fields_by_name["report"].number
+    spliced = pb.WorkerMessage.FromString(header + local_stream.message_field(field, report.SerializeToString()))
+    assert spliced == pb.WorkerMessage(run_id=RUN_ID, attempt=1, rank=2, report=report)
