@@ -43,10 +43,16 @@ class QueuedReport:
         return bool(self.dir_name) or self.wants_receipt
 
     def to_message(self) -> pb.Report:
-        """Its protobuf form; a checkpoint (`dir_name`) asks for the commit acknowledgement."""
-        return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at,
-                         checkpoint_dir_name=self.dir_name, wants_ack=bool(self.dir_name), staged=self.staged,
-                         wants_receipt=self.wants_receipt)
+        """Its protobuf form; a checkpoint (`dir_name`) asks for the commit acknowledgement. A plain report
+        (every step's) sets only the fields that differ from their defaults: each one set costs report()."""
+        if self.dir_name or self.staged:
+            return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at,
+                             checkpoint_dir_name=self.dir_name, wants_ack=bool(self.dir_name), staged=self.staged,
+                             wants_receipt=self.wants_receipt)
+        if self.wants_receipt:
+            return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at,
+                             wants_receipt=True)
+        return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at)
 
 
 class StreamClosed(RuntimeError):

@@ -165,3 +165,15 @@ def test_a_failed_async_upload_fails_the_worker_and_the_drain(run, tmp_path):
     with pytest.raises(UploadFailed, match="disk full"):
         session.finish()
     assert client.sent == []
+
+
+@pytest.mark.parametrize("round_", [0, 63])  # 63 asks for a receipt
+@pytest.mark.parametrize("dir_name, staged", [("", False), ("checkpoint_000001", False), ("checkpoint_000001", True)])
+def test_a_queued_report_s_message_is_every_field_it_holds(round_, dir_name, staged):
+    from minitrain.rpc._gen import minitrain_pb2 as pb
+    from minitrain.worker.client import QueuedReport
+
+    queued = QueuedReport(round_, '{"loss": 1.5}', dir_name, staged)
+    assert queued.to_message() == pb.Report(
+        round=round_, metrics_json='{"loss": 1.5}', reported_at=queued.reported_at, checkpoint_dir_name=dir_name,
+        wants_ack=bool(dir_name), staged=staged, wants_receipt=round_ == 63)
