@@ -33,6 +33,9 @@ def requeue_after_preemption(job_id: str) -> bool:
                        "page of the docs), or run the same script again: it resumes from the agreed checkpoint.",
                        job_id, job_id)
         return False
+    # Said before the call: once Slurm accepts the requeue it ends the job's processes, this one with them,
+    # and the line after the call can be lost (an e2e run on a loaded machine lost it).
+    logger.warning("preempted: Slurm job %s is to be requeued now (scontrol requeue)", job_id)
     try:
         done = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True,
                               stdin=subprocess.DEVNULL, timeout=SCONTROL_TIMEOUT_S)

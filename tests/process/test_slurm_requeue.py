@@ -34,7 +34,9 @@ def test_a_preempted_job_is_requeued_with_scontrol(scontrol, caplog):
     with caplog.at_level(logging.WARNING, logger="minitrain"):
         assert requeue_after_preemption("4242") is True
     assert scontrol() == [["requeue", "4242"]]
-    assert "Slurm job 4242 requeued" in caplog.text
+    # The intent is logged before the call (Slurm may end this process as soon as it accepts), then the result.
+    intent = caplog.text.index("Slurm job 4242 is to be requeued now")
+    assert intent < caplog.text.index("Slurm job 4242 requeued")
 
 
 def test_a_refused_requeue_is_logged_with_slurm_s_answer_and_never_raises(scontrol, caplog, monkeypatch):
