@@ -88,7 +88,8 @@ LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(m
 # (bench.scale.clients and bench.scale.fake_worker, and their streams in bench.scale.links).
 TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.worker_streams",
              "minitrain.coordinator.server", "minitrain.coordinator.local_agents",
-             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.agent.local_call", "minitrain.worker.client", "minitrain.worker.grpc_client",
+             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.agent.local_call", "minitrain.worker.client",
+             "minitrain.worker.grpc_client",
              "minitrain.worker.local_client", "bench.scale.clients",
              "bench.scale.fake_worker", "bench.scale.links"}
 GENERATED = "minitrain.rpc._gen"
