@@ -1,7 +1,7 @@
 """The agent's stream on the coordinator's local socket (minitrain.coordinator.local_agents,
-minitrain.agent.local_call), in process over a real Unix socket, served by the real coordinator server and service: the same events and
-commands as over gRPC, the token checked before anything is parsed, hostile connections refused, every way
-the stream ends, and the private directory it lives in."""
+minitrain.agent.local_call), in process over a real Unix socket, served by the real coordinator server
+and service: the same events and commands as over gRPC, the token checked before anything is parsed,
+hostile connections refused, every way the stream ends, and the private directory it lives in."""
 
 from __future__ import annotations
 
