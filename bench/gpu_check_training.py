@@ -177,7 +177,7 @@ def report_parts_us(calls: int = 20000) -> dict:
     or a lock can cost far more than on bare metal; the parts say which."""
     from minitrain import waits
     from minitrain.metrics import encode_metrics
-    from minitrain.worker.client import QueuedReport
+    from minitrain.worker.transport.client import QueuedReport
 
     recorder = waits._recorder
     parts = {"time.time": time.time, "time.perf_counter": time.perf_counter,

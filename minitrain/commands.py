@@ -1,7 +1,7 @@
 """The coordinator's commands to node agents and workers, as frozen records (L0, stdlib only).
 
 The coordinator's core (`WorkerGroup`, `Commits`, the controller) says what it wants done in these
-records and hands them to its `minitrain.coordinator.outbox.Outbox`; the gRPC `Hub` converts them to
+records and hands them to its `minitrain.coordinator.facts.outbox.Outbox`; the gRPC `Hub` converts them to
 protobuf in `minitrain.rpc.convert`. On the other side, the agent and the worker get the same records
 back from `minitrain.rpc.convert`, so no runtime's core reads protobuf. They live below all three
 runtimes because all three use them (runtimes never import each other).

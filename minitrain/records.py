@@ -156,7 +156,7 @@ class ReportRecord(NamedTuple):
 
 @dataclass(frozen=True, slots=True)
 class RunEvent:
-    """Base of the facts the controller consumes; see coordinator/events.py for the kinds."""
+    """Base of the facts the controller consumes; see coordinator/facts/events.py for the kinds."""
 
 
 @dataclass(frozen=True)

@@ -30,18 +30,18 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minitrain.config import CheckpointConfig, FailureConfig  # noqa: E402
-from minitrain.coordinator import events as ev  # noqa: E402
-from minitrain.coordinator.attempt import AttemptTracker  # noqa: E402
+from minitrain.coordinator.facts import events as ev  # noqa: E402
+from minitrain.coordinator.facts.attempt import AttemptTracker  # noqa: E402
 from minitrain.coordinator.controller import Controller, RunSpec  # noqa: E402
-from minitrain.coordinator.decide import Loop, Stage, decide  # noqa: E402
-from minitrain.coordinator.hangs import Pace  # noqa: E402
-from minitrain.coordinator.metrics_log import MetricsLog  # noqa: E402
-from minitrain.coordinator.monitor import RunMonitor  # noqa: E402
+from minitrain.coordinator.policy.decide import Loop, Stage, decide  # noqa: E402
+from minitrain.coordinator.policy.hangs import Pace  # noqa: E402
+from minitrain.coordinator.facts.metrics_log import MetricsLog  # noqa: E402
+from minitrain.monitoring.monitor import RunMonitor  # noqa: E402
 from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample  # noqa: E402
 from minitrain.coordinator.outcome import run_outcome  # noqa: E402
-from minitrain.coordinator.service import Hub  # noqa: E402
+from minitrain.coordinator.transport.service import Hub  # noqa: E402
 from minitrain.run_state import RunState  # noqa: E402
-from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
+from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment  # noqa: E402
 from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402
 from minitrain.storage.filesystem import Storage  # noqa: E402

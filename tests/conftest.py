@@ -88,9 +88,9 @@ def _private_temp_dir(tmp_path_factory):
 
 @pytest.fixture
 def relay(request, upward):
-    """A started agent relay (minitrain.agent.relay.RelayServer) that takes the test module's `TOKEN` and
+    """A started agent relay (minitrain.agent.transport.relay.RelayServer) that takes the test module's `TOKEN` and
     hands every relayed item to the module's `upward` fixture's `send_up`; stopped after the test."""
-    from minitrain.agent.relay import RelayServer
+    from minitrain.agent.transport.relay import RelayServer
 
     server = RelayServer(request.module.TOKEN, upward.send_up).start()
     yield server

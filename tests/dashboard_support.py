@@ -1,4 +1,4 @@
-"""A run in the shape of the run monitor's read API (minitrain.coordinator.monitor.RunMonitor), with
+"""A run in the shape of the run monitor's read API (minitrain.monitoring.monitor.RunMonitor), with
 fixed values: the dashboard's unit tests check what it serves against these, value by value."""
 
 import signal

@@ -1,9 +1,9 @@
-"""Driving the controller's pure policy (`minitrain.coordinator.decide.decide`) through a script of
+"""Driving the controller's pure policy (`minitrain.coordinator.policy.decide.decide`) through a script of
 observations, for the unit tests of the fixed-size and the elastic rules."""
 
 from __future__ import annotations
 
-from minitrain.coordinator.decide import Loop, Rules, decide
+from minitrain.coordinator.policy.decide import Loop, Rules, decide
 
 
 def run_script(script, loop: Loop, rules: Rules):

@@ -212,9 +212,9 @@ def simulate(spec: dict, observers=()):
     from minitrain.storage.checkpoint_manager import CheckpointManager
     from minitrain.config import CheckpointConfig, FailureConfig
     from minitrain.coordinator.controller import LaunchSettings, RunSpec
-    from minitrain.coordinator.metrics_log import MetricsLog
+    from minitrain.coordinator.facts.metrics_log import MetricsLog
     from minitrain.coordinator.run import run_coordinator
-    from minitrain.logs import LogSink
+    from minitrain.driver.logs import LogSink
     from minitrain.storage.layout import LOGS_DIR
     from minitrain.storage.filesystem import Storage
 
@@ -238,7 +238,7 @@ def simulate(spec: dict, observers=()):
     tap = ReportTap(spec["warmup_rounds"])
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)
     if spec.get("monitor", False):  # as TorchTrainer.fit() does: its RunMonitor is the first observer
-        from minitrain.coordinator.monitor import RunMonitor
+        from minitrain.monitoring.monitor import RunMonitor
 
         observers = [RunMonitor(storage, kept_dir_names=lambda: checkpoints.committed_dir_names), *observers]
     try:

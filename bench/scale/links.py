@@ -1,10 +1,10 @@
 """How the scale simulation's fake workers' streams reach the coordinator (`transport` in the
 configuration of `bench.scale.clients`):
 - "relayed" (the default, as the product runs): the worker's stream is carried by its node's agent,
-  as `minitrain.agent.relay` carries a real worker's (one connection per host). The agent numbers
+  as `minitrain.agent.transport.relay` carries a real worker's (one connection per host). The agent numbers
   each worker stream it carries (1, 2, ..., never reused) and puts one `RelayedMessage` per worker
   message on its upward FIFO, the same FIFO as its own messages, then `closed` when the worker's stream
-  ends. It coalesces with the real agent's code (`minitrain.agent.relay.coalesce`): having taken an
+  ends. It coalesces with the real agent's code (`minitrain.agent.transport.relay.coalesce`): having taken an
   item, its request iterator also takes everything already queued behind it (at most MAX_BATCH_ITEMS
   and MAX_BATCH_BYTES), runs of relayed items as one `AgentMessage(relayed=RelayedUp)`, several messages
   as one `AgentBatch`. An item put while the iterator waits goes at once, alone; items put while gRPC
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from grpc import aio
 
-from minitrain.agent.relay import NOTHING_QUEUED, coalesce
+from minitrain.agent.transport.relay import NOTHING_QUEUED, coalesce
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.channel import CLIENT_OPTIONS
@@ -61,7 +61,7 @@ async def _direct_requests(outbox: asyncio.Queue, worker: "FakeWorker", stats: "
 class AgentUpstream:
     """A fake agent's upward FIFO: its own AgentMessages and, in order with them, the `RelayedMessage`
     items of its workers' streams. `requests()` is the AgentStream's request iterator and coalesces as
-    the real agent's (`minitrain.agent.relay.coalesced_requests`, with its caps) does."""
+    the real agent's (`minitrain.agent.transport.relay.coalesced_requests`, with its caps) does."""
 
     def __init__(self, run_id: str, node_id: str, stats: "Stats", digest: bool = True):
         self._run_id, self._node_id, self._stats, self._digest = run_id, node_id, stats, digest
@@ -95,7 +95,7 @@ class AgentUpstream:
 
     async def requests(self):
         """Yield the queue's messages until _END, each as the real agent's request iterator makes it
-        (`minitrain.agent.relay.coalesce`: what is queued together goes as one message). Nothing waits
+        (`minitrain.agent.transport.relay.coalesce`: what is queued together goes as one message). Nothing waits
         for more items to come."""
         queued, stats = self._items, self._stats
 
@@ -116,7 +116,7 @@ class AgentUpstream:
             yield message
 
     def _batch(self, items: list, queued_at: float) -> pb.AgentMessage:
-        if self._digest:  # as the real agent does (minitrain.agent.stream)
+        if self._digest:  # as the real agent does (minitrain.agent.transport.stream)
             items = fold_reports(items, self._run_id)
         return pb.AgentMessage(run_id=self._run_id, node_id=self._node_id, sent_at=queued_at,
                                relayed=pb.RelayedUp(items=items))

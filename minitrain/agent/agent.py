@@ -4,10 +4,10 @@ The agent decides nothing about the run. It starts workers when told, stops them
 reports what happened (spawned, exited with code or signal, their output lines). If its stream with
 the coordinator breaks or goes silent past the lease timeout, it kills its workers and exits: no
 worker outlives its coordinator. It never imports torch. Its workers' streams go through it: they
-dial the agent's relay (minitrain.agent.relay), whose messages share the agent's one stream.
+dial the agent's relay (minitrain.agent.transport.relay), whose messages share the agent's one stream.
 
 This module supervises processes; the stream itself (the lease, heartbeats, the relay, protobuf) is
-`minitrain.agent.stream.CoordinatorStream`. The agent gets the coordinator's commands from it as the
+`minitrain.agent.transport.stream.CoordinatorStream`. The agent gets the coordinator's commands from it as the
 records of `minitrain.commands` and reports its facts through its typed methods.
 """
 
@@ -30,7 +30,7 @@ from minitrain import procs
 from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import READY_WAIT_S, StartedWorker, ForkServerPool, start_worker
-from minitrain.agent.stream import CoordinatorStream
+from minitrain.agent.transport.stream import CoordinatorStream
 from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import NodeInfo
 
@@ -303,7 +303,7 @@ class NodeAgent:
         if self._descendants is not None:
             # Before the bootstrap line: the worker runs no user code, so it has started nothing yet.
             self._descendants.add_worker(process.pid, attempt)
-        if start.relay:  # our relay: a local socket, plaintext (minitrain.agent.relay)
+        if start.relay:  # our relay: a local socket, plaintext (minitrain.agent.transport.relay)
             coordinator, tls_cert = self._stream.relay_address, ""
         else:  # a direct stream to the coordinator
             coordinator = start.coordinator_address or self._address

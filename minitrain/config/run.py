@@ -98,7 +98,7 @@ class FailureConfig:
     away), so the resume is the next `fit()` of the same run; `PreemptionError.resumable` is False
     once the run's preemptions exceed the budget (0: never resume). It never counts against
     `max_failures`. The run's one failure budget is the controller's `Rules`
-    (`minitrain.coordinator.decide`), built from this config.
+    (`minitrain.coordinator.policy.decide`), built from this config.
     """
 
     max_failures: int = 0
@@ -192,7 +192,7 @@ class MonitoringConfig:
 
     A rank is a straggler while the median of its last `straggler_window` work times per step (about
     one telemetry sample a second) is at least `straggler_factor` times the other ranks' median, once
-    it has `straggler_min_samples` samples (`minitrain.coordinator.stragglers`). Off a terminal the
+    it has `straggler_min_samples` samples (`minitrain.monitoring.stragglers`). Off a terminal the
     status is one summary line every `status_interval_s` seconds. A field left None takes its
     environment variable (`minitrain.knobs`: MINITRAIN_STRAGGLER_FACTOR, MINITRAIN_STRAGGLER_WINDOW,
     MINITRAIN_STRAGGLER_MIN_SAMPLES, MINITRAIN_STATUS_INTERVAL_S) when the config is built, else the

@@ -1,6 +1,6 @@
 """The controller: the one owner of a run's lifecycle, as one stepped loop, and only that loop.
 
-It runs on the thread that called `fit()`; servicer threads put facts (events, coordinator/events.py)
+It runs on the thread that called `fit()`; servicer threads put facts (events, coordinator/facts/events.py)
 into its queue. Each turn (`step`) it
 - takes every queued event (waiting for the first up to the next moment a deadline can pass: see
   `_next_wait`) and routes it by type, through one
@@ -27,26 +27,26 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.commands import Shutdown
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.commits import CheckpointBook, Commits
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
-from minitrain.coordinator.decide import (
+from minitrain.coordinator.policy.decide import (
     Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, LogLate, Loop,
     MoveTo, PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
-from minitrain.coordinator.elastic import Resize, attempt_size, fitting_workers, resize_reason
-from minitrain.coordinator.hang_watch import HangWatch
-from minitrain.coordinator.hangs import AUTO_FLOOR_S, HangRule
-from minitrain.coordinator.membership import AgentHandles, HostBackoff, Membership
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.policy.elastic import Resize, attempt_size, fitting_workers, resize_reason
+from minitrain.coordinator.facts.hang_watch import HangWatch
+from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule
+from minitrain.coordinator.facts.membership import AgentHandles, HostBackoff, Membership
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
 from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
-from minitrain.coordinator.outbox import Outbox
-from minitrain.coordinator.preemption import DRIVER, Preemption
+from minitrain.coordinator.facts.outbox import Outbox
+from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.coordinator.preemption_signals import preemption_noted
-from minitrain.coordinator.ranks import assign_ranks, node_assignments
+from minitrain.coordinator.policy.ranks import assign_ranks, node_assignments
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.worker_group import LaunchSettings, WorkerGroup, warm_up_command
+from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup, warm_up_command
 from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move

@@ -46,7 +46,7 @@ from minitrain.run_state import RunState
 from minitrain.storage.retention import CheckpointRecord
 
 if TYPE_CHECKING:
-    from minitrain.coordinator.elastic import Resize
+    from minitrain.coordinator.policy.elastic import Resize
 
 logger = logging.getLogger("minitrain")
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from minitrain.coordinator.attempt import AttemptTracker
-from minitrain.coordinator.commits import History
-from minitrain.coordinator.decide import CATCH_UP_S, Loop, MoveTo, Rules, Stage
-from minitrain.coordinator.preemption import DRIVER, Preemption
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.commits import History
+from minitrain.coordinator.policy.decide import CATCH_UP_S, Loop, MoveTo, Rules, Stage
+from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState, ray_status

@@ -6,7 +6,7 @@ Two scopes, both on the main thread only, both leaving a handler of the user's o
   it, SIGUSR2's default action would kill the driver in those windows.
 - `preemption_noted`, while the controller's loop and its teardown run: each signal calls `note(name)`,
   which queues an event for the loop (the controller's `preempt`: a SimpleQueue put, which Python
-  allows in a signal handler). The loop decides at its next turn (coordinator/decide.py).
+  allows in a signal handler). The loop decides at its next turn (coordinator/policy/decide.py).
 """
 
 from __future__ import annotations

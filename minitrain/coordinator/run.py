@@ -7,12 +7,12 @@ import queue
 from typing import Callable, Protocol, Sequence
 
 from minitrain import knobs
-from minitrain.coordinator.commits import CheckpointBook
+from minitrain.coordinator.facts.commits import CheckpointBook
 from minitrain.coordinator.controller import Controller, RunSpec
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import RunObserver
-from minitrain.coordinator.server import CoordinatorServer
-from minitrain.coordinator.service import CoordinatorService, Hub, LogSinkProtocol
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import CoordinatorService, Hub, LogSinkProtocol
 from minitrain.errors import LaunchError
 from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import RunOutcome
@@ -46,7 +46,7 @@ def run_coordinator(spec: RunSpec, launcher: Launcher, log_sink: LogSinkProtocol
     progress (`minitrain.coordinator.observers`).
 
     A fresh 256-bit token authenticates every RPC of the run. An agent on this machine streams over the
-    coordinator's local socket (`minitrain.coordinator.local_agents`) unless MINITRAIN_LOCAL_AGENT_STREAM=0.
+    coordinator's local socket (`minitrain.coordinator.transport.local_agents`) unless MINITRAIN_LOCAL_AGENT_STREAM=0.
     When the coordinator binds any address that is not loopback (a multi-host run), a fresh certificate and
     key (`tls.new_run_identity`, in memory only) encrypt every connection there. A launcher with
     `run_credentials()` (agents that join, `minitrain.hosts.joining`) gives the token, identity and fixed

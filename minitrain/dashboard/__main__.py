@@ -15,7 +15,7 @@ import sys
 import threading
 from typing import Optional, Sequence
 
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.dashboard import serve
 from minitrain.dashboard.settings import DashboardAddress, parse_address
 from minitrain.dashboard.sweep import is_sweep_dir, sweep_routes

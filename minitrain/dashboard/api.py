@@ -1,7 +1,7 @@
 """The dashboard's JSON views: what `/api/...` answers, computed from a run monitor.
 
 Each view is a plain function of the monitor and the query string, so it is tested without a server.
-The monitor is `minitrain.coordinator.monitor.RunMonitor` (live, in the driver) or the same read API
+The monitor is `minitrain.monitoring.monitor.RunMonitor` (live, in the driver) or the same read API
 rebuilt from a run directory (post hoc); anything with the `RunView` methods will do.
 """
 
@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping, Optional, Protocol
 
 
 class RunView(Protocol):
-    """The read API of a run monitor the dashboard uses (see minitrain.coordinator.monitor)."""
+    """The read API of a run monitor the dashboard uses (see minitrain.monitoring.monitor)."""
 
     def run(self) -> dict: ...
 

@@ -14,7 +14,7 @@ import math
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from minitrain.coordinator.diagnoses import startup_status, startup_text
+from minitrain.monitoring.diagnoses import startup_status, startup_text
 from minitrain.dashboard.api import RunView, snapshot
 from minitrain.run_state import RunState, from_ray_status
 

@@ -5,7 +5,7 @@ holds whole GPUs, workers of a fractional share pack onto them), and CPUs and me
 ``resources_per_worker`` names them (an unnamed CPU is not claimed, so CPU runs on one machine may
 share its cores as they always could). `room` is how many workers a host holds now; `plan` places
 the workers over the hosts' rooms by the run's placement strategy, as
-`minitrain.coordinator.ranks.assign_ranks` will place its ranks on what the run is then given.
+`minitrain.coordinator.policy.ranks.assign_ranks` will place its ranks on what the run is then given.
 An elastic run (`ScalingConfig(num_workers=(min, max))`) is planned at the largest size that fits now,
 down to its minimum (`Need.sizes`).
 """

@@ -4,7 +4,7 @@ A relayed worker does not speak gRPC to its agent: gRPC costs every message a wa
 threads on both ends, and on a CPU-bound host that CPU comes out of the training. Instead the worker
 writes each message, as it is made, to a Unix stream socket in the relay's private directory, and the
 agent reads what its workers wrote once every READ_INTERVAL_S (or at once when a worker rings its
-doorbell), and sends it up as one message for the whole host (`minitrain.agent.relay`). A plain
+doorbell), and sends it up as one message for the whole host (`minitrain.agent.transport.relay`). A plain
 report() is one write: no thread wakes, and what was written survives the worker (a SIGKILLed worker's
 reports are still read from the socket).
 
@@ -23,7 +23,7 @@ The exchange, on one `SOCK_STREAM` connection per worker stream:
 A frame is a 4-byte big-endian length and that many bytes (at most MAX_FRAME_BYTES, gRPC's own limit).
 
 The node agent on the coordinator's own machine speaks the same framing to the coordinator
-(`minitrain.coordinator.local_agents`, `minitrain.agent.local_call`) instead of gRPC on loopback: its hello
+(`minitrain.coordinator.transport.local_agents`, `minitrain.agent.transport.local_call`) instead of gRPC on loopback: its hello
 holds AGENT_HELLO_MAGIC and the run token (no doorbell), then serialized `AgentMessage`s go up and
 serialized `AgentCommand`s come down, each side ending its writes with `shutdown(SHUT_WR)`.
 """
@@ -43,7 +43,7 @@ MAX_HELLO_BYTES = 4096
 MAX_FRAME_BYTES = MAX_MESSAGE_BYTES
 # When the relay reads, so that a fast loop's reports leave together and a slow loop's at once, with no
 # wake-up per report and none on a quiet host (the same timing as a direct stream's sender,
-# minitrain.worker.grpc_client):
+# minitrain.worker.transport.grpc_client):
 # - while reports flow, every READ_INTERVAL_S: a loop that reports faster sends what it reported meanwhile
 #   as one message (with its host's other workers'), and rings nothing;
 # - a worker rings for a plain report written RING_AFTER_S or more after its previous write (a slower

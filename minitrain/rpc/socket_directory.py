@@ -1,8 +1,8 @@
 """Private directories that hold one Unix socket each (L1): the one owner of how they are made, owned and
 swept.
 
-A local stream's socket (a node agent's relay, `minitrain.agent.relay`; the coordinator's socket for the
-agent on its own machine, `minitrain.coordinator.local_agents`) lives in a directory of its own, made by
+A local stream's socket (a node agent's relay, `minitrain.agent.transport.relay`; the coordinator's socket for the
+agent on its own machine, `minitrain.coordinator.transport.local_agents`) lives in a directory of its own, made by
 `mkdtemp` (mode 0700: only this user, and root, can reach the socket; the run token is checked too).
 
 A process killed outright (SIGKILL, the OOM killer) cannot remove its directory. Each directory holds an

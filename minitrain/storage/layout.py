@@ -7,7 +7,7 @@
 - `metrics.jsonl` (METRICS_NAME): every rank-0 report of the run, one JSON object a line.
 - `telemetry.jsonl` (TELEMETRY_NAME) and `events.jsonl` (EVENTS_NAME): the run monitor's history
   (every rank's telemetry samples; run, attempt, checkpoint and straggler events), one JSON object a
-  line, appended; see minitrain.coordinator.monitor.
+  line, appended; see minitrain.monitoring.monitor.
 - `logs/` (LOGS_DIR): `attempt_<n>/rank_<r>.log`.
 - `.staging/` (STAGING_DIR): uploads not committed yet, at `attempt_<a>/rank_<r>/<checkpoint dir>/`.
   Only the coordinator's commit moves them into `<checkpoint dir>/`; nobody reads them in place.

@@ -34,7 +34,7 @@ __all__ = [
 _UTILS = "minitrain.torch.train_loop_utils"
 # public name -> module that defines it
 _LAZY = {
-    "TorchTrainer": "minitrain.trainer",
+    "TorchTrainer": "minitrain.driver.trainer",
     "TorchConfig": "minitrain.config",
     "get_device": _UTILS,
     "get_devices": _UTILS,
@@ -58,7 +58,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; never executed
         prepare_model,
         prepare_optimizer,
     )
-    from minitrain.trainer import TorchTrainer
+    from minitrain.driver.trainer import TorchTrainer
 
 
 def __getattr__(name: str) -> Any:

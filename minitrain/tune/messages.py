@@ -24,7 +24,7 @@ from minitrain.storage.sweep_state import TrialError
 @dataclass(frozen=True)
 class TrialStarting:
     """A fit() of the trial is starting: `phase` says what it is doing, in the run's own start-up words
-    (`minitrain.coordinator.diagnoses.startup_phase`). Nothing answers it."""
+    (`minitrain.monitoring.diagnoses.startup_phase`). Nothing answers it."""
 
     phase: str
 

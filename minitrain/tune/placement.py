@@ -10,7 +10,7 @@ this, two trials that each fit the cluster's total would both let their own `fit
 the first host.
 
 A trial asks for a `Demand`: `workers` bundles of `cpus` and `gpus` each, placed by a Ray placement
-strategy, as `minitrain.coordinator.ranks.assign_ranks` places ranks:
+strategy, as `minitrain.coordinator.policy.ranks.assign_ranks` places ranks:
 
 - PACK: all workers on one host when one has room (the host with the least room left that still holds
   them, so big holes stay open for big trials), else over as few hosts as possible;

@@ -1,6 +1,6 @@
 """The live trial table on the driver's console (L3).
 
-The table goes through the process's `LiveConsole` (minitrain.console), the one writer of the
+The table goes through the process's `LiveConsole` (minitrain.driver.console), the one writer of the
 terminal, like fit()'s status: on a terminal it is the console's status block, redrawn in place at
 most every `interval_s`, so a concurrent fit()'s worker output, status lines and minitrain's log
 lines go above it and nothing is torn. While another run (a fit() on another thread) draws the
@@ -15,7 +15,7 @@ import shutil
 import time
 from typing import Optional
 
-from minitrain.console import LiveConsole
+from minitrain.driver.console import LiveConsole
 from minitrain.storage import sweep_state as tr
 
 MAX_ROWS = 30

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Optional
 
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
-from minitrain.trainer import DataParallelTrainer
+from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.tune.placement import Demand, HostRoom, Placement, Pool
 from minitrain.tune.tune_config import _WithResources
 

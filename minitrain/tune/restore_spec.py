@@ -29,7 +29,7 @@ from typing import Any, Optional
 import cloudpickle
 import numpy as np
 
-from minitrain import code_pickle
+from minitrain.driver import code_pickle
 from minitrain.storage import sweep_state as tr
 from minitrain.storage import user_key
 from minitrain.tune.schedulers import FIFOScheduler

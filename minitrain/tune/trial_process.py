@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     tune_session.set_session(session)
     _session.link_trial(session)  # every fit() the trainable runs forwards its rounds to the tuner
     os.makedirs(payload.context.trial_dir, exist_ok=True)
-    trainer_module = sys.modules.get("minitrain.trainer")  # loaded by the payload when it holds a trainer
+    trainer_module = sys.modules.get("minitrain.driver.trainer")  # loaded by the payload when it holds a trainer
     try:
         if trainer_module is not None and isinstance(payload.trainable, trainer_module.DataParallelTrainer):
             run_trainer(payload.trainable, payload.config, payload.context)

@@ -19,11 +19,11 @@ from minitrain.config import RunConfig as TrainRunConfig
 from minitrain.dashboard.sweep import live_sweep_dashboard
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
-from minitrain.logs import driver_logging
+from minitrain.driver.logs import driver_logging
 from minitrain.storage import sweep_state as tr
 from minitrain.storage.user_key import KeyUnavailable
-from minitrain.driver_env import driver_pythonpath
-from minitrain.trainer import DataParallelTrainer, count_required_parameters
+from minitrain.driver.environment import driver_pythonpath
+from minitrain.driver.trainer import DataParallelTrainer, count_required_parameters
 from minitrain.tune import restore_spec
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand

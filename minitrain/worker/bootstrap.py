@@ -24,9 +24,9 @@ from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.rpc import local_stream
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.backend import StoreLink, TorchBackend
-from minitrain.worker.client import StreamClosed, WorkerClient
-from minitrain.worker.grpc_client import GrpcWorkerClient
-from minitrain.worker.local_client import LocalWorkerClient
+from minitrain.worker.transport.client import StreamClosed, WorkerClient
+from minitrain.worker.transport.grpc_client import GrpcWorkerClient
+from minitrain.worker.transport.local_client import LocalWorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0

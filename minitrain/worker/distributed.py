@@ -15,7 +15,7 @@ import socket
 from datetime import timedelta
 
 from minitrain.commands import Assignment
-from minitrain.worker.client import WorkerClient
+from minitrain.worker.transport.client import WorkerClient
 
 
 def set_rank_environment(assignment: Assignment) -> None:

@@ -1,4 +1,4 @@
-"""The worker's side of a preemption (coordinator/preemption.py has the protocol).
+"""The worker's side of a preemption (coordinator/facts/preemption.py has the protocol).
 
 The stream thread marks the rank noticed and answers with its report count (`WorkerClient`); this
 module is what the training thread does about it:
@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Optional
 
 from minitrain.records import PreemptionInfo
-from minitrain.worker.client import WorkerClient
+from minitrain.worker.transport.client import WorkerClient
 
 WAIT_S = 7 * 24 * 3600.0  # the coordinator always answers or ends the stream; the stop bounds the hold
 

@@ -32,7 +32,7 @@ from minitrain.metrics import encode_metrics
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.records import Phase
 from minitrain.rpc import report_window
-from minitrain.worker.client import WorkerClient
+from minitrain.worker.transport.client import WorkerClient
 from minitrain.worker.preemption import PreemptionGate
 
 logger = logging.getLogger("minitrain")

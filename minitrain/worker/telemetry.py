@@ -2,7 +2,7 @@
 
 `Sampler.sample()` turns `minitrain.waits`' totals, the process' CPU time and RSS (psutil) and its
 GPUs' utilisation and memory (NVML, only when the worker was given GPUs and NVML answers) into one
-`minitrain.records.TelemetrySample` (the worker's stream, `minitrain.worker.client`, converts it). Step time and waits describe the same steps, so that step time minus the
+`minitrain.records.TelemetrySample` (the worker's stream, `minitrain.worker.transport.client`, converts it). Step time and waits describe the same steps, so that step time minus the
 waits is the rank's own work:
 - when steps (report() calls) ended since the previous sample: step time is their mean interval,
   and each wait the seconds blocked between the previous sample's last report() end and this one's,

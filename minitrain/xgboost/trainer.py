@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional
 
 from minitrain._gbdt import refuse_legacy_arguments
 from minitrain.config import DataConfig, RunConfig, ScalingConfig
-from minitrain.trainer import DataParallelTrainer
+from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.worker.backend import Backend
 from minitrain.worker.xgboost_backend import XGBoostBackend
 from minitrain.xgboost.config import XGBoostConfig

@@ -31,7 +31,7 @@ import pytest
 
 import minitrain
 from minitrain import RunConfig, ScalingConfig
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.hosts import hostinfo
 from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer

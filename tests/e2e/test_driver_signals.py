@@ -45,7 +45,7 @@ def test_sigterm_stops_the_run_like_ctrl_c_then_the_driver_dies_by_sigterm(tmp_p
 def test_a_users_own_sigterm_handler_is_left_alone():
     script = textwrap.dedent("""
         import signal
-        from minitrain.driver_env import sigterm_stops_like_ctrl_c as _sigterm_stops_like_ctrl_c
+        from minitrain.driver.environment import sigterm_stops_like_ctrl_c as _sigterm_stops_like_ctrl_c
         mine = lambda signum, frame: None
         signal.signal(signal.SIGTERM, mine)
         with _sigterm_stops_like_ctrl_c():

@@ -15,7 +15,7 @@ import pytest
 
 import minitrain
 from minitrain import MonitoringConfig, RunConfig, ScalingConfig
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer
 

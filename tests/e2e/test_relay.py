@@ -1,4 +1,4 @@
-"""Workers' streams relayed by their node agent, end to end (MINITRAIN_RELAY; minitrain/agent/relay.py).
+"""Workers' streams relayed by their node agent, end to end (MINITRAIN_RELAY; minitrain/agent/transport/relay.py).
 
 A real run with the relay on (the default; also forced): every rank's stream goes through its agent's
 Unix socket (the training function looks at its own process' sockets), a rank fails after a committed

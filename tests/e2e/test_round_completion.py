@@ -19,7 +19,7 @@ import pytest
 
 import minitrain
 from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
-from minitrain.coordinator.decide import CATCH_UP_S, STOP_MARGIN_S
+from minitrain.coordinator.policy.decide import CATCH_UP_S, STOP_MARGIN_S
 from minitrain.storage.checkpoint_manager import INDEX_NAME
 from minitrain.torch import TorchTrainer
 

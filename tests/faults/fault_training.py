@@ -176,7 +176,7 @@ RIVAL_DONE = "rival_done"  # under `out`: the workers of a schedule with a rival
 def _killed_driver(root: str, nth_append: int) -> None:
     """fit() the run, SIGKILLing this driver in the middle of its n-th metrics append: the complete
     lines and half of the last one reach the file, then the kill lands."""
-    from minitrain.coordinator import metrics_log
+    from minitrain.coordinator.facts import metrics_log
 
     appends = [0]
     flush = metrics_log.MetricsLog.flush

@@ -17,7 +17,7 @@ import re
 import pytest
 
 from bench.scale.coordinator import simulate
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
 from minitrain.run_state import RunState, ray_status

@@ -18,7 +18,7 @@ def _python(code: str, tmp_path: Path) -> str:
 
 
 def test_supervisors_start_without_torch(tmp_path):
-    code = ("import minitrain.agent.agent, minitrain.coordinator.run, minitrain.trainer, minitrain; "
+    code = ("import minitrain.agent.agent, minitrain.coordinator.run, minitrain.driver.trainer, minitrain; "
             "import sys; print('torch' in sys.modules)")
     assert _python(code, tmp_path) == "False"
 
@@ -27,5 +27,5 @@ def test_worker_never_loads_the_coordinator(tmp_path):
     code = ("import minitrain.worker.bootstrap, minitrain, sys; "
             "minitrain.report, minitrain.get_context, minitrain.get_checkpoint; "
             "print(sorted(m for m in sys.modules if m.startswith(('minitrain.coordinator', "
-            "'minitrain.trainer', 'minitrain.agent'))))")
+            "'minitrain.driver.trainer', 'minitrain.agent'))))")
     assert _python(code, tmp_path) == "[]"

@@ -16,7 +16,7 @@ import threading
 import pytest
 
 from minitrain import procs
-from minitrain.agent.relay import RelayServer, remove_stale_directories
+from minitrain.agent.transport.relay import RelayServer, remove_stale_directories
 from minitrain.records import Phase
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -105,7 +105,7 @@ def test_a_close_from_the_coordinator_ends_the_workers_stream_and_it_exits(relay
 # A stand-in agent: starts a relay, prints its directory, and waits to be killed.
 AGENT = """
 import sys, time
-from minitrain.agent.relay import RelayServer
+from minitrain.agent.transport.relay import RelayServer
 relay = RelayServer("token", lambda items: None).start()
 print(relay.directory, flush=True)
 time.sleep(600)
@@ -138,7 +138,7 @@ def test_the_directory_of_a_sigkilled_agent_is_removed_by_the_next_relay(upward)
 # A stand-in worker: its real relayed stream, N plain reports, then SIGKILL 0 ms after the last put().
 REPORTER = """
 import json, os, signal, sys
-from minitrain.worker.local_client import LocalWorkerClient
+from minitrain.worker.transport.local_client import LocalWorkerClient
 b = json.loads(sys.stdin.readline())
 client = LocalWorkerClient(b["coordinator"], b["token"], "run-1", 0, b["rank"])
 client.send_hello(os.getpid(), "")
@@ -152,7 +152,7 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_a_worker_killed_right_after_report_returned_loses_none_of_its_reports(relay, upward, reports):
     """What a relayed worker reported is in the kernel once put() returns: killed outright at once, its
     reports still reach the relay, in order, before its end, when the agent drains before reporting the
-    exit (minitrain.agent.stream.exited). No ring: plain reports never ring the doorbell."""
+    exit (minitrain.agent.transport.stream.exited). No ring: plain reports never ring the doorbell."""
     worker = procs.spawn([sys.executable, "-c", REPORTER], env=dict(os.environ))
     try:
         worker.stdin.write(json.dumps({"coordinator": relay.address, "token": TOKEN, "rank": 3,

@@ -11,9 +11,9 @@ import sys
 import time
 
 import minitrain
-from minitrain import console as console_module
+from minitrain.driver import console as console_module
 from minitrain import tune
-from minitrain.console import LiveConsole
+from minitrain.driver.console import LiveConsole
 
 ERASE = "\x1b[1A\x1b[2K"
 

@@ -1,4 +1,4 @@
-"""The agent's relay of worker streams (minitrain.agent.relay), in process: the local stream protocol
+"""The agent's relay of worker streams (minitrain.agent.transport.relay), in process: the local stream protocol
 (minitrain.rpc.local_stream) over its Unix socket with the real LocalWorkerClient as the worker, hostile
 connections speaking raw bytes, and the agent's coalescing request iterator. A worker killed as a process
 is in tests/process/test_relay_processes.py."""
@@ -16,14 +16,14 @@ import threading
 
 import pytest
 
-from minitrain.agent import relay as relay_module
-from minitrain.agent.relay import RelayServer, coalesced_requests
-from minitrain.agent.stream import CoordinatorStream
+from minitrain.agent.transport import relay as relay_module
+from minitrain.agent.transport.relay import RelayServer, coalesced_requests
+from minitrain.agent.transport.stream import CoordinatorStream
 from minitrain.rpc import local_stream, socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
-from minitrain.worker.client import StreamClosed, WorkerClient
-from minitrain.worker.local_client import LocalWorkerClient
+from minitrain.worker.transport.client import StreamClosed, WorkerClient
+from minitrain.worker.transport.local_client import LocalWorkerClient
 
 TOKEN = "the-run-token"
 DEADLINE_S = 30.0

@@ -1,4 +1,4 @@
-"""The node agent's stream with the coordinator (minitrain.agent.stream), in process: the lease in both
+"""The node agent's stream with the coordinator (minitrain.agent.transport.stream), in process: the lease in both
 directions, the commands it turns into records, how and why it ends, and the messages the agent's facts
 become. Its relay wiring is in test_agent_relay.py; the agent over a real stream in tests/process and
 tests/e2e."""
@@ -13,8 +13,8 @@ import grpc
 import pytest
 
 from minitrain import commands as cmd
-from minitrain.agent import stream as stream_module
-from minitrain.agent.stream import CoordinatorStream
+from minitrain.agent.transport import stream as stream_module
+from minitrain.agent.transport.stream import CoordinatorStream
 from minitrain.records import NodeInfo
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM

@@ -1,4 +1,4 @@
-"""minitrain.coordinator.attempt.AttemptTracker driven by the event records of coordinator/events.py.
+"""minitrain.coordinator.facts.attempt.AttemptTracker driven by the event records of coordinator/facts/events.py.
 
 No processes: each test plays the facts an agent and its workers would send, in the order they would
 arrive, and asks the tracker what it concluded.
@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
-from minitrain.coordinator.ranks import assign_ranks
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.policy.ranks import assign_ranks
 from minitrain.errors import root_cause, root_cause_line
 from minitrain.records import FailureKind, NodeInfo, Phase, WorkerFailure
 

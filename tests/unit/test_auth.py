@@ -18,9 +18,9 @@ import grpc
 import pytest
 from grpc import aio
 
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.server import CoordinatorServer
-from minitrain.coordinator.service import CoordinatorService, Hub
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import CoordinatorService, Hub
 from minitrain.rpc import auth
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc

@@ -1,4 +1,4 @@
-"""minitrain.code_pickle: a function from the user's file keeps its file name and source lines in
+"""minitrain.driver.code_pickle: a function from the user's file keeps its file name and source lines in
 tracebacks on the worker side, even where the file does not exist (issue 30 item 5)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import traceback
 
 import cloudpickle
 
-from minitrain import code_pickle
+from minitrain.driver import code_pickle
 
 SCRIPT = textwrap.dedent('''\
     import sys

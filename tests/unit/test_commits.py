@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from minitrain.coordinator.commits import Commits
+from minitrain.coordinator.facts.commits import Commits
 
 
 class Book:

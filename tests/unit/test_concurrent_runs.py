@@ -1,5 +1,5 @@
 """What several runs at once in one driver process share, kept apart (issue 17 item 4): the terminal's
-status block (minitrain.console), the `minitrain` logger's level (minitrain.logs.driver_logging), a fixed
+status block (minitrain.driver.console), the `minitrain` logger's level (minitrain.driver.logs.driver_logging), a fixed
 dashboard port (minitrain.dashboard.live_dashboard) and the local-mode session (minitrain._session)."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 
 from dashboard_support import FixedRun
 from minitrain import _session
-from minitrain.console import LiveConsole
+from minitrain.driver.console import LiveConsole
 from minitrain.dashboard import live_dashboard
 from minitrain.errors import ConfigError
-from minitrain.logs import driver_logging, level_number
+from minitrain.driver.logs import driver_logging, level_number
 from test_console import Terminal
 
 

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import pytest
 
 import minitrain
-from minitrain.console import LiveConsole, status_mode
-from minitrain.coordinator.console_status import ConsoleStatus, line_interval_s, status_parts
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.driver.console import LiveConsole, status_mode
+from minitrain.monitoring.console_status import ConsoleStatus, line_interval_s, status_parts
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RoundInfo
-from minitrain.coordinator.stragglers import StragglerRule
+from minitrain.monitoring.stragglers import StragglerRule
 from minitrain.errors import ConfigError
-from minitrain.logs import LogSink
+from minitrain.driver.logs import LogSink
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState
 

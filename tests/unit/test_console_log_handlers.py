@@ -13,8 +13,8 @@ import threading
 
 import pytest
 
-from minitrain import console as console_module
-from minitrain.console import LiveConsole
+from minitrain.driver import console as console_module
+from minitrain.driver.console import LiveConsole
 from test_console import Terminal
 from test_tune_console import screen_ending_with
 

@@ -1,7 +1,7 @@
 """The real `Controller`, stepped turn by turn in process (as Ray's test_controller.py steps its control
 loop): a fake hub records the commands the controller sends, fake agent handles stand in for the
 launcher, a fake clock moves only when a test says so, and the tests play the events agents and workers
-would send (coordinator/events.py). They assert on the states the loop reaches, the commands sent and
+would send (coordinator/facts/events.py). They assert on the states the loop reaches, the commands sent and
 what the observers were told. The pure policy is tested on its own in test_decide.py.
 """
 
@@ -17,10 +17,10 @@ import pytest
 
 from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shutdown, StartWorkers, StopWorkers
 from minitrain.config import CheckpointConfig, FailureConfig
-from minitrain.coordinator import events as ev
+from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S, Controller, LaunchSettings, RunSpec
-from minitrain.coordinator import decide
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.policy import decide
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
 from minitrain.run_state import RunState
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerFailure

@@ -11,11 +11,11 @@ import pytest
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator import controller as controller_module
 from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
-from minitrain.coordinator.decide import Decision, Loop, MoveTo
-from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.coordinator.policy.decide import Decision, Loop, MoveTo
+from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
-from minitrain.coordinator.service import Hub
+from minitrain.coordinator.transport.service import Hub
 from minitrain.run_state import IllegalTransition, RunState, ray_status
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage

@@ -19,25 +19,25 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minitrain.config import CheckpointConfig, FailureConfig
-from minitrain.coordinator import events as ev
-from minitrain.coordinator import server as server_module
-from minitrain.coordinator.attempt import AttemptTracker
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport import server as server_module
+from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.controller import Controller, RunSpec
-from minitrain.coordinator.decide import Seen, Watch, _silent_ranks
-from minitrain.coordinator.rounds import RoundTracker
-from minitrain.coordinator.monitor import (
+from minitrain.coordinator.policy.decide import Seen, Watch, _silent_ranks
+from minitrain.coordinator.policy.rounds import RoundTracker
+from minitrain.monitoring.monitor import (
     MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,
 )
-from minitrain.coordinator.hang_watch import HangWatch
-from minitrain.coordinator.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.facts.hang_watch import HangWatch
+from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
 from minitrain.commands import ReportAck
-from minitrain.coordinator.service import Hub
-from minitrain.coordinator.stragglers import (
+from minitrain.coordinator.transport.service import Hub
+from minitrain.monitoring.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,
 )
-from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
+from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from minitrain import commands as cmd
 from minitrain.config import CheckpointConfig
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
-from minitrain.coordinator.commits import Commits
-from minitrain.coordinator.metrics_log import MetricsLog
-from minitrain.coordinator.worker_group import LaunchSettings, ResumePoint, WorkerGroup
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.commits import Commits
+from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage

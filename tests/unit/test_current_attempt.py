@@ -6,14 +6,14 @@ from __future__ import annotations
 
 from minitrain.commands import Assignment, CheckpointList, DumpStacks, PhaseAck, Release, StartWorkers
 from minitrain.config import CheckpointConfig
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.commits import Commits
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.commits import Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
-from minitrain.coordinator.hang_watch import HangWatch
-from minitrain.coordinator.hangs import HangRule
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.facts.hang_watch import HangWatch
+from minitrain.coordinator.policy.hangs import HangRule
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import Observers, TelemetrySample
-from minitrain.coordinator.worker_group import LaunchSettings
+from minitrain.coordinator.facts.worker_group import LaunchSettings
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment, WorkerFailure
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage

@@ -10,7 +10,7 @@ from hypothesis import given, strategies as st
 
 from decide_support import run_script
 
-from minitrain.coordinator.decide import (
+from minitrain.coordinator.policy.decide import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
     RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minitrain.coordinator.decide import (
+from minitrain.coordinator.policy.decide import (
     AgreePreemption, CloseStreams, LogLate, Loop, MoveTo, Rules, Seen, Stage, StopWorkers, decide,
 )
 from minitrain.run_state import RunState, check_move

@@ -1,6 +1,6 @@
-"""The plain-words diagnoses (minitrain.coordinator.diagnoses): start-up phase, memory and data hints."""
+"""The plain-words diagnoses (minitrain.monitoring.diagnoses): start-up phase, memory and data hints."""
 
-from minitrain.coordinator.diagnoses import data_wait_hint, hints, idle_shares, memory_hint, startup_status
+from minitrain.monitoring.diagnoses import data_wait_hint, hints, idle_shares, memory_hint, startup_status
 
 MIB = 2 ** 20
 

@@ -8,9 +8,9 @@ import queue
 
 from minitrain import commands as cmd
 from minitrain.config import CheckpointConfig, FailureConfig
-from minitrain.coordinator import events as ev
+from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import POLL_S, Controller, LaunchSettings, RunSpec
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState
 from minitrain.storage.checkpoint_manager import CheckpointManager

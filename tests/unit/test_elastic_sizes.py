@@ -1,5 +1,5 @@
 """Elastic sizes (ScalingConfig(num_workers=(min, max))): the config, the size an attempt gets
-(coordinator/elastic.py) and the policy's resize rows (decide), scripted with no processes."""
+(coordinator/policy/elastic.py) and the policy's resize rows (decide), scripted with no processes."""
 
 from __future__ import annotations
 
@@ -11,12 +11,12 @@ from hypothesis import given, strategies as st
 from decide_support import run_script
 
 from minitrain import ScalingConfig
-from minitrain.coordinator.actions import GROW, SHRINK, DropDeadAgents
-from minitrain.coordinator.decide import (
+from minitrain.coordinator.policy.actions import GROW, SHRINK, DropDeadAgents
+from minitrain.coordinator.policy.decide import (
     CloseStreams, Loop, MoveTo, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
-from minitrain.coordinator.elastic import Resize, attempt_size, fitting_workers, resize_reason
-from minitrain.coordinator.membership import HostBackoff
+from minitrain.coordinator.policy.elastic import Resize, attempt_size, fitting_workers, resize_reason
+from minitrain.coordinator.facts.membership import HostBackoff
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState, check_move

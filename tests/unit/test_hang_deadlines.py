@@ -1,12 +1,12 @@
 """When a silent rank counts as hung: the fixed deadline, the adaptive "auto" one, uploads, and the pace
-kept across restarts (coordinator/hangs.py, pure)."""
+kept across restarts (coordinator/policy/hangs.py, pure)."""
 
 from __future__ import annotations
 
 import pytest
 
 from minitrain.config import FailureConfig
-from minitrain.coordinator.hangs import PACE_WINDOW, START_ALLOWANCE_S, HangRule, Pace
+from minitrain.coordinator.policy.hangs import PACE_WINDOW, START_ALLOWANCE_S, HangRule, Pace
 from minitrain.errors import ConfigError
 
 

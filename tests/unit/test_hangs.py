@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from minitrain.coordinator.hangs import main_thread_stack, waits_in_collective
+from minitrain.coordinator.policy.hangs import main_thread_stack, waits_in_collective
 
 _READER = """Thread 0x00007f28c37fe6c0 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait

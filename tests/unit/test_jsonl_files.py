@@ -1,4 +1,4 @@
-"""The run directory's JSON-lines files (coordinator/jsonl_files.py): lines appended on the writer's
+"""The run directory's JSON-lines files (monitoring/jsonl_files.py): lines appended on the writer's
 thread arrive whole and in order, a torn last line is not read back, and a storage that fails is
 given up on with one warning."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from pathlib import PurePosixPath
 
-from minitrain.coordinator.jsonl_files import JsonlAppender, read_jsonl
+from minitrain.monitoring.jsonl_files import JsonlAppender, read_jsonl
 from minitrain.storage.filesystem import Storage
 
 

@@ -146,7 +146,7 @@ def test_the_environment_is_read_when_asked(monkeypatch):
 
 
 def test_the_relay_default_in_the_docs_is_the_one_in_force():
-    from minitrain.trainer import relays_workers
+    from minitrain.driver.trainer import relays_workers
 
     assert "1 (the default, at every size" in knobs.RELAY.doc
     assert knobs.RELAY.get({}) is None and relays_workers(1) is True

@@ -1,12 +1,18 @@
 """The layer rules of docs/architecture.md section 3, enforced on the AST of every minitrain module.
 
-Imports go downward only:
-  L0 vocabulary  config, knobs, errors, records, run_state, context, metrics, _session, storage.layout,
-                 storage.retention (stdlib + each other only)
-  L1 primitives  rpc/, procs, logs, storage/, hosts/, checkpoint, data/ (L0 + L1 + third-party, never
-                 torch; data/ is L1 because the worker runtime builds dataset shards)
-  L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3)
-  L3 public API  trainer, train_api, result, minitrain.torch, launch/ (the CLI), callbacks/, the package __init__
+Imports go downward only, and `ls minitrain` shows the layers:
+  L0 vocabulary  the top-level modules that name things (config/, knobs, errors, records, commands, run_state,
+                 context, metrics, reporting, waits, lease, _session; storage.layout, storage.retention): stdlib
+                 and each other only
+  L1 primitives  rpc/, procs, storage/, hosts/, checkpoint, data/ (L0 + L1 + third-party, never torch; data/ is
+                 L1 because the worker runtime builds dataset shards)
+  L2 runtimes    coordinator/, agent/, worker/ (never each other, never L3); inside the coordinator, policy/ is
+                 pure (L0 and itself only) and neither policy/ nor facts/ reaches the wire
+  L3             the public surface (the package __init__, train_api, result, collective, minitrain.torch and the
+                 other framework packages, tune/, callbacks/, dashboard/, launch/ the CLI) and the driver's own
+                 packages: driver/ (fit() and what only its process needs) and monitoring/ (what watches a run)
+Protobuf lives at the edges: only rpc/ and the `transport/` folders (coordinator/, agent/, worker/) import the
+generated code.
 Outside the package, bench/ (`python -m bench`, the benchmarks) uses only the public API and the
 exported seams listed in BENCH_SEAMS; minitrain never imports it.
 Only worker/ and minitrain/torch/ may import torch, at module level or inside a function; besides them,
@@ -42,15 +48,14 @@ L0 = {"minitrain.config", "minitrain.knobs", "minitrain.errors", "minitrain.reco
       "minitrain._session", "minitrain.clock", "minitrain.storage.retention", "minitrain.storage.layout",
       "minitrain.commands",
       "minitrain.run_state"}  # the run's states, their allowed moves and the words users read
-L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.logs", "minitrain.console", "minitrain.storage", "minitrain.hosts",
-      "minitrain.checkpoint", "minitrain.net", "minitrain.data",
-      "minitrain.code_pickle"}  # the workers' payload pickler: keeps the user's file names in tracebacks
+L1 = {"minitrain.rpc", "minitrain.procs", "minitrain.storage", "minitrain.hosts", "minitrain.checkpoint",
+      "minitrain.net", "minitrain.data"}
 L2_RUNTIMES = {"minitrain.coordinator", "minitrain.agent", "minitrain.worker"}
-L3 = {"minitrain", "minitrain.trainer", "minitrain.run_directory", "minitrain.fit_notes", "minitrain.train_api", "minitrain.result", "minitrain.torch",
-      "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
+L3 = {"minitrain", "minitrain.driver", "minitrain.monitoring", "minitrain.train_api", "minitrain.result",
+      "minitrain.torch", "minitrain.launch", "minitrain.collective", "minitrain.lightning", "minitrain.huggingface",
       "minitrain.tune",  # tune: Ray Tune's Tuner, built on TorchTrainer.fit()
       "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)
-      "minitrain.dashboard",  # dashboard: the web page and /metrics over the coordinator's run monitor
+      "minitrain.dashboard",  # dashboard: the web page and /metrics over the run monitor
       # XGBoostTrainer, LightGBMTrainer and their report callbacks; _gbdt: what the two share
       "minitrain.xgboost", "minitrain.lightgbm", "minitrain._gbdt"}
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
@@ -67,31 +72,30 @@ GBDT_ALLOWED = {"minitrain.worker", "minitrain.xgboost", "minitrain.lightgbm"}
 # entry with its RunObserver seam (the scale simulation serves fake agents over the wire protocol),
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
 BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.run",
-               "minitrain.coordinator.controller", "minitrain.coordinator.metrics_log", "minitrain.logs",
+               "minitrain.coordinator.controller", "minitrain.coordinator.facts.metrics_log", "minitrain.driver.logs",
                "minitrain.rpc", "minitrain.storage", "minitrain.hosts.ssh",
-               "minitrain.coordinator.monitor",  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
+               "minitrain.monitoring.monitor",  # bench scale runs TorchTrainer's RunMonitor beside run_coordinator
                # bench ddp times the telemetry bookkeeping of one report() and one sample directly
                "minitrain.waits", "minitrain.worker.telemetry",
                # the GPU check times report()'s parts (encoding, the queued record) on the machine
-               "minitrain.metrics", "minitrain.worker.client",
+               "minitrain.metrics", "minitrain.worker.transport.client",
                # bench ledger times a run's claim on the host's resource ledger directly (issue 29's targets)
                "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo",
                # the fake agents heartbeat and coalesce with the real agent's interval and caps
-               "minitrain.lease", "minitrain.agent.relay"}
+               "minitrain.lease", "minitrain.agent.transport.relay"}
 LAZY_EXPORTS = {"minitrain": dict(minitrain._EXPORTS), "minitrain.torch": dict(minitrain_torch._LAZY)}
-# House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by
-# the transport modules, which convert between messages and records (minitrain.rpc.convert) and carry
-# them: rpc/ itself, the coordinator's servicer and hub (service), its worker streams' intake
-# (worker_streams) and its gRPC server (server), the
-# agent's stream with the coordinator (stream) and its worker-stream relay (relay), the worker's stream
-# (client, with its transports grpc_client and local_client). In bench/, the scale simulation's fake agents and workers speak the wire protocol
+# House rule 3, protobuf only at the edges: the generated code (minitrain.rpc._gen) is imported only by rpc/
+# (which converts between messages and records: minitrain.rpc.convert) and the `transport/` folders of the
+# runtimes, which carry them. In bench/, the scale simulation's fake agents and workers speak the wire protocol
 # (bench.scale.clients and bench.scale.fake_worker, and their streams in bench.scale.links).
-TRANSPORT = {"minitrain.rpc", "minitrain.coordinator.service", "minitrain.coordinator.worker_streams",
-             "minitrain.coordinator.server", "minitrain.coordinator.local_agents",
-             "minitrain.agent.stream", "minitrain.agent.relay", "minitrain.agent.local_call", "minitrain.worker.client",
-             "minitrain.worker.grpc_client",
-             "minitrain.worker.local_client", "bench.scale.clients",
-             "bench.scale.fake_worker", "bench.scale.links"}
+BENCH_TRANSPORT = {"bench.scale.clients", "bench.scale.fake_worker", "bench.scale.links"}
+
+
+def is_transport(module: str) -> bool:
+    """rpc/, a module in a runtime's `transport/` folder, or one of bench's fake clients."""
+    return _within(module, "minitrain.rpc") or ".transport." in module + "." or module in BENCH_TRANSPORT
+
+
 GENERATED = "minitrain.rpc._gen"
 
 
@@ -234,8 +238,8 @@ def test_every_module_has_a_layer():
 
 def test_walker_sees_the_modules_it_should():
     names = {module for module, _ in source_modules()}
-    for expected in ("minitrain", "minitrain.config", "minitrain.rpc.auth", "minitrain.coordinator.decide",
-                     "minitrain.agent.agent", "minitrain.worker.bootstrap", "minitrain.trainer"):
+    for expected in ("minitrain", "minitrain.config", "minitrain.rpc.auth", "minitrain.coordinator.policy.decide",
+                     "minitrain.agent.agent", "minitrain.worker.bootstrap", "minitrain.driver.trainer"):
         assert expected in names
     assert not any(name.startswith("minitrain.rpc._gen") for name in names)
 
@@ -244,8 +248,8 @@ def test_resolver_on_known_imports():
     agent = dict(source_modules())["minitrain.agent.agent"]
     targets = {imp.target for imp in imports_of("minitrain.agent.agent", agent)}
     assert {"minitrain", "minitrain.hosts.hostinfo", "minitrain.procs", "minitrain.commands"} <= targets
-    stream = dict(source_modules())["minitrain.agent.stream"]
-    assert "minitrain.rpc.auth" in {imp.target for imp in imports_of("minitrain.agent.stream", stream)}
+    stream = dict(source_modules())["minitrain.agent.transport.stream"]
+    assert "minitrain.rpc.auth" in {imp.target for imp in imports_of("minitrain.agent.transport.stream", stream)}
     distributed = dict(source_modules())["minitrain.worker.distributed"]
     assert "torch" in {imp.target for imp in imports_of("minitrain.worker.distributed", distributed)}
 
@@ -253,13 +257,13 @@ def test_resolver_on_known_imports():
 def test_the_checker_catches_upward_and_torch_imports(tmp_path):
     """The rules themselves work: a planted bad module is reported."""
     bad = tmp_path / "bad.py"
-    bad.write_text("import minitrain\nfrom minitrain.trainer import TorchTrainer\n"
+    bad.write_text("import minitrain\nfrom minitrain.driver.trainer import TorchTrainer\n"
                    "from minitrain import report\n\n"
                    "def f():\n    import torch\n    from minitrain.agent import agent\n"
                    "    return minitrain.Result\n")
     problems = violations_of("minitrain.coordinator.bad", bad)
     text = "\n".join(problems)
-    assert "minitrain.trainer" in text and "minitrain.train_api" in text and "minitrain.result" in text
+    assert "minitrain.driver.trainer" in text and "minitrain.train_api" in text and "minitrain.result" in text
     assert "torch" in text and "runtimes never import each other" in text
     assert len(problems) == 5, text
 
@@ -364,20 +368,27 @@ def test_only_the_transport_modules_import_the_generated_protobuf_code():
     bench = [(".".join(p.relative_to(ROOT).with_suffix("").parts), p) for p in sorted((ROOT / "bench").rglob("*.py"))]
     importers = {module for module, path in source_modules() + bench
                  if any(_within(imp.target, GENERATED) for imp in imports_of(module, path))}
-    strays = sorted(m for m in importers if _longest(m, TRANSPORT) is None)
-    assert not strays, f"only the transport modules may import {GENERATED} (convert in minitrain.rpc.convert): {strays}"
-    # The list stays true: a module that stopped importing it leaves the list.
-    for name in TRANSPORT - {"minitrain.rpc"}:
-        assert name in importers, f"{name} no longer imports {GENERATED}: drop it from TRANSPORT"
+    strays = sorted(m for m in importers if not is_transport(m))
+    assert not strays, f"only rpc/ and the transport/ folders may import {GENERATED} (convert in minitrain.rpc.convert): " \
+                       f"{strays}"
+    # A transport/ folder holds the wire edge only: each of its modules speaks protobuf.
+    idle = sorted(m for m, _ in source_modules() if ".transport." in m and m not in importers)
+    assert not idle, f"these transport/ modules no longer import {GENERATED}: move them out of transport/: {idle}"
 
 
-def test_the_coordinator_core_never_imports_the_transport():
-    """WorkerGroup, Commits, the current attempt and the controller send records through an Outbox; only
-    the hub converts."""
+def test_the_coordinator_policy_is_pure_and_its_facts_never_reach_the_wire():
+    """policy/ imports only L0 and itself (no I/O, no clock, no threads); facts/ records and sends through the
+    Outbox, never through rpc/ or transport/; the controller and the current attempt neither."""
     modules = dict(source_modules())
-    for name in ("minitrain.coordinator.worker_group", "minitrain.coordinator.commits",
-                 "minitrain.coordinator.current_attempt", "minitrain.coordinator.controller",
-                 "minitrain.coordinator.outbox"):
-        targets = {imp.target for imp in imports_of(name, modules[name])}
-        assert not {t for t in targets if _within(t, "minitrain.rpc") or _within(t, "minitrain.coordinator.service")}, \
-            (name, sorted(targets))
+    policy = "minitrain.coordinator.policy"
+    for name, path in modules.items():
+        targets = {imp.target for imp in imports_of(name, path) if _top(imp.target) == "minitrain"} - {"minitrain"}
+        if _within(name, policy):
+            impure = sorted(t for t in targets if not _within(t, policy) and (layer_of(t) or (9,))[0] != 0)
+            assert not impure, (name, impure)
+            stdlib = {imp.target for imp in imports_of(name, path)} & {"threading", "time", "socket", "os", "asyncio"}
+            assert not stdlib, (name, sorted(stdlib))
+        if _within(name, "minitrain.coordinator.facts") or name in (
+                "minitrain.coordinator.current_attempt", "minitrain.coordinator.controller"):
+            wire = sorted(t for t in targets if is_transport(t))
+            assert not wire, (name, wire)

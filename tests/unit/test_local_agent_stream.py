@@ -1,5 +1,5 @@
-"""The agent's stream on the coordinator's local socket (minitrain.coordinator.local_agents,
-minitrain.agent.local_call), in process over a real Unix socket, served by the real coordinator server
+"""The agent's stream on the coordinator's local socket (minitrain.coordinator.transport.local_agents,
+minitrain.agent.transport.local_call), in process over a real Unix socket, served by the real coordinator server
 and service: the same events and commands as over gRPC, the token checked before anything is parsed,
 hostile connections refused, every way the stream ends, and the private directory it lives in."""
 
@@ -17,12 +17,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minitrain import commands as cmd
-from minitrain.agent.local_call import LocalAgentCall, LocalStreamBroken
-from minitrain.agent.stream import CoordinatorStream
-from minitrain.coordinator import events as ev
-from minitrain.coordinator import local_agents
-from minitrain.coordinator.server import CoordinatorServer
-from minitrain.coordinator.service import CoordinatorService, Hub
+from minitrain.agent.transport.local_call import LocalAgentCall, LocalStreamBroken
+from minitrain.agent.transport.stream import CoordinatorStream
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport import local_agents
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import CoordinatorService, Hub
 from minitrain.records import NodeInfo
 from minitrain.rpc import local_stream, socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb

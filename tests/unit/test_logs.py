@@ -1,4 +1,4 @@
-"""Worker output in the driver (minitrain.logs.LogSink): a console or a log file that cannot be written
+"""Worker output in the driver (minitrain.driver.logs.LogSink): a console or a log file that cannot be written
 never raises (a raise would end the node's stream and read as a lost node)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from minitrain.logs import LogSink
+from minitrain.driver.logs import LogSink
 from minitrain.storage.filesystem import StorageError
 
 

@@ -1,9 +1,9 @@
-"""minitrain.coordinator.membership: which node agents are in the run, and the lost hosts' backoff."""
+"""minitrain.coordinator.facts.membership: which node agents are in the run, and the lost hosts' backoff."""
 
 from __future__ import annotations
 
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.membership import HostBackoff, Membership
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.membership import HostBackoff, Membership
 from minitrain.records import NodeInfo
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.coordinator.metrics_log import MetricsLog
+from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.metrics import encode_metrics
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import METRICS_NAME, split_metrics_lines

@@ -10,11 +10,11 @@ import logging
 import pytest
 
 from minitrain.config import MonitoringConfig
-from minitrain.coordinator.monitor import RunMonitor, step_time_summary
+from minitrain.monitoring.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, GpuSample, RoundInfo, RunInfo, TelemetrySample,
 )
-from minitrain.coordinator.stragglers import StragglerDetector, StragglerRule, work_time
+from minitrain.monitoring.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.errors import ConfigError
 from minitrain.records import FailureKind, Phase, ReportRecord, RunOutcome, WorkerFailure
 from minitrain.run_state import RunState
@@ -403,7 +403,7 @@ def test_a_late_sample_of_an_ended_attempt_is_history_only():
 
 
 def test_the_status_parts_of_a_checkpoint_without_a_commit_time():
-    from minitrain.coordinator.console_status import status_parts
+    from minitrain.monitoring.console_status import status_parts
 
     run = {"name": "r", "attempt": 0, "state": "RUNNING", "started_at": 0.0, "ended_at": None, "rounds": 3,
            "total": 3, "progress": 1.0, "steps_per_s": 0.0, "eta_s": None}

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from minitrain.coordinator.attempt import AttemptTracker
-from minitrain.coordinator.commits import History
-from minitrain.coordinator.decide import Loop, MoveTo, Rules, Stage
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.commits import History
+from minitrain.coordinator.policy.decide import Loop, MoveTo, Rules, Stage
 from minitrain.coordinator.outcome import failure_message, log_late, log_move, run_outcome
 from minitrain.records import Phase, WorkerAssignment, WorkerFailure
 from minitrain.run_state import RunState as S

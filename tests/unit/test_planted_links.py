@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from minitrain.logs import LogSink
+from minitrain.driver.logs import LogSink
 from minitrain.storage.filesystem import Storage, StorageError
 from minitrain.storage.layout import (EVENTS_NAME, INDEX_NAME, LOCK_NAME, LOGS_DIR, METRICS_NAME, STAGING_DIR,
                                       TELEMETRY_NAME, TRACKERS_DIR, VALIDATE_MARKER)

@@ -13,9 +13,9 @@ import minitrain
 from minitrain import FailureConfig, PreemptionError, PreemptionInfo, RunConfig, ScalingConfig, _session
 from minitrain.commands import PreemptionNotice, PreemptionRound
 from minitrain.context import TrainContext
-from minitrain.coordinator import events as ev
-from minitrain.coordinator.attempt import AttemptTracker
-from minitrain.coordinator.preemption import DRIVER, Preemption, agreed_round
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.preemption import DRIVER, Preemption, agreed_round
 from minitrain.records import WorkerAssignment
 from minitrain.torch import TorchTrainer
 

@@ -1,4 +1,4 @@
-"""minitrain.coordinator.ranks.assign_ranks: placement over NodeInfo records (pure, no processes)."""
+"""minitrain.coordinator.policy.ranks.assign_ranks: placement over NodeInfo records (pure, no processes)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.coordinator.elastic import fitting_workers
-from minitrain.coordinator.ranks import assign_ranks, node_assignments, rank_counts
+from minitrain.coordinator.policy.elastic import fitting_workers
+from minitrain.coordinator.policy.ranks import assign_ranks, node_assignments, rank_counts
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo, WorkerAssignment
 

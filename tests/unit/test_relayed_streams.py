@@ -18,10 +18,10 @@ import grpc
 import pytest
 
 from minitrain.commands import ReportAck
-from minitrain.coordinator import events as ev
-from minitrain.coordinator import server as server_module
-from minitrain.coordinator.server import CoordinatorServer
-from minitrain.coordinator.service import CoordinatorService, Hub
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport import server as server_module
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import CoordinatorService, Hub
 from minitrain.rpc import auth
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
@@ -239,7 +239,7 @@ def _own(**body) -> pb.AgentMessage:
 
 
 def test_an_agent_batch_becomes_the_events_of_its_messages_one_by_one_in_order(coordinator):
-    """An AgentBatch (what an agent queued together: minitrain.agent.relay.coalesce) is read as if each
+    """An AgentBatch (what an agent queued together: minitrain.agent.transport.relay.coalesce) is read as if each
     of its messages had come alone: the same events, in the same order, as sending them one by one."""
     events, hub, agent = coordinator
     a = agent("node-a")
@@ -322,7 +322,7 @@ def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     (None, 1, True), (None, 2, True), (None, 4096, True), ("auto", 4096, True), ("AUTO", 8, True),
     ("1", 2, True), ("on", 2, True), ("0", 4096, False), ("off", 4096, False), (" no ", 4096, False)])
 def test_minitrain_relay_decides_who_relays(monkeypatch, value, workers, relayed):
-    from minitrain.trainer import relays_workers
+    from minitrain.driver.trainer import relays_workers
 
     if value is None:
         monkeypatch.delenv("MINITRAIN_RELAY", raising=False)

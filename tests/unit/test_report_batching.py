@@ -1,4 +1,4 @@
-"""The worker's sender packs consecutive reports into one message (minitrain.worker.client): order kept
+"""The worker's sender packs consecutive reports into one message (minitrain.worker.transport.client): order kept
 across batches and other messages, batches bounded, nothing after END_OF_STREAM, a plain report waits
 REPORT_LINGER_S for company while an awaited one and every other message go at once, and a sender
 that blocked after a quiet spell is woken by the next report (no report is left behind)."""
@@ -13,9 +13,9 @@ from types import SimpleNamespace
 from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
-from minitrain.worker import grpc_client as client_module
-from minitrain.worker.client import QueuedReport
-from minitrain.worker.grpc_client import GrpcWorkerClient as WorkerClient
+from minitrain.worker.transport import grpc_client as client_module
+from minitrain.worker.transport.client import QueuedReport
+from minitrain.worker.transport.grpc_client import GrpcWorkerClient as WorkerClient
 
 
 def _sender():
@@ -171,9 +171,9 @@ def test_the_coordinator_takes_a_batch_as_its_reports_in_order_and_fails_a_messa
     while the worker waits for receipts that never come."""
     import queue as queue_module
 
-    from minitrain.coordinator import events as ev
-    from minitrain.coordinator.service import Hub
-    from minitrain.coordinator.worker_streams import WorkerIntake
+    from minitrain.coordinator.facts import events as ev
+    from minitrain.coordinator.transport.service import Hub
+    from minitrain.coordinator.transport.worker_streams import WorkerIntake
 
     events: queue_module.SimpleQueue = queue_module.SimpleQueue()
     intake = WorkerIntake(events, Hub(), "run-1", outbox=None)

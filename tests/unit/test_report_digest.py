@@ -10,8 +10,8 @@ import queue
 
 import pytest
 
-from minitrain.coordinator import events as ev
-from minitrain.coordinator import worker_streams
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport import worker_streams
 from minitrain.records import ReportRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.digest import digest_records, fold_reports

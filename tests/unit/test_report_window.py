@@ -1,6 +1,6 @@
 """Backpressure of report(): a rank keeps at most REPORT_WINDOW reports in flight that the coordinator
 has not recorded (minitrain.rpc.report_window, applied by minitrain.worker.session), and the coordinator
-sends a receipt for each report that asks for one as soon as it recorded it (minitrain.coordinator.commits).
+sends a receipt for each report that asks for one as soon as it recorded it (minitrain.coordinator.facts.commits).
 
 The worker side runs the real WorkerSession and its LocalWorkerClient on the agent's real
 relay on its Unix socket; the test plays the coordinator (it sees what the relay sends up, and sends
@@ -14,16 +14,16 @@ import threading
 
 import pytest
 
-from minitrain.agent.relay import RelayServer
+from minitrain.agent.transport.relay import RelayServer
 from minitrain.config import FailureConfig
 from minitrain.context import TrainContext
-from minitrain.coordinator import events as ev
+from minitrain.coordinator.facts import events as ev
 from minitrain.records import Phase, ReportRecord
 from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
-from minitrain.worker.client import StreamClosed
-from minitrain.worker.local_client import LocalWorkerClient
+from minitrain.worker.transport.client import StreamClosed
+from minitrain.worker.transport.local_client import LocalWorkerClient
 from minitrain.worker.session import WorkerSession
 
 from test_coordinator_scale import _training_controller

@@ -1,4 +1,4 @@
-"""fit()'s wait for its hosts' ledgers as people see it (minitrain.resource_wait), and a run's claims across
+"""fit()'s wait for its hosts' ledgers as people see it (minitrain.driver.resource_wait), and a run's claims across
 several hosts given back together when one of them fails (minitrain.hosts.reserve._try_claim)."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import io
 import logging
 
-from minitrain.console import LiveConsole
-from minitrain.coordinator.monitor import RunMonitor
+from minitrain.driver.console import LiveConsole
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.dashboard.pages import startup_html
 from minitrain.hosts.cluster import HostSpec
 from minitrain.hosts.demand import Need
 from minitrain.hosts.ledger import Claim
 from minitrain.hosts.reserve import _try_claim
-from minitrain.resource_wait import _WaitDisplay
+from minitrain.driver.resource_wait import _WaitDisplay
 
 WAITING = "waiting for 2 GPUs on gpu1 since 12:03: held by run X (alice, pid 7, since 11:40): 2 GPUs (0,1)"
 

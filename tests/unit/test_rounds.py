@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from minitrain.coordinator.rounds import RoundConflict, RoundTracker
+from minitrain.coordinator.policy.rounds import RoundConflict, RoundTracker
 
 
 def test_round_completes_only_when_every_rank_reported():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minitrain.config import FailureConfig
-from minitrain.coordinator.decide import Rules
+from minitrain.coordinator.policy.decide import Rules
 
 
 def test_rules_are_built_from_the_failure_config():

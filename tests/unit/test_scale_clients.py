@@ -1,5 +1,5 @@
 """The scale simulation's fake agents (bench/scale/clients.py) behave as the real node agent on the wire:
-their upward stream coalesces relayed worker messages exactly as `minitrain.agent.relay.coalesced_requests`
+their upward stream coalesces relayed worker messages exactly as `minitrain.agent.transport.relay.coalesced_requests`
 does, and relayed commands reach the right fake worker. Also the report pacing of `--phase` and the
 command line of `python -m bench scale`. (The whole simulation against the real coordinator runs in
 tests/e2e/test_bench_quick.py and tests/process/test_fake_cluster.py.)
@@ -16,7 +16,7 @@ import pytest
 
 from bench import cli
 from bench.scale import client_stats, clients, fake_worker, links, relaunch
-from minitrain.agent import relay
+from minitrain.agent.transport import relay
 from minitrain.rpc import report_window
 from minitrain.rpc.digest import fold_reports
 from minitrain.rpc._gen import minitrain_pb2 as pb
@@ -45,7 +45,7 @@ async def _take(upstream: links.AgentUpstream, count: int) -> list:
 
 def _real_agent(items: list) -> list:
     """What the real agent's request iterator makes of the same queue (its runs of reports folded into
-    digests, as `minitrain.agent.stream` folds them)."""
+    digests, as `minitrain.agent.transport.stream` folds them)."""
     outbox: "queue.SimpleQueue" = queue.SimpleQueue()
     for at, item in enumerate(items):  # relayed items are queued with their time, as the agent's stream does
         outbox.put((float(at), [item]) if isinstance(item, pb.RelayedMessage) else item)

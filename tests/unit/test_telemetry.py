@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from minitrain import waits
-from minitrain.coordinator.worker_streams import telemetry_sample
+from minitrain.coordinator.transport.worker_streams import telemetry_sample
 from minitrain.data.iterator import DataIterator
 from minitrain.records import GpuSample, TelemetrySample
 from minitrain.rpc import convert

@@ -16,8 +16,8 @@ import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from minitrain.coordinator.server import CoordinatorServer
-from minitrain.coordinator.service import Hub
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import Hub
 from minitrain.rpc import channel as channel_module
 from minitrain.rpc import limits, tls
 from minitrain.worker.distributed import listening_socket

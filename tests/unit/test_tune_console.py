@@ -1,4 +1,4 @@
-"""The tune trial table goes through the driver's LiveConsole (minitrain.console), like fit()'s status:
+"""The tune trial table goes through the driver's LiveConsole (minitrain.driver.console), like fit()'s status:
 on a real pseudo-terminal it is the one status block, redrawn in place, with a concurrent fit()'s
 worker lines and status lines above it and nothing torn; while a fit() holds the block, the sweep's
 lines and final table go above that block; status off shows nothing; a closed console breaks nothing.
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from minitrain import console as console_module
-from minitrain.console import LiveConsole
-from minitrain.logs import LogSink
+from minitrain.driver import console as console_module
+from minitrain.driver.console import LiveConsole
+from minitrain.driver.logs import LogSink
 from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
 from test_console import Terminal

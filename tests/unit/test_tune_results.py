@@ -8,7 +8,7 @@ import json
 import pytest
 
 import minitrain
-from minitrain.console import LiveConsole
+from minitrain.driver.console import LiveConsole
 from minitrain.errors import ConfigError, RemoteWorkerError
 from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table

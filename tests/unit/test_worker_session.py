@@ -16,7 +16,7 @@ from minitrain.context import TrainContext
 from minitrain.records import Phase
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import staged_dir
-from minitrain.worker.client import WorkerClient
+from minitrain.worker.transport.client import WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
 
 
@@ -171,7 +171,7 @@ def test_a_failed_async_upload_fails_the_worker_and_the_drain(run, tmp_path):
 @pytest.mark.parametrize("dir_name, staged", [("", False), ("checkpoint_000001", False), ("checkpoint_000001", True)])
 def test_a_queued_report_s_message_is_every_field_it_holds(round_, dir_name, staged):
     from minitrain.rpc._gen import minitrain_pb2 as pb
-    from minitrain.worker.client import QueuedReport
+    from minitrain.worker.transport.client import QueuedReport
 
     queued = QueuedReport(round_, '{"loss": 1.5}', dir_name, staged)
     assert queued.to_message() == pb.Report(

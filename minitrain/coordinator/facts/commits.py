@@ -1,0 +1,204 @@
+"""Reports of an attempt: rank-0 history, rounds, checkpoint commits and acknowledgements.
+
+The controller hands every report of the current attempt here, also while the attempt is being
+stopped, so every report a rank sent before it failed or was stopped is processed. A completed
+round is committed at once (its staged uploads moved into place, the index written, then evictions),
+and only then are the ranks waiting in a checkpoint report acknowledged: a report that returned on
+every rank is committed. A checkpoint list is answered once the asking rank's earlier reports are
+processed (Ray's `get_all_reported_checkpoints` blocks the same way).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Protocol, Sequence
+
+from minitrain.commands import CheckpointEntry, CheckpointList, ReportAck, ReportReceipt
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.observers import Observers, RankMetrics, RoundInfo
+from minitrain.coordinator.policy.rounds import CompletedRound, RoundConflict, RoundTracker
+from minitrain.coordinator.facts.outbox import Outbox
+from minitrain.storage.layout import staged_dir
+from minitrain.records import FailureKind, Phase, ReportRecord, WorkerFailure
+from minitrain.storage.retention import CheckpointRecord
+from minitrain.storage.filesystem import StorageError
+
+logger = logging.getLogger("minitrain")
+
+
+class CheckpointBook(Protocol):
+    """The part of `minitrain.storage.checkpoint_manager.CheckpointManager` the coordinator uses."""
+
+    report_index: int
+    latest: Optional[CheckpointRecord]
+    records: tuple
+    committed_dir_names: set
+    preemptions: int  # fit()s of the run a preemption ended, before this one's
+
+    def commit(self, record: CheckpointRecord, staged: tuple[str, ...] = ()):
+        """Move staged uploads into the checkpoint directory, then register it: index, then evictions."""
+
+    def advance_report_index(self, n: int) -> None:
+        """Rounds up to n were processed."""
+
+    def delete_garbage(self) -> list[str]:
+        """Remove directories of uncommitted checkpoints."""
+
+    def save(self) -> None:
+        """Write the index now."""
+
+    def note_preemption(self) -> None:
+        """A preemption ends this fit(): count it in the index (written by the next save)."""
+
+
+@dataclass
+class History:
+    """Rank 0's reports of this `fit()`, and what its training function returned."""
+
+    last_metrics: Optional[dict] = None
+    metrics: list = field(default_factory=list)
+    return_value: bytes = b""
+
+
+class Commits:
+    """Report handling for the run; `start_attempt` before each attempt's first report."""
+
+    def __init__(self, checkpoints: CheckpointBook, metrics_log: MetricsLog, outbox: Outbox,
+                 clock: Callable[[], float] = time.time, observers: Optional[Observers] = None):
+        self.checkpoints = checkpoints
+        self._observers = observers if observers is not None else Observers()
+        self._tell_report = self._observers.report_fan_out  # looked up once, called per report
+        self._world_size = 0
+        self.history = History()
+        self._metrics_log = metrics_log
+        self._outbox = outbox
+        self._clock = clock
+        self._rounds: Optional[RoundTracker] = None
+        self._base = 0
+        self._list_requests: list[ev.CheckpointsRequested] = []  # waiting for their rounds
+        self.checkpoints_committed = 0  # by this fit(), in any attempt (an elastic run grows at the next one)
+
+    @property
+    def report_base(self) -> int:
+        """The run-wide index of the current attempt's round 0."""
+        return self._base
+
+    def start_attempt(self, world_size: int) -> None:
+        """New rounds for a new attempt, numbered on from the rounds processed so far."""
+        self._world_size = world_size
+        self._rounds = RoundTracker(world_size)
+        self._base = self.checkpoints.report_index
+        self._list_requests = []
+
+    def on_reports(self, tracker: AttemptTracker, reports: Sequence[ReportRecord]) -> None:
+        """Record reports of the current attempt, in order: each one is told to the observers, marks its
+        rank's progress, is given its receipt when it asks for one (the worker's report window,
+        `minitrain.rpc.report_window`), and commits and acknowledges what it completes.
+        Only rank 0's metrics are parsed here (the other ranks' stay JSON text until an observer reads
+        them)."""
+        tell = self._tell_report
+        reported = tracker.reported
+        now = self._clock()
+        add = self._rounds.add
+        for report in reports:
+            if tell is not None:
+                tell(report)
+            rank = report.rank
+            reported(rank, report.round, now)
+            if rank == 0:
+                metrics = report.metrics
+                self.history.last_metrics = metrics
+                self.history.metrics.append(metrics)
+                self._metrics_log.append(metrics, self._base + report.round, report.attempt, report.reported_at,
+                                         report.metrics_json)
+            try:
+                completed = add(rank, report.round, report.metrics_json, report.checkpoint_dir_name,
+                                staged=report.staged, wants_ack=report.wants_ack)
+            except RoundConflict as exc:
+                self._fail_rank(tracker, rank, "CheckpointDirConflict", str(exc))
+                continue
+            if report.wants_receipt:
+                self._outbox.to_worker(tracker.attempt, rank, ReportReceipt(report.round))
+            if completed:
+                self._commit(tracker, completed)
+
+    def on_done(self, tracker: AttemptTracker, event: ev.WorkerDone) -> None:
+        """A rank finished: it holds back no later round; rank 0's return value is kept."""
+        if event.rank == 0:
+            self.history.return_value = event.return_value
+        self._commit(tracker, self._rounds.finish(event.rank, event.reports))
+
+    def request_checkpoint_list(self, event: ev.CheckpointsRequested) -> None:
+        """A worker's get_all_reported_checkpoints(): answered once every round up to its own last
+        report is processed (at once when they are)."""
+        self._list_requests.append(event)
+        self._answer_list_requests()
+
+    def _answer_list_requests(self) -> None:
+        processed = self._rounds.next_round if self._rounds is not None else 0
+        waiting = []
+        for event in self._list_requests:
+            if event.rounds > processed:
+                waiting.append(event)
+                continue
+            entries = tuple(CheckpointEntry(r.dir_name, r.metrics) for r in self.checkpoints.records)
+            self._outbox.to_worker(event.attempt, event.rank, CheckpointList(event.request_id, entries))
+        self._list_requests = waiting
+
+    def persist(self) -> None:
+        """Write the buffered metrics and the index (with its round counter), however the run ended. A
+        failure is logged, not raised: the run's own outcome matters more."""
+        try:
+            self._metrics_log.flush()
+            self.checkpoints.save()
+        except Exception as exc:  # noqa: BLE001 - say what was not saved
+            logger.error("could not save the run's metrics history or index: %s", exc)
+
+    def delete_uncommitted(self) -> None:
+        """Before an attempt and after the run: delete what earlier attempts left that the run created
+        and never committed. A failure here costs nothing committed (a stale writer of a lost node may
+        still be writing into its staging directory), so it is logged, not raised."""
+        try:
+            garbage = self.checkpoints.delete_garbage()
+        except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem
+            logger.warning("could not delete the uncommitted uploads of earlier attempts (%s); the next "
+                           "attempt deletes them", exc)
+            return
+        if garbage:
+            logger.info("removed what earlier attempts left uncommitted: %s", ", ".join(garbage))
+
+    def _commit(self, tracker: AttemptTracker, completed: list[CompletedRound]) -> None:
+        for done in completed:
+            index = self._base + done.round
+            self.checkpoints.advance_report_index(index + 1)
+            record = None
+            by_rank = RankMetrics(done.metrics_by_rank, self._world_size)  # parsed when read, once
+            if done.checkpoint_dir_name:
+                record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=by_rank[0] or {},
+                                          report_index=index, attempt=tracker.attempt,
+                                          committed_at=self._clock())
+                staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
+                try:
+                    self._metrics_log.flush()
+                    self.checkpoints.commit(record, staged)
+                except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
+                    self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
+                    return
+                self.checkpoints_committed += 1
+                logger.debug("committed %s (round %d)", record.dir_name, index)
+            if self._observers:
+                self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
+            for rank in done.ack_ranks:
+                self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
+        if completed and self._list_requests:
+            self._answer_list_requests()
+
+    def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
+        state = tracker.ranks[rank]
+        tracker.fail(WorkerFailure(
+            rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
+            exc_type=exc_type, message=message, kind=FailureKind.COMMIT))

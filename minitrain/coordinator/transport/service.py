@@ -1,0 +1,388 @@
+"""The coordinator's gRPC servicer and the hub that routes commands to open streams.
+
+Handlers run on the server's asyncio loop. They only translate messages into events for the
+controller (or hand log lines to the log sink); they never decide anything. The controller, on its
+own thread, sends commands through the `Hub`, which hops onto the loop thread-safely.
+
+A worker's stream comes either directly (`WorkerStream`) or relayed by its node's agent (`RelayedUp`
+items on the agent's `AgentStream`, see `minitrain.agent.transport.relay`): `minitrain.coordinator.transport.worker_streams`
+turns either into events (one `WorkerIntake` per stream).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import queue
+import threading
+import time
+from typing import Callable, Optional, Protocol
+
+import grpc
+
+from minitrain.commands import AgentCommand, WorkerCommand
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport.worker_streams import CLOSE, RelayedStreams, WorkerIntake
+from minitrain.lease import Lease, reader_lag_s
+from minitrain.rpc import convert
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+
+
+logger = logging.getLogger("minitrain.coordinator")
+
+
+
+class LogSinkProtocol(Protocol):
+    """Where forwarded worker output goes (see minitrain.driver.logs.LogSink)."""
+
+    def write(self, attempt: int, rank: int, node: str, stderr: bool, lines: list[str]) -> None:
+        """Show and store lines of one worker's output."""
+
+    def open(self, attempt: int, rank: int) -> None:
+        """Create the (possibly empty) log of a worker that was just started."""
+
+
+class Hub:
+    """Thread-safe routing of commands to the open agent and worker streams: the gRPC `Outbox`
+    (`minitrain.coordinator.facts.outbox`), which converts each command record to its message.
+
+    Each stream registers an asyncio queue (its outbox) on the server loop; `send_*` may be called from
+    any thread. Sending to a stream that is gone returns False. Commands reach each outbox in the
+    order they were sent.
+
+    Commands sent from other threads are handed to the loop in batches: the first one of a batch
+    schedules one `_flush` on the loop (one wake-up, a write to the loop's self-pipe); the ones sent
+    before that flush ran join it. With thousands of workers the controller acknowledges reports
+    faster than the loop wakes, so a wake-up per command cost more than the commands.
+    """
+
+    def __init__(self) -> None:
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._lock = threading.Lock()
+        self._agents: dict[str, asyncio.Queue] = {}
+        self._workers: dict[tuple[int, int], asyncio.Queue] = {}
+        self._batch_lock = threading.Lock()
+        self._batch: list[tuple[asyncio.Queue, object]] = []  # waiting for the scheduled _flush
+
+    def bind_loop(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Called once by the server thread with its loop."""
+        self._loop = loop
+
+    def _put(self, outbox: Optional[asyncio.Queue], item) -> bool:
+        loop = self._loop
+        if outbox is None or loop is None or loop.is_closed():
+            return False
+        with self._batch_lock:
+            self._batch.append((outbox, item))
+            if len(self._batch) > 1:
+                return True  # a flush is scheduled and has not taken the batch yet
+            try:
+                loop.call_soon_threadsafe(self._flush)
+            except RuntimeError:  # loop closed between the check and the call
+                self._batch.clear()
+                return False
+        return True
+
+    def _flush(self) -> None:
+        """On the loop: move every batched command into its outbox, in the order sent."""
+        with self._batch_lock:
+            batch, self._batch = self._batch, []
+        for outbox, item in batch:
+            outbox.put_nowait(item)
+
+    def register_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
+        """Route commands for `node_id` to `outbox`."""
+        with self._lock:
+            self._agents[node_id] = outbox
+
+    def unregister_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
+        """Forget `node_id` if `outbox` is still its stream."""
+        with self._lock:
+            if self._agents.get(node_id) is outbox:
+                del self._agents[node_id]
+
+    def to_agent(self, node_id: str, command: AgentCommand) -> bool:
+        """Queue a command record for an agent, as its message; False when its stream is gone."""
+        return self._queue_for_agent(node_id, convert.agent_command_message(command))
+
+    def _queue_for_agent(self, node_id: str, message) -> bool:
+        """Queue a message (or CLOSE) for an agent; False when its stream is gone. The servicer's own
+        messages (heartbeats, the close of an expired lease) take this way: they are not commands."""
+        with self._lock:
+            outbox = self._agents.get(node_id)
+        return self._put(outbox, message)
+
+    def agent_ids(self) -> list[str]:
+        """The node ids with an open stream."""
+        with self._lock:
+            return list(self._agents)
+
+    def register_worker(self, attempt: int, rank: int, outbox: asyncio.Queue) -> None:
+        """Route commands for (attempt, rank) to `outbox`."""
+        with self._lock:
+            self._workers[(attempt, rank)] = outbox
+
+    def unregister_worker(self, attempt: int, rank: int, outbox: asyncio.Queue) -> None:
+        """Forget (attempt, rank) if `outbox` is still its stream."""
+        with self._lock:
+            if self._workers.get((attempt, rank)) is outbox:
+                del self._workers[(attempt, rank)]
+
+    def to_worker(self, attempt: int, rank: int, command: WorkerCommand) -> bool:
+        """Queue a command record for a worker, as its message; False when its stream is gone. The
+        message is built here, on the caller's thread, so the loop only moves it."""
+        message = convert.worker_command_message(command)
+        with self._lock:
+            outbox = self._workers.get((attempt, rank))
+        return self._put(outbox, message)
+
+    def close_worker(self, attempt: int, rank: int) -> None:
+        """End a worker's response stream (it sees the stream finish)."""
+        with self._lock:
+            outbox = self._workers.get((attempt, rank))
+        self._put(outbox, CLOSE)
+
+
+def _peer_host(peer: str) -> str:
+    """'ipv4:127.0.0.1:5000' -> '127.0.0.1'; 'ipv6:[::1]:5000' -> '::1'."""
+    _, _, rest = peer.partition(":")
+    host = rest.rsplit(":", 1)[0]
+    return host.strip("[]")
+
+
+class CoordinatorService(pb_grpc.CoordinatorServicer):
+    """Turns stream messages into controller events; see the module docstring.
+
+    `lease_timeout_s`: an agent silent for this long (plus its heartbeats' delay, see `minitrain.lease`)
+    is reported lost (its stream is closed too).
+    """
+
+    def __init__(self, run_id: str, events: "queue.SimpleQueue[ev.RunEvent]", hub: Hub,
+                 log_sink: LogSinkProtocol, lease_timeout_s: float,
+                 clock: Callable[[], float] = time.monotonic, node_ids: tuple = ()):
+        self._run_id = run_id
+        self._node_ids = frozenset(node_ids)  # the run's hosts; empty: any (an agent that joins names one)
+        self._events = events
+        self._hub = hub
+        self._log_sink = log_sink
+        self._lease_timeout_s = lease_timeout_s
+        self._clock = clock
+        self._leases: dict[str, Lease] = {}  # node_id -> its agent's lease (see minitrain.lease)
+        self._verdicts: dict[str, str] = {}  # node_id -> why its lease ended, for its AgentLost
+        self._node_names: dict[str, str] = {}
+        self._streams = itertools.count(1)
+
+    # ------------------------------------------------------------------ agents
+
+    async def AgentStream(self, request_iterator, context):
+        outbox: asyncio.Queue = asyncio.Queue()
+        state = {"node_id": "", "reason": "its stream ended (the agent exited, or its host stopped answering "
+                                          "the keepalive pings)", "stream": next(self._streams),
+                 "relayed": RelayedStreams(self._events, self._hub, self._run_id, outbox)}
+        reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
+        try:
+            async for command in _drain_agent(outbox):
+                yield command
+        finally:
+            reader.cancel()
+            # Its workers' relayed streams end with it, before the node is reported lost (as their
+            # own connections would have broken with the host).
+            state["relayed"].end_all()
+            node_id = state["node_id"]
+            if node_id:
+                self._hub.unregister_agent(node_id, outbox)
+                self._leases.pop(node_id, None)
+                reason = self._verdicts.pop(node_id, state["reason"])
+                self._events.put(ev.AgentLost(node_id, reason, state["stream"]))
+
+    async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
+        try:
+            async for received in request_iterator:
+                if received.WhichOneof("body") == "batch":
+                    # Messages the agent queued together, each handled as if it had come alone; a
+                    # batch inside a batch is not read (the agent never makes one).
+                    if not self._check_agent(received, context, state):
+                        break
+                    messages = [m for m in received.batch.messages if m.WhichOneof("body") != "batch"]
+                else:
+                    messages = (received,)
+                if not all(self._from_agent(message, context, outbox, state) for message in messages):
+                    break
+        except Exception as exc:  # the stream broke: the agent or its host is gone
+            state["reason"] = f"its connection broke ({type(exc).__name__})"
+        finally:
+            outbox.put_nowait(CLOSE)
+
+    def _check_agent(self, message: pb.AgentMessage, context, state: dict) -> bool:
+        """False (and the call's status set) when `message` is not of this run or its node is not one
+        of the run's hosts: nothing more of that stream is read."""
+        if message.run_id != self._run_id:
+            state["reason"] = f"the agent belongs to run {message.run_id!r}"
+            # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"this coordinator serves run {self._run_id!r}, "
+                                f"not {message.run_id!r} (that run is over, or the agent was "
+                                f"started for another one)")
+            return False
+        node_id = message.node_id
+        if self._node_ids and node_id not in self._node_ids:
+            state["reason"] = f"{node_id!r} is not one of the run's hosts"
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"{node_id!r} is not one of this run's hosts "
+                                f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
+            return False
+        return True
+
+    def _from_agent(self, message: pb.AgentMessage, context, outbox: asyncio.Queue, state: dict) -> bool:
+        """Handle one message of an agent's stream; False when nothing more of the stream is read."""
+        if not self._check_agent(message, context, state):
+            return False
+        node_id = message.node_id
+        kind = message.WhichOneof("body")
+        lease = self._leases.get(node_id)
+        if lease is None:
+            lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
+        # Every message is stamped (an agent of an older version: only its heartbeats).
+        lease.heard(message.sent_at or (message.heartbeat.sent_at if kind == "heartbeat" else None))
+        if kind == "hello" and not state["node_id"]:
+            state["node_id"] = node_id
+            node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
+            self._node_names[node_id] = node.hostname
+            self._hub.register_agent(node_id, outbox)
+            self._events.put(ev.AgentConnected(node, state["stream"]))
+        elif kind == "relayed":
+            if state["node_id"]:  # (an agent says hello first)
+                state["relayed"].receive(message.relayed)
+        elif kind == "logs":
+            logs = message.logs
+            self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
+                                 logs.stderr, list(logs.lines))
+        elif kind == "spawned":
+            s = message.spawned
+            self._log_sink.open(s.attempt, s.rank)
+            self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
+        elif kind == "exited":
+            self._events.put(_exited_event(node_id, message.exited))
+        elif kind == "preemption" and state["node_id"]:
+            signalled = message.preemption
+            self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
+        elif kind == "warmed" and state["node_id"]:
+            warmed = message.warmed
+            self._events.put(ev.NodeWarmed(node_id, state["stream"], warmed.ready, warmed.detail))
+        elif kind == "stack_dump":
+            dump = message.stack_dump
+            header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
+                      "detection or the dashboard):")
+            text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
+            self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
+                                 True, [header, *text.rstrip().splitlines()])
+            self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
+        elif kind not in _AGENT_MESSAGE_KINDS:
+            # Dropped in silence, a newer agent's message (a start's WorkerSpawned in a kind this
+            # coordinator does not know) would leave the run waiting for it: say why, and end the stream.
+            state["reason"] = (f"it sent a message this coordinator does not know ({kind or 'empty'}): the agent "
+                               "runs another minitrain version than the driver; install the same version on every host")
+            return False
+        return True
+
+    async def watch_leases(self, heartbeat_interval_s: float, check_interval_s: float) -> None:
+        """Every `check_interval_s`, report the agents that went silent; every `heartbeat_interval_s`,
+        heartbeat every agent. Runs on the server loop."""
+        lag_s, since = 0.0, self._clock()
+        next_heartbeat = since + heartbeat_interval_s
+        while True:
+            await asyncio.sleep(check_interval_s)
+            now = self._clock()
+            heartbeat = None
+            if now >= next_heartbeat:
+                next_heartbeat = now + heartbeat_interval_s
+                # How far behind this loop reads its agents, from the agents read since the last heartbeat
+                # (when none was, it is as behind as before): no agent is judged silent for the reader's
+                # own delay. Once a heartbeat, so that each figure covers every agent's last message.
+                latest = reader_lag_s(self._leases.values(), since)
+                lag_s, since = (lag_s if latest is None else latest), now
+                # One message a heartbeat, never changed once queued: an agent judges the coordinator's
+                # backlog from its sent_at (a stamp rewritten while the message waited would hide the wait).
+                heartbeat = pb.AgentCommand(heartbeat=pb.Heartbeat(sent_at=time.time()))
+            for node_id in self._hub.agent_ids():
+                lease = self._leases.get(node_id)
+                if lease is not None and lease.expired(lag_s):
+                    verdict = f"it sent {lease.describe(lag_s)}"
+                    logger.warning("node %s: %s; treating it as lost", node_id, verdict)
+                    self._verdicts[node_id] = verdict
+                    self._leases.pop(node_id, None)
+                    self._hub._queue_for_agent(node_id, CLOSE)
+                elif heartbeat is not None:
+                    self._hub._queue_for_agent(node_id, heartbeat)
+
+    # ------------------------------------------------------------------ workers
+
+    async def WorkerStream(self, request_iterator, context):
+        outbox: asyncio.Queue = asyncio.Queue()
+        intake = WorkerIntake(self._events, self._hub, self._run_id, outbox)
+        reader = asyncio.ensure_future(self._read_worker(request_iterator, intake))
+        try:
+            async for command in _drain(outbox):
+                yield command
+        finally:
+            reader.cancel()
+            intake.unregister()
+
+    async def _read_worker(self, request_iterator, intake: WorkerIntake) -> None:
+        try:
+            async for message in request_iterator:
+                if not intake.handle(message):
+                    break
+        except Exception:  # the worker died mid-stream; its agent reports the exit
+            pass
+        finally:
+            intake.closed()
+
+
+async def _drain(outbox: asyncio.Queue):
+    """The commands queued for one stream, until the stream is closed."""
+    while True:
+        command = await outbox.get()
+        if command is CLOSE:
+            return
+        yield command
+
+
+async def _drain_agent(outbox: asyncio.Queue):
+    """An agent stream's commands until it is closed; RelayedDown commands queued one after the
+    other go down as one (the order of all commands is kept)."""
+    pending = None
+    while True:
+        command = pending if pending is not None else await outbox.get()
+        pending = None
+        if command is CLOSE:
+            return
+        if command.WhichOneof("body") == "relayed":
+            merged = None
+            while not outbox.empty():
+                following = outbox.get_nowait()
+                if following is CLOSE or following.WhichOneof("body") != "relayed":
+                    pending = following
+                    break
+                if merged is None:
+                    merged = pb.AgentCommand()
+                    merged.relayed.items.extend(command.relayed.items)
+                merged.relayed.items.extend(following.relayed.items)
+            if merged is not None:
+                command = merged
+        yield command
+
+
+# What an agent may send: every kind of AgentMessage's body in the proto this coordinator was built with.
+_AGENT_MESSAGE_KINDS = frozenset(field.name for field in pb.AgentMessage.DESCRIPTOR.oneofs_by_name["body"].fields)
+
+
+def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
+    return ev.WorkerExited(
+        node_id=node_id, attempt=exited.attempt, rank=exited.rank, pid=exited.pid,
+        exit_code=None if exited.signal else exited.exit_code,
+        signal=exited.signal or None, stopped_by_agent=exited.stopped_by_agent,
+        time=exited.exited_at, spawn_error=exited.spawn_error, oom_suspected=exited.oom_suspected,
+    )
