@@ -7,7 +7,7 @@ the coordinator, and `import minitrain` does not import torch.
 
 from __future__ import annotations
 
-import importlib
+from minitrain._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -58,16 +58,4 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 _SUBPACKAGES = {"torch", "data", "collective", "lightning", "huggingface", "callbacks", "tune"}
 
 
-def __getattr__(name: str):
-    if name in _SUBPACKAGES:
-        return importlib.import_module(f"minitrain.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minitrain' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("minitrain", _EXPORTS, __all__, submodules=_SUBPACKAGES)

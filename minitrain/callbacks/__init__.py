@@ -15,7 +15,7 @@ Names load lazily, so `import minitrain.callbacks` imports no tracker library.
 
 from __future__ import annotations
 
-import importlib
+from minitrain._lazy import lazy_exports
 
 from minitrain.callbacks.base import Callback, TrainRunContext, UserCallback
 
@@ -31,14 +31,4 @@ _LAZY = {
 __all__ = ["Callback", "TrainRunContext", "UserCallback", *sorted(_LAZY)]
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minitrain.callbacks' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("minitrain.callbacks", _LAZY, __all__)

@@ -18,7 +18,7 @@ Names load lazily: `LightGBMTrainer`, `LightGBMConfig` and `get_network_params` 
 
 from __future__ import annotations
 
-import importlib
+from minitrain._lazy import lazy_exports
 
 _LAZY = {
     "LightGBMTrainer": "minitrain.lightgbm.trainer",
@@ -30,14 +30,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minitrain.lightgbm' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("minitrain.lightgbm", _LAZY, __all__)

@@ -15,8 +15,9 @@ creating a CUDA context); torch loads only when a torch utility is touched.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from minitrain._lazy import lazy_exports
 
 __all__ = [
     "TorchTrainer",
@@ -61,14 +62,4 @@ if TYPE_CHECKING:  # for type checkers and IDEs only; never executed
     from minitrain.driver.trainer import TorchTrainer
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value  # later lookups skip __getattr__
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports("minitrain.torch", _LAZY, __all__)

@@ -12,7 +12,7 @@ the hosts' CPUs/GPUs allow. Schedulers live in `minitrain.tune.schedulers`, sear
 
 from __future__ import annotations
 
-import importlib
+from minitrain._lazy import lazy_exports
 
 # Loaded on first use, so a trial process (which needs only tune.report) starts without numpy, the
 # schedulers or the trainer.
@@ -43,17 +43,5 @@ _SUBMODULES = {"schedulers", "search", "stopper"}
 __all__ = sorted(_EXPORTS) + sorted(_SUBMODULES)
 
 
-def __getattr__(name: str):
-    if name in _SUBMODULES:
-        return importlib.import_module(f"minitrain.tune.{name}")
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minitrain.tune' has no attribute {name!r}")
-    attribute = "TrialResult" if name == "Result" else name
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("minitrain.tune", _EXPORTS, __all__, submodules=_SUBMODULES,
+                                   aliases={"Result": "TrialResult"})

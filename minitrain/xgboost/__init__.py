@@ -18,7 +18,7 @@ Install with `pip install 'minitrain[xgboost]'`.
 
 from __future__ import annotations
 
-import importlib
+from minitrain._lazy import lazy_exports
 
 _LAZY = {
     "XGBoostTrainer": "minitrain.xgboost.trainer",
@@ -29,14 +29,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'minitrain.xgboost' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return __all__
+__getattr__, __dir__ = lazy_exports("minitrain.xgboost", _LAZY, __all__)
