@@ -36,7 +36,7 @@ MAX_BACKLOG_S = 60.0  # the most a message's delay extends the lease
 # Both ends of an agent's stream send a heartbeat this often (the agent: when it sent nothing else
 # meanwhile) and hold a lease of LEASE_TIMEOUT_S on the other, which they look at every
 # LEASE_CHECK_INTERVAL_S: a silent peer is found 4.0-4.25 s after its last message while the reader keeps
-# up (issue 31's target: a silent host among 2,048 found within 5 s). Four heartbeat intervals: a peer
+# up (the control plane's target: a silent host among 2,048 found within 5 s). Four heartbeat intervals: a peer
 # is lost after missing three heartbeats in a row and most of the fourth, and a reader that falls behind
 # extends the lease by its own delay (below), so a live peer behind a busy coordinator is not lost.
 HEARTBEAT_INTERVAL_S = 1.0
