@@ -210,8 +210,7 @@ class RunOutcome:
 
     state: RunState  # SUCCEEDED | FAILED | ABORTED
     attempt: int
-    last_metrics: dict | None
-    metrics_history: tuple[dict, ...] = ()
+    last_metrics: dict | None  # rank 0's latest; every rank-0 report is in the run's metrics.jsonl
     failures: tuple[WorkerFailure, ...] = ()
     exceptions: dict = field(default_factory=dict)  # rank -> pickled exception, for WorkerGroupError
     error_message: str = ""

@@ -8,7 +8,7 @@ agents: its "agents" are client processes (`bench.scale.clients`) that serve man
 nodes each (their workers' streams relayed by the fake agents, or one connection per worker). Their
 CPU is therefore not this process's; the benchmark samples this process from
 outside. At the end this process writes what the coordinator recorded (the run's outcome, rank 0's
-history, the number of completed rounds) and its own peak RSS to the spec's result file.
+reports as its metrics.jsonl holds them, the number of completed rounds) and its own peak RSS to the spec's result file.
 """
 
 from __future__ import annotations
@@ -249,11 +249,20 @@ def simulate(spec: dict, observers=()):
     return outcome, tap, checkpoints, launcher
 
 
+def rank0_metrics(spec: dict) -> list[dict]:
+    """Rank 0's metrics of every report of the simulated run in the spec's `out_dir`, in order, as the
+    run's metrics.jsonl holds them (the run's one record of them; the outcome keeps only the latest)."""
+    from minitrain.coordinator.facts.metrics_log import read_metrics_history
+    from minitrain.storage.filesystem import Storage
+
+    return [entry["metrics"] for entry in read_metrics_history(Storage.for_run(spec["out_dir"], RUN_NAME))]
+
+
 def run(spec: dict) -> dict:
     """One simulated run; returns what the coordinator recorded (see the module docstring)."""
     workers = spec["workers"]
     outcome, tap, checkpoints, launcher = simulate(spec)
-    steps = [m.get("step") for m in outcome.metrics_history]
+    steps = [m.get("step") for m in rank0_metrics(spec)]
     latencies_file = os.path.join(spec["out_dir"], "coordinator.latencies")
     with open(latencies_file, "wb") as f:
         tap.latencies.tofile(f)

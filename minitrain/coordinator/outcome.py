@@ -99,7 +99,7 @@ def run_outcome(loop: Loop, tracker: Optional[AttemptTracker], history: History,
         message = preemption_message(preemption, loop.reason, message)
     return RunOutcome(
         state=loop.state, attempt=tracker.attempt, last_metrics=history.last_metrics,
-        metrics_history=tuple(history.metrics), failures=failures, exceptions=tracker.exc_pickles(),
+        failures=failures, exceptions=tracker.exc_pickles(),
         error_message=message, return_value=history.return_value, **extra,
     )
 

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from bench.scale.coordinator import simulate
+from bench.scale.coordinator import rank0_metrics, simulate
 from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
@@ -87,8 +87,8 @@ def test_a_failed_rank_restarts_the_whole_group_and_the_next_attempt_completes(t
     assert (outcome.state, outcome.attempt) == (RunState.SUCCEEDED, 1), outcome.error_message
     assert rounds.seen[(0, 13)] == [0, 1]  # it failed after two reports
     assert rounds.complete(1)
-    # Rank 0's history and the committed rounds are the last attempt's, each round once, in order.
-    assert [m["step"] for m in outcome.metrics_history][-REPORTS:] == list(range(REPORTS))
+    # Rank 0's history (metrics.jsonl) and the committed rounds are the last attempt's, each round once, in order.
+    assert [m["step"] for m in rank0_metrics({"out_dir": str(tmp_path)})][-REPORTS:] == list(range(REPORTS))
     assert checkpoints.report_index >= REPORTS
     # The observers saw the run in order: start, attempt 0 and its end (restarting, rank 13 the root
     # cause with its pickled exception), attempt 1 with every round of every rank, its end, the outcome.

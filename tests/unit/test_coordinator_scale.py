@@ -30,7 +30,7 @@ from minitrain.monitoring.monitor import (
 )
 from minitrain.coordinator.facts.hang_watch import HangWatch
 from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
-from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
 from minitrain.commands import ReportAck
 from minitrain.coordinator.transport.service import Hub
@@ -413,7 +413,10 @@ def test_a_batch_of_reports_is_recorded_report_by_report(tmp_path):
     [round0] = watcher.rounds
     assert round0.index == 0 and round0.checkpoint is None
     assert list(round0.metrics_by_rank) == [{"rank": r, "round": 0} for r in range(3)]
-    assert controller._commits.history.metrics == [{"rank": 0, "round": r} for r in range(3)]
+    controller._commits.persist()  # rank 0's metrics reach metrics.jsonl, the run's one record of them
+    metrics_jsonl = read_metrics_history(Storage.for_run(str(tmp_path), "run"))
+    assert [entry["metrics"] for entry in metrics_jsonl] == [{"rank": 0, "round": r} for r in range(3)]
+    assert controller._commits.history.last_metrics == {"rank": 0, "round": 2}
     assert [tracker.ranks[r].last_round for r in range(3)] == [2, 1, 0]
     assert tracker.failures()[0].rank == 1 and tracker.failures()[0].exc_type == "CheckpointDirConflict"
     assert all(tracker.ranks[r].last_progress == 50.0 for r in range(3))

@@ -11,7 +11,7 @@ from minitrain.coordinator.facts.commits import Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.facts.hang_watch import HangWatch
 from minitrain.coordinator.policy.hangs import HangRule
-from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.observers import Observers, TelemetrySample
 from minitrain.coordinator.facts.worker_group import LaunchSettings
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment, WorkerFailure
@@ -116,7 +116,10 @@ def test_reports_are_judged_one_by_one_and_move_the_commits_and_the_hang_clock(t
     assert [kind for target, kind in outbox.sent if kind is PhaseAck] == [PhaseAck, PhaseAck]
     _send(handlers, ev.ReportsReceived((ReportRecord(0, 0, 0, '{"a": 1}', 1.0), ReportRecord(3, 1, 0, "{}", 1.0),
                                         ReportRecord(0, 1, 0, '{"a": 2}', 1.0))))
-    assert commits.history.metrics == [{"a": 1}] and commits.report_base == 0
+    commits.persist()  # rank 0's metrics reach metrics.jsonl, the run's one record of them
+    metrics_jsonl = read_metrics_history(Storage.for_run(str(tmp_path), "run"))
+    assert [entry["metrics"] for entry in metrics_jsonl] == [{"a": 1}] and commits.report_base == 0
+    assert commits.history.last_metrics == {"a": 1}
     assert [current.group.tracker.ranks[r].last_round for r in range(2)] == [0, 0]
     assert hangs.pace.slowest(0) is None  # told of the start and one report: no interval of its own yet
     _send(handlers, ev.WorkerDone(0, 0, reports=1), ev.WorkerDone(0, 1, reports=1))

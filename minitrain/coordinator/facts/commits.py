@@ -1,4 +1,4 @@
-"""Reports of an attempt: rank-0 history, rounds, checkpoint commits and acknowledgements.
+"""Reports of an attempt: rank 0's latest metrics, rounds, checkpoint commits and acknowledgements.
 
 The controller hands every report of the current attempt here, also while the attempt is being
 stopped, so every report a rank sent before it failed or was stopped is processed. A completed
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional, Protocol, Sequence
 
 from minitrain.commands import CheckpointEntry, CheckpointList, ReportAck, ReportReceipt
@@ -57,10 +57,11 @@ class CheckpointBook(Protocol):
 
 @dataclass
 class History:
-    """Rank 0's reports of this `fit()`, and what its training function returned."""
+    """Rank 0's latest metrics in this `fit()`, and what its training function returned. Only the latest:
+    every rank-0 report is in `metrics.jsonl` (`MetricsLog`, the one record of them), so a run that reports
+    every step holds no growing list of them in the driver."""
 
     last_metrics: Optional[dict] = None
-    metrics: list = field(default_factory=list)
     return_value: bytes = b""
 
 
@@ -112,7 +113,6 @@ class Commits:
             if rank == 0:
                 metrics = report.metrics
                 self.history.last_metrics = metrics
-                self.history.metrics.append(metrics)
                 self._metrics_log.append(metrics, self._base + report.round, report.attempt, report.reported_at,
                                          report.metrics_json)
             try:
