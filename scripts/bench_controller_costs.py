@@ -7,7 +7,7 @@ Measures, at several world sizes (docs/benchmarks/scale.md):
   for it, the worst case of a quiet loop that wakes for every event;
 - pace: one `Pace.reported` with every rank's window full;
 - round: one lockstep round of every rank's report as the coordinator gets it relayed (one serialized
-  `ReportDigest` of 8 reports per host: parsed, unfolded with `digest_records`, one `ReportsReceived` through
+  `ReportDigest` of 8 reports per host: parsed, unfolded with `reports_from_digest`, one `ReportsReceived` through
   `Controller._handle` and one loop turn per host, `RunMonitor` on): what a round costs the coordinator's
   Python apart from gRPC (its per-message floor is scripts/bench_grpc_floor.py's), in ms per round.
 Usage: .venv/bin/python scripts/bench_controller_costs.py [--ranks 64,1024,4096] [--seconds 1.0]
@@ -46,7 +46,7 @@ from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment  #
 from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402
 from minitrain.storage.filesystem import Storage  # noqa: E402
 from minitrain.rpc._gen import minitrain_pb2 as pb  # noqa: E402
-from minitrain.rpc.digest import digest_records  # noqa: E402
+from minitrain.rpc.convert import reports_from_digest  # noqa: E402
 
 SLOTS = 8
 
@@ -192,7 +192,7 @@ def bench_round(ranks: int, rounds: int) -> float:
                 for first in hosts]
             start = time.process_time()
             for data in wire:
-                records = digest_records(pb.ReportDigest.FromString(data))
+                records = reports_from_digest(pb.ReportDigest.FromString(data))
                 controller._handle(ev.ReportsReceived(tuple(records)))
                 now = controller._clock()
                 decision = decide(controller._loop, controller._observe(now), now, rules)

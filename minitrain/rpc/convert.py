@@ -1,16 +1,24 @@
 """The only translation between protobuf messages and minitrain records (L1).
 
-Servicers and clients call these functions at the edge; everything past them works with the frozen
-dataclasses of `minitrain.records` and the commands of `minitrain.commands`.
+Servicers and clients call these functions at the edge; everything past them works with the records of
+`minitrain.records` and the commands of `minitrain.commands`. Every record made from a message is made
+here; the transport modules wrap the records in the coordinator's events (which rpc/, one layer down,
+cannot import).
+
+The report conversions (`report_records`, `reports_from_digest`) run once per report of every rank: they
+read each field once and build the `ReportRecord` named tuple directly, with nothing per report in between.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Callable, Optional
+import time
+from itertools import repeat
+from typing import Callable, Iterable, Optional
 
 from minitrain import commands as cmd
-from minitrain.records import FailureKind, NodeInfo, Phase, TelemetrySample, WorkerAssignment, WorkerFailure
+from minitrain.records import (FailureKind, GpuSample, NodeInfo, Phase, ReportRecord, TelemetrySample,
+                               WorkerAssignment, WorkerFailure)
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 
@@ -70,6 +78,67 @@ def telemetry_message(sample: TelemetrySample) -> pb.Telemetry:
                                      memory_used_bytes=g.memory_used_bytes,
                                      memory_total_bytes=g.memory_total_bytes) for g in sample.gpus)
     return message
+
+
+# ---------------------------------------------------------------------------- what workers and agents send
+
+
+def report_records(attempt: int, rank: int, reports: Iterable[pb.Report]) -> list[ReportRecord]:
+    """The records of one worker message's reports (its `report`, or its `report_batch`'s), in order."""
+    return [ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
+                         report.checkpoint_dir_name, report.wants_ack, report.staged, report.wants_receipt)
+            for report in reports]
+
+
+def reports_from_digest(digest: pb.ReportDigest) -> list[ReportRecord]:
+    """The reports of a progress digest (`minitrain.rpc.digest`) as records, in order; a digest carries no
+    checkpoints. One `map` over the columns, which the protobuf runtime decodes in C: no Python per field.
+    Raises ValueError when its columns differ in length (a malformed digest: nothing of it is used)."""
+    count = len(digest.stream)
+    columns = (digest.attempt, digest.rank, digest.round, digest.metrics_json, digest.reported_at,
+               digest.wants_ack, digest.wants_receipt)
+    if any(len(column) != count for column in columns):
+        raise ValueError(f"a report digest's columns differ in length ({count} streams, "
+                         f"{[len(c) for c in columns]}): the agent runs another minitrain version")
+    attempts, ranks, rounds, metrics, stamps, acks, receipts = columns
+    return list(map(ReportRecord, attempts, ranks, rounds, metrics, stamps, repeat(""), acks, repeat(False),
+                    receipts))
+
+
+def telemetry_from_message(attempt: int, rank: int, message: pb.Telemetry) -> TelemetrySample:
+    """The sample a Telemetry message carries (an absent optional field is None; `host`, `pid` and
+    `phase` stay empty: the coordinator knows them)."""
+    def optional(name: str):
+        return getattr(message, name) if message.HasField(name) else None
+
+    gpus = tuple(GpuSample(g.index, g.util_percent, g.memory_used_bytes, g.memory_total_bytes)
+                 for g in message.gpus)
+    return TelemetrySample(
+        attempt=attempt, rank=rank, time=message.sampled_at, reports=message.reports,
+        step_time_s=optional("step_time_s"), report_wait_s=optional("report_wait_s"),
+        collective_wait_s=optional("collective_wait_s"), data_wait_s=optional("data_wait_s"),
+        cpu_percent=optional("cpu_percent"), rss_bytes=optional("rss_bytes"), gpus=gpus,
+        total=message.total or None)
+
+
+def unknown_message_failure(rank: int, kind: Optional[str]) -> WorkerFailure:
+    """The failure of a rank that sent a message of a kind this side does not know (`kind`, None for an
+    empty one): it runs another minitrain version."""
+    return WorkerFailure(
+        rank=rank, node="", pid=0, phase=Phase.TRAINING, time=time.time(), exc_type="ProtocolMismatch",
+        message=f"rank {rank} sent a message this coordinator does not know ({kind or 'empty'}): the worker "
+                "runs another minitrain version than the driver; install the same version on every host")
+
+
+def exited_fields(exited: pb.WorkerExited) -> dict:
+    """The facts of an agent's WorkerExited message, as the keyword arguments (all but `node_id`) of the
+    coordinator's event of the same name (`minitrain.coordinator.facts.events.WorkerExited`, a layer up).
+    A process killed by a signal has no exit code, and one that exited has no signal: the wire's zero is
+    None here."""
+    return dict(attempt=exited.attempt, rank=exited.rank, pid=exited.pid,
+                exit_code=None if exited.signal else exited.exit_code, signal=exited.signal or None,
+                stopped_by_agent=exited.stopped_by_agent, time=exited.exited_at, spawn_error=exited.spawn_error,
+                oom_suspected=exited.oom_suspected)
 
 
 # ---------------------------------------------------------------------------- commands to agents

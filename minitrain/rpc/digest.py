@@ -1,4 +1,4 @@
-"""Progress digests: an agent's consecutive relayed reports folded into columns, and unfolded again.
+"""Progress digests: an agent's consecutive relayed reports folded into columns (the wire format's side).
 
 A relayed batch (`RelayedUp`) at thousands of ranks is mostly plain reports: one per worker of the
 host and round. As `RelayedMessage(stream, WorkerMessage(report=Report(...)))` items each costs the
@@ -6,8 +6,8 @@ coordinator's server loop a nested message to walk in Python (about ten field re
 protobuf runtime, per report). `fold_reports` (the agent's side, L2) replaces every run of consecutive
 foldable reports among the items by one item carrying a `ReportDigest`: packed columns (stream, attempt,
 rank, round, reported_at, wants_ack, wants_receipt) and the metrics JSON, which the protobuf runtime
-decodes in C; `digest_records` (the coordinator's side) turns a digest back into `ReportRecord`s with
-one `map` over the columns.
+decodes in C. The coordinator turns a digest back into `ReportRecord`s with one `map` over the columns
+(`minitrain.rpc.convert.reports_from_digest`, with the other conversions from messages to records).
 
 Contract (what makes the fold invisible to the controller):
 - nothing is lost or merged: entry i of a digest is exactly one report, with every field the controller
@@ -21,10 +21,8 @@ Contract (what makes the fold invisible to the controller):
 
 from __future__ import annotations
 
-from itertools import repeat
 from typing import Iterable
 
-from minitrain.records import ReportRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 
@@ -85,16 +83,3 @@ def _digest_item(columns) -> pb.RelayedMessage:
         stream=streams, attempt=attempts, rank=ranks, round=rounds, reported_at=stamps, metrics_json=metrics,
         wants_ack=acks, wants_receipt=receipts))
 
-
-def digest_records(digest: pb.ReportDigest) -> list[ReportRecord]:
-    """The digest's reports as records, in order (a digest without checkpoints: see `fold_reports`).
-    Raises ValueError when its columns differ in length (a malformed digest: nothing of it is used)."""
-    count = len(digest.stream)
-    columns = (digest.attempt, digest.rank, digest.round, digest.metrics_json, digest.reported_at,
-               digest.wants_ack, digest.wants_receipt)
-    if any(len(column) != count for column in columns):
-        raise ValueError(f"a report digest's columns differ in length ({count} streams, "
-                         f"{[len(c) for c in columns]}): the agent runs another minitrain version")
-    attempts, ranks, rounds, metrics, stamps, acks, receipts = columns
-    return list(map(ReportRecord, attempts, ranks, rounds, metrics, stamps, repeat(""), acks, repeat(False),
-                    receipts))

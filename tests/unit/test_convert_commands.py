@@ -1,5 +1,7 @@
 """Every command record of `minitrain.commands` survives its trip through protobuf (`minitrain.rpc.convert`):
-the coordinator's `Hub` converts it to a message, the agent or worker converts it back."""
+the coordinator's `Hub` converts it to a message, the agent or worker converts it back. And the facts the
+agents and workers send read back as the coordinator's records (reports, exits; telemetry in test_telemetry.py,
+digests in test_report_digest.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,8 @@ import typing
 import pytest
 
 from minitrain import commands as cmd
-from minitrain.records import Phase, WorkerAssignment
+from minitrain.coordinator.facts import events as ev
+from minitrain.records import Phase, ReportRecord, WorkerAssignment
 from minitrain.rpc import convert
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
@@ -87,3 +90,27 @@ def test_a_phase_ack_reads_back_as_a_phase():
     message = convert.worker_command_message(cmd.PhaseAck(Phase.TRAINING))
     assert message.phase_ack.phase == pb.PHASE_TRAINING
     assert convert.worker_command_from_message(message).phase is Phase.TRAINING
+
+
+def test_a_message_s_reports_read_back_as_records_in_order():
+    batch = pb.ReportBatch(reports=[
+        pb.Report(round=4, metrics_json='{"loss": 1}', reported_at=10.0, wants_receipt=True),
+        pb.Report(round=5, metrics_json="{}", reported_at=11.0, checkpoint_dir_name="checkpoint_000001",
+                  wants_ack=True, staged=True)])
+    assert convert.report_records(2, 7, _over_the_wire(batch).reports) == [
+        ReportRecord(2, 7, 4, '{"loss": 1}', 10.0, wants_receipt=True),
+        ReportRecord(2, 7, 5, "{}", 11.0, "checkpoint_000001", wants_ack=True, staged=True)]
+
+
+def test_an_exit_reads_back_with_none_for_the_code_or_signal_it_did_not_have():
+    """The wire's zero is "none": a killed process has no exit code, one that exited has no signal."""
+    killed = pb.WorkerExited(attempt=1, rank=3, pid=99, signal=9, exited_at=5.0, oom_suspected=True)
+    event = ev.WorkerExited("node-a", **convert.exited_fields(_over_the_wire(killed)))
+    assert event == ev.WorkerExited("node-a", attempt=1, rank=3, pid=99, exit_code=None, signal=9,
+                                    stopped_by_agent=False, time=5.0, oom_suspected=True)
+    exited = pb.WorkerExited(attempt=1, rank=0, pid=98, exit_code=0, stopped_by_agent=True, exited_at=6.0,
+                             spawn_error="")
+    event = ev.WorkerExited("node-a", **convert.exited_fields(exited))
+    assert (event.exit_code, event.signal, event.stopped_by_agent) == (0, None, True)
+    unborn = convert.exited_fields(pb.WorkerExited(rank=1, exit_code=1, spawn_error="OSError: no memory"))
+    assert (unborn["exit_code"], unborn["signal"], unborn["spawn_error"]) == (1, None, "OSError: no memory")

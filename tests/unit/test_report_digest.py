@@ -14,7 +14,8 @@ from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.transport import worker_streams
 from minitrain.records import ReportRecord
 from minitrain.rpc._gen import minitrain_pb2 as pb
-from minitrain.rpc.digest import digest_records, fold_reports
+from minitrain.rpc.convert import reports_from_digest
+from minitrain.rpc.digest import fold_reports
 
 RUN = "run-1"
 
@@ -51,18 +52,18 @@ def test_runs_of_plain_reports_fold_and_everything_else_keeps_its_place():
                               2, ("digest", [1], [2])]
     # The items that were not folded are the very same messages.
     assert folded[1] is items[2] and folded[2] is items[3] and folded[4] is items[5] and folded[6] is items[7]
-    first = digest_records(folded[0].digest)
+    first = reports_from_digest(folded[0].digest)
     assert first == [ReportRecord(2, 10, 0, '{"step": 0}', 1000.0), ReportRecord(2, 20, 0, '{"step": 0}', 1000.0,
                                                                               wants_receipt=True)]
-    assert digest_records(folded[3].digest)[0].wants_ack
-    assert [r.reported_at for r in digest_records(folded[5].digest)] == [8.0, 9.0]
+    assert reports_from_digest(folded[3].digest)[0].wants_ack
+    assert [r.reported_at for r in reports_from_digest(folded[5].digest)] == [8.0, 9.0]
 
 
 def test_a_digest_with_columns_of_different_lengths_is_refused():
     digest = fold_reports([_report(1, 0), _report(2, 0)], RUN)[0].digest
     del digest.round[1]
     with pytest.raises(ValueError, match="columns differ in length"):
-        digest_records(digest)
+        reports_from_digest(digest)
 
 
 class _Hub:

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import pytest
 
 from minitrain import waits
-from minitrain.coordinator.transport.worker_streams import telemetry_sample
 from minitrain.data.iterator import DataIterator
 from minitrain.records import GpuSample, TelemetrySample
 from minitrain.rpc import convert
@@ -248,7 +247,7 @@ def test_a_run_of_more_ranks_than_the_budget_samples_less_often_within_the_budge
 def test_the_coordinator_reads_absent_fields_as_not_measured():
     message = pb.Telemetry(sampled_at=5.0, reports=7, step_time_s=0.25, cpu_percent=0.0, rss_bytes=10,
                            gpus=[pb.GpuSample(index=2, util_percent=50, memory_used_bytes=1, memory_total_bytes=2)])
-    sample = telemetry_sample(3, 1, message)
+    sample = convert.telemetry_from_message(3, 1, message)
     assert (sample.attempt, sample.rank, sample.reports, sample.step_time_s) == (3, 1, 7, 0.25)
     assert sample.cpu_percent == 0.0 and sample.data_wait_s is None and sample.total is None
     assert sample.gpus[0].index == 2 and sample.gpus[0].util_percent == 50
@@ -268,11 +267,11 @@ def test_a_sample_is_a_record_of_its_rank_that_crosses_the_wire_unchanged(clock)
         clock.now += 0.1
     second = sampler.sample()
     for sample in (first, second):
-        assert telemetry_sample(3, 5, convert.telemetry_message(sample)) == sample
+        assert convert.telemetry_from_message(3, 5, convert.telemetry_message(sample)) == sample
     bare = TelemetrySample(attempt=0, rank=2, time=1.5, reports=0)
     message = convert.telemetry_message(bare)
     assert not message.HasField("step_time_s") and not message.HasField("rss_bytes") and message.total == 0
-    assert telemetry_sample(0, 2, message) == bare
+    assert convert.telemetry_from_message(0, 2, message) == bare
 
 
 def test_the_thread_sends_nothing_while_recording_is_switched_off(monkeypatch):

@@ -264,7 +264,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             self._log_sink.open(s.attempt, s.rank)
             self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
         elif kind == "exited":
-            self._events.put(_exited_event(node_id, message.exited))
+            self._events.put(ev.WorkerExited(node_id, **convert.exited_fields(message.exited)))
         elif kind == "preemption" and state["node_id"]:
             signalled = message.preemption
             self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
@@ -377,12 +377,3 @@ async def _drain_agent(outbox: asyncio.Queue):
 
 # What an agent may send: every kind of AgentMessage's body in the proto this coordinator was built with.
 _AGENT_MESSAGE_KINDS = frozenset(field.name for field in pb.AgentMessage.DESCRIPTOR.oneofs_by_name["body"].fields)
-
-
-def _exited_event(node_id: str, exited: pb.WorkerExited) -> ev.WorkerExited:
-    return ev.WorkerExited(
-        node_id=node_id, attempt=exited.attempt, rank=exited.rank, pid=exited.pid,
-        exit_code=None if exited.signal else exited.exit_code,
-        signal=exited.signal or None, stopped_by_agent=exited.stopped_by_agent,
-        time=exited.exited_at, spawn_error=exited.spawn_error, oom_suspected=exited.oom_suspected,
-    )

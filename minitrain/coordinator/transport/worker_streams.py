@@ -13,14 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import queue
-import time
 from typing import Callable, Optional, Protocol
 
 from minitrain.coordinator.facts import events as ev
-from minitrain.coordinator.observers import GpuSample, TelemetrySample
-from minitrain.records import Phase, ReportRecord, WorkerFailure
+from minitrain.records import Phase
 from minitrain.rpc import convert
-from minitrain.rpc.digest import digest_records
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 logger = logging.getLogger("minitrain.coordinator")
@@ -66,10 +63,8 @@ class WorkerIntake:
         attempt, rank = message.attempt, message.rank
         kind = message.WhichOneof("body")
         if kind == "report" or kind == "report_batch":
-            batch = (message.report,) if kind == "report" else message.report_batch.reports
-            records = [ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
-                                    report.checkpoint_dir_name, report.wants_ack, report.staged,
-                                    report.wants_receipt) for report in batch]
+            records = convert.report_records(
+                attempt, rank, (message.report,) if kind == "report" else message.report_batch.reports)
             if reports is None:
                 self._put(ev.ReportsReceived(tuple(records)))
             else:
@@ -78,7 +73,7 @@ class WorkerIntake:
         put = self._put
         send_reports(put, reports)
         if kind == "telemetry":
-            put(ev.TelemetryReceived(attempt, telemetry_sample(attempt, rank, message.telemetry)))
+            put(ev.TelemetryReceived(attempt, convert.telemetry_from_message(attempt, rank, message.telemetry)))
         elif kind == "hello" and self.key is None:
             self.key = (attempt, rank)
             self._hub.register_worker(attempt, rank, self._outbox)
@@ -101,11 +96,7 @@ class WorkerIntake:
         elif kind not in ("hello", "heartbeat"):
             # A message this coordinator cannot read: a worker from another minitrain version. Dropping
             # it in silence once hung a run whose reports all came in a newer message kind.
-            failure = WorkerFailure(rank=rank, node="", pid=0, phase=Phase.TRAINING, time=time.time(),
-                                    exc_type="ProtocolMismatch", message=f"rank {rank} sent a message this coordinator does not know "
-                                            f"({kind or 'empty'}): the worker runs another minitrain version "
-                                            "than the driver; install the same version on every host")
-            put(ev.WorkerFailed(attempt, failure, b""))
+            put(ev.WorkerFailed(attempt, convert.unknown_message_failure(rank, kind), b""))
         return True
 
     def closed(self, reports: Optional[list] = None) -> None:
@@ -181,7 +172,7 @@ class RelayedStreams:
         its intake, the reports of an ended stream are dropped. The checks are per stream, the decoding
         one `map` over the columns (the point of the digest: no Python per report and field here)."""
         try:
-            records = digest_records(digest)
+            records = convert.reports_from_digest(digest)
         except ValueError as exc:
             logger.warning("dropped a relayed report digest: %s", exc)
             return
@@ -218,17 +209,3 @@ def send_reports(put: Callable[[ev.RunEvent], None], reports: Optional[list]) ->
         put(ev.ReportsReceived(tuple(reports)))
         reports.clear()
 
-
-def telemetry_sample(attempt: int, rank: int, message: pb.Telemetry) -> TelemetrySample:
-    """The sample a Telemetry message carries (an absent optional field is None)."""
-    def optional(name: str):
-        return getattr(message, name) if message.HasField(name) else None
-
-    gpus = tuple(GpuSample(g.index, g.util_percent, g.memory_used_bytes, g.memory_total_bytes)
-                 for g in message.gpus)
-    return TelemetrySample(
-        attempt=attempt, rank=rank, time=message.sampled_at, reports=message.reports,
-        step_time_s=optional("step_time_s"), report_wait_s=optional("report_wait_s"),
-        collective_wait_s=optional("collective_wait_s"), data_wait_s=optional("data_wait_s"),
-        cpu_percent=optional("cpu_percent"), rss_bytes=optional("rss_bytes"), gpus=gpus,
-        total=message.total or None)
