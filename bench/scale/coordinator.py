@@ -211,7 +211,7 @@ def simulate(spec: dict, observers=()):
     """
     from minitrain.storage.checkpoint_manager import CheckpointManager
     from minitrain.config import CheckpointConfig, FailureConfig
-    from minitrain.coordinator.controller import LaunchSettings, RunSpec
+    from minitrain.coordinator.controller import LaunchSettings, RunSpec, Sizing
     from minitrain.coordinator.facts.metrics_log import MetricsLog
     from minitrain.coordinator.run import run_coordinator
     from minitrain.driver.logs import LogSink
@@ -232,8 +232,9 @@ def simulate(spec: dict, observers=()):
         launch=LaunchSettings(experiment_name="scale", run_path=storage.url(), payload=bytes(PAYLOAD_BYTES),
                               backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
         failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0,
-        min_workers=spec.get("min_workers"), resize_interval_s=spec.get("resize_interval_s", 60.0),
-        elastic_start_wait_s=spec.get("elastic_start_wait_s", 300.0))
+        sizing=None if spec.get("min_workers") is None else Sizing(
+            spec["min_workers"], resize_interval_s=spec.get("resize_interval_s", 60.0),
+            start_wait_s=spec.get("elastic_start_wait_s", 300.0)))
     launcher = FakeAgentLauncher(spec)
     tap = ReportTap(spec["warmup_rounds"])
     log_sink = LogSink(storage.path(LOGS_DIR), console=False)

@@ -11,6 +11,8 @@ into its queue. Each turn (`step`) it
   is checked (`run_state.check_move`), explained in the log (`outcome.log_move`) and told to the
   observers' `on_state`; the attempt's start (placing its ranks), stop, stacks and streams go to its
   `WorkerGroup`; agent relaunches to `Membership`.
+How many workers an attempt gets and where, and an elastic run's resizes, are `AttemptSizes`'
+(coordinator/sizing.py).
 The run's state is the loop's (`decide.Loop.state`), held nowhere else. Nothing else decides to retry
 or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait for agents and for
 stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
@@ -34,7 +36,7 @@ from minitrain.coordinator.policy.decide import (
     Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, LogLate, Loop,
     MoveTo, PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
-from minitrain.coordinator.policy.elastic import Resize, attempt_size, fitting_workers, resize_reason
+from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.facts.hang_watch import HangWatch
 from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.facts.membership import AgentHandles, HostBackoff, Membership
@@ -44,9 +46,9 @@ from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_p
 from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.coordinator.preemption_signals import preemption_noted
-from minitrain.coordinator.policy.ranks import assign_ranks, node_assignments
 from minitrain.coordinator.sigint import sigint_noted
-from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup, warm_up_command
+from minitrain.coordinator.sizing import AttemptSizes
+from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup
 from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move
@@ -88,10 +90,9 @@ class RunSpec:
     # Slurm allocation's (ClusterConfig.replaced_at_once).
     local_node_ids: frozenset = frozenset()
     agent_start_timeout_s: float = 60.0
-    # Elastic runs (ScalingConfig(num_workers=(min, max))): `num_workers` is the max; None for a fixed size.
-    min_workers: Optional[int] = None
-    resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
-    elastic_start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S
+    # An elastic run's sizing (ScalingConfig(num_workers=(min, max))), read by `Rules`: `num_workers` is then
+    # the max. None for a fixed size.
+    sizing: Optional[Sizing] = None
 
 
 class Controller:
@@ -107,20 +108,15 @@ class Controller:
         self._events = events
         self._clock = clock
         policy = spec.failure_policy
-        self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s)
+        self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s, sizing=spec.sizing)
         backoff = None
-        if spec.min_workers is not None:  # elastic: lost hosts are probed again once per resize interval
-            self._rules = dataclasses.replace(self._rules, min_workers=spec.min_workers,
-                                              resize_interval_s=spec.resize_interval_s,
-                                              start_wait_s=spec.elastic_start_wait_s)
-            backoff = HostBackoff(spec.resize_interval_s, spec.resize_interval_s)
+        if self._rules.elastic:  # lost hosts are probed again once per resize interval
+            backoff = HostBackoff(spec.sizing.resize_interval_s, spec.sizing.resize_interval_s)
         self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
                                          floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock, backoff)
-        self._fits = (-1, 0)  # elastic: (membership version, workers its usable nodes hold)
-        self._fits_ready = (-1, 0)  # elastic: (membership version, workers its ready nodes hold)
-        self._lost_in_attempt: dict[str, str] = {}  # node id -> why, for the current attempt's lost nodes
+        self._sizes = AttemptSizes(spec, self._rules, self._membership, hub, self._observers, clock)
         self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
         self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
         self._start_error = ""  # why the last start could not place the workers
@@ -273,8 +269,7 @@ class Controller:
                     lost_nodes=bool(membership.lost), start_error=self._start_error, interrupted=interrupted,
                     preempted=preempted, preempted_again=preempted_again)
         group = self._current.group
-        if self._rules.elastic:
-            seen = self._elastic_facts(seen, group)
+        seen = self._sizes.seen(seen, group, self._loop.judging, self._commits.checkpoints_committed)
         if group is None:
             return seen
         tracker = group.tracker
@@ -291,18 +286,6 @@ class Controller:
             # a scan of the ranks: only while a failed attempt is not being stopped yet
             round_pending=failed and not tracker.stop_requested and tracker.round_pending(),
             root_cause=tracker.root_cause_line(), preempt_reached=preempt_reached)
-
-    def _elastic_facts(self, seen: Seen, group: Optional[WorkerGroup]) -> Seen:
-        """An elastic run's facts for `decide`: what fits now (recomputed when the nodes changed), the
-        attempt's size, the committed checkpoints, whether a lost host may be probed, and (while a
-        failed attempt is judged) whether it lost a node."""
-        membership, spec = self._membership, self._spec
-        size = len(group.tracker.ranks) if group is not None else 0
-        lost = self._loop.judging and group is not None and group.tracker.lost_a_node()
-        return dataclasses.replace(
-            seen, fits=self._fits_now(), fits_ready=self._fits_ready_now(), size=size, lost_in_attempt=lost,
-            checkpoints_committed=self._commits.checkpoints_committed,
-            probe_due=bool(membership.lost) and size < spec.num_workers and membership.probe_due())
 
     # ------------------------------------------------------------------ actions
 
@@ -359,13 +342,11 @@ class Controller:
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
 
     def _start(self, attempt: int, resize: str = "") -> None:
-        """Place the ranks of `attempt` on the nodes that are in, and start them. An elastic run's
-        attempt gets as many workers as fit, between its min and max (`elastic.attempt_size`); a change
-        of size from the previous attempt is logged and told to the observers as a `Resize`."""
+        """Place the ranks of `attempt` on the nodes that are in (as many as `AttemptSizes.placed` says),
+        and start them; `resize`: why an elastic run restarts without a charged failure, if it does."""
         nodes = self._membership.usable()
-        spec = self._spec
         try:
-            assignments = self._placed(nodes)
+            assignments = self._sizes.placed(nodes)
         except ConfigError as exc:
             if not self._membership.lost:  # the request itself is unsatisfiable: never retried
                 self._config_error = exc
@@ -379,56 +360,8 @@ class Controller:
         self._membership.attempt_started()
         self._commits.delete_uncommitted()
         previous = self._current.tracker
-        self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, spec.launch)
-        if spec.min_workers is not None and previous is not None:
-            self._note_resize(attempt, resize, previous, self._current.tracker)
-        self._lost_in_attempt = {}
-
-    def _fitting(self, nodes: list) -> int:
-        """How many workers `nodes` hold, at most the run's max (`elastic.fitting_workers`)."""
-        spec = self._spec
-        return fitting_workers(nodes, spec.num_workers, spec.gpus_per_worker, spec.placement_strategy,
-                               spec.cpus_per_worker, spec.node_slots)
-
-    def _fits_now(self) -> int:
-        """How many workers the usable nodes hold now (`_fitting`), recomputed only when the membership
-        changed: it is asked at every turn of an elastic run and at every connection."""
-        membership = self._membership
-        if self._fits[0] != membership.version:
-            self._fits = (membership.version, self._fitting(membership.usable()))
-        return self._fits[1]
-
-    def _fits_ready_now(self) -> int:
-        """How many workers the nodes ready to grow onto hold now (`Membership.ready`: not still warming
-        up), recomputed only when the membership changed."""
-        membership = self._membership
-        if self._fits_ready[0] != membership.version:
-            self._fits_ready = (membership.version, self._fitting(membership.ready()))
-        return self._fits_ready[1]
-
-    def _placed(self, nodes: list) -> list:
-        """The ranks of an attempt started on `nodes` now: `num_workers` of them, or for an elastic run
-        as many as fit (`elastic.attempt_size`); ConfigError when they do not fit."""
-        spec = self._spec
-        count = spec.num_workers
-        if spec.min_workers is not None:
-            count = attempt_size(self._fitting(nodes), spec.min_workers, spec.num_workers)
-        return assign_ranks(nodes, count, spec.gpus_per_worker, spec.placement_strategy, spec.cpus_per_worker,
-                            dict(spec.node_slots))
-
-    def _note_resize(self, attempt: int, kind: str, previous, current) -> None:
-        """An elastic attempt started: when its size differs from the previous attempt's, say why
-        (one log line) and tell the observers."""
-        before, after = len(previous.ranks), len(current.ranks)
-        if before == after:
-            if kind:
-                logger.warning("attempt %d: %d workers again (not a failure: %s)", attempt, after,
-                               resize_reason(kind, self._lost_in_attempt, ()))
-            return
-        joined = current.nodes() - previous.nodes()
-        resize = Resize(attempt, before, after, resize_reason(kind, self._lost_in_attempt, joined), self._clock())
-        logger.warning("%s (attempt %d; not a failure)", resize.line, attempt)
-        self._observers.on_resize(resize)
+        self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, self._spec.launch)
+        self._sizes.started(attempt, resize, previous, self._current.tracker)
 
     def _shutdown_agents(self) -> None:
         preempted = was_preempted(self._loop)
@@ -442,7 +375,7 @@ class Controller:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
-                ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._on_node_warmed,
+                ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._sizes.warmed,
                 ev.Interrupted: self._on_interrupted,
                 ev.PreemptionSignalled: self._preemption.signalled,
                 ev.PreemptionSeen: self._preemption.seen}
@@ -451,44 +384,17 @@ class Controller:
         self._handlers[type(event)](event)
 
     def _on_agent_connected(self, event: ev.AgentConnected) -> None:
-        """A node's agent connected (again). In an elastic run, a node that connects while an attempt
-        runs without it (a host that came back, a late joiner) is readied for the start it would get
-        if the run grew now (`warm_up_command`), so that growing onto it forks warm workers."""
+        """A node's agent connected (again): it is in the membership, and an elastic run readies it for
+        growth when an attempt runs without it (`AttemptSizes.connected`)."""
         self._membership.connected(event)
-        group, node_id = self._current.group, event.node.node_id
-        if not self._rules.elastic or group is None or node_id in group.tracker.nodes() or \
-                self._loop.state not in (RunState.STARTING, RunState.RUNNING):
-            return
-        spec = self._spec
-        try:
-            count = attempt_size(self._fits_now(), spec.min_workers, spec.num_workers)
-        except ConfigError:  # fewer than min fit: nothing to get ready for
-            return
-        # Only this node's ranks of that start (placing every rank at each connection was quadratic).
-        mine = node_assignments(self._membership.usable(), count, node_id, spec.gpus_per_worker,
-                                spec.placement_strategy, spec.cpus_per_worker, dict(spec.node_slots))
-        # Growth waits for its answer (NodeWarmed): the group trains on meanwhile instead of idling in the
-        # next attempt's rendezvous while this node imports torch.
-        if mine and self._hub.to_agent(node_id, warm_up_command(self._spec.launch, event.node, mine)):
-            self._membership.warming(node_id)
-
-    def _on_node_warmed(self, event: ev.NodeWarmed) -> None:
-        """A node readied for growth answered: from now on the run may grow onto it."""
-        if not self._membership.warmed(event):
-            return
-        if event.ready:
-            logger.info("node %s is ready to grow onto (its fork server is warm)", event.node_id)
-        else:
-            logger.warning("node %s has no warm worker (%s); growing onto it starts its worker(s) cold",
-                           event.node_id, event.detail)
+        attempt_runs = self._loop.state in (RunState.STARTING, RunState.RUNNING)
+        self._sizes.connected(event.node, self._current.group, attempt_runs)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
         if self.state.is_terminal or not self._membership.lose(event):
             return
-        tracker = self._current.tracker
-        if tracker is not None and event.node_id in tracker.nodes():  # the host as listed (hostnames may repeat)
-            self._lost_in_attempt[event.node_id] = event.reason
+        self._sizes.node_lost(event.node_id, event.reason, self._current.tracker)
         self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)

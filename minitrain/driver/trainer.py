@@ -27,6 +27,7 @@ from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.coordinator.controller import LaunchSettings, RunSpec
 from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
+from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.driver.console import LiveConsole
 from minitrain.monitoring.console_status import ConsoleStatus
 from minitrain.monitoring.monitor import RunMonitor
@@ -228,9 +229,7 @@ class DataParallelTrainer:
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
-            min_workers=self.scaling_config.min_workers if self.scaling_config.elasticity_enabled else None,
-            resize_interval_s=self.scaling_config.elastic_resize_monitor_interval_s,
-            elastic_start_wait_s=knobs.ELASTIC_START_WAIT_S.get(),
+            sizing=_sizing(self.scaling_config),
         )
         # The driver's record of the run (console, dashboard, Result.stragglers); kept for the dashboard.
         monitoring = self.run_config.monitoring_config
@@ -457,6 +456,15 @@ def relays_workers(num_workers: int) -> bool:
     does not know. Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
     choice = knobs.RELAY.get()
     return True if choice is None else choice
+
+
+def _sizing(scaling: ScalingConfig) -> Optional[Sizing]:
+    """An elastic run's `Sizing` (ScalingConfig(num_workers=(min, max)), its resize interval and
+    knobs.ELASTIC_START_WAIT_S); None for a fixed size."""
+    if not scaling.elasticity_enabled:
+        return None
+    return Sizing(min_workers=scaling.min_workers, resize_interval_s=scaling.elastic_resize_monitor_interval_s,
+                  start_wait_s=knobs.ELASTIC_START_WAIT_S.get())
 
 
 def _hosts_of(cluster: ClusterConfig) -> dict:

@@ -11,6 +11,7 @@ from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import POLL_S, Controller, LaunchSettings, RunSpec
 from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState
 from minitrain.storage.checkpoint_manager import CheckpointManager
@@ -60,11 +61,10 @@ def _node(node_id: str) -> NodeInfo:
 def _controller(tmp_path, agents, hub, start_wait_s=5.0):
     storage = Storage.for_run(str(tmp_path), "run")
     storage.makedirs()
-    spec = RunSpec(run_id="r", num_workers=2, min_workers=1, node_ids=("h0", "h1"),
-                   node_slots={"h0": 1, "h1": 1},
+    spec = RunSpec(run_id="r", num_workers=2, node_ids=("h0", "h1"), node_slots={"h0": 1, "h1": 1},
                    launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "/work", {"A": "1"}),
-                   failure_policy=FailureConfig(max_failures=0), resize_interval_s=5.0,
-                   elastic_start_wait_s=start_wait_s)
+                   failure_policy=FailureConfig(max_failures=0),
+                   sizing=Sizing(min_workers=1, resize_interval_s=5.0, start_wait_s=start_wait_s))
     events = queue.SimpleQueue()
     controller = Controller(spec, hub, events, agents, CheckpointManager.load(storage, CheckpointConfig()),
                             MetricsLog(storage))

@@ -15,14 +15,14 @@ from minitrain.coordinator.policy.actions import GROW, SHRINK, DropDeadAgents
 from minitrain.coordinator.policy.decide import (
     CloseStreams, Loop, MoveTo, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
 )
-from minitrain.coordinator.policy.elastic import Resize, attempt_size, fitting_workers, resize_reason
+from minitrain.coordinator.policy.elastic import Resize, Sizing, attempt_size, fitting_workers, resize_reason
 from minitrain.coordinator.facts.membership import HostBackoff
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState, check_move
 
 S = RunState
-ELASTIC = Rules(max_failures=0, stop_grace_s=3.0, min_workers=1, resize_interval_s=5.0)
+ELASTIC = Rules(max_failures=0, stop_grace_s=3.0, sizing=Sizing(min_workers=1, resize_interval_s=5.0))
 RUNNING_2 = Seen(has_attempt=True, all_training=True, size=2, fits=2, fits_ready=2)
 
 
@@ -131,7 +131,7 @@ def test_a_crash_without_a_node_loss_is_charged_and_fails_a_spent_budget():
 
 
 def test_a_node_loss_that_leaves_fewer_than_min_is_charged_and_waits_for_the_agents_as_a_fixed_run():
-    rules = replace(ELASTIC, min_workers=2, max_failures=1)
+    rules = replace(ELASTIC, sizing=replace(ELASTIC.sizing, min_workers=2), max_failures=1)
     failed = replace(RUNNING_2, failed=True, root_cause="node lost")
     down = replace(failed, all_exited=True, all_drained=True, lost_in_attempt=True, lost_nodes=True, fits=1)
     loop, actions = _run([(failed, 10.0), (down, 10.4), (down, 10.5)], _running(), rules)
@@ -181,7 +181,7 @@ def test_dead_probes_are_dropped_and_lost_hosts_probed_while_running():
     seen = replace(RUNNING_2, size=1, agents_missing=("h1",), agents_failed="h1: ssh exited 255", probe_due=True)
     _, actions = _run([(seen, 1.0)], _running(size_at=0.0))
     assert actions == [DropDeadAgents(), RelaunchAgents()]
-    _, fixed = _run([(seen, 1.0)], _running(), replace(ELASTIC, min_workers=None))
+    _, fixed = _run([(seen, 1.0)], _running(), replace(ELASTIC, sizing=None))
     assert fixed == []  # a fixed-size run never probes while it runs
 
 
@@ -195,7 +195,7 @@ def test_launch_starts_with_the_hosts_that_answered_when_min_fits():
 
 
 def test_launch_waits_a_little_for_the_other_hosts_once_min_fits():
-    rules = replace(ELASTIC, start_wait_s=5.0)
+    rules = replace(ELASTIC, sizing=replace(ELASTIC.sizing, start_wait_s=5.0))
     loop, _ = _run([(Seen(agents_missing=("h0", "h1")), 0.0)], Loop(), rules)
     some = Seen(agents_missing=("h1",), fits=1)
     loop, actions = _run([(some, 1.0), (some, 5.9)], loop, rules)

@@ -32,14 +32,14 @@ live ranks run on until each has reported it (or exited, or failed too: a peer b
 with the dead rank usually fails as soon as the dead process is gone), for at most `Rules.catch_up_s`;
 then the attempt is stopped as always. With nothing pending the stop starts in the same turn as before.
 
-An elastic run (`Rules.min_workers` set) charges a failure only once the failed attempt is down: if a
-node of it was lost and the survivors hold `min_workers`, the restart is a resize (SHRINK: the next
-attempt starts at once with the survivors, `max_failures` untouched); otherwise one failure is charged
+An elastic run (`Rules.elastic`: it has a `Rules.sizing`) charges a failure only once the failed attempt is
+down: if a node of it was lost and the survivors hold `min_workers`, the restart is a resize (SHRINK: the
+next attempt starts at once with the survivors, `max_failures` untouched); otherwise one failure is charged
 as above. While it runs, lost hosts are probed again each resize interval, and when more workers fit
 than run on nodes ready to take them (`Seen.fits_ready`: a node that came back is ready once its fork
 server is warm) and the interval since the attempt started has passed, the attempt is stopped at
-the next committed checkpoint and restarted larger (GROW). The sizes are the controller's
-(coordinator/policy/elastic.py).
+the next committed checkpoint and restarted larger (GROW). The sizes are coordinator/policy/elastic.py's,
+applied by coordinator/sizing.py.
 
 The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/facts/preemption.py): the first signal while RUNNING sends every rank the notice
@@ -200,7 +200,7 @@ def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> D
 def _agents(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """LAUNCHING, or RESTARTING after lost nodes got new agents: wait until every expected agent is in."""
     restarting = loop.state is RunState.RESTARTING
-    if rules.elastic and not restarting and seen.agents_missing and seen.fits >= rules.min_workers:
+    if rules.elastic and not restarting and seen.agents_missing and seen.fits >= rules.sizing.min_workers:
         return _elastic_launch(loop, seen, now, rules)
     if not seen.agents_missing:
         attempt = loop.attempt + 1 if restarting else loop.attempt
@@ -224,7 +224,7 @@ def _elastic_launch(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decisio
     is probed again) or the agents' deadline passed; the hosts that come later are used when it grows."""
     if loop.min_fit_at is None:
         loop = replace(loop, min_fit_at=now)
-    waited = now >= loop.min_fit_at + rules.start_wait_s
+    waited = now >= loop.min_fit_at + rules.sizing.start_wait_s
     if not (waited or seen.agents_failed or now > loop.deadline):
         return Decision(loop)
     reason = f"starting attempt {loop.attempt} with {seen.fits} worker(s) that fit; not yet in: " \
@@ -268,7 +268,7 @@ def _elastic(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Ac
         actions += (RelaunchAgents(),)
     # (A node that came back counts once its warm worker is ready: fits_ready, not fits.)
     due = loop.state is RunState.RUNNING and seen.fits_ready > seen.size and \
-        now >= loop.sized_at + rules.resize_interval_s
+        now >= loop.sized_at + rules.sizing.resize_interval_s
     if not due:
         return Decision(loop if loop.grow_armed is None else replace(loop, grow_armed=None), actions)
     if loop.grow_armed is None:
@@ -344,7 +344,7 @@ def _judge(loop: Loop, seen: Seen, rules: Rules) -> Loop:
     """An elastic run's failed attempt is down: a node of it was lost and the survivors hold at least
     `min_workers`: a resize (SHRINK), not charged; otherwise one failure charged, as a fixed-size run's."""
     loop = replace(loop, judging=False)
-    if seen.lost_in_attempt and seen.fits >= rules.min_workers:
+    if seen.lost_in_attempt and seen.fits >= rules.sizing.min_workers:
         return replace(loop, resize=SHRINK)
     return replace(loop, failures=loop.failures + 1)
 

@@ -1,9 +1,12 @@
-"""Elastic sizes (pure): how many workers an elastic run's next attempt gets, and why it was resized.
+"""Elastic sizes (pure): what makes a run elastic, how many workers its next attempt gets, and why it was
+resized.
 
-`decide` says *that* an elastic run restarts as a resize (actions.SHRINK after a node loss, GROW when
-more workers fit); this module is the one owner of *how many* workers that is (`fitting_workers`,
-`attempt_size`) and of the one line that explains a resize (`Resize`, `resize_reason`). The controller
-asks it at every start of an elastic run and whenever the usable nodes change.
+`Sizing` is the one record of an elastic run's bounds and clocks: the trainer builds it from
+`ScalingConfig(num_workers=(min, max))`, `RunSpec.sizing` carries it, and `Rules` reads it (`Rules.elastic`
+is the one answer to "is this run elastic?"). `decide` says *that* an elastic run restarts as a resize
+(actions.SHRINK after a node loss, GROW when more workers fit); this module is the one owner of *how many*
+workers that is (`fitting_workers`, `attempt_size`) and of the one line that explains a resize (`Resize`,
+`resize_reason`). `coordinator/sizing.py` asks it at every start and whenever the usable nodes change.
 """
 
 from __future__ import annotations
@@ -16,6 +19,18 @@ from minitrain.coordinator.policy.actions import GROW, SHRINK
 from minitrain.coordinator.policy.ranks import node_capacity, rank_counts
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo
+
+
+@dataclass(frozen=True)
+class Sizing:
+    """An elastic run's sizing: an attempt starts with at least `min_workers` workers (its most is the run's
+    `RunSpec.num_workers`); lost hosts are probed again, and growth looked for, every `resize_interval_s`
+    (ScalingConfig.elastic_resize_monitor_interval_s); the first start waits up to `start_wait_s`
+    (knobs.ELASTIC_START_WAIT_S) for more hosts once `min_workers` fit. A fixed-size run has none."""
+
+    min_workers: int
+    resize_interval_s: float = 60.0
+    start_wait_s: float = 5.0
 
 
 @dataclass(frozen=True)

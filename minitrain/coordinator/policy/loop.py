@@ -13,6 +13,7 @@ from minitrain.coordinator.policy.actions import (
     AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo,
     PrepareForkServers, RelaunchAgents, StartAttempt, StopWorkers,
 )
+from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.run_state import RunState
 
 if TYPE_CHECKING:
@@ -56,24 +57,24 @@ class Rules:
     drain_s: float = DRAIN_S
     catch_up_s: float = CATCH_UP_S
     preempt_timeout_s: float = PREEMPT_TIMEOUT_S
-    # Elastic runs (ScalingConfig(num_workers=(min, max))): None for a fixed size.
-    min_workers: Optional[int] = None  # (the max is the controller's: Seen.fits never exceeds it)
-    resize_interval_s: float = 60.0  # ScalingConfig.elastic_resize_monitor_interval_s
-    start_wait_s: float = 5.0  # knobs.ELASTIC_START_WAIT_S: the first start's wait for more hosts once min fit
+    # An elastic run's sizing (ScalingConfig(num_workers=(min, max))): None for a fixed size. Its max is the
+    # controller's (Seen.fits never exceeds it).
+    sizing: Optional[Sizing] = None
 
     @property
     def elastic(self) -> bool:
-        """The run's size may change between attempts (docs/elastic.md)."""
-        return self.min_workers is not None
+        """The run's size may change between attempts (docs/elastic.md): the one test of it."""
+        return self.sizing is not None
 
     @classmethod
-    def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0) -> "Rules":
+    def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0,
+                    sizing: Optional[Sizing] = None) -> "Rules":
         """The rules of a run whose failure settings are `failure` (its `max_failures`,
         `worker_stop_grace_s` and `preemption_timeout_s`), waiting up to `agent_start_timeout_s` for
-        its node agents."""
+        its node agents; `sizing` for an elastic run (`RunSpec.sizing`)."""
         return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
                    agent_start_timeout_s=agent_start_timeout_s,
-                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S))
+                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S), sizing=sizing)
 
     def allows_retry(self, failures: int) -> bool:
         """Whether the run restarts after its `failures`-th failure (this one included).
