@@ -1,11 +1,11 @@
 """The run lifecycle's one vocabulary (L0: stdlib only): the states, the table of allowed moves, the
 check every move passes, and the one translation into the words users read.
 
-PENDING -> LAUNCHING -> STARTING -> RUNNING; STARTING/RUNNING -> RESTARTING -> STARTING; any
-non-terminal state -> STOPPING(target); STOPPING -> its target (SUCCEEDED | FAILED | ABORTED).
-Terminal states are reachable only through STOPPING, so no path skips the teardown.
+The allowed moves are the table `ALLOWED`; terminal states are reachable only through STOPPING, so no
+path skips the teardown. The drawing of the lifecycle (each move with why it happens, and what the loop
+waits for inside each state) is in coordinator/policy/decide.py's docstring, and only there.
 
-The state itself has one holder: the controller's `decide.Loop`. Every move it makes is checked by
+The state itself has one holder: the controller's `Loop` (coordinator/policy/loop.py). Every move it makes is checked by
 `check_move` and told to the run's observers (`RunObserver.on_state`) as `RunState` values. Code
 compares `RunState` members; text for people and for other systems' vocabularies (the dashboard's
 JSON, Prometheus, the console, the events file) comes from `ray_status` only.

@@ -33,7 +33,8 @@ from minitrain.config import CheckpointConfig, FailureConfig  # noqa: E402
 from minitrain.coordinator.facts import events as ev  # noqa: E402
 from minitrain.coordinator.facts.attempt import AttemptTracker  # noqa: E402
 from minitrain.coordinator.controller import Controller, RunSpec  # noqa: E402
-from minitrain.coordinator.policy.decide import Loop, Stage, decide  # noqa: E402
+from minitrain.coordinator.policy.loop import Loop, Stage  # noqa: E402
+from minitrain.coordinator.policy.decide import decide  # noqa: E402
 from minitrain.coordinator.policy.hangs import Pace  # noqa: E402
 from minitrain.coordinator.facts.metrics_log import MetricsLog  # noqa: E402
 from minitrain.monitoring.monitor import RunMonitor  # noqa: E402

@@ -13,9 +13,9 @@ into its queue. Each turn (`step`) it
   `WorkerGroup`; agent relaunches to `Membership`.
 How many workers an attempt gets and where, and an elastic run's resizes, are `AttemptSizes`'
 (coordinator/sizing.py).
-The run's state is the loop's (`decide.Loop.state`), held nowhere else. Nothing else decides to retry
-or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait for agents and for
-stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
+The run's state is the loop's (`Loop.state`, coordinator/policy/loop.py), held nowhere else. Nothing
+else decides to retry or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait
+for agents and for stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
 the history saved, and the outcome (`outcome.run_outcome`) told to `on_run_end`.
 """
 
@@ -32,10 +32,12 @@ from minitrain.commands import Shutdown
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.commits import CheckpointBook, Commits
 from minitrain.coordinator.current_attempt import CurrentAttempt
-from minitrain.coordinator.policy.decide import (
-    Action, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, LogLate, Loop,
-    MoveTo, PrepareForkServers, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+from minitrain.coordinator.policy.actions import (
+    AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo, PrepareForkServers,
+    RelaunchAgents, StartAttempt, StopWorkers,
 )
+from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.facts.hang_watch import HangWatch
 from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule

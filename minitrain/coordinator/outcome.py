@@ -15,7 +15,8 @@ from typing import Optional
 
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import History
-from minitrain.coordinator.policy.decide import CATCH_UP_S, Loop, MoveTo, Rules, Stage
+from minitrain.coordinator.policy.actions import MoveTo
+from minitrain.coordinator.policy.loop import CATCH_UP_S, Loop, Rules, Stage
 from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome

@@ -2,7 +2,7 @@
 
 `report()` is not a barrier, so a rank can fail right after its report() of round R returned while a
 peer has not reached R. The controller lets the live ranks run on until each reported R (or exited,
-failed too, or `decide.CATCH_UP_S` passed), commits the round, then stops the attempt. Each test is
+failed too, or `loop.CATCH_UP_S` passed), commits the round, then stops the attempt. Each test is
 adversarial: the failing rank raises 0 ms after its report() returned while its peers are late.
 Real gloo workers on CPU through `TorchTrainer.fit()`; the rounds are read from the index and from a
 `UserCallback.after_report` in the driver.
@@ -19,7 +19,7 @@ import pytest
 
 import minitrain
 from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, UserCallback
-from minitrain.coordinator.policy.decide import CATCH_UP_S, STOP_MARGIN_S
+from minitrain.coordinator.policy.loop import CATCH_UP_S, STOP_MARGIN_S
 from minitrain.storage.checkpoint_manager import INDEX_NAME
 from minitrain.torch import TorchTrainer
 

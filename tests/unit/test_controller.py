@@ -19,7 +19,8 @@ from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shut
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S, Controller, LaunchSettings, RunSpec
-from minitrain.coordinator.policy import decide
+from minitrain.coordinator.policy import actions  # its StopWorkers is not the command of that name
+from minitrain.coordinator.policy.loop import CATCH_UP_S, Action
 from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
 from minitrain.run_state import RunState
@@ -281,7 +282,7 @@ def test_a_failed_rank_s_last_round_is_committed_once_its_peer_reports_it_then_t
 def test_a_peer_that_never_reports_the_round_holds_the_stop_only_for_the_grace(tmp_path):
     h = Harness(tmp_path, max_failures=1)
     _rank_1_fails_ahead_of_rank_0(h)
-    h.advance(decide.CATCH_UP_S)
+    h.advance(CATCH_UP_S)
     assert h.hub.agent_kinds(StopWorkers) == []
     h.advance(0.1)
     assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
@@ -439,11 +440,11 @@ def test_every_event_and_every_action_has_its_one_handler(tmp_path):
     event_types = {t for t in vars(ev).values() if isinstance(t, type) and issubclass(t, ev.RunEvent)
                    and t is not ev.RunEvent}
     assert set(controller._handlers) == event_types
-    assert set(controller._executors) == set(typing.get_args(decide.Action)) - {decide.MoveTo}
+    assert set(controller._executors) == set(typing.get_args(Action)) - {actions.MoveTo}
 
 
 def test_the_actions_of_an_attempt_do_nothing_before_one_started(tmp_path):
     h = Harness(tmp_path)
-    for action in (decide.StopWorkers(1.0), decide.CollectStacks(), decide.CloseStreams()):
+    for action in (actions.StopWorkers(1.0), actions.CollectStacks(), actions.CloseStreams()):
         h.controller._executors[type(action)](action)
     assert h.hub.to_agents == [] and h.hub.closed == []

@@ -11,7 +11,8 @@ import pytest
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator import controller as controller_module
 from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
-from minitrain.coordinator.policy.decide import Decision, Loop, MoveTo
+from minitrain.coordinator.policy.actions import MoveTo
+from minitrain.coordinator.policy.loop import Decision, Loop
 from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver

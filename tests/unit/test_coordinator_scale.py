@@ -23,7 +23,8 @@ from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.transport import server as server_module
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.controller import Controller, RunSpec
-from minitrain.coordinator.policy.decide import Seen, Watch, _silent_ranks
+from minitrain.coordinator.policy.loop import Seen, Watch
+from minitrain.coordinator.policy.decide import _silent_ranks
 from minitrain.coordinator.policy.rounds import RoundTracker
 from minitrain.monitoring.monitor import (
     MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,

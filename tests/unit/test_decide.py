@@ -10,10 +10,12 @@ from hypothesis import given, strategies as st
 
 from decide_support import run_script
 
-from minitrain.coordinator.policy.decide import (
-    CloseStreams, CollectStacks, DeclareHung, ForgetAgents, LogLate, Loop, MoveTo, PrepareForkServers,
-    RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, Watch, decide,
+from minitrain.coordinator.policy.actions import (
+    CloseStreams, CollectStacks, DeclareHung, ForgetAgents, MoveTo, PrepareForkServers, RelaunchAgents, StartAttempt,
+    StopWorkers,
 )
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Stage, Watch
+from minitrain.coordinator.policy.decide import decide
 from minitrain.run_state import RunState, check_move
 
 S = RunState

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minitrain.coordinator.policy.decide import (
-    AgreePreemption, CloseStreams, LogLate, Loop, MoveTo, Rules, Seen, Stage, StopWorkers, decide,
-)
+from minitrain.coordinator.policy.actions import AgreePreemption, CloseStreams, MoveTo, StopWorkers
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.decide import decide
 from minitrain.run_state import RunState, check_move
 
 S = RunState

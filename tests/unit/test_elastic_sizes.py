@@ -11,10 +11,11 @@ from hypothesis import given, strategies as st
 from decide_support import run_script
 
 from minitrain import ScalingConfig
-from minitrain.coordinator.policy.actions import GROW, SHRINK, DropDeadAgents
-from minitrain.coordinator.policy.decide import (
-    CloseStreams, Loop, MoveTo, RelaunchAgents, Rules, Seen, Stage, StartAttempt, StopWorkers, decide,
+from minitrain.coordinator.policy.actions import (
+    GROW, SHRINK, CloseStreams, DropDeadAgents, MoveTo, RelaunchAgents, StartAttempt, StopWorkers,
 )
+from minitrain.coordinator.policy.loop import Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Resize, Sizing, attempt_size, fitting_workers, resize_reason
 from minitrain.coordinator.facts.membership import HostBackoff
 from minitrain.errors import ConfigError

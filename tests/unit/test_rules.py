@@ -1,4 +1,4 @@
-"""The run's one failure budget: `decide.Rules`, built from a FailureConfig (as Ray: retry while
+"""The run's one failure budget: `Rules` (coordinator/policy/loop.py), built from a FailureConfig (as Ray: retry while
 failures <= max_failures; -1 is unlimited)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from minitrain.config import FailureConfig
-from minitrain.coordinator.policy.decide import Rules
+from minitrain.coordinator.policy.loop import Rules
 
 
 def test_rules_are_built_from_the_failure_config():

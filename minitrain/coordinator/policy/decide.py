@@ -5,11 +5,13 @@ when a rank counts as hung, whether a failure restarts the group or ends the run
 drain may take, and what a Ctrl-C does. It does no I/O and reads no clock, so every path is unit-tested
 with scripted inputs (tests/unit/test_decide.py). The controller turns the world into `Seen`, calls
 `decide`, and executes the returned actions; a new behaviour (resize, preemption) is a new fact in
-`Seen` and a few rows here, not a new wait loop.
+`Seen` and a few rows here, not a new wait loop. What it reads and returns (`Loop`, `Seen`, `Rules`,
+`Decision`) is defined in coordinator/policy/loop.py, the actions in coordinator/policy/actions.py.
 
 Every run state is real and timed: the loop stays in RESTARTING while the old attempt's processes exit
 and their streams drain, and in STOPPING until the same has happened on the way to the terminal state.
-A `Stage` says what the loop waits for inside a state, each with a deadline:
+A `Stage` says what the loop waits for inside a state, each with a deadline. This is the run's one
+drawing of its lifecycle (run_state.py holds the table of allowed moves it follows):
 
     LAUNCHING/AGENTS --every agent connected--> STARTING/WORKERS --every rank training--> RUNNING/WORKERS
     STARTING|RUNNING/WORKERS --a rank failed, retry allowed--> [RESTARTING/CATCH_UP: a failed rank's last
@@ -55,13 +57,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from minitrain.coordinator.policy.actions import (  # noqa: F401 - the actions are decide's vocabulary
+from minitrain.coordinator.policy.actions import (
     GROW, SHRINK, AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo,
     PrepareForkServers, RelaunchAgents, StartAttempt, StopWorkers,
 )
-from minitrain.coordinator.policy.loop import (  # noqa: F401 - decide's inputs and output, re-exported
-    CATCH_UP_S, DRAIN_S, INTERRUPTED, PREEMPT_TIMEOUT_S, PREEMPTED, STACK_WAIT_S, STOP_MARGIN_S, Action, Decision,
-    LogLate, Loop, Rules, Seen, Stage, Watch,
+from minitrain.coordinator.policy.loop import (
+    INTERRUPTED, PREEMPTED, Action, Decision, LogLate, Loop, Rules, Seen, Stage,
 )
 from minitrain.run_state import RunState
 
