@@ -129,7 +129,7 @@ class WorkerSession:
         self._collective_lock = threading.Lock()
         self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0, "window_wait_s": 0.0}
         self._preemption = PreemptionGate(client)
-        client.rounds_reported = lambda: self._round
+        client.count_reports_with(lambda: self._round)
 
     # ------------------------------------------------------------------ public contract
 

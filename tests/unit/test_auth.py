@@ -12,6 +12,7 @@ import asyncio
 import base64
 import queue
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -314,8 +315,8 @@ def coordinator_server():
 def _agent_messages() -> list[pb.AgentMessage]:
     hello = pb.AgentHello(hostname="host-a", pid=42, cpus=2, memory_bytes=1 << 30)
     logs = pb.LogLines(attempt=0, rank=0, stderr=False, lines=["hello"])
-    return [pb.AgentMessage(run_id="run-x", node_id="node-a", hello=hello),
-            pb.AgentMessage(run_id="run-x", node_id="node-a", logs=logs)]
+    return [pb.AgentMessage(run_id="run-x", node_id="node-a", sent_at=time.time(), hello=hello),
+            pb.AgentMessage(run_id="run-x", node_id="node-a", sent_at=time.time(), logs=logs)]
 
 
 def test_coordinator_server_binds_loopback(coordinator_server):

@@ -13,6 +13,7 @@ import json
 import queue
 import threading
 import time
+from typing import Optional
 
 import grpc
 import pytest
@@ -51,12 +52,12 @@ class _NullLogs:
 class FakeAgent:
     """An agent's stream to the coordinator, driven by the test."""
 
-    def __init__(self, address: str, node: str = NODE) -> None:
+    def __init__(self, address: str, node: str = NODE, hello_delay_s: float = 0.0) -> None:
         self.node = node
         self.channel = client_channel(address)
         self.outbox: queue.SimpleQueue = queue.SimpleQueue()
         self.commands: queue.SimpleQueue = queue.SimpleQueue()
-        self.send(hello=pb.AgentHello(hostname="host-a", pid=1))
+        self.send(hello=pb.AgentHello(hostname="host-a", pid=1), sent_at=time.time() - hello_delay_s)
         self.call = pb_grpc.CoordinatorStub(self.channel).AgentStream(
             queued_requests(self.outbox), metadata=auth.call_metadata(TOKEN), wait_for_ready=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -69,8 +70,10 @@ class FakeAgent:
         except grpc.RpcError:
             pass
 
-    def send(self, **body) -> None:
-        self.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=self.node, **body))
+    def send(self, sent_at: Optional[float] = None, **body) -> None:
+        """Queue one message, stamped `sent_at` (None: now), as an agent stamps each of its messages."""
+        stamp = time.time() if sent_at is None else sent_at
+        self.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=self.node, sent_at=stamp, **body))
 
     def relay(self, *items: pb.RelayedMessage) -> None:
         self.send(relayed=pb.RelayedUp(items=list(items)))
@@ -116,8 +119,8 @@ def _serve(lease_timeout_s: float):
     server = CoordinatorServer(service, hub, TOKEN).start()
     agents: list[FakeAgent] = []
 
-    def agent(node: str = NODE) -> FakeAgent:
-        agents.append(FakeAgent(server.address, node))
+    def agent(node: str = NODE, hello_delay_s: float = 0.0) -> FakeAgent:
+        agents.append(FakeAgent(server.address, node, hello_delay_s))
         return agents[-1]
 
     try:
@@ -289,6 +292,17 @@ def test_an_agent_message_this_coordinator_does_not_know_ends_the_stream_with_th
     assert "does not know (empty)" in lost.reason and "same version on every host" in lost.reason
 
 
+def test_an_agent_message_without_its_send_time_ends_the_stream_as_another_version(coordinator):
+    """Every agent of this version stamps each message (`sent_at`, the lease's measure of its delay): an
+    unstamped one comes from another version, refused like an unknown kind, heartbeats included."""
+    events, hub, agent = coordinator
+    a = agent()
+    a.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id=NODE, heartbeat=pb.Heartbeat(sent_at=time.time())))
+    [lost] = next_events(events, 1)
+    assert isinstance(lost, ev.AgentLost)
+    assert "without its send time (heartbeat)" in lost.reason and "same version on every host" in lost.reason
+
+
 def test_relayed_commands_queued_together_go_down_as_one_message(coordinator):
     events, hub, agent = coordinator
     a = agent()
@@ -394,11 +408,13 @@ def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(
     """The coordinator's lease on an agent allows its latest message's delay: heartbeats queue behind the
     agent's relayed reports in one stream, and a coordinator that reads them late (saturated) declared
     healthy nodes lost. Here the 1 s lease ends for an agent whose heartbeat came on time, and only about
-    3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why."""
+    3 s later for one whose heartbeat was read 3 s after it was stamped; each AgentLost says why. (The late
+    agent's hello was read 5 s late: its quickest message is its offset, so the coordinator is not judged
+    behind on everyone (`lease.reader_lag_s`), and the allowance is the heartbeat's 3 s, not the hello's.)"""
     events, hub, agent = short_lease_coordinator
-    late, prompt = agent("node-late"), agent("node-prompt")
-    late.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))
-    prompt.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+    late, prompt = agent("node-late", hello_delay_s=5.0), agent("node-prompt")
+    late.send(heartbeat=pb.Heartbeat(), sent_at=time.time() - 3.0)
+    prompt.send(heartbeat=pb.Heartbeat(), sent_at=time.time())
     lost = _two_agents_lost(events)
     assert list(lost) == ["node-prompt", "node-late"], lost
     assert lost["node-prompt"][0] < 3.0 <= lost["node-late"][0]
@@ -409,9 +425,10 @@ def test_an_agent_whose_heartbeats_arrive_late_keeps_its_lease_that_much_longer(
 def test_an_agent_s_stamped_data_message_extends_its_lease_as_a_heartbeat_would(short_lease_coordinator):
     """An agent sends heartbeats only when it queued nothing else, so its other messages carry the stamp
     the lease's allowance is measured from: a relayed batch read 3 s after it was queued (and no
-    heartbeat at all) keeps the 1 s lease about 3 s longer, like the late heartbeat above."""
+    heartbeat at all) keeps the 1 s lease about 3 s longer, like the late heartbeat above (the hello 5 s
+    late, as there)."""
     events, hub, agent = short_lease_coordinator
-    late, prompt = agent("node-late"), agent("node-prompt")
+    late, prompt = agent("node-late", hello_delay_s=5.0), agent("node-prompt")
     late.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-late", sent_at=time.time() - 3.0,
                                     relayed=pb.RelayedUp(items=[report(1, 0, 0)])))
     prompt.outbox.put(pb.AgentMessage(run_id=RUN_ID, node_id="node-prompt", sent_at=time.time(),
@@ -428,9 +445,9 @@ def test_a_coordinator_that_reads_late_judges_no_agent_silent_for_its_own_delay(
     silent, keeps its 1 s lease about 3 s longer too, and the reason says the coordinator was late."""
     events, hub, agent = short_lease_coordinator
     behind, quiet = agent("node-behind"), agent("node-quiet")
-    behind.send(heartbeat=pb.Heartbeat(sent_at=time.time()))  # its quickest: read at once
-    behind.send(heartbeat=pb.Heartbeat(sent_at=time.time() - 3.0))  # then one read 3 s late
-    quiet.send(heartbeat=pb.Heartbeat(sent_at=time.time()))
+    behind.send(heartbeat=pb.Heartbeat(), sent_at=time.time())  # its quickest: read at once
+    behind.send(heartbeat=pb.Heartbeat(), sent_at=time.time() - 3.0)  # then one read 3 s late
+    quiet.send(heartbeat=pb.Heartbeat(), sent_at=time.time())
     lost = _two_agents_lost(events)
     assert set(lost) == {"node-behind", "node-quiet"}, lost
     assert lost["node-quiet"][0] >= 3.0, lost  # 1 s alone without the coordinator's lag

@@ -14,6 +14,7 @@ from minitrain import CheckpointUploadMode
 from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
 from minitrain.records import Phase
+from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import staged_dir
 from minitrain.worker.transport.client import WorkerClient
@@ -30,6 +31,9 @@ class FakeClient:
         self.sent = []
         self.acked = []
         self.phases = []  # the phases sent, in order
+
+    def count_reports_with(self, rounds_reported):
+        self.rounds_reported = rounds_reported  # (asked only by a preemption notice, which never comes here)
 
     def report_message(self, round_, metrics_json, dir_name, staged):
         return WorkerClient.report_message(self, round_, metrics_json, dir_name, staged)  # the real message
@@ -89,6 +93,29 @@ def test_metrics_only_reports_never_wait(run):
     session, client = _session(run)
     session.report({"step": 1})
     assert client.sent[0].report.wants_ack is False and client.acked == []
+
+
+class _QueueingClient(WorkerClient):
+    """A real WorkerClient whose transport only keeps what it would send."""
+
+    def __init__(self):
+        super().__init__("run-1", 2, 0)
+        self.queued = []
+
+    def _queue(self, item, urgent):
+        self.queued.append(item)
+
+
+def test_a_preemption_notice_is_answered_with_the_session_s_report_count(run):
+    """The session tells its client how to count its reports (`count_reports_with`): the client's answer to
+    a PreemptionNotice, made on the stream's thread, is the count of report() calls so far."""
+    client = _QueueingClient()
+    session = WorkerSession(client, TrainContext(experiment_name="run"), run)
+    session.report({"step": 1})
+    session.report({"step": 2})
+    client._take(pb.WorkerCommand(preemption_notice=pb.PreemptionNotice()))  # as the transport's reader does
+    [answer] = [m for m in client.queued if isinstance(m, pb.WorkerMessage) and m.HasField("preemption_seen")]
+    assert answer.preemption_seen.rounds == 2 == session.rounds_reported and client.preemption_noticed
 
 
 def _refused(session, client, error, match, **kwargs):

@@ -203,18 +203,17 @@ class CoordinatorStream:
                 return
             until_s = until_heartbeat_s(time.monotonic() - self._last_queued, HEARTBEAT_INTERVAL_S)
             if not until_s:
-                now = time.time()
-                self._put(heartbeat=pb.Heartbeat(sent_at=now), stamp=now)  # (older coordinators read its own)
+                self._put(heartbeat=pb.Heartbeat())  # (stamped like every message: the lease reads `sent_at`)
                 until_s = HEARTBEAT_INTERVAL_S
             wait_s = min(until_s, LEASE_CHECK_INTERVAL_S)
 
     # ------------------------------------------------------------------ upward
 
-    def _put(self, stamp: Optional[float] = None, **body) -> None:
-        """Queue one message of the agent's own, stamped `stamp` (None: now)."""
+    def _put(self, **body) -> None:
+        """Queue one message of the agent's own, stamped now."""
         self._last_queued = time.monotonic()
         self._outbox.put(pb.AgentMessage(run_id=self._run_id, node_id=self._node_id,
-                                         sent_at=time.time() if stamp is None else stamp, **body))
+                                         sent_at=time.time(), **body))
 
     def _queue_relayed(self, items: list) -> None:
         """The relay's `send_up`: queue worker streams' items (one read's) with the time (see

@@ -5,8 +5,10 @@ controller (or hand log lines to the log sink); they never decide anything. The 
 own thread, sends commands through the `Hub`, which hops onto the loop thread-safely.
 
 A worker's stream comes either directly (`WorkerStream`) or relayed by its node's agent (`RelayedUp`
-items on the agent's `AgentStream`, see `minitrain.agent.transport.relay`): `minitrain.coordinator.transport.worker_streams`
-turns either into events (one `WorkerIntake` per stream).
+items on the agent's `AgentStream`, see `minitrain.agent.transport.relay`):
+`minitrain.coordinator.transport.worker_streams` turns either into events (one `WorkerIntake` per stream).
+An agent's stream is read message by message, each kind by its handler (`_AGENT_HANDLERS`), with what the
+handlers share about the stream in its `AgentLink`.
 """
 
 from __future__ import annotations
@@ -152,6 +154,25 @@ def _peer_host(peer: str) -> str:
     return host.strip("[]")
 
 
+class AgentLink:
+    """One agent's stream as the servicer reads it: what its handlers share, on the server loop.
+
+    `number`: the stream's number (the coordinator counts its agent streams, so a node's events tell its
+    streams apart); `outbox`: where its commands are queued; `relayed`: the worker streams it relays;
+    `node_id`: the node it serves, set by its hello ("" before: nothing else of it is acted on until
+    then); `end_reason`: why the stream ended, for the node's AgentLost (what the reader found last)."""
+
+    __slots__ = ("number", "outbox", "relayed", "node_id", "end_reason")
+
+    def __init__(self, number: int, outbox: asyncio.Queue, relayed: RelayedStreams) -> None:
+        self.number = number
+        self.outbox = outbox
+        self.relayed = relayed
+        self.node_id = ""
+        self.end_reason = ("its stream ended (the agent exited, or its host stopped answering the keepalive "
+                           "pings)")
+
+
 class CoordinatorService(pb_grpc.CoordinatorServicer):
     """Turns stream messages into controller events; see the module docstring.
 
@@ -178,10 +199,8 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     async def AgentStream(self, request_iterator, context):
         outbox: asyncio.Queue = asyncio.Queue()
-        state = {"node_id": "", "reason": "its stream ended (the agent exited, or its host stopped answering "
-                                          "the keepalive pings)", "stream": next(self._streams),
-                 "relayed": RelayedStreams(self._events, self._hub, self._run_id, outbox)}
-        reader = asyncio.ensure_future(self._read_agent(request_iterator, context, outbox, state))
+        link = AgentLink(next(self._streams), outbox, RelayedStreams(self._events, self._hub, self._run_id, outbox))
+        reader = asyncio.ensure_future(self._read_agent(request_iterator, context, link))
         try:
             async for command in _drain_agent(outbox):
                 yield command
@@ -189,37 +208,37 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             reader.cancel()
             # Its workers' relayed streams end with it, before the node is reported lost (as their
             # own connections would have broken with the host).
-            state["relayed"].end_all()
-            node_id = state["node_id"]
+            link.relayed.end_all()
+            node_id = link.node_id
             if node_id:
                 self._hub.unregister_agent(node_id, outbox)
                 self._leases.pop(node_id, None)
-                reason = self._verdicts.pop(node_id, state["reason"])
-                self._events.put(ev.AgentLost(node_id, reason, state["stream"]))
+                reason = self._verdicts.pop(node_id, link.end_reason)
+                self._events.put(ev.AgentLost(node_id, reason, link.number))
 
-    async def _read_agent(self, request_iterator, context, outbox: asyncio.Queue, state: dict) -> None:
+    async def _read_agent(self, request_iterator, context, link: AgentLink) -> None:
         try:
             async for received in request_iterator:
                 if received.WhichOneof("body") == "batch":
                     # Messages the agent queued together, each handled as if it had come alone; a
                     # batch inside a batch is not read (the agent never makes one).
-                    if not self._check_agent(received, context, state):
+                    if not self._check_agent(received, context, link):
                         break
                     messages = [m for m in received.batch.messages if m.WhichOneof("body") != "batch"]
                 else:
                     messages = (received,)
-                if not all(self._from_agent(message, context, outbox, state) for message in messages):
+                if not all(self._from_agent(message, context, link) for message in messages):
                     break
         except Exception as exc:  # the stream broke: the agent or its host is gone
-            state["reason"] = f"its connection broke ({type(exc).__name__})"
+            link.end_reason = f"its connection broke ({type(exc).__name__})"
         finally:
-            outbox.put_nowait(CLOSE)
+            link.outbox.put_nowait(CLOSE)
 
-    def _check_agent(self, message: pb.AgentMessage, context, state: dict) -> bool:
+    def _check_agent(self, message: pb.AgentMessage, context, link: AgentLink) -> bool:
         """False (and the call's status set) when `message` is not of this run or its node is not one
         of the run's hosts: nothing more of that stream is read."""
         if message.run_id != self._run_id:
-            state["reason"] = f"the agent belongs to run {message.run_id!r}"
+            link.end_reason = f"the agent belongs to run {message.run_id!r}"
             # FAILED_PRECONDITION ends the agent's call: a joiner says why it was refused (minitrain.hosts.joining).
             context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
             context.set_details(f"this coordinator serves run {self._run_id!r}, "
@@ -228,64 +247,88 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return False
         node_id = message.node_id
         if self._node_ids and node_id not in self._node_ids:
-            state["reason"] = f"{node_id!r} is not one of the run's hosts"
+            link.end_reason = f"{node_id!r} is not one of the run's hosts"
             context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
             context.set_details(f"{node_id!r} is not one of this run's hosts "
                                 f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
             return False
         return True
 
-    def _from_agent(self, message: pb.AgentMessage, context, outbox: asyncio.Queue, state: dict) -> bool:
-        """Handle one message of an agent's stream; False when nothing more of the stream is read."""
-        if not self._check_agent(message, context, state):
+    def _from_agent(self, message: pb.AgentMessage, context, link: AgentLink) -> bool:
+        """Handle one message of an agent's stream; False when nothing more of the stream is read.
+
+        A message of a kind this coordinator does not know, or without its send time (`sent_at`, which every
+        agent of this version stamps), comes from an agent of another minitrain version: dropped in silence,
+        it could leave the run waiting for what it said (a start's WorkerSpawned in a newer kind), so the
+        stream ends and the node's loss says why."""
+        if not self._check_agent(message, context, link):
             return False
-        node_id = message.node_id
         kind = message.WhichOneof("body")
+        if not message.sent_at:
+            return _another_version(link, f"a message without its send time ({kind or 'empty'})")
+        if kind not in _AGENT_MESSAGE_KINDS:
+            return _another_version(link, f"a message this coordinator does not know ({kind or 'empty'})")
+        node_id = message.node_id
         lease = self._leases.get(node_id)
         if lease is None:
             lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
-        # Every message is stamped (an agent of an older version: only its heartbeats).
-        lease.heard(message.sent_at or (message.heartbeat.sent_at if kind == "heartbeat" else None))
-        if kind == "hello" and not state["node_id"]:
-            state["node_id"] = node_id
-            node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
-            self._node_names[node_id] = node.hostname
-            self._hub.register_agent(node_id, outbox)
-            self._events.put(ev.AgentConnected(node, state["stream"]))
-        elif kind == "relayed":
-            if state["node_id"]:  # (an agent says hello first)
-                state["relayed"].receive(message.relayed)
-        elif kind == "logs":
-            logs = message.logs
-            self._log_sink.write(logs.attempt, logs.rank, self._node_names.get(node_id, node_id),
-                                 logs.stderr, list(logs.lines))
-        elif kind == "spawned":
-            s = message.spawned
-            self._log_sink.open(s.attempt, s.rank)
-            self._events.put(ev.WorkerSpawned(node_id, s.attempt, s.rank, s.pid))
-        elif kind == "exited":
-            self._events.put(ev.WorkerExited(node_id, **convert.exited_fields(message.exited)))
-        elif kind == "preemption" and state["node_id"]:
-            signalled = message.preemption
-            self._events.put(ev.PreemptionSignalled(node_id, signalled.signal, signalled.received_at))
-        elif kind == "warmed" and state["node_id"]:
-            warmed = message.warmed
-            self._events.put(ev.NodeWarmed(node_id, state["stream"], warmed.ready, warmed.detail))
-        elif kind == "stack_dump":
-            dump = message.stack_dump
-            header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
-                      "detection or the dashboard):")
-            text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
-            self._log_sink.write(dump.attempt, dump.rank, self._node_names.get(node_id, node_id),
-                                 True, [header, *text.rstrip().splitlines()])
-            self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
-        elif kind not in _AGENT_MESSAGE_KINDS:
-            # Dropped in silence, a newer agent's message (a start's WorkerSpawned in a kind this
-            # coordinator does not know) would leave the run waiting for it: say why, and end the stream.
-            state["reason"] = (f"it sent a message this coordinator does not know ({kind or 'empty'}): the agent "
-                               "runs another minitrain version than the driver; install the same version on every host")
-            return False
+        lease.heard(message.sent_at)
+        handle = _AGENT_HANDLERS.get(kind)
+        if handle is not None:  # (a heartbeat has done its work: the lease heard it)
+            handle(self, message, context, link)
         return True
+
+    # One handler per kind of agent message, by the name of its oneof field. Those marked "said hello" are
+    # read only after the agent's hello (it says hello first), the others from any of the run's agents.
+
+    def _hello(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        if link.node_id:
+            return  # one hello per stream
+        node_id = link.node_id = message.node_id
+        node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
+        self._node_names[node_id] = node.hostname
+        self._hub.register_agent(node_id, link.outbox)
+        self._events.put(ev.AgentConnected(node, link.number))
+
+    def _relayed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        if link.node_id:  # said hello
+            link.relayed.receive(message.relayed)
+
+    def _logs(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        logs = message.logs
+        self._log_sink.write(logs.attempt, logs.rank, self._node_name(message.node_id), logs.stderr,
+                             list(logs.lines))
+
+    def _spawned(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        s = message.spawned
+        self._log_sink.open(s.attempt, s.rank)
+        self._events.put(ev.WorkerSpawned(message.node_id, s.attempt, s.rank, s.pid))
+
+    def _exited(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        self._events.put(ev.WorkerExited(message.node_id, **convert.exited_fields(message.exited)))
+
+    def _preemption(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        if link.node_id:  # said hello
+            signalled = message.preemption
+            self._events.put(ev.PreemptionSignalled(message.node_id, signalled.signal, signalled.received_at))
+
+    def _warmed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        if link.node_id:  # said hello
+            warmed = message.warmed
+            self._events.put(ev.NodeWarmed(message.node_id, link.number, warmed.ready, warmed.detail))
+
+    def _stack_dump(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        dump = message.stack_dump
+        header = (f"minitrain: every thread's stack of rank {dump.rank} (asked for by the hang "
+                  "detection or the dashboard):")
+        text = dump.text or "(no answer: the process is stopped or blocked in the kernel)"
+        self._log_sink.write(dump.attempt, dump.rank, self._node_name(message.node_id), True,
+                             [header, *text.rstrip().splitlines()])
+        self._events.put(ev.StackDumped(dump.attempt, dump.rank, dump.text))
+
+    def _node_name(self, node_id: str) -> str:
+        """The hostname a node's agent said hello with (its id until then), for its log lines."""
+        return self._node_names.get(node_id, node_id)
 
     async def watch_leases(self, heartbeat_interval_s: float, check_interval_s: float) -> None:
         """Every `check_interval_s`, report the agents that went silent; every `heartbeat_interval_s`,
@@ -377,3 +420,25 @@ async def _drain_agent(outbox: asyncio.Queue):
 
 # What an agent may send: every kind of AgentMessage's body in the proto this coordinator was built with.
 _AGENT_MESSAGE_KINDS = frozenset(field.name for field in pb.AgentMessage.DESCRIPTOR.oneofs_by_name["body"].fields)
+
+
+def _another_version(link: AgentLink, what: str) -> bool:
+    """End an agent's stream that sent `what`, a message only another minitrain version sends (False: read
+    no further), with the reason its AgentLost gives."""
+    link.end_reason = (f"it sent {what}: the agent runs another minitrain version than the driver; install the "
+                       "same version on every host")
+    return False
+
+
+# What each kind of agent message does (CoordinatorService._from_agent); a heartbeat only renews the lease,
+# and a batch is unpacked before (CoordinatorService._read_agent).
+_AGENT_HANDLERS: dict[str, Callable[[CoordinatorService, pb.AgentMessage, object, AgentLink], None]] = {
+    "hello": CoordinatorService._hello,
+    "relayed": CoordinatorService._relayed,
+    "logs": CoordinatorService._logs,
+    "spawned": CoordinatorService._spawned,
+    "exited": CoordinatorService._exited,
+    "preemption": CoordinatorService._preemption,
+    "warmed": CoordinatorService._warmed,
+    "stack_dump": CoordinatorService._stack_dump,
+}

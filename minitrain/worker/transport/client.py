@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from minitrain import commands as cmd
 from minitrain.records import Phase, TelemetrySample, WorkerFailure
@@ -83,10 +83,16 @@ class WorkerClient:
         self._checkpoint_lists: dict[int, list] = {}
         # A preemption (minitrain.worker.preemption): set by the stream thread, read by report().
         self.preemption_noticed = False
-        self.rounds_reported = lambda: 0  # the session's report count, answered to a PreemptionNotice
+        self._rounds_reported: Callable[[], int] = lambda: 0  # see count_reports_with
         self._preemption_round: Optional[cmd.PreemptionRound] = None
         self._closed = False
         self._close_reason = ""
+
+    def count_reports_with(self, rounds_reported: Callable[[], int]) -> None:
+        """How to count this rank's report() calls so far (the session's count, read on the stream's
+        thread), for the answer to a PreemptionNotice. Until it is given, the count is 0 (no session yet,
+        no reports)."""
+        self._rounds_reported = rounds_reported
 
     # ------------------------------------------------------------------ what a transport implements
 
@@ -139,7 +145,7 @@ class WorkerClient:
             # training thread adds its report before it looks), so the answer covers every report made
             # without waiting for the round (coordinator/facts/preemption.py's agreed_round).
             self.preemption_noticed = True
-            self._send(preemption_seen=pb.PreemptionSeen(rounds=self.rounds_reported()))
+            self._send(preemption_seen=pb.PreemptionSeen(rounds=self._rounds_reported()))
         elif isinstance(command, cmd.PreemptionRound):
             self._preemption_round = command
 
