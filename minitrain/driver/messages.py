@@ -1,11 +1,11 @@
-"""What `TorchTrainer.fit()` says about a run as a whole, and what it leaves behind when the run never
-started (L3). Each line is self-sufficient: it names the run, what happened and what to do next.
+"""What `TorchTrainer.fit()` says about a run as a whole (L3): texts only, each self-sufficient: it names
+the run, what happened and what to do next.
 
 - `interrupted`: the line of a Ctrl-C, with the checkpoint the same command resumes from;
-- `preemption_error`: the PreemptionError of a preempted run, resumable or not (max_preemption_failures);
+- `preemption_error`: the PreemptionError of a preempted run, resumable or not (the judgement is
+  `Rules.allows_resume`'s, coordinator/policy/loop.py);
 - `nothing_left_to_do`: a resumed run whose training function returned without a single report;
-- `file_in_storage_path`: a ConfigError for a storage path that is (or passes through) a file;
-- `remove_unstarted_run`: deletes what fit() created in a run directory when no attempt started.
+- `file_in_storage_path`: a ConfigError for a storage path that is (or passes through) a file.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from minitrain.errors import ConfigError, PreemptionError
 from minitrain.records import RunOutcome
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
-from minitrain.storage.layout import is_own_name
 
 
 def interrupted(name: str, checkpoints: CheckpointManager) -> str:
@@ -58,28 +57,10 @@ def file_in_storage_path(storage_path: str) -> Optional[ConfigError]:
         f"storage_path={os.path.dirname(path)!r}, or move the file away.")
 
 
-def remove_unstarted_run(storage: Storage) -> None:
-    """Delete the entries minitrain names (lock, marker, index) in a run directory that this fit()
-    created and in which no attempt started, then the directory when it is empty. Never raises:
-    the error that ended fit() matters more."""
-    try:
-        for name in storage.list_entries():
-            if is_own_name(name):
-                storage.remove_tree(name)
-        if storage.is_local:
-            os.rmdir(storage.root)
-    except Exception:  # noqa: BLE001 - a leftover is better than hiding the real error
-        pass
-
-
-def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, budget: int,
-                     earlier_requeues: int = 0) -> PreemptionError:
-    """The error of a preempted run: resumable while the run's preemptions (this one counted) stay
-    within `FailureConfig.max_preemption_failures` (-1: always). `earlier_requeues`: how many times the
-    scheduler already requeued the job (Slurm's SLURM_RESTART_COUNT): each was a preemption too, also
-    one the run directory never saw (a node failure, a requeue before the first commit)."""
-    preemptions = max(checkpoints.preemptions, earlier_requeues + 1)
-    resumable = budget == -1 or preemptions <= budget
+def preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, preemptions: int, resumable: bool,
+                     budget: int) -> PreemptionError:
+    """The error of a preempted run whose `preemptions` (this one counted) left it `resumable` or not
+    within `budget` (`FailureConfig.max_preemption_failures`, as `Rules.allows_resume` judged)."""
     latest = checkpoints.latest
     message = outcome.error_message
     if latest is not None:

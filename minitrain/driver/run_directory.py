@@ -1,5 +1,5 @@
 """The driver's side of a run directory, before and after a `fit()` (L3): where it is, whether this
-run may use it, its lock, and what is uploaded when the run ends.
+run may use it, its lock, what is uploaded when the run ends, and what is deleted when it never started.
 
 Every refusal is a `ConfigError` naming the `RunConfig` field, the value and the fix, raised before any
 process starts: a `storage_path` that is a file, `memory://` storage on a multi-host cluster, a run
@@ -117,3 +117,17 @@ def upload_logs(storage: Storage, logs_dir: str) -> None:
         logger.error("could not upload the worker logs from %s to %s: %s", logs_dir, storage.url(LOGS_DIR), exc)
         return
     shutil.rmtree(logs_dir, ignore_errors=True)
+
+
+def remove_unstarted_run(storage: Storage) -> None:
+    """Delete the entries minitrain names (lock, marker, index) in a run directory that this fit()
+    created and in which no attempt started, then the directory when it is empty. Never raises:
+    the error that ended fit() matters more."""
+    try:
+        for name in storage.list_entries():
+            if is_own_name(name):
+                storage.remove_tree(name)
+        if storage.is_local:
+            os.rmdir(storage.root)
+    except Exception:  # noqa: BLE001 - a leftover is better than hiding the real error
+        pass

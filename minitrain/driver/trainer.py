@@ -24,10 +24,11 @@ from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
 from minitrain.checkpoint import Checkpoint
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
-from minitrain.config import DataConfig, RunConfig, ScalingConfig, TorchConfig
+from minitrain.config import DataConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.coordinator.controller import LaunchSettings, RunSpec
 from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.policy.elastic import Sizing
+from minitrain.coordinator.policy.loop import Rules
 from minitrain.driver.console import LiveConsole
 from minitrain.monitoring.console_status import ConsoleStatus
 from minitrain.monitoring.monitor import RunMonitor
@@ -36,7 +37,9 @@ from minitrain.coordinator.preemption_signals import preemption_deferred
 from minitrain.monitoring.stragglers import StragglerRule
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
-from minitrain.errors import ConfigError, ControllerError, LaunchError, WorkerGroupError, rebuild_exception
+from minitrain.errors import (
+    ConfigError, ControllerError, LaunchError, PreemptionError, WorkerGroupError, rebuild_exception,
+)
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
@@ -176,7 +179,7 @@ class DataParallelTrainer:
                 return self._fit_on(cluster, storage, published=storage, relay=relay)
         except BaseException:
             if created_here and not self._attempted:  # e.g. an unpicklable config: leave nothing behind
-                fit_notes.remove_unstarted_run(storage)
+                run_directory.remove_unstarted_run(storage)
             raise
 
     def _fit_on(self, cluster: ClusterConfig, storage: Storage, published: Storage, relay: bool) -> Result:
@@ -272,9 +275,8 @@ class DataParallelTrainer:
                 storage.url(), published.url()))
         if outcome.preemption is not None:
             slurm = cluster.launcher == "srun"
-            error = fit_notes.preemption_error(outcome, checkpoints,
-                                               self.run_config.failure_config.max_preemption_failures,
-                                               earlier_requeues=slurm_env.restart_count(os.environ) if slurm else 0)
+            error = _preemption_error(outcome, checkpoints, self.run_config.failure_config,
+                                      earlier_requeues=slurm_env.restart_count(os.environ) if slurm else 0)
             if slurm and error.resumable:  # the job runs its script again and resumes (docs/slurm.md)
                 slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
             raise error
@@ -456,6 +458,17 @@ def relays_workers(num_workers: int) -> bool:
     does not know. Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
     choice = knobs.RELAY.get()
     return True if choice is None else choice
+
+
+def _preemption_error(outcome: RunOutcome, checkpoints: CheckpointManager, failure: FailureConfig,
+                      earlier_requeues: int = 0) -> PreemptionError:
+    """The error of a preempted run: resumable while the run's preemptions (this one counted) stay within
+    the preemption budget (`Rules.allows_resume`). `earlier_requeues`: how many times the scheduler
+    already requeued the job (Slurm's SLURM_RESTART_COUNT): each was a preemption too, also one the run
+    directory never saw (a node failure, a requeue before the first commit)."""
+    preemptions = max(checkpoints.preemptions, earlier_requeues + 1)
+    resumable = Rules.from_config(failure).allows_resume(preemptions)
+    return fit_notes.preemption_error(outcome, checkpoints, preemptions, resumable, failure.max_preemption_failures)
 
 
 def _sizing(scaling: ScalingConfig) -> Optional[Sizing]:

@@ -1,12 +1,18 @@
-"""The run's one failure budget: `Rules` (coordinator/policy/loop.py), built from a FailureConfig (as Ray: retry while
-failures <= max_failures; -1 is unlimited)."""
+"""The run's two budgets, both `Rules`' (coordinator/policy/loop.py), built from a FailureConfig: the failure
+budget (as Ray: retry while failures <= max_failures; -1 is unlimited) and the preemption budget (the next
+fit() resumes while preemptions <= max_preemption_failures; -1 is unlimited)."""
 
 from __future__ import annotations
 
 import pytest
 
-from minitrain.config import FailureConfig
+from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator.policy.loop import Rules
+from minitrain.driver.trainer import _preemption_error
+from minitrain.records import PreemptionInfo, RunOutcome
+from minitrain.run_state import RunState
+from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.storage.filesystem import Storage
 
 
 def test_rules_are_built_from_the_failure_config():
@@ -49,3 +55,34 @@ def test_the_preemption_budget_is_validated_but_not_a_second_budget():
     assert FailureConfig(max_preemption_failures=3).max_preemption_failures == 3
     rules = Rules.from_config(FailureConfig(max_failures=0, max_preemption_failures=3))
     assert not rules.allows_retry(1)
+
+
+@pytest.mark.parametrize("budget", [0, 1, 3])
+def test_a_preempted_run_is_resumable_while_its_preemptions_stay_within_the_budget(budget):
+    rules = Rules.from_config(FailureConfig(max_failures=5, max_preemption_failures=budget))
+    assert rules.max_preemption_failures == budget
+    assert [rules.allows_resume(n) for n in range(1, budget + 3)] == [n <= budget for n in range(1, budget + 3)]
+    assert rules.allows_retry(5)  # the failure budget is untouched by the preemption budget
+
+
+def test_an_unlimited_preemption_budget_always_resumes():
+    rules = Rules.from_config(FailureConfig())  # max_preemption_failures=-1, as Ray's default
+    assert rules.max_preemption_failures == -1 and all(rules.allows_resume(n) for n in (1, 10, 10**9))
+
+
+def test_fit_s_preemption_error_counts_the_run_directory_s_preemptions_and_slurm_s_requeues(tmp_path):
+    """The count fit() judges: the larger of the index's count (this preemption noted) and Slurm's requeues
+    plus this one (each requeue was a preemption, also one the run directory never saw)."""
+    storage = Storage.for_run(str(tmp_path), "run")
+    storage.makedirs()
+    checkpoints = CheckpointManager.load(storage, CheckpointConfig())
+    checkpoints.note_preemption()  # the controller's teardown notes this fit()'s preemption
+    outcome = RunOutcome(state=RunState.ABORTED, attempt=0, last_metrics=None, error_message="Training was preempted.",
+                         preemption=PreemptionInfo(None, {"n0": [0]}, signal="SIGTERM"))
+    within = _preemption_error(outcome, checkpoints, FailureConfig(max_preemption_failures=1))
+    assert within.resumable and str(within) == ("Training was preempted. Run the same fit() again (same RunConfig "
+                                                "name and storage_path) to resume from it.")
+    requeued = _preemption_error(outcome, checkpoints, FailureConfig(max_preemption_failures=1), earlier_requeues=1)
+    assert not requeued.resumable and str(requeued) == (
+        "Training was preempted. The run was preempted 2 time(s), more than "
+        "FailureConfig.max_preemption_failures=1: it is not to be resumed.")

@@ -45,7 +45,9 @@ class Stage(enum.Enum):
 
 @dataclass(frozen=True)
 class Rules:
-    """The limits `decide` applies, and the run's one failure budget (`allows_retry`, `retries_left`).
+    """The limits `decide` applies, and the run's two budgets: the failure budget (`allows_retry`,
+    `retries_left`: restarts inside one fit()) and the preemption budget (`allows_resume`: whether the next
+    fit() may resume a preempted run).
 
     Built from the run's FailureConfig by `from_config`."""
 
@@ -57,6 +59,7 @@ class Rules:
     drain_s: float = DRAIN_S
     catch_up_s: float = CATCH_UP_S
     preempt_timeout_s: float = PREEMPT_TIMEOUT_S
+    max_preemption_failures: int = -1  # -1: unlimited
     # An elastic run's sizing (ScalingConfig(num_workers=(min, max))): None for a fixed size. Its max is the
     # controller's (Seen.fits never exceeds it).
     sizing: Optional[Sizing] = None
@@ -70,11 +73,12 @@ class Rules:
     def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0,
                     sizing: Optional[Sizing] = None) -> "Rules":
         """The rules of a run whose failure settings are `failure` (its `max_failures`,
-        `worker_stop_grace_s` and `preemption_timeout_s`), waiting up to `agent_start_timeout_s` for
-        its node agents; `sizing` for an elastic run (`RunSpec.sizing`)."""
+        `worker_stop_grace_s`, `preemption_timeout_s` and `max_preemption_failures`), waiting up to
+        `agent_start_timeout_s` for its node agents; `sizing` for an elastic run (`RunSpec.sizing`)."""
         return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
                    agent_start_timeout_s=agent_start_timeout_s,
-                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S), sizing=sizing)
+                   preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S),
+                   max_preemption_failures=getattr(failure, "max_preemption_failures", -1), sizing=sizing)
 
     def allows_retry(self, failures: int) -> bool:
         """Whether the run restarts after its `failures`-th failure (this one included).
@@ -91,6 +95,12 @@ class Rules:
     def retries_left(self, failures: int) -> Optional[int]:
         """Restarts still allowed after `failures` failures: None when unlimited (-1), never below 0."""
         return None if self.max_failures == -1 else max(0, self.max_failures - failures)
+
+    def allows_resume(self, preemptions: int) -> bool:
+        """Whether a run that preemptions ended `preemptions` times (this one included) may be resumed by
+        the next fit(): while `preemptions <= max_preemption_failures`; -1 always. A preemption never
+        spends `max_failures` (it ends the fit(); it is counted in the run's index for the next one)."""
+        return self.max_preemption_failures == -1 or preemptions <= self.max_preemption_failures
 
 
 @dataclass(frozen=True)
