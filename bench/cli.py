@@ -269,19 +269,19 @@ def parser() -> argparse.ArgumentParser:
                    help="scale: every rank reports at the same instant of each period, as DDP's collectives "
                         "impose (lockstep, the default), or at a fixed pseudo-random point of it (random)")
     p.add_argument("--rate-hz", type=float, default=10.0,
-                   help="scale: reports per second per fake worker (default 10; issue 31's 16384-worker target is 1)")
+                   help="scale: reports per second per fake worker (default 10; the 16384-worker target is at 1)")
     p.add_argument("--recovery", type=int, metavar="WORKERS", default=0,
                    help="scale: also time restart and detection at scale: a worker lost among WORKERS, and a "
-                        "silent host among WORKERS/8 hosts (issue 31: 16384)")
+                        "silent host among WORKERS/8 hosts (the target: 16384)")
     p.add_argument("--recovery-hosts", type=int, metavar="HOSTS", default=0,
-                   help="scale: the silent-host scenario among HOSTS hosts (default WORKERS/8; issue 31: 2048)")
+                   help="scale: the silent-host scenario among HOSTS hosts (default WORKERS/8; the target: 2048)")
     p.add_argument("--recovery-scenarios", type=lambda text: tuple(p.strip() for p in text.split(",") if p.strip()),
                    metavar="NAMES", help="scale: which --recovery scenarios run (default all: worker_lost, "
-                                         "silent_host, hosts_lost; hosts_lost is issue 28's elastic run losing 10%% "
+                                         "silent_host, hosts_lost; hosts_lost is an elastic run losing 10%% "
                                          "of its hosts and regaining them)")
     p.add_argument("--no-digest", action="store_true",
                    help="scale: the fake agents send every report as its own relayed item (the figures before "
-                        "progress digests, issue 31)")
+                        "progress digests)")
     p.add_argument("--profile-at", type=int, metavar="WORKERS", help="scale: profile the coordinator (py-spy) "
                                                                       "at this count")
     p.add_argument("--keep-dns", action="store_true", help="multihost: leave the fake hosts' DNS as is")

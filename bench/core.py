@@ -17,7 +17,7 @@ report: `minitrain.report({3 floats})` timed call by call (perf_counter_ns) insi
     back (backpressure): the rate a rank sustains and the mean time per call are what the driver absorbs.
     The driver's CPU per report: a thread in the driver samples its process's CPU time (getrusage) every
     10 ms; the CPU between the first rank's first call and the last rank's last call (wall-clock stamps the
-    workers write), over every report of both ranks. Targets (issue 31): median <= 10 us a call; back to
+    workers write), over every report of both ranks. Targets: median <= 10 us a call; back to
     back <= 100 us a call (>= 20,000 reports/s absorbed on 2 shared cores); driver CPU <= 30 us a report.
 """
 

@@ -8,12 +8,12 @@ share a machine; the figures record `torch.get_num_threads()`). minitrain wraps 
 case); torchrun's side builds `DistributedDataParallel` itself and reports nothing. Rank 0 times
 `steps` steps after `warmup` untimed ones, so start-up is excluded; steps/s = steps / that time. The
 two alternate (the order flips every repetition); the figure is the ratio of the medians.
-Target: >= 0.99 (issue 31). Beside it, what the supervising processes cost during the timed steps, per
+Target: >= 0.99. Beside it, what the supervising processes cost during the timed steps, per
 step: the CPU time of minitrain's driver and node agent, and of torchrun's launcher (`supervisor_cpu_s`,
 read by each rank from its ancestors). On a CPU-bound host that CPU is taken from the training; it is the
 report path's cost without the jobs' placement noise that moves the steps/s by several percent.
 
-A third side measures what per-rank telemetry costs (issue 16): the minitrain side again with
+A third side measures what per-rank telemetry costs (target: within 1%): the minitrain side again with
 `MINITRAIN_TELEMETRY=0` (no sampling thread, nothing recorded). Jobs of one machine differ by several
 percent from one to the next (where the scheduler puts 2 workers, a driver and an agent on the cores),
 more than the 1% to be measured, so the two minitrain sides always run back to back (which goes first

@@ -1,4 +1,4 @@
-"""Workload `elastic` (issue 28's resize targets): an elastic `ScalingConfig(num_workers=(1, 2))` DDP job
+"""Workload `elastic` (the resize targets): an elastic `ScalingConfig(num_workers=(1, 2))` DDP job
 over two hosts loses one host's agent mid-run, goes on at world size 1, and grows back to 2 when the
 host returns. The measured code is in `elastic_jobs.py`.
 

@@ -20,7 +20,7 @@ The multi-rank checks use one rank per GPU torch sees. On a machine with one GPU
 size 1 (NCCL refuses two ranks on one device, so collectives between GPUs and a rank's choice among
 several GPUs are not exercised there); `shared_gpu` puts two ranks on that GPU over gloo.
 
-The run stops starting checks when `--budget-s` (default 450 s, under the 8 minutes the issue allows)
+The run stops starting checks when `--budget-s` (default 450 s, within the 8 minutes the whole check is meant to take)
 would be exceeded: the checks left are SKIP. It prints one summary table (PASS / FAIL / SKIP, seconds,
 figures), writes every figure as JSON to `--json` (default `$OUT/gpu_check.json` when OUT is set), and
 exits 1 when a check FAILED (SKIP is not a failure). Without CUDA the env check FAILs and the rest SKIP;

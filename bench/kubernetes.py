@@ -10,7 +10,7 @@ in rank order, as a recreated job's are:
 
     all pods recreated -> first resumed step: the last pod's start -> the latest rank's first step of the
         resumed attempt (pod 0's driver reads the run directory, its coordinator listens, the joiners
-        reach it, workers start cold, rendezvous, the step). Target (issue 28): <= 10 s.
+        reach it, workers start cold, rendezvous, the step). Target: <= 10 s.
 """
 
 from __future__ import annotations

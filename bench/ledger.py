@@ -1,4 +1,4 @@
-"""The `ledger` workload: how soon a run that waits for the host gets it (issue 29's targets).
+"""The `ledger` workload: how soon a run that waits for the host gets it, against its targets.
 
 - **second starts after first releases**: a holder process (`bench.ledger_jobs`) holds the whole host;
   this process asks for the whole host too, with the default poll, and at its first "waiting" tells the

@@ -12,11 +12,11 @@ and finishes from the last checkpoint.
         workers, rendezvous); the latest rank's time.
     step killed -> first step: the scancel -> the new attempt's first step (detection, the attempt torn
         down, a new agent step on the node, its worker cold, rendezvous); the latest rank's time.
-        Target (issue 27): <= 5 s.
+        Target: <= 5 s.
     requeue: one more job, submitted with --requeue, gets `scancel --signal=USR2` once two checkpoints are
         committed: signal -> the driver's fit() raised PreemptionError (the round agreed and committed, the
         job requeued); requeue -> the requeued job's first step (Slurm's cred_expire hold, the job's
-        start-up, the resume). Target (issue 27): <= cred_expire + 15 s.
+        start-up, the resume). Target: <= cred_expire + 15 s.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ configuration of `bench.scale.clients`):
   as one `AgentBatch`. An item put while the iterator waits goes at once, alone; items put while gRPC
   writes the previous message go together in the next, its runs of plain reports folded into progress digests
   (`minitrain.rpc.digest`) as the real agent's are (`digest` false in the configuration: not folded,
-  the figures before issue 31). Each batch is stamped (`sent_at`) with the time its first item was
+  the figures before progress digests). Each batch is stamped (`sent_at`) with the time its first item was
   queued, and the agent's own messages when they were, as the real agent's. Commands come down as
   `RelayedDown` items, which the agent's reader routes to the worker by stream number (`close` ends the
   worker's stream; items for a stream gone are dropped).

@@ -1,4 +1,4 @@
-"""Restart and detection at scale, in the simulation (issue 31 item 3): the real coordinator, fake workers.
+"""Restart and detection at scale, in the simulation: the real coordinator, fake workers.
 
 Two scenarios, each one coordinator process (`python -m bench.scale.recovery --spec SPEC.json`, which
 runs `coordinator.simulate` with a `Timeline` observer) and its fake client processes:
@@ -14,7 +14,7 @@ runs `coordinator.simulate` with a `Timeline` observer) and its fake client proc
   coordinator's lease (`minitrain.lease`, LEASE_TIMEOUT_S) can find it. Timed from the silence to the
   first move of the run's state after it (the node lost, its ranks failed). The lease is the floor of
   this figure: the lease timeout plus up to one lease-watch tick.
-- *hosts lost* (elastic, issue 28 item 4): an elastic run of W workers (`min_workers` W/2, `max` W),
+- *hosts lost* (elastic): an elastic run of W workers (`min_workers` W/2, `max` W),
   `max_failures=0`; after a few reports of attempt 0, HOSTS_LOST_SHARE of its hosts (spread over the
   host list and over the client processes) lose their agents in the same tick (each fake agent cancels
   its stream: fault "host_lost"). Timed from the first loss: detected (RESTARTING), every rank of attempt 0
@@ -46,7 +46,7 @@ from bench.table import Row
 
 RECOVERY_TIMEOUT_S = 900.0
 TARGET_S = 5.0
-TARGET_DECIDED_S = 1.0  # issue 28: 10% of the hosts lost -> resize decided
+TARGET_DECIDED_S = 1.0  # 10% of the hosts lost -> resize decided
 HOSTS_LOST_SHARE = 0.1
 RATE_HZ = 1.0
 REPORTS = 8

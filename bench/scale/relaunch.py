@@ -1,5 +1,5 @@
 """Relaunching a lost fake agent: the coordinator's fake launcher asks, the client process serving the node
-answers by starting a new agent for it (issue 28: the simulation regains the hosts it lost).
+answers by starting a new agent for it (so that the simulation regains the hosts it lost).
 
 The request is one JSON line on the client process's stdin, after its configuration line (which carries
 the run token, as a real agent's stdin does): {"relaunch": NODE_ID}. This module owns that format: both

@@ -45,7 +45,7 @@ SLOTS = 8  # workers per fake node (an 8-GPU host)
 RATE_HZ = 10.0
 TARGET_WORKERS = 1024
 TARGET_P99_MS = 20.0
-# Issue 31's targets, per (workers, reports/s per worker): p99 send -> recorded, milliseconds.
+# The targets at scale, per (workers, reports/s per worker): p99 send -> recorded, milliseconds.
 TARGETS_P99_MS = {(4096, 10.0): 50.0, (16384, 1.0): 100.0}
 TARGET_RSS_MIB = 500.0
 RUN_TIMEOUT_S = 900.0
@@ -193,7 +193,7 @@ def run_count(tmp: str, workers: int, seconds: float, warmup_s: float, client_pr
               phase: str = "lockstep", rate_hz: float = RATE_HZ, digest: bool = True) -> dict:
     """One simulated run of `workers` fake workers; its figures (see the module docstring).
     `monitored`: as a real run, each worker also sends one Telemetry message a second and the
-    coordinator runs TorchTrainer's RunMonitor (False: reports only, as the figures before issue 15).
+    coordinator runs TorchTrainer's RunMonitor (False: reports only, as the earliest figures).
     `transport`, `phase`: see `bench.scale.clients`."""
     out_dir = os.path.join(tmp, f"scale_{workers}_{transport}" + ("" if digest else "_undigested"))
     os.makedirs(out_dir)
@@ -360,7 +360,7 @@ def bench_scale(tmp: str, counts: list[int], seconds: float, warmup_s: float, cl
     """Every count in turn, each with every transport of `transports` (in TRANSPORTS order), each worker
     reporting `rate_hz` times a second; rows for the main table at TARGET_WORKERS (or the largest count
     below it), from the first transport's run, and a latency row for every count that has a target in
-    TARGETS_P99_MS (issue 31: 4096 x 10 Hz, 16384 x 1 Hz). `recovery` (a worker count, 0: none): also the
+    TARGETS_P99_MS (4096 x 10 Hz, 16384 x 1 Hz). `recovery` (a worker count, 0: none): also the
     restart and detection scenarios of `bench.scale.recovery` at that count, the silent host among
     `recovery_hosts` hosts (0: recovery / SLOTS; each with `recovery / recovery_hosts` workers, at least 1),
     and the elastic hosts-lost scenario at that count; `recovery_scenarios` picks some of them (None: all)."""
