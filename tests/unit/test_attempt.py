@@ -199,7 +199,7 @@ def test_second_reported_exception_is_ignored():
 def test_exit_stopped_by_agent_is_not_a_failure():
     tracker = make_tracker()
     start(tracker, 0)
-    tracker.stop_requested = True
+    tracker.note_stop()
     exited(tracker, 0, sig=int(signal.SIGTERM), stopped_by_agent=True)
     exited(tracker, 1, sig=int(signal.SIGKILL), stopped_by_agent=True)
     assert not tracker.failed() and tracker.failures() == []
@@ -260,7 +260,7 @@ def test_node_lost_during_stop_is_the_root_cause_over_its_peers_broken_collectiv
                                 exc_type="builtins.RuntimeError",
                                 message="[gloo/transport/tcp/pair.cc:553] Connection closed by peer [10.0.0.2]:4242")
         tracker.on_failed(ev.WorkerFailed(ATTEMPT, failure, b""))
-    tracker.stop_requested = True
+    tracker.note_stop()
     tracker.on_node_lost("n-b", "its session ended", time=11.0)
     assert tracker.failure_order == [0, 1, 2, 3]
     root = root_cause(tracker.failures())
@@ -456,3 +456,15 @@ def test_the_kept_root_cause_equals_the_one_found_by_a_scan_after_any_sequence_o
             exited(tracker, rank, sig=signal.SIGTERM, stopped_by_agent=True, time=time)
         assert tracker.root_cause_line() == root_cause_line(tracker.failures())
         assert tracker.lost_a_node() == any(f.kind is FailureKind.NODE_LOST for f in tracker.failures())
+
+
+def test_the_rendezvous_and_the_stop_are_told_to_the_tracker_through_its_methods():
+    tracker = make_tracker()
+    assert tracker.rendezvous is None and not tracker.stop_requested
+    tracker.on_store_ready(ev.StoreReady(ATTEMPT, "10.0.0.1", 29500))
+    tracker.note_stop()
+    assert tracker.rendezvous == ("10.0.0.1", 29500) and tracker.stop_requested
+    with pytest.raises(AttributeError):
+        tracker.stop_requested = False  # read-only: the tracker is written only through its methods
+    with pytest.raises(AttributeError):
+        tracker.rendezvous = None

@@ -2,8 +2,9 @@
 
 The controller feeds events in and asks questions (`all_training`, `finished`, `failed`); turning an
 exit into a failure, or ignoring it because minitrain stopped that worker, happens here. This is the
-only module that writes a `RankState`: the worker group and the commits tell the tracker of progress
-(`progressed`, `reported`) and of the failures they judge (`fail`) through its methods.
+only module that writes a `RankState` or the tracker: the worker group and the commits tell it of progress
+(`progressed`, `reported`), of the rendezvous (`on_store_ready`), of the stop (`note_stop`) and of the
+failures they judge (`fail`) through its methods, and read the rest.
 """
 
 from __future__ import annotations
@@ -36,12 +37,13 @@ class RankState:
 
 @dataclass
 class AttemptTracker:
-    """All ranks of one attempt. `stop_requested` is set once minitrain starts tearing it down."""
+    """All ranks of one attempt: `rendezvous` once rank 0's store is up, `stop_requested` once minitrain
+    starts tearing the attempt down (both read-only: told through `on_store_ready` and `note_stop`)."""
 
     attempt: int
     ranks: dict[int, RankState]
-    rendezvous: Optional[tuple[str, int]] = None
-    stop_requested: bool = False
+    _rendezvous: Optional[tuple[str, int]] = field(default=None, init=False)
+    _stop_requested: bool = field(default=False, init=False)
     failure_order: list[int] = field(default_factory=list)
     done_count: int = 0  # ranks whose function returned: `all_done()` without a scan at every WorkerDone
     # root_cause_line(), kept until a failure is recorded or amended (asked at every loop turn once one is)
@@ -70,7 +72,25 @@ class AttemptTracker:
         ranks = {a.rank: RankState(a, node_names.get(a.node_id, a.node_id)) for a in assignments}
         return cls(attempt=attempt, ranks=ranks)
 
+    @property
+    def rendezvous(self) -> Optional[tuple[str, int]]:
+        """(address, port) of rank 0's TCPStore, which every rank is told; None until it is up."""
+        return self._rendezvous
+
+    @property
+    def stop_requested(self) -> bool:
+        """minitrain started tearing the attempt down (`note_stop`): a worker connecting now is sent away."""
+        return self._stop_requested
+
     # ------------------------------------------------------------------ facts in
+
+    def on_store_ready(self, event: ev.StoreReady) -> None:
+        """Rank 0's TCPStore is up: its address and port are the attempt's rendezvous."""
+        self._rendezvous = (event.address, event.port)
+
+    def note_stop(self) -> None:
+        """minitrain starts tearing the attempt down (its workers are told to stop)."""
+        self._stop_requested = True
 
     def on_spawned(self, event: ev.WorkerSpawned) -> None:
         """Remember the pid of a started worker."""

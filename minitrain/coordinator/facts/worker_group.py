@@ -97,7 +97,7 @@ class WorkerGroup:
         if isinstance(event, ev.WorkerConnected):
             self._on_connected(event)
         elif isinstance(event, ev.StoreReady):
-            tracker.rendezvous = (event.address, event.port)
+            tracker.on_store_ready(event)
             for rank, state in tracker.ranks.items():
                 if state.connected:
                     self._send_rendezvous(rank)
@@ -218,7 +218,7 @@ class WorkerGroup:
     def stop(self, grace_s: float) -> None:
         """Ask every node to stop its workers (SIGTERM, `grace_s`, SIGKILL); a node that cannot be told
         is lost, and so are its ranks."""
-        self.tracker.stop_requested = True
+        self.tracker.note_stop()
         for node_id in self.tracker.nodes():
             if not self._outbox.to_agent(node_id, cmd.StopWorkers(self.attempt, grace_s)):
                 self.tracker.on_node_lost(node_id, "its stream is closed", self._clock())
