@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Any
 
 
@@ -89,8 +88,3 @@ def encode_metrics(metrics: Any) -> str:
     raise ValueError(f"minitrain.report(metrics): metrics[{key!r}] is a {type(value).__module__}."
                      f"{type(value).__name__}, which is not JSON-safe{hint}. Report numbers, strings, "
                      "booleans, None, or lists/dicts of them.")
-
-
-def is_number(value: Any) -> bool:
-    """True for int/float values (not bool) that are finite or NaN-free comparisons may use."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)

@@ -325,19 +325,6 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def living_descendants(pid: int) -> list[psutil.Process]:
-    """Non-zombie descendants of `pid`, found through parent links; [] when `pid` is gone.
-
-    Orphans re-parented to init (or a subreaper) are no longer descendants: take this snapshot
-    before stopping a group when you want to check afterwards that everything died.
-    """
-    try:
-        children = psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
-    return [c for c in children if not _is_zombie(c.pid)]
-
-
 def wait_until_gone(pids: Iterable[int], timeout: float) -> list[int]:
     """Poll until every pid has exited (or is a zombie); return those still alive at the deadline.
 

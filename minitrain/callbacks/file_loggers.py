@@ -45,11 +45,6 @@ class _FileLogger(Callback):
         fs, full = fsspec.core.url_to_fs(self.path)
         self._storage, self._rel = Storage(fs, posixpath.dirname(full) or "/"), posixpath.basename(full)
 
-    @property
-    def file_url(self) -> str:
-        """Where the file is written (known once the run started)."""
-        return self._storage.url(self._rel) if self._storage is not None else ""
-
     def on_attempt_start(self, run_context: TrainRunContext, attempt: int, world_size: int) -> None:
         self._attempt = attempt
 

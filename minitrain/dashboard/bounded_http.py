@@ -49,12 +49,6 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self.refused = 0  # connections closed at once because the cap was reached
         super().__init__(address, handler)
 
-    @property
-    def open_connections(self) -> int:
-        """How many connections are being served now."""
-        with self._open_lock:
-            return len(self._open)
-
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._open_lock:
             full = len(self._open) >= self.max_connections

@@ -25,7 +25,7 @@ A value that does not parse raises `SlurmEnvironmentError` naming the variable, 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import product
 from typing import Optional
@@ -49,7 +49,6 @@ RESTART_COUNT = "SLURM_RESTART_COUNT"  # how many times Slurm requeued this job 
 _NAME_CHARS = re.compile(r"[A-Za-z0-9_.:%-]+")
 _RANGE = re.compile(r"(\d+)(?:-(\d+))?")
 _COUNT = re.compile(r"(\d+)(?:\(x(\d+)\))?")
-_SUFFIX = re.compile(r"(.*?)(\d+)")
 _GPU_ENTRY = re.compile(r"(?:[A-Za-z_][\w.-]*:)?(\d+)")
 _MAX_EXPANDED = 1_000_000  # a typo such as node[1-99999999] must not eat the memory
 
@@ -149,43 +148,6 @@ def expand_hostlist(text: str, variable: str = NODELIST) -> tuple[str, ...]:
     return tuple(names)
 
 
-def compress_hostlist(names: Iterable[str]) -> str:
-    """A hostlist that `expand_hostlist` turns back into `names`, in the same order.
-
-    Neighbours that share a prefix and end in consecutive numbers of a width the range keeps become
-    one bracket group (``n01, n02, n03, x`` -> ``n[01-03],x``); nothing is reordered, so the result is
-    longer than Slurm's own for a shuffled list. Each name must be a host name (no brackets or commas).
-    """
-    entries: list[tuple[str, list[list[str]]]] = []  # (prefix, ranges as [low text, high text])
-    for name in names:
-        if not isinstance(name, str) or not _NAME_CHARS.fullmatch(name):
-            raise ValueError(f"{name!r} is not a host name (letters, digits, '.', '-', '_', ':', '%')")
-        match = _SUFFIX.fullmatch(name)
-        if match is None:
-            entries.append((name, []))
-            continue
-        prefix, digits = match.groups()
-        if entries and entries[-1][1] and entries[-1][0] == prefix:
-            ranges = entries[-1][1]
-            low, high = ranges[-1]
-            if int(digits) == int(high) + 1 and str(int(digits)).zfill(len(low)) == digits:
-                ranges[-1][1] = digits
-            else:
-                ranges.append([digits, digits])
-        else:
-            entries.append((prefix, [[digits, digits]]))
-    parts = []
-    for prefix, ranges in entries:
-        if not ranges:
-            parts.append(prefix)
-        elif len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
-            parts.append(prefix + ranges[0][0])
-        else:
-            parts.append(prefix + "[" + ",".join(low if low == high else f"{low}-{high}"
-                                                 for low, high in ranges) + "]")
-    return ",".join(parts)
-
-
 # ---------------------------------------------------------------------------------- counts
 
 def expand_counts(text: str, variable: str = TASKS_PER_NODE) -> tuple[int, ...]:
@@ -203,19 +165,6 @@ def expand_counts(text: str, variable: str = TASKS_PER_NODE) -> tuple[int, ...]:
                          "Check the variable")
         counts.extend([int(match.group(1))] * repeat)
     return tuple(counts)
-
-
-def compress_counts(counts: Sequence[int]) -> str:
-    """Slurm's compressed form of `counts`: (4, 4, 2) -> ``4(x2),2``; `expand_counts` inverts it."""
-    parts: list[str] = []
-    index = 0
-    while index < len(counts):
-        run = 1
-        while index + run < len(counts) and counts[index + run] == counts[index]:
-            run += 1
-        parts.append(str(counts[index]) if run == 1 else f"{counts[index]}(x{run})")
-        index += run
-    return ",".join(parts)
 
 
 # ---------------------------------------------------------------------------------- the allocation

@@ -121,18 +121,6 @@ def memory_hint(samples: list[dict], attempt: Optional[int] = None) -> Optional[
                        f"(tensors kept across steps, e.g. a loss appended without .item())"}
 
 
-def idle_shares(sample: dict) -> tuple[Optional[float], Optional[float]]:
-    """(data wait share, idle share) of one sample's step: seconds waiting on data, and waiting on
-    anything (data, report(), collectives), over its step time; None where not measured."""
-    step = sample.get("step_time_s")
-    if not step:
-        return None, None
-    data = sample.get("data_wait_s")
-    waits = [sample.get(k) for k in ("data_wait_s", "report_wait_s", "collective_wait_s")]
-    idle = sum(w for w in waits if w is not None)
-    return (None if data is None else min(data / step, 1.0)), min(idle / step, 1.0)
-
-
 def _data_share_of_work(sample: dict) -> Optional[float]:
     """Seconds waiting on data over the rank's own work per step (its waits for the other ranks
     excluded: a rank held up by a slow peer is not short of data)."""

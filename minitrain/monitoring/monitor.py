@@ -419,12 +419,6 @@ class RunMonitor(RunObserver):
             memory = current.get("host_memory_bytes") or {}
             return [{"host": host, "memory_bytes": memory[host]} for host in sorted(memory)]
 
-    def worker_phases(self) -> dict[int, tuple[str, float]]:
-        """rank -> (its latest phase's name, since when) in the current attempt, as the workers told
-        the controller (before any telemetry: connecting, process-group init)."""
-        with self._lock:
-            return dict(self._worker_phases)
-
     def samples(self, rank: Optional[int] = None, since: Optional[float] = None) -> list[dict]:
         """Telemetry history (bounded), oldest first, of one rank or all; only samples after `since`."""
         with self._lock:

@@ -62,7 +62,8 @@ from fault_training import (AFTER_REPORT_EXIT_CODE, AFTER_REPORT_KINDS, CHECKPOI
                             EVERY_RANK, HANG_KINDS, KILLED_DRIVER_OUT, KINDS, N_STEPS, PARTIAL_UPLOAD_EXIT_CODE,
                             RIVAL_DONE, RIVAL_REFUSED, RUN_NAME, USER_UPLOAD_MARKER, Fault, InjectedFault, InjectedUploadError,
                             Schedule, checkpoint_steps, make_trainer)
-from minitrain.procs import living_descendants, wait_until_gone
+from minitrain.procs import wait_until_gone
+from procs_support import living_descendants
 
 pytestmark = pytest.mark.e2e
 

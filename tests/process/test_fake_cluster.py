@@ -15,13 +15,13 @@ import os
 import re
 
 import pytest
+from procs_support import living_descendants
 
 from bench.scale.coordinator import rank0_metrics, simulate
 from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.records import FailureKind
 from minitrain.run_state import RunState, ray_status
-from minitrain.procs import living_descendants
 
 WORKERS, SLOTS, REPORTS, RATE_HZ = 32, 8, 6, 5.0  # 4 fake nodes of 8 ranks; 6 reports at 5 Hz (about 1.2 s)
 

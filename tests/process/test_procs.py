@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from procs_support import living_descendants
 
 from minitrain import procs
 
@@ -142,7 +143,7 @@ def test_child_ignoring_sigterm_is_killed_after_grace(tracked):
 def test_grandchild_in_the_group_is_stopped_too(tracked, by):
     leader, gc = _with_grandchild(tracked, "import time; print('ready', flush=True); time.sleep(120)")
     assert sorted(procs.group_members(leader.pid)) == sorted([leader.pid, gc])
-    assert [p.pid for p in procs.living_descendants(leader.pid)] == [gc]
+    assert [p.pid for p in living_descendants(leader.pid)] == [gc]
     result = procs.stop_process_group(leader if by == "popen" else leader.pid, grace_s=DEADLINE_S)
     assert not result.sigkill_sent
     assert procs.wait_until_gone([leader.pid, gc], DEADLINE_S) == []

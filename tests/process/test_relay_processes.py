@@ -16,8 +16,9 @@ import threading
 import pytest
 
 from minitrain import procs
-from minitrain.agent.transport.relay import RelayServer, remove_stale_directories
+from minitrain.agent.transport.relay import DIRECTORY_PREFIX, SOCKET_NAME, RelayServer
 from minitrain.records import Phase
+from minitrain.rpc import socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb
 
 TOKEN = "the-run-token"
@@ -132,7 +133,8 @@ def test_the_directory_of_a_sigkilled_agent_is_removed_by_the_next_relay(upward)
             for stream in (process.stdin, process.stdout, process.stderr):
                 stream.close()
     # The live one, killed by the cleanup above, is swept too: the test leaves nothing behind.
-    assert live_directory in remove_stale_directories(os.path.dirname(live_directory))
+    assert live_directory in socket_directory.remove_stale(os.path.dirname(live_directory), DIRECTORY_PREFIX,
+                                                           SOCKET_NAME)
 
 
 # A stand-in worker: its real relayed stream, N plain reports, then SIGKILL 0 ms after the last put().

@@ -318,7 +318,8 @@ def test_only_the_directories_of_dead_agents_are_swept(tmp_path):
     other.mkdir()
     (other / "owner.lock").touch()
     try:
-        removed = relay_module.remove_stale_directories(str(tmp_path))
+        removed = socket_directory.remove_stale(str(tmp_path), relay_module.DIRECTORY_PREFIX,
+                                                relay_module.SOCKET_NAME)
     finally:
         os.close(held)
     assert sorted(removed) == sorted([dead, dead_with_stranger])

@@ -1,6 +1,6 @@
 """The plain-words diagnoses (minitrain.monitoring.diagnoses): start-up phase, memory and data hints."""
 
-from minitrain.monitoring.diagnoses import data_wait_hint, hints, idle_shares, memory_hint, startup_status
+from minitrain.monitoring.diagnoses import data_wait_hint, hints, memory_hint, startup_status
 
 MIB = 2 ** 20
 
@@ -32,12 +32,6 @@ def test_a_rank_waiting_on_data_for_much_of_its_step_gets_the_pipeline_hint():
     assert data_wait_hint(fast) is None and data_wait_hint(_samples(0, [MIB] * 5)) is None  # no data iterator
     assert [h["kind"] for h in hints(slow + _samples(1, [MIB * 100 + i * 8 * MIB for i in range(12)]))] == ["memory",
                                                                                                           "data"]
-
-
-def test_idle_share_counts_every_wait():
-    assert idle_shares({"step_time_s": 1.0, "data_wait_s": 0.2, "report_wait_s": 0.3, "collective_wait_s": None}) \
-        == (0.2, 0.5)
-    assert idle_shares({"step_time_s": None}) == (None, None)
 
 
 def test_start_up_status_until_the_first_step_only():

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.metrics import encode_metrics, is_number
+from minitrain.metrics import encode_metrics
 
 np = pytest.importorskip("numpy")
 
@@ -114,8 +114,3 @@ def test_circular_reference_is_a_value_error():
 def test_numpy_complex_scalar_names_its_key():
     with pytest.raises(ValueError, match=r"metrics\['z'\]"):
         encode_metrics({"z": np.complex128(1 + 2j)})
-
-
-def test_is_number():
-    assert is_number(1) and is_number(2.5) and is_number(math.inf)
-    assert not is_number(True) and not is_number(math.nan) and not is_number("1") and not is_number(None)

@@ -1,11 +1,13 @@
 """minitrain.hosts.slurm_env: Slurm's hostlists and compressed counts (Slurm's documented examples, then
-properties: compress/expand round trips), the slots rule, and every bad value's message (variable, value,
-fix); minitrain.hosts.cluster's Slurm mode and its precedence."""
+properties: round trips through the compressors below, which minitrain itself never needs), the slots rule,
+and every bad value's message (variable, value, fix); minitrain.hosts.cluster's Slurm mode and its
+precedence."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Sequence
 
 import pytest
 from hypothesis import given
@@ -14,8 +16,59 @@ from hypothesis import strategies as st
 from minitrain.errors import ConfigError
 from minitrain.hosts import cluster, slurm_env
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
-from minitrain.hosts.slurm_env import (SlurmEnvironmentError, compress_counts, compress_hostlist, expand_counts,
-                                       expand_hostlist)
+from minitrain.hosts.slurm_env import SlurmEnvironmentError, expand_counts, expand_hostlist
+
+_SUFFIX = re.compile(r"(.*?)(\d+)")
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """A hostlist that `expand_hostlist` turns back into `names` (host names: no brackets or commas), in the
+    same order.
+
+    Neighbours that share a prefix and end in consecutive numbers of a width the range keeps become
+    one bracket group (``n01, n02, n03, x`` -> ``n[01-03],x``); nothing is reordered, so the result is
+    longer than Slurm's own for a shuffled list.
+    """
+    entries: list[tuple[str, list[list[str]]]] = []  # (prefix, ranges as [low text, high text])
+    for name in names:
+        match = _SUFFIX.fullmatch(name)
+        if match is None:
+            entries.append((name, []))
+            continue
+        prefix, digits = match.groups()
+        if entries and entries[-1][1] and entries[-1][0] == prefix:
+            ranges = entries[-1][1]
+            low, high = ranges[-1]
+            if int(digits) == int(high) + 1 and str(int(digits)).zfill(len(low)) == digits:
+                ranges[-1][1] = digits
+            else:
+                ranges.append([digits, digits])
+        else:
+            entries.append((prefix, [[digits, digits]]))
+    parts = []
+    for prefix, ranges in entries:
+        if not ranges:
+            parts.append(prefix)
+        elif len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+            parts.append(prefix + ranges[0][0])
+        else:
+            parts.append(prefix + "[" + ",".join(low if low == high else f"{low}-{high}"
+                                                 for low, high in ranges) + "]")
+    return ",".join(parts)
+
+
+def compress_counts(counts: Sequence[int]) -> str:
+    """Slurm's compressed form of `counts`: (4, 4, 2) -> ``4(x2),2``; `expand_counts` inverts it."""
+    parts: list[str] = []
+    index = 0
+    while index < len(counts):
+        run = 1
+        while index + run < len(counts) and counts[index + run] == counts[index]:
+            run += 1
+        parts.append(str(counts[index]) if run == 1 else f"{counts[index]}(x{run})")
+        index += run
+    return ",".join(parts)
+
 
 # ---------------------------------------------------------------------------------- hostlists
 

@@ -527,12 +527,6 @@ def _clear_pipe(fd: int) -> None:
         pass
 
 
-def remove_stale_directories(parent: str) -> list[str]:
-    """Remove the relay directories in `parent` left by dead agents of this user; return them
-    (`minitrain.rpc.socket_directory.remove_stale`)."""
-    return socket_directory.remove_stale(parent, DIRECTORY_PREFIX, SOCKET_NAME)
-
-
 NOTHING_QUEUED = object()  # what a `coalesce` caller's take_next() returns when its queue is empty
 
 
