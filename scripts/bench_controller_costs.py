@@ -33,7 +33,7 @@ from minitrain.config import CheckpointConfig, FailureConfig  # noqa: E402
 from minitrain.coordinator.facts import events as ev  # noqa: E402
 from minitrain.coordinator.facts.attempt import AttemptTracker  # noqa: E402
 from minitrain.coordinator.controller import Controller, RunSpec  # noqa: E402
-from minitrain.coordinator.policy.loop import Loop, Stage  # noqa: E402
+from minitrain.coordinator.policy.loop import Loop, Wait  # noqa: E402
 from minitrain.coordinator.policy.decide import decide  # noqa: E402
 from minitrain.coordinator.policy.hangs import Pace  # noqa: E402
 from minitrain.coordinator.facts.metrics_log import MetricsLog  # noqa: E402
@@ -71,7 +71,7 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
     settings = LaunchSettings(experiment_name="bench", run_path=storage.url(), payload=b"", backend="gloo",
                               dist_timeout_s=600.0, cwd="", worker_env={})
     spec = RunSpec(run_id="bench", num_workers=ranks, node_ids=node_ids, launch=settings,
-                   failure_policy=FailureConfig(max_failures=0), node_slots={n: SLOTS for n in node_ids})
+                   failure_limits=FailureConfig(max_failures=0), node_slots={n: SLOTS for n in node_ids})
     mon = RunMonitor(storage) if monitor else None
     checkpoints = CheckpointManager.load(storage, CheckpointConfig())
     controller = Controller(spec, Hub(), queue.SimpleQueue(), _NoAgents(), checkpoints, MetricsLog(storage),
@@ -91,9 +91,9 @@ def _controller(ranks: int, out_dir: str, monitor: bool) -> tuple[Controller, Ru
         controller._membership.connected(ev.AgentConnected(node))
     controller._commits.start_attempt(ranks)
     controller._current.group = WorkerGroup(
-        tracker, controller._hub, nodes, settings,
+        tracker, controller._outbox, nodes, settings,
         ResumePoint(checkpoint_dir="", report_index_base=0, committed_dir_names=()), time.time)
-    controller._loop = Loop(state=RunState.RUNNING, stage=Stage.WORKERS, attempt=0)
+    controller._loop = Loop(state=RunState.RUNNING, waiting_for=Wait.WORKERS, attempt=0)
     if mon is not None:
         mon.on_run_start(RunInfo("bench", "bench", storage.url(), ranks, now))
         mon.on_attempt_start(AttemptInfo(0, tuple(node_ids[r // SLOTS] for r in range(ranks)), now))

@@ -231,7 +231,7 @@ def simulate(spec: dict, observers=()):
         run_id=uuid.uuid4().hex, num_workers=workers, node_ids=node_ids,
         launch=LaunchSettings(experiment_name="scale", run_path=storage.url(), payload=bytes(PAYLOAD_BYTES),
                               backend="gloo", dist_timeout_s=600.0, cwd="", worker_env={}),
-        failure_policy=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0,
+        failure_limits=policy, node_slots={n: slots for n in node_ids}, agent_start_timeout_s=300.0,
         sizing=None if spec.get("min_workers") is None else Sizing(
             spec["min_workers"], resize_interval_s=spec.get("resize_interval_s", 60.0),
             start_wait_s=spec.get("elastic_start_wait_s", 300.0)))

@@ -15,7 +15,7 @@ How many workers an attempt gets and where, and an elastic run's resizes, are `A
 (coordinator/sizing.py).
 The run's state is the loop's (`Loop.state`, coordinator/policy/loop.py), held nowhere else. Nothing
 else decides to retry or give up, and nothing here waits in a loop of its own: a stop, a drain, the wait
-for agents and for stacks are stages of the one loop, with deadlines. When the loop is over the agents are shut down,
+for agents and for stacks are waits of the one loop, with deadlines. When the loop is over the agents are shut down,
 the history saved, and the outcome (`outcome.run_outcome`) told to `on_run_end`.
 """
 
@@ -36,7 +36,7 @@ from minitrain.coordinator.policy.actions import (
     AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo, PrepareForkServers,
     RelaunchAgents, StartAttempt, StopWorkers,
 )
-from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen, Wait
 from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.facts.hang_watch import HangWatch
@@ -57,16 +57,17 @@ from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
 
-POLL_S = 0.05  # the longest the loop waits for an event while a stage's deadline may pass unannounced
-# ... and while an attempt of a fixed-size run starts or trains (stage WORKERS), where every fact decide()
+POLL_S = 0.05  # the longest the loop waits for an event while a wait's deadline may pass unannounced
+# ... and while an attempt of a fixed-size run starts or trains (Wait.WORKERS), where every fact decide()
 # reads arrives as an event but the hang clocks, whose next due moment the hang watch knows: a bound, not a
 # poll (each turn of an idle loop cost the driver ~0.3 ms of CPU, 20 turns a second at POLL_S).
 IDLE_WAIT_S = 1.0
 
 
-class FailurePolicy(Protocol):
-    """The part of FailureConfig the controller uses: the budget and stop grace (through
-    `Rules.from_config`, the run's one failure budget) and the hang deadlines (through `HangRule`)."""
+class FailureLimits(Protocol):
+    """The part of FailureConfig the controller reads (limits; what they mean is `Rules`' and `HangRule`'s):
+    the failure budget and the stop grace (through `Rules.from_config`, which also reads the preemption
+    settings a FailureConfig has) and the hang deadlines (through `HangRule`)."""
 
     max_failures: int
     worker_stop_grace_s: float
@@ -83,7 +84,7 @@ class RunSpec:
     num_workers: int
     node_ids: tuple[str, ...]
     launch: LaunchSettings
-    failure_policy: FailurePolicy
+    failure_limits: FailureLimits
     gpus_per_worker: float = 0.0
     cpus_per_worker: float = 1.0
     placement_strategy: str = "PACK"
@@ -100,27 +101,27 @@ class RunSpec:
 class Controller:
     """Runs attempts until the run succeeds, fails past its budget, or is aborted."""
 
-    def __init__(self, spec: RunSpec, hub: Outbox, events: "queue.SimpleQueue[ev.RunEvent]",
+    def __init__(self, spec: RunSpec, outbox: Outbox, events: "queue.SimpleQueue[ev.RunEvent]",
                  agents: AgentHandles, checkpoints: CheckpointBook, metrics_log: MetricsLog,
                  clock: Callable[[], float] = time.time, observers: Sequence[RunObserver] = ()):
         self._spec = spec
         self._observers = Observers(observers)
-        self._commits = Commits(checkpoints, metrics_log, hub, clock, self._observers)
-        self._hub = hub
+        self._commits = Commits(checkpoints, metrics_log, outbox, clock, self._observers)
+        self._outbox = outbox
         self._events = events
         self._clock = clock
-        policy = spec.failure_policy
-        self._rules = Rules.from_config(policy, agent_start_timeout_s=spec.agent_start_timeout_s, sizing=spec.sizing)
+        limits = spec.failure_limits
+        self._rules = Rules.from_config(limits, agent_start_timeout_s=spec.agent_start_timeout_s, sizing=spec.sizing)
         backoff = None
         if self._rules.elastic:  # lost hosts are probed again once per resize interval
             backoff = HostBackoff(spec.sizing.resize_interval_s, spec.sizing.resize_interval_s)
-        self._hangs = HangWatch(HangRule(timeout_s=policy.worker_hang_timeout_s,
-                                         floor_s=policy.worker_hang_floor_s or AUTO_FLOOR_S))
+        self._hangs = HangWatch(HangRule(timeout_s=limits.worker_hang_timeout_s,
+                                         floor_s=limits.worker_hang_floor_s or AUTO_FLOOR_S))
         self._loop = Loop()
         self._membership = Membership(spec.node_ids, spec.local_node_ids, agents, clock, backoff)
-        self._sizes = AttemptSizes(spec, self._rules, self._membership, hub, self._observers, clock)
-        self._current = CurrentAttempt(self._commits, self._hangs, self._observers, hub, clock)
-        self._preemption = Preemption(hub, clock, self._rules.preempt_timeout_s)
+        self._sizes = AttemptSizes(spec, self._rules, self._membership, outbox, self._observers, clock)
+        self._current = CurrentAttempt(self._commits, self._hangs, self._observers, outbox, clock)
+        self._preemption = Preemption(outbox, clock, self._rules.preempt_timeout_s)
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
@@ -173,7 +174,7 @@ class Controller:
     def _conclude(self) -> RunOutcome:
         spec = self._spec
         outcome = run_outcome(self._loop, self._current.tracker, self._commits.history,
-                              max_failures=spec.failure_policy.max_failures, run_path=spec.launch.run_path,
+                              max_failures=spec.failure_limits.max_failures, run_path=spec.launch.run_path,
                               start_error=self._start_error, preemption=self._preemption)
         self._current.end(restarting=False)
         self._observers.on_run_end(outcome)
@@ -204,26 +205,26 @@ class Controller:
         self._take_events(wait_s)
         now = self._clock()  # one instant for what is seen and for the decision on it
         decision = decide(self._loop, self._observe(now), now, self._rules)
-        stage = self._loop.stage
+        waiting_for = self._loop.waiting_for
         previous, self._loop = self._loop.state, decision.loop
         self._act(previous, decision.actions)
-        # Look again at once after acting or entering a stage (it may already be over: the processes all
+        # Look again at once after acting or entering a wait (it may already be over: the processes all
         # exited, so are their streams' ends in? Waiting POLL_S there cost every restart 50 ms);
         # otherwise wait for news.
-        if decision.actions or decision.loop.stage is not stage:
+        if decision.actions or decision.loop.waiting_for is not waiting_for:
             return 0.0
         return self._next_wait(now)
 
     def _next_wait(self, now: float) -> float:
         """How long the next turn may wait for an event, seen at `now` after a turn that did nothing.
 
-        While an attempt of a fixed-size run starts or trains (stage WORKERS), `decide` changes its mind
+        While an attempt of a fixed-size run starts or trains (Wait.WORKERS), `decide` changes its mind
         only on an event (a failure, a phase, an exit, a signal, Ctrl-C: `interrupt` queues one) or on a
         hang clock, and the hang watch knows the earliest moment one can run out (`HangWatch.due`): the
-        loop sleeps until then, at most IDLE_WAIT_S. Every other stage has a deadline of its own, and an
+        loop sleeps until then, at most IDLE_WAIT_S. Every other wait has a deadline of its own, and an
         elastic run's intervals run on the membership's clock: those look every POLL_S."""
         loop, group = self._loop, self._current.group
-        if loop.stage is not Stage.WORKERS or self._rules.elastic or group is None:
+        if loop.waiting_for is not Wait.WORKERS or self._rules.elastic or group is None:
             return POLL_S
         return min(IDLE_WAIT_S, max(POLL_S, self._hangs.due(group.tracker) - now))
 
@@ -238,7 +239,7 @@ class Controller:
         self._events.put(ev.PreemptionSignalled(DRIVER, signal_name, self._clock()))
 
     def _preemption_signals(self) -> tuple[str, ...]:
-        return tuple(getattr(self._spec.failure_policy, "preemption_signals", ()))
+        return tuple(getattr(self._spec.failure_limits, "preemption_signals", ()))
 
     def interrupt(self) -> None:
         """What Ctrl-C does (the SIGINT handler calls it): queues the fact, which wakes the loop at once
@@ -276,7 +277,7 @@ class Controller:
             return seen
         tracker = group.tracker
         preempt_reached = False
-        if self._loop.stage is Stage.PREEMPT:  # a scan of the ranks: only while a preemption is agreed
+        if self._loop.waiting_for is Wait.PREEMPT:  # a scan of the ranks: only while a preemption is agreed
             self._preemption.settle(tracker)
             preempt_reached = self._preemption.reached(tracker)
         failed = tracker.failed()
@@ -314,7 +315,7 @@ class Controller:
             DropDeadAgents: lambda action: membership.drop_dead(),
             RelaunchAgents: lambda action: membership.relaunch_lost(),
             ForgetAgents: lambda action: membership.forget_relaunched(action.reason),
-            LogLate: lambda action: log_late(action.stage, self._current.tracker, self._rules.stack_wait_s,
+            LogLate: lambda action: log_late(action.waiting_for, self._current.tracker, self._rules.stack_wait_s,
                                              self._rules.catch_up_s),
             StopWorkers: on_group(lambda group, action: group.stop(action.grace_s)),
             CollectStacks: on_group(lambda group, action: group.collect_stacks()),
@@ -368,7 +369,7 @@ class Controller:
     def _shutdown_agents(self) -> None:
         preempted = was_preempted(self._loop)
         for node_id in list(self._membership.nodes):
-            self._hub.to_agent(node_id, Shutdown(reason="run preempted" if preempted else "run ended",
+            self._outbox.to_agent(node_id, Shutdown(reason="run preempted" if preempted else "run ended",
                                                  preempted=preempted))
 
     # ------------------------------------------------------------------ events

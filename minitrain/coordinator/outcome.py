@@ -1,7 +1,7 @@
 """What the user is told of how the run goes and how it ended, as the controller's loop acts.
 
 `log_move` says why a move of the run's state happens (a failed attempt being stopped, the restart
-with the budget left, a spent budget, a run that cannot go on, Ctrl-C), `log_late` names a stage of the
+with the budget left, a spent budget, a run that cannot go on, Ctrl-C), `log_late` names a wait of the
 loop that ran past its deadline, and `run_outcome` describes the ended run for `fit()`, with
 `failure_message` as its error text (the last attempt's failures, root cause first, through
 `errors.render_failures`). The root cause's one line is the tracker's (`AttemptTracker.root_cause_line`).
@@ -16,7 +16,7 @@ from typing import Optional
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import History
 from minitrain.coordinator.policy.actions import MoveTo
-from minitrain.coordinator.policy.loop import CATCH_UP_S, Loop, Rules, Stage
+from minitrain.coordinator.policy.loop import CATCH_UP_S, Loop, Rules, Wait
 from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome
@@ -32,7 +32,7 @@ def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[Att
     failed = tracker is not None and tracker.failed() and not start_error
     if move.state is RunState.RESTARTING or (move.target is RunState.FAILED and failed):
         logger.warning("attempt %d: %s; stopping every rank of the attempt", tracker.attempt, move.reason)
-        if loop.stage is Stage.CATCH_UP:
+        if loop.waiting_for is Wait.CATCH_UP:
             round_, behind = tracker.ranks_behind()
             logger.warning("attempt %d: round %d was reported by every failed rank but not yet by rank(s) %s; "
                            "the stop waits until they did (at most %g s), so that the round is committed",
@@ -57,22 +57,22 @@ def log_move(previous: RunState, move: MoveTo, loop: Loop, tracker: Optional[Att
                  loop.attempt, move.reason)
 
 
-def log_late(stage: Stage, tracker: Optional[AttemptTracker], stack_wait_s: float,
+def log_late(waiting_for: Wait, tracker: Optional[AttemptTracker], stack_wait_s: float,
              catch_up_s: float = CATCH_UP_S) -> None:
-    """Log that `stage` of the loop ended at its deadline, not because what it waited for came: some
+    """Log that the loop's wait `waiting_for` ended at its deadline, not because what it waited for came: some
     ranks of `tracker`'s attempt did not confirm their exit, did not send their stacks, or did not report
     the round a failed rank reported last."""
     if tracker is None:
         return
-    if stage is Stage.EXIT:
+    if waiting_for is Wait.EXIT:
         alive = [r for r, s in tracker.ranks.items() if not s.exited]
         logger.error("ranks %s of attempt %d did not confirm their exit in time", alive, tracker.attempt)
-    elif stage is Stage.STACKS:
+    elif waiting_for is Wait.STACKS:
         logger.warning("attempt %d: not every rank sent its stacks within %g s", tracker.attempt, stack_wait_s)
-    elif stage is Stage.PREEMPT:
+    elif waiting_for is Wait.PREEMPT:
         logger.error("attempt %d: not every rank reported the round agreed after the preemption signal in time; "
                      "killing the workers (the last committed checkpoint stands)", tracker.attempt)
-    elif stage is Stage.CATCH_UP:
+    elif waiting_for is Wait.CATCH_UP:
         round_, behind = tracker.ranks_behind()
         logger.warning("attempt %d: rank(s) %s did not report round %s within %g s (blocked, perhaps in a "
                        "collective with a failed rank); stopping the attempt without that round", tracker.attempt,

@@ -166,7 +166,7 @@ class DataParallelTrainer:
         if self.scaling_config.local_mode:
             return self._fit_local()
         knobs.check_all()  # a bad MINITRAIN_* value fails before anything is created
-        relay = relays_workers(self.scaling_config.max_workers)
+        relay = relays_workers()
         cluster = current_cluster()
         storage = run_directory.prepare_storage(self.run_config, cluster)
         created_here, self._attempted = not storage.exists(""), False
@@ -228,7 +228,7 @@ class DataParallelTrainer:
                 relay=relay,
                 preemption_signals=self.run_config.failure_config.preemption_signals,
             ),
-            failure_policy=self.run_config.failure_config,
+            failure_limits=self.run_config.failure_config,
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
             cpus_per_worker=self.scaling_config.num_cpus_per_worker,
             placement_strategy=self.scaling_config.placement_strategy,
@@ -447,15 +447,14 @@ def _accepts_one_argument(fn: Callable) -> bool:
         return False
 
 
-# From this many workers on, "auto" relays the workers' streams through their agents: one connection and
-# batched messages per host instead of one per worker. Below it the coordinator absorbs every worker's
-# stream at a few percent of a core, and the relay's hop would cost the hosts' CPUs more than it saves
+# Relayed, the workers' streams reach the coordinator through their agents: one connection and batched
+# messages per host instead of one per worker, and no report of a killed worker is lost
 # (docs/benchmarks/scale.md, "Workers' streams relayed by their agent").
-def relays_workers(num_workers: int) -> bool:
-    """Whether a run of `num_workers` workers relays their streams through the node agents, as
-    ``MINITRAIN_RELAY`` says (`minitrain.knobs.RELAY`: on unless set to 0, at every size, since a relayed
-    stream costs the host less and loses no report of a killed worker); ConfigError names a value it
-    does not know. Decided once per fit() and carried to the coordinator in `RunSpec.relay`."""
+def relays_workers() -> bool:
+    """Whether the run's workers relay their streams through the node agents, as ``MINITRAIN_RELAY``
+    says (`minitrain.knobs.RELAY`: on unless set to 0, whatever the run's size); ConfigError names a
+    value it does not know. Decided once per fit() and carried to the coordinator in
+    `LaunchSettings.relay` (coordinator/facts/worker_group.py), which every agent's start is told."""
     choice = knobs.RELAY.get()
     return True if choice is None else choice
 

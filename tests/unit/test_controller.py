@@ -108,7 +108,7 @@ class Harness:
         storage.makedirs()
         policy = FailureConfig(max_failures=max_failures, worker_hang_timeout_s=hang_timeout_s,
                                worker_stop_grace_s=1.0)
-        spec = RunSpec(run_id="r", num_workers=len(NODES), node_ids=NODES, failure_policy=policy,
+        spec = RunSpec(run_id="r", num_workers=len(NODES), node_ids=NODES, failure_limits=policy,
                        launch=LaunchSettings("e", storage.url(), b"payload", "gloo", 60.0, "", {}),
                        local_node_ids=frozenset(local))
         self.controller = Controller(spec, self.hub, self.events, self.agents,
@@ -124,7 +124,7 @@ class Harness:
         self.settle()
 
     def settle(self) -> None:
-        """Step until turns do nothing (a turn that only moves to a later stage acts on the next one),
+        """Step until turns do nothing (a turn that only moves to a later wait acts on the next one),
         noting each state reached."""
         idle = 0
         for _ in range(100):
@@ -239,8 +239,8 @@ def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp
     assert h.end().state is RunState.SUCCEEDED
 
 
-def test_the_turn_that_enters_a_stage_is_followed_by_one_at_once(tmp_path):
-    """Every process of the failed attempt exited: the turn that moves to the drain stage (no action of its
+def test_the_turn_that_enters_a_wait_is_followed_by_one_at_once(tmp_path):
+    """Every process of the failed attempt exited: the turn that moves to the drain wait (no action of its
     own) is followed by one at once, which finds the streams ended and starts the next attempt. Waiting
     POLL_S there for an event that is not coming cost every restart 50 ms."""
     h = Harness(tmp_path, max_failures=1)
@@ -250,7 +250,7 @@ def test_the_turn_that_enters_a_stage_is_followed_by_one_at_once(tmp_path):
     for rank, node in enumerate(NODES):
         h.events.put(ev.WorkerStreamClosed(0, rank))
         h.events.put(ev.WorkerExited(node, 0, rank, 100 + rank, None, 15, True, h.now))
-    assert h.controller.step(0.0) == 0.0  # all exited: the drain stage begins ...
+    assert h.controller.step(0.0) == 0.0  # all exited: the drain wait begins ...
     assert h.hub.agent_kinds(StartWorkers).count("n0") == 1
     h.controller.step(0.0)  # ... and the next turn, at once, finds every stream ended
     assert h.controller.state is RunState.STARTING and h.hub.agent_kinds(StartWorkers).count("n0") == 2
@@ -356,9 +356,9 @@ def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
     assert "past its hang deadline of 30 s (FailureConfig.worker_hang_timeout_s=30)" in failure.message
 
 
-def test_a_training_attempt_sleeps_until_its_hang_clock_can_run_out_and_other_stages_look_every_poll(tmp_path):
+def test_a_training_attempt_sleeps_until_its_hang_clock_can_run_out_and_other_waits_look_every_poll(tmp_path):
     """An idle turn while ranks train waits for the next event up to the hang watch's due moment (at most
-    IDLE_WAIT_S): 20 wake-ups a second of an idle driver were most of its CPU. Stages with deadlines of
+    IDLE_WAIT_S): 20 wake-ups a second of an idle driver were most of its CPU. Waits with deadlines of
     their own still look every POLL_S."""
     h = Harness(tmp_path, hang_timeout_s=30.0)
     h.settle()

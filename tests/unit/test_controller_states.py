@@ -74,7 +74,7 @@ def _controller(tmp_path, agents, observers, agent_start_timeout_s=60.0):
     storage.makedirs()
     spec = RunSpec(run_id="r", num_workers=1, node_ids=("n0",),
                    launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
-                   failure_policy=FailureConfig(), agent_start_timeout_s=agent_start_timeout_s)
+                   failure_limits=FailureConfig(), agent_start_timeout_s=agent_start_timeout_s)
     return Controller(spec, Hub(), queue.SimpleQueue(), agents, CheckpointManager.load(storage, CheckpointConfig()),
                       MetricsLog(storage), clock=Clock(), observers=observers)
 

@@ -269,7 +269,7 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
     nodes = {"n0": NodeInfo(node_id="n0", hostname="n0", address="127.0.0.1", agent_pid=1, cpus=ranks,
                             memory_bytes=1 << 30)}
     settings = LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {})
-    spec = RunSpec(run_id="r", num_workers=ranks, node_ids=("n0",), launch=settings, failure_policy=policy)
+    spec = RunSpec(run_id="r", num_workers=ranks, node_ids=("n0",), launch=settings, failure_limits=policy)
     controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
                             MetricsLog(storage), clock=clock, observers=observers)
     tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
@@ -279,7 +279,7 @@ def _training_controller(tmp_path, ranks, policy, clock, observers=()):
         state.phase = Phase.STARTUP
     controller._membership.connected(ev.AgentConnected(nodes["n0"]))
     controller._commits.start_attempt(ranks)
-    controller._current.group = WorkerGroup(tracker, controller._hub, nodes, settings, ResumePoint("", 0, ()), clock)
+    controller._current.group = WorkerGroup(tracker, controller._outbox, nodes, settings, ResumePoint("", 0, ()), clock)
     return controller, tracker
 
 

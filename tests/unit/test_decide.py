@@ -14,7 +14,7 @@ from minitrain.coordinator.policy.actions import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, MoveTo, PrepareForkServers, RelaunchAgents, StartAttempt,
     StopWorkers,
 )
-from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Stage, Watch
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait, Watch
 from minitrain.coordinator.policy.decide import decide
 from minitrain.run_state import RunState, check_move
 
@@ -30,7 +30,7 @@ def _run(script, loop=Loop(), rules=RULES):
 
 
 def _running(failures=0, attempt=0) -> Loop:
-    return Loop(state=S.RUNNING, stage=Stage.WORKERS, attempt=attempt, failures=failures)
+    return Loop(state=S.RUNNING, waiting_for=Wait.WORKERS, attempt=attempt, failures=failures)
 
 
 def _kinds(actions):
@@ -74,14 +74,14 @@ def test_every_move_decide_makes_passes_the_transition_check():
 
 def test_a_failure_within_budget_restarts_after_the_old_attempt_exited_and_drained():
     loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True, root_cause="boom"), 100.0)], _running())
-    assert loop.state is S.RESTARTING and loop.stage is Stage.EXIT and loop.failures == 1
+    assert loop.state is S.RESTARTING and loop.waiting_for is Wait.EXIT and loop.failures == 1
     assert actions == [MoveTo(S.RESTARTING, "boom"), StopWorkers(3.0)]
     assert loop.deadline == 100.0 + 3.0 + RULES.stop_margin_s
     # Still stopping: nothing new happens, and RESTARTING lasts as long as the stop does.
     loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True), 101.0)], loop)
     assert actions == [] and loop.state is S.RESTARTING
     loop, actions = _run([(EXITED, 102.0)], loop)
-    assert loop.stage is Stage.DRAIN and actions == []
+    assert loop.waiting_for is Wait.DRAIN and actions == []
     loop, actions = _run([(replace(EXITED, all_drained=True), 102.5)], loop)
     assert actions == [CloseStreams(), MoveTo(S.STARTING, "starting attempt 1"), StartAttempt(1)]
     assert loop.attempt == 1 and loop.state is S.STARTING
@@ -107,16 +107,16 @@ def test_a_stop_that_is_not_confirmed_gives_up_at_its_deadline_and_says_so():
     loop, _ = _run([(replace(RUNNING_ATTEMPT, failed=True), 0.0)], _running())
     stopping = replace(RUNNING_ATTEMPT, failed=True)  # a frozen rank never confirms its exit
     loop, actions = _run([(stopping, loop.deadline)], loop)
-    assert loop.stage is Stage.EXIT and actions == []
+    assert loop.waiting_for is Wait.EXIT and actions == []
     loop, actions = _run([(stopping, loop.deadline + 0.01)], loop)
-    assert loop.stage is Stage.DRAIN and actions == [LogLate(Stage.EXIT)]
+    assert loop.waiting_for is Wait.DRAIN and actions == [LogLate(Wait.EXIT)]
     loop, actions = _run([(stopping, loop.deadline + 0.01)], loop)  # nor does its stream end
     assert actions[0] == CloseStreams() and StartAttempt(1) in actions
 
 
 def test_the_drain_waits_for_every_stream_so_reports_behind_a_failure_are_taken():
     loop, _ = _run([(EXITED, 0.0)], _running())  # every process already gone: straight to DRAIN
-    assert loop.stage is Stage.DRAIN
+    assert loop.waiting_for is Wait.DRAIN
     loop, actions = _run([(EXITED, 1.0)], loop)
     assert actions == [], "closed the streams before their last messages were read"
     loop, actions = _run([(replace(EXITED, all_drained=True), 1.2)], loop)
@@ -138,7 +138,7 @@ def test_lost_nodes_get_new_agents_before_the_next_attempt_and_the_run_goes_on_w
     lost = replace(EXITED, all_drained=True, lost_nodes=True)
     loop, _ = _run([(EXITED, 0.0)], _running())
     loop, actions = _run([(lost, 1.0)], loop)
-    assert actions == [CloseStreams(), RelaunchAgents()] and loop.stage is Stage.AGENTS
+    assert actions == [CloseStreams(), RelaunchAgents()] and loop.waiting_for is Wait.AGENTS
     assert loop.state is S.RESTARTING  # still restarting while the agents come up
     loop, actions = _run([(replace(lost, agents_missing=("n1",)), 30.0)], loop)
     assert actions == []
@@ -162,11 +162,11 @@ def _watched(deadline_s=10.0, **last_progress):
 def test_a_silent_rank_gets_its_stacks_collected_then_fails_as_hung():
     seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=100.0, r1=92.0, r2=89.5))
     loop, actions = _run([(seen, 100.0)], _running())
-    assert loop.stage is Stage.STACKS and loop.hung == (2,) and actions == [CollectStacks()]
+    assert loop.waiting_for is Wait.STACKS and loop.hung == (2,) and actions == [CollectStacks()]
     loop, actions = _run([(seen, 101.0)], loop)  # not every stack is in yet
     assert actions == []
     loop, actions = _run([(replace(seen, stacks_answered=True), 101.5)], loop)
-    assert actions == [DeclareHung((2,))] and loop.stage is Stage.WORKERS
+    assert actions == [DeclareHung((2,))] and loop.waiting_for is Wait.WORKERS
     loop, actions = _run([(replace(seen, failed=True, root_cause="rank 2 hung"), 101.6)], loop)
     assert loop.state is S.RESTARTING
 
@@ -186,21 +186,21 @@ def test_stacks_that_never_come_do_not_hold_the_run():
     seen = replace(RUNNING_ATTEMPT, watched=_watched(r0=0.0))
     loop, _ = _run([(seen, 20.0)], _running())
     loop, actions = _run([(seen, 20.0 + RULES.stack_wait_s + 0.1)], loop)
-    assert actions == [LogLate(Stage.STACKS), DeclareHung((0,))]
+    assert actions == [LogLate(Wait.STACKS), DeclareHung((0,))]
 
 
 def test_each_rank_is_judged_by_its_own_deadline_and_unwatched_ranks_never_hang():
     watched = {0: Watch(0.0, 600.0), 1: Watch(50.0, 20.0)}  # rank 2 is not watched at all (no deadline)
     loop, actions = _run([(replace(RUNNING_ATTEMPT, watched=watched), 69.0)], _running())
-    assert actions == [] and loop.stage is Stage.WORKERS
+    assert actions == [] and loop.waiting_for is Wait.WORKERS
     loop, actions = _run([(replace(RUNNING_ATTEMPT, watched=watched), 70.5)], _running())
     assert loop.hung == (1,) and actions == [CollectStacks()]
     loop, actions = _run([(RUNNING_ATTEMPT, 1e9)], _running())
-    assert actions == [] and loop.stage is Stage.WORKERS
+    assert actions == [] and loop.waiting_for is Wait.WORKERS
 
 
 def test_fork_servers_are_prepared_only_when_a_restart_may_come():
-    starting = Loop(state=S.STARTING, stage=Stage.WORKERS)
+    starting = Loop(state=S.STARTING, waiting_for=Wait.WORKERS)
     _, actions = _run([(RUNNING_ATTEMPT, 0.0)], starting)
     assert PrepareForkServers() in actions
     _, actions = _run([(RUNNING_ATTEMPT, 0.0)], starting, replace(RULES, max_failures=0))
@@ -209,12 +209,12 @@ def test_fork_servers_are_prepared_only_when_a_restart_may_come():
 
 def test_fork_servers_are_prepared_with_each_start_that_a_restart_may_follow():
     # With the start, not once the ranks train: a crash at start-up must find the fork server warming up.
-    _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, stage=Stage.AGENTS))
+    _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, waiting_for=Wait.AGENTS))
     assert actions[-2:] == [StartAttempt(0), PrepareForkServers()]
-    _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, stage=Stage.AGENTS), replace(RULES, max_failures=0))
+    _, actions = _run([(Seen(), 0.0)], Loop(state=S.LAUNCHING, waiting_for=Wait.AGENTS), replace(RULES, max_failures=0))
     assert actions[-1] == StartAttempt(0) and PrepareForkServers() not in actions
     # A restart that another may follow (failure 1 of 2); the last retry's start has none (see above).
-    draining = Loop(state=S.RESTARTING, stage=Stage.DRAIN, failures=1, deadline=1e9)
+    draining = Loop(state=S.RESTARTING, waiting_for=Wait.DRAIN, failures=1, deadline=1e9)
     _, actions = _run([(replace(EXITED, all_drained=True), 0.0)], draining, replace(RULES, max_failures=2))
     assert actions[-2:] == [StartAttempt(1), PrepareForkServers()]
 
@@ -253,30 +253,30 @@ PENDING = replace(RUNNING_ATTEMPT, failed=True, round_pending=True, root_cause="
 
 def test_a_pending_round_lets_the_live_ranks_run_on_before_the_stop():
     loop, actions = _run([(PENDING, 100.0)], _running())
-    assert loop.state is S.RESTARTING and loop.stage is Stage.CATCH_UP and loop.failures == 1
+    assert loop.state is S.RESTARTING and loop.waiting_for is Wait.CATCH_UP and loop.failures == 1
     assert actions == [MoveTo(S.RESTARTING, PENDING.root_cause)]  # no StopWorkers yet
     assert loop.deadline == 100.0 + RULES.catch_up_s
     loop, actions = _run([(PENDING, 101.0), (PENDING, 105.0)], loop)
-    assert loop.stage is Stage.CATCH_UP and actions == []
+    assert loop.waiting_for is Wait.CATCH_UP and actions == []
     loop, actions = _run([(replace(PENDING, round_pending=False), 106.0)], loop)  # the last rank reported it
-    assert loop.stage is Stage.EXIT and actions == [StopWorkers(3.0)]
+    assert loop.waiting_for is Wait.EXIT and actions == [StopWorkers(3.0)]
     assert loop.deadline == 106.0 + 3.0 + RULES.stop_margin_s
 
 
 def test_without_a_pending_round_the_stop_starts_in_the_same_decision_as_before():
     loop, actions = _run([(replace(PENDING, round_pending=False), 100.0)], _running())
-    assert loop.stage is Stage.EXIT and actions == [MoveTo(S.RESTARTING, PENDING.root_cause), StopWorkers(3.0)]
+    assert loop.waiting_for is Wait.EXIT and actions == [MoveTo(S.RESTARTING, PENDING.root_cause), StopWorkers(3.0)]
 
 
 def test_a_round_that_never_completes_holds_the_stop_only_for_the_grace_and_says_so():
     loop, actions = _run([(PENDING, 100.0), (PENDING, 100.0 + RULES.catch_up_s),
                           (PENDING, 100.0 + RULES.catch_up_s + 0.01)], _running())
-    assert loop.stage is Stage.EXIT and actions[1:] == [LogLate(Stage.CATCH_UP), StopWorkers(3.0)]
+    assert loop.waiting_for is Wait.EXIT and actions[1:] == [LogLate(Wait.CATCH_UP), StopWorkers(3.0)]
 
 
 def test_a_pending_round_is_completed_before_a_spent_budget_fails_the_run():
     loop, actions = _run([(PENDING, 100.0)], _running(failures=1))
-    assert (loop.state, loop.stage, loop.target) == (S.STOPPING, Stage.CATCH_UP, S.FAILED)
+    assert (loop.state, loop.waiting_for, loop.target) == (S.STOPPING, Wait.CATCH_UP, S.FAILED)
     assert actions == [MoveTo(S.STOPPING, PENDING.root_cause, S.FAILED)]
     loop, actions = _run([(replace(PENDING, round_pending=False), 101.0),
                           (replace(EXITED, all_drained=True), 102.0), (replace(EXITED, all_drained=True), 102.1)],
@@ -286,17 +286,17 @@ def test_a_pending_round_is_completed_before_a_spent_budget_fails_the_run():
 
 def test_ranks_that_all_exited_during_the_catch_up_are_drained_without_a_stop():
     loop, actions = _run([(PENDING, 100.0), (replace(EXITED, round_pending=False), 101.0)], _running())
-    assert loop.stage is Stage.DRAIN and not any(isinstance(a, StopWorkers) for a in actions)
+    assert loop.waiting_for is Wait.DRAIN and not any(isinstance(a, StopWorkers) for a in actions)
 
 
 def test_ctrl_c_during_the_catch_up_stops_at_once():
     loop, _ = _run([(PENDING, 100.0)], _running())
     aborted, actions = _run([(replace(PENDING, interrupted=True), 101.0)], loop)
-    assert (aborted.state, aborted.stage, aborted.target) == (S.STOPPING, Stage.EXIT, S.ABORTED)
+    assert (aborted.state, aborted.waiting_for, aborted.target) == (S.STOPPING, Wait.EXIT, S.ABORTED)
     assert actions == [MoveTo(S.STOPPING, "interrupted by the user (Ctrl-C)", S.ABORTED), StopWorkers(3.0)]
     spent, _ = _run([(PENDING, 100.0)], _running(failures=1))
     hurried, actions = _run([(replace(PENDING, interrupted=True), 101.0)], spent)
-    assert (hurried.stage, hurried.target) == (Stage.EXIT, S.FAILED) and actions == [StopWorkers(0.0)]
+    assert (hurried.waiting_for, hurried.target) == (Wait.EXIT, S.FAILED) and actions == [StopWorkers(0.0)]
 
 
 _SEEN = st.builds(
@@ -332,8 +332,8 @@ def test_any_sequence_of_observations_moves_only_along_allowed_transitions(scrip
 
 
 @given(st.lists(st.tuples(_SEEN, st.floats(0, 5)), max_size=40), st.integers(-1, 3))
-def test_the_catch_up_stage_is_entered_only_for_a_pending_round_and_always_ends_by_its_deadline(script, max_failures):
-    """Whatever the world reports: the catch-up stage starts only when a failed rank's round is pending,
+def test_the_catch_up_wait_is_entered_only_for_a_pending_round_and_always_ends_by_its_deadline(script, max_failures):
+    """Whatever the world reports: the catch-up wait starts only when a failed rank's round is pending,
     its deadline is at most `catch_up_s` away, and no decision after the deadline stays in it."""
     rules = replace(RULES, max_failures=max_failures)
     loop, now = Loop(), 0.0
@@ -341,8 +341,8 @@ def test_the_catch_up_stage_is_entered_only_for_a_pending_round_and_always_ends_
         now += step
         decision = decide(loop, seen, now, rules)
         after = decision.loop
-        if after.stage is Stage.CATCH_UP:
-            if loop.stage is not Stage.CATCH_UP:
+        if after.waiting_for is Wait.CATCH_UP:
+            if loop.waiting_for is not Wait.CATCH_UP:
                 assert seen.round_pending and seen.failed and after.deadline == now + rules.catch_up_s
             else:
                 assert now <= loop.deadline and after.deadline == loop.deadline and seen.round_pending

@@ -1,4 +1,4 @@
-"""decide()'s preemption rows, scripted: the PREEMPT stage, a second signal, the timeout, a signal
+"""decide()'s preemption rows, scripted: the PREEMPT wait, a second signal, the timeout, a signal
 outside RUNNING, during a stop, and a run that finishes meanwhile."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from minitrain.coordinator.policy.actions import AgreePreemption, CloseStreams, MoveTo, StopWorkers
-from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait
 from minitrain.coordinator.policy.decide import decide
 from minitrain.run_state import RunState, check_move
 
 S = RunState
 RULES = Rules(max_failures=3, stop_grace_s=3.0, preempt_timeout_s=20.0)
-RUNNING = Loop(state=S.RUNNING, stage=Stage.WORKERS)
+RUNNING = Loop(state=S.RUNNING, waiting_for=Wait.WORKERS)
 TRAINING = Seen(has_attempt=True, all_training=True)
 
 
@@ -24,7 +24,7 @@ def test_the_first_signal_while_running_asks_every_rank_to_agree_and_keeps_runni
     decision = _signal(RUNNING)
     assert decision.actions == (AgreePreemption(),)
     loop = decision.loop
-    assert (loop.state, loop.stage, loop.deadline, loop.preemptions) == (S.RUNNING, Stage.PREEMPT, 21.0, 1)
+    assert (loop.state, loop.waiting_for, loop.deadline, loop.preemptions) == (S.RUNNING, Wait.PREEMPT, 21.0, 1)
     assert decide(loop, TRAINING, 5.0, RULES).loop == loop  # waits for the round
 
 
@@ -56,7 +56,7 @@ def test_two_signals_at_once_to_one_process_kill_at_once():
 def test_the_first_signal_of_every_other_process_is_the_same_preemption():
     """Kubernetes deleting a job, or scancel, signals every pod or step at once: one agreement, not a kill."""
     at_once = _signal(RUNNING, count=3)
-    assert at_once.actions == (AgreePreemption(),) and at_once.loop.stage is Stage.PREEMPT
+    assert at_once.actions == (AgreePreemption(),) and at_once.loop.waiting_for is Wait.PREEMPT
     loop = _signal(RUNNING).loop
     later = _signal(loop, now=2.0)
     assert later.actions == () and later.loop == replace(loop, preemptions=2)
@@ -67,7 +67,7 @@ def test_the_first_signal_of_every_other_process_is_the_same_preemption():
 def test_the_timeout_kills_at_once_and_says_so():
     loop = _signal(RUNNING).loop
     decision = decide(loop, TRAINING, 21.5, RULES)
-    assert decision.actions[0] == LogLate(Stage.PREEMPT)
+    assert decision.actions[0] == LogLate(Wait.PREEMPT)
     assert decision.actions[1].target is S.ABORTED and decision.actions[2] == StopWorkers(0.0)
 
 
@@ -85,17 +85,17 @@ def test_a_failure_during_the_agreement_stops_at_once_without_a_restart():
 
 
 def test_a_signal_before_every_rank_trains_stops_gracefully():
-    starting = Loop(state=S.STARTING, stage=Stage.WORKERS)
+    starting = Loop(state=S.STARTING, waiting_for=Wait.WORKERS)
     decision = _signal(starting, seen=Seen(has_attempt=True))
     assert decision.actions == (MoveTo(S.STOPPING, "preempted before every rank was training", S.ABORTED),
                                 StopWorkers(3.0))
-    launching = Loop(state=S.LAUNCHING, stage=Stage.AGENTS, deadline=60.0)
+    launching = Loop(state=S.LAUNCHING, waiting_for=Wait.AGENTS, deadline=60.0)
     decision = _signal(launching, seen=Seen(agents_missing=("n1",)))
     assert decision.loop.state is S.ABORTED  # no attempt: straight through STOPPING
 
 
 def test_during_a_stop_only_a_second_signal_matters():
-    stopping = Loop(state=S.STOPPING, stage=Stage.EXIT, target=S.SUCCEEDED, deadline=10.0)
+    stopping = Loop(state=S.STOPPING, waiting_for=Wait.EXIT, target=S.SUCCEEDED, deadline=10.0)
     first = _signal(stopping)
     assert first.actions == () and first.loop.target is S.SUCCEEDED
     other = _signal(first.loop)

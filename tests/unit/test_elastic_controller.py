@@ -63,7 +63,7 @@ def _controller(tmp_path, agents, hub, start_wait_s=5.0):
     storage.makedirs()
     spec = RunSpec(run_id="r", num_workers=2, node_ids=("h0", "h1"), node_slots={"h0": 1, "h1": 1},
                    launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "/work", {"A": "1"}),
-                   failure_policy=FailureConfig(max_failures=0),
+                   failure_limits=FailureConfig(max_failures=0),
                    sizing=Sizing(min_workers=1, resize_interval_s=5.0, start_wait_s=start_wait_s))
     events = queue.SimpleQueue()
     controller = Controller(spec, hub, events, agents, CheckpointManager.load(storage, CheckpointConfig()),

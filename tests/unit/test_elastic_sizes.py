@@ -14,7 +14,7 @@ from minitrain import ScalingConfig
 from minitrain.coordinator.policy.actions import (
     GROW, SHRINK, CloseStreams, DropDeadAgents, MoveTo, RelaunchAgents, StartAttempt, StopWorkers,
 )
-from minitrain.coordinator.policy.loop import Loop, Rules, Seen, Stage
+from minitrain.coordinator.policy.loop import Loop, Rules, Seen, Wait
 from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Resize, Sizing, attempt_size, fitting_workers, resize_reason
 from minitrain.coordinator.facts.membership import HostBackoff
@@ -32,7 +32,7 @@ def _run(script, loop, rules=ELASTIC):
 
 
 def _running(size_at=0.0, failures=0) -> Loop:
-    return Loop(state=S.RUNNING, stage=Stage.WORKERS, failures=failures, sized_at=size_at)
+    return Loop(state=S.RUNNING, waiting_for=Wait.WORKERS, failures=failures, sized_at=size_at)
 
 
 # ---------------------------------------------------------------------------------- config
@@ -136,7 +136,7 @@ def test_a_node_loss_that_leaves_fewer_than_min_is_charged_and_waits_for_the_age
     failed = replace(RUNNING_2, failed=True, root_cause="node lost")
     down = replace(failed, all_exited=True, all_drained=True, lost_in_attempt=True, lost_nodes=True, fits=1)
     loop, actions = _run([(failed, 10.0), (down, 10.4), (down, 10.5)], _running(), rules)
-    assert loop.failures == 1 and loop.stage is Stage.AGENTS and RelaunchAgents() in actions
+    assert loop.failures == 1 and loop.waiting_for is Wait.AGENTS and RelaunchAgents() in actions
 
 
 # ---------------------------------------------------------------------------------- grow

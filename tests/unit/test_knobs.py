@@ -149,6 +149,6 @@ def test_the_relay_default_in_the_docs_is_the_one_in_force():
     from minitrain.driver.trainer import relays_workers
 
     assert "1 (the default, at every size" in knobs.RELAY.doc
-    assert knobs.RELAY.get({}) is None and relays_workers(1) is True
+    assert knobs.RELAY.get({}) is None and relays_workers() is True
     with pytest.raises(ConfigError, match="1 \\(relay, the default; auto means the same\\) or 0"):
         knobs.RELAY.get({"MINITRAIN_RELAY": "sometimes"})

@@ -1,5 +1,5 @@
 """The user's texts of the run's course and end (coordinator/outcome.py): the log line of each kind of
-move, the late stages, and the outcome with its error message. The words are checked because users and
+move, the late waits, and the outcome with its error message. The words are checked because users and
 the e2e tests read them."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import logging
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import History
 from minitrain.coordinator.policy.actions import MoveTo
-from minitrain.coordinator.policy.loop import Loop, Rules, Stage
+from minitrain.coordinator.policy.loop import Loop, Rules, Wait
 from minitrain.coordinator.outcome import failure_message, log_late, log_move, run_outcome
 from minitrain.records import Phase, WorkerAssignment, WorkerFailure
 from minitrain.run_state import RunState as S
@@ -63,13 +63,13 @@ def test_unlimited_retries_are_said_so(caplog):
     assert line.endswith("(failure 3, max_failures=-1, unlimited retries)")
 
 
-def test_a_late_stage_names_the_ranks_it_waited_for(caplog):
+def test_a_late_wait_names_the_ranks_it_waited_for(caplog):
     tracker = _tracker(attempt=4)
     tracker.ranks[0].exited = True
     with caplog.at_level(logging.INFO, logger="minitrain"):
-        log_late(Stage.EXIT, tracker, 5.0)
-        log_late(Stage.STACKS, tracker, 5.0)
-        log_late(Stage.EXIT, None, 5.0)
+        log_late(Wait.EXIT, tracker, 5.0)
+        log_late(Wait.STACKS, tracker, 5.0)
+        log_late(Wait.EXIT, None, 5.0)
     assert [r.getMessage() for r in caplog.records] == [
         "ranks [1] of attempt 4 did not confirm their exit in time",
         "attempt 4: not every rank sent its stacks within 5 s"]
@@ -103,14 +103,14 @@ def test_a_catch_up_names_the_pending_round_and_the_ranks_it_waits_for(caplog):
     tracker.fail(WorkerFailure(rank=1, node="host-n1", pid=7, phase=Phase.TRAINING, time=1.0,
                                exc_type="builtins.ValueError", message="boom"))
     root = tracker.root_cause_line()
-    loop = Loop(state=S.RESTARTING, stage=Stage.CATCH_UP)
+    loop = Loop(state=S.RESTARTING, waiting_for=Wait.CATCH_UP)
     assert _logged(caplog, S.RUNNING, MoveTo(S.RESTARTING, root), loop, tracker, RULES, "") == [
         ("WARNING", f"attempt 0: {root}; stopping every rank of the attempt"),
         ("WARNING", "attempt 0: round 1 was reported by every failed rank but not yet by rank(s) 0; the stop "
                     "waits until they did (at most 10 s), so that the round is committed")]
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="minitrain"):
-        log_late(Stage.CATCH_UP, tracker, 5.0, 10.0)
+        log_late(Wait.CATCH_UP, tracker, 5.0, 10.0)
     assert [r.getMessage() for r in caplog.records] == [
         "attempt 0: rank(s) 0 did not report round 1 within 10 s (blocked, perhaps in a collective with a failed "
         "rank); stopping the attempt without that round"]

@@ -173,10 +173,10 @@ def test_the_controller_sends_a_receipt_once_it_recorded_the_report(tmp_path):
     controller, tracker = _training_controller(tmp_path, 2, FailureConfig(max_failures=0), lambda: 10.0)
     loop = asyncio.new_event_loop()
     try:
-        controller._hub.bind_loop(loop)
+        controller._outbox.bind_loop(loop)
         outboxes = {rank: asyncio.Queue() for rank in (0, 1)}
         for rank, outbox in outboxes.items():
-            controller._hub.register_worker(0, rank, outbox)
+            controller._outbox.register_worker(0, rank, outbox)
         for rank in (0, 1):
             controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))
 

@@ -266,7 +266,7 @@ class AttemptTracker:
         """A round that every failed rank reported (the lowest of their last rounds) is not complete,
         and every rank that has not reported it can still: it has not failed, exited or finished
         (a finished rank holds back no later round). What the live ranks of a failed attempt run on
-        for (decide's catch-up stage). O(ranks): asked only while a failed attempt is not yet stopped."""
+        for (decide's catch-up wait). O(ranks): asked only while a failed attempt is not yet stopped."""
         _, behind = self.ranks_behind()
         return bool(behind) and not any(self.ranks[r].exited for r in behind)
 

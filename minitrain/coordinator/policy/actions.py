@@ -1,5 +1,5 @@
 """The actions `decide` returns to the controller (coordinator/policy/decide.py), but for `LogLate`, which
-names a stage of the loop and lives with it there. Each is executed by the controller's action table."""
+names a wait of the loop and lives with it there. Each is executed by the controller's action table."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ with scripted inputs (tests/unit/test_decide.py). The controller turns the world
 
 Every run state is real and timed: the loop stays in RESTARTING while the old attempt's processes exit
 and their streams drain, and in STOPPING until the same has happened on the way to the terminal state.
-A `Stage` says what the loop waits for inside a state, each with a deadline. This is the run's one
+A `Wait` says what the loop waits for inside a state, each with a deadline. This is the run's one
 drawing of its lifecycle (run_state.py holds the table of allowed moves it follows):
 
     LAUNCHING/AGENTS --every agent connected--> STARTING/WORKERS --every rank training--> RUNNING/WORKERS
@@ -26,7 +26,7 @@ drawing of its lifecycle (run_state.py holds the table of allowed moves it follo
         STOPPING/DRAIN -> terminal
     (a spent budget goes through STOPPING/CATCH_UP first when a failed rank's last round is pending)
 
-The catch-up stage exists because `report()` is not a barrier: a rank may fail right after its report()
+The catch-up wait exists because `report()` is not a barrier: a rank may fail right after its report()
 of round R returned while a peer has not reached round R yet. Stopping the attempt at once would lose
 that round (its metrics, its checkpoint, its `after_report`); Ray loses none, because there a report()
 returns only after every rank reported. So while such a round is pending (`Seen.round_pending`), the
@@ -43,7 +43,7 @@ server is warm) and the interval since the attempt started has passed, the attem
 the next committed checkpoint and restarted larger (GROW). The sizes are coordinator/policy/elastic.py's,
 applied by coordinator/sizing.py.
 
-The preempt stage stops a preempted run at a checkpoint every rank agrees on, with no collective in the
+The preempt wait stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/facts/preemption.py): the first signal while RUNNING sends every rank the notice
 (AgreePreemption); once every rank reported the agreed round (`Seen.preempt_reached`, at most
 `Rules.preempt_timeout_s` after the signal) the attempt is stopped gracefully towards ABORTED. A second
@@ -62,7 +62,7 @@ from minitrain.coordinator.policy.actions import (
     PrepareForkServers, RelaunchAgents, StartAttempt, StopWorkers,
 )
 from minitrain.coordinator.policy.loop import (
-    INTERRUPTED, PREEMPTED, Action, Decision, LogLate, Loop, Rules, Seen, Stage,
+    INTERRUPTED, PREEMPTED, Action, Decision, LogLate, Loop, Rules, Seen, Wait,
 )
 from minitrain.run_state import RunState
 
@@ -79,20 +79,20 @@ def decide(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     if seen.preempted:
         return _preempt(loop, seen, now, rules)
     if loop.state is RunState.PENDING:
-        return Decision(replace(loop, state=RunState.LAUNCHING, stage=Stage.AGENTS, reason="starting node agents",
+        return Decision(replace(loop, state=RunState.LAUNCHING, waiting_for=Wait.AGENTS, reason="starting node agents",
                                 deadline=now + rules.agent_start_timeout_s),
                         (MoveTo(RunState.LAUNCHING, "starting node agents"),))
-    if loop.stage is Stage.AGENTS:
+    if loop.waiting_for is Wait.AGENTS:
         return _agents(loop, seen, now, rules)
-    if loop.stage is Stage.WORKERS:
+    if loop.waiting_for is Wait.WORKERS:
         return _workers(loop, seen, now, rules)
-    if loop.stage is Stage.STACKS:
+    if loop.waiting_for is Wait.STACKS:
         return _stacks(loop, seen, now, rules)
-    if loop.stage is Stage.CATCH_UP:
+    if loop.waiting_for is Wait.CATCH_UP:
         return _catch_up(loop, seen, now, rules)
-    if loop.stage is Stage.PREEMPT:
+    if loop.waiting_for is Wait.PREEMPT:
         return _preempting(loop, seen, now, rules)
-    if loop.stage is Stage.EXIT:
+    if loop.waiting_for is Wait.EXIT:
         return _exit(loop, seen, now, rules)
     return _drain(loop, seen, now, rules)
 
@@ -109,16 +109,16 @@ def _interrupt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
 
 def _kill_during_stop(loop: Loop, now: float, rules: Rules) -> Decision:
     """STOPPING, told to hurry (a second Ctrl-C or preemption signal): kill what is left at once."""
-    if loop.stage is Stage.EXIT:
+    if loop.waiting_for is Wait.EXIT:
         return Decision(loop, (StopWorkers(0.0),))
-    if loop.stage is Stage.CATCH_UP:  # the pending round is given up
-        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_margin_s), (StopWorkers(0.0),))
+    if loop.waiting_for is Wait.CATCH_UP:  # the pending round is given up
+        return Decision(replace(loop, waiting_for=Wait.EXIT, deadline=now + rules.stop_margin_s), (StopWorkers(0.0),))
     return Decision(loop)
 
 
 def _preempt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """Preemption signals arrived. The first one while every rank trains starts the agreement (the
-    PREEMPT stage); in any other state it stops the run now (gracefully: no round can be agreed before
+    PREEMPT wait); in any other state it stops the run now (gracefully: no round can be agreed before
     every rank trains, and what is committed stands). A second signal to a process that had one
     (`Seen.preempted_again`) kills the workers at once; during a stop only such a signal matters. The
     first signal of each other process (every pod or job step signalled at once) is the same preemption."""
@@ -130,9 +130,9 @@ def _preempt(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return _stop_now(loop, seen, now, rules, f"{PREEMPTED}: a second signal stopped the run at once")
     if not first:  # another process's notice of the preemption under way: the rest of what is seen decides
         return decide(loop, replace(seen, preempted=0), now, rules)
-    if loop.state is RunState.RUNNING and loop.stage is Stage.WORKERS and not seen.failed and not seen.finished:
+    if loop.state is RunState.RUNNING and loop.waiting_for is Wait.WORKERS and not seen.failed and not seen.finished:
         reason = f"{PREEMPTED}: checkpointing at a round every rank agrees on"
-        return Decision(replace(loop, stage=Stage.PREEMPT, reason=reason, deadline=now + rules.preempt_timeout_s),
+        return Decision(replace(loop, waiting_for=Wait.PREEMPT, reason=reason, deadline=now + rules.preempt_timeout_s),
                         (AgreePreemption(),))
     return _stop(loop, seen, now, rules, RunState.ABORTED, f"{PREEMPTED} before every rank was training")
 
@@ -144,9 +144,9 @@ def _stop_now(loop: Loop, seen: Seen, now: float, rules: Rules, reason: str) -> 
     if not seen.has_attempt:
         return _end(loop, (move,))
     if not seen.all_exited:
-        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_margin_s),
+        return Decision(replace(loop, waiting_for=Wait.EXIT, deadline=now + rules.stop_margin_s),
                         (move, StopWorkers(0.0)))
-    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), (move,))
+    return Decision(replace(loop, waiting_for=Wait.DRAIN, deadline=now + rules.drain_s), (move,))
 
 
 def _preempting(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -163,7 +163,7 @@ def _preempting(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return Decision(loop)
     decision = _stop_now(loop, seen, now, rules, f"{PREEMPTED}: the agreed round was not reached within "
                                                  f"{rules.preempt_timeout_s:g} s")
-    return replace(decision, actions=(LogLate(Stage.PREEMPT),) + decision.actions)
+    return replace(decision, actions=(LogLate(Wait.PREEMPT),) + decision.actions)
 
 
 def _stop(loop: Loop, seen: Seen, now: float, rules: Rules, target: RunState, reason: str) -> Decision:
@@ -178,13 +178,13 @@ def _stop(loop: Loop, seen: Seen, now: float, rules: Rules, target: RunState, re
 def _stop_attempt(loop: Loop, seen: Seen, now: float, rules: Rules, actions: tuple[Action, ...]) -> Decision:
     """RESTARTING or STOPPING: stop the attempt's processes (if any are left), then drain."""
     if not seen.all_exited:
-        return Decision(replace(loop, stage=Stage.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
+        return Decision(replace(loop, waiting_for=Wait.EXIT, deadline=now + rules.stop_grace_s + rules.stop_margin_s),
                         actions + (StopWorkers(rules.stop_grace_s),))
-    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), actions)
+    return Decision(replace(loop, waiting_for=Wait.DRAIN, deadline=now + rules.drain_s), actions)
 
 
 def _end(loop: Loop, actions: tuple[Action, ...] = ()) -> Decision:
-    return Decision(replace(loop, state=loop.target, stage=Stage.DONE, deadline=None),
+    return Decision(replace(loop, state=loop.target, waiting_for=Wait.DONE, deadline=None),
                     actions + (MoveTo(loop.target, loop.reason),))
 
 
@@ -194,7 +194,7 @@ def _start(loop: Loop, now: float, attempt: int, reason: str, rules: Rules) -> D
         # The fork server imports torch while the attempt starts: a crash at start-up (the commonest
         # kind) then restarts from it instead of waiting for its imports.
         actions += (PrepareForkServers(),)
-    return Decision(replace(loop, state=RunState.STARTING, stage=Stage.WORKERS, attempt=attempt, deadline=None,
+    return Decision(replace(loop, state=RunState.STARTING, waiting_for=Wait.WORKERS, attempt=attempt, deadline=None,
                             reason=reason, sized_at=now, grow_armed=None), actions)
 
 
@@ -250,7 +250,7 @@ def _workers(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
             actions += (PrepareForkServers(),)
     hung = _silent_ranks(seen, now)
     if hung:
-        loop = replace(loop, stage=Stage.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
+        loop = replace(loop, waiting_for=Wait.STACKS, hung=hung, deadline=now + rules.stack_wait_s)
         return Decision(loop, actions + (CollectStacks(),))
     if rules.elastic:
         return _elastic(loop, seen, now, rules, actions)
@@ -312,7 +312,7 @@ def _failed(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
 
 def _await_round(loop: Loop, now: float, rules: Rules, move: MoveTo) -> Decision:
     """Make `move` and let the live ranks run on to complete the pending round (`_catch_up`)."""
-    return Decision(replace(loop, stage=Stage.CATCH_UP, deadline=now + rules.catch_up_s), (move,))
+    return Decision(replace(loop, waiting_for=Wait.CATCH_UP, deadline=now + rules.catch_up_s), (move,))
 
 
 def _catch_up(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -322,7 +322,7 @@ def _catch_up(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     stopped as always."""
     if seen.round_pending and now <= loop.deadline:
         return Decision(loop)
-    late = (LogLate(Stage.CATCH_UP),) if seen.round_pending else ()
+    late = (LogLate(Wait.CATCH_UP),) if seen.round_pending else ()
     return _stop_attempt(loop, seen, now, rules, late)
 
 
@@ -335,9 +335,9 @@ def _stacks(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     would be the only candidate for the root cause."""
     if not seen.stacks_answered and now <= loop.deadline:
         return Decision(loop)
-    late = () if seen.stacks_answered else (LogLate(Stage.STACKS),)
+    late = () if seen.stacks_answered else (LogLate(Wait.STACKS),)
     hung = tuple(sorted(set(loop.hung) | set(_silent_ranks(seen, now))))
-    return Decision(replace(loop, stage=Stage.WORKERS, hung=(), deadline=None),
+    return Decision(replace(loop, waiting_for=Wait.WORKERS, hung=(), deadline=None),
                     late + (DeclareHung(hung),))
 
 
@@ -354,8 +354,8 @@ def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """RESTARTING or STOPPING: wait until every process of the attempt exited."""
     if not seen.all_exited and now <= loop.deadline:
         return Decision(loop)
-    late = () if seen.all_exited else (LogLate(Stage.EXIT),)
-    return Decision(replace(loop, stage=Stage.DRAIN, deadline=now + rules.drain_s), late)
+    late = () if seen.all_exited else (LogLate(Wait.EXIT),)
+    return Decision(replace(loop, waiting_for=Wait.DRAIN, deadline=now + rules.drain_s), late)
 
 
 def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
@@ -375,7 +375,7 @@ def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
             decision = _stop(loop, seen, now, rules, RunState.FAILED, loop.reason)
             return replace(decision, actions=actions + decision.actions)
     if seen.lost_nodes:
-        return Decision(replace(loop, stage=Stage.AGENTS, deadline=now + rules.agent_start_timeout_s),
+        return Decision(replace(loop, waiting_for=Wait.AGENTS, deadline=now + rules.agent_start_timeout_s),
                         actions + (RelaunchAgents(),))
     attempt = loop.attempt + 1
     decision = _start(loop, now, attempt, f"starting attempt {attempt}", rules)

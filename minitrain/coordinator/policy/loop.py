@@ -1,4 +1,4 @@
-"""What `decide` (coordinator/policy/decide.py) reads and returns: where the run is (`Loop`, `Stage`), what is
+"""What `decide` (coordinator/policy/decide.py) reads and returns: where the run is (`Loop`, `Wait`), what is
 true now (`Seen`, `Watch`), the limits it applies (`Rules`) and its answer (`Decision`, the `Action`s of
 coordinator/policy/actions.py plus `LogLate`). Plain frozen records; the policy itself is decide's.
 """
@@ -30,8 +30,8 @@ INTERRUPTED = "interrupted by the user (Ctrl-C)"
 PREEMPTED = "preempted"  # how every preemption's reason begins (outcome.py, the trainer read it)
 
 
-class Stage(enum.Enum):
-    """What the loop waits for inside its run state."""
+class Wait(enum.Enum):
+    """What the loop waits for inside its run state (`Loop.waiting_for`), until `Loop.deadline`."""
 
     AGENTS = "agents"  # every expected node agent connected
     WORKERS = "workers"  # the attempt finishes or a rank fails
@@ -108,10 +108,10 @@ class Loop:
     """Where the run is: the one holder of the run's state. Replaced (never mutated) by every decision."""
 
     state: RunState = RunState.PENDING
-    stage: Stage = Stage.AGENTS
+    waiting_for: Wait = Wait.AGENTS
     attempt: int = 0
     failures: int = 0
-    deadline: Optional[float] = None  # when the stage gives up waiting
+    deadline: Optional[float] = None  # when the wait gives up
     target: Optional[RunState] = None  # the terminal state STOPPING leads to
     reason: str = ""  # why the run is in this state (the last move's reason)
     interrupts: int = 0  # Ctrl-C presses so far
@@ -178,9 +178,9 @@ class Seen:
 
 @dataclass(frozen=True)
 class LogLate:
-    """The stage's deadline passed before what it waited for happened: say so."""
+    """The deadline of the wait `waiting_for` passed before what it waited for happened: say so."""
 
-    stage: Stage
+    waiting_for: Wait
 
 
 Action = Union[MoveTo, StartAttempt, StopWorkers, CollectStacks, DeclareHung, CloseStreams,
