@@ -1,4 +1,4 @@
-"""An HTTP server that a connection flood cannot turn against the driver (L1: stdlib).
+"""An HTTP server that a connection flood cannot turn against the driver (stdlib only).
 
 The dashboard shares the driver's process, and so its file descriptors, with the run. A local user
 holding hundreds of connections open to a thread-per-connection server once used every descriptor

@@ -1,4 +1,4 @@
-"""cloudpickle that keeps the user's file names and source lines in worker tracebacks (L1).
+"""cloudpickle that keeps the user's file names and source lines in worker tracebacks (driver).
 
 A function from the user's script (`__main__`, or a file the CLI loaded) travels to the workers by
 value. cloudpickle (>= 3) renames the code of such a function to `<dynamic-code>`, so a worker's

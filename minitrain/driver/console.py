@@ -1,4 +1,4 @@
-"""The driver's terminal, shared by worker output, minitrain's log lines and the live status (L1).
+"""The driver's terminal, shared by worker output, minitrain's log lines and the live status.
 
 `LiveConsole` is the one writer: every write takes its lock. On a terminal (stderr is a TTY) the
 status is a block of lines at the bottom of the screen, redrawn in place; a worker's line or a log

@@ -1,4 +1,4 @@
-"""Worker output in the driver: prefixed console lines and per-attempt, per-rank log files (L1).
+"""Worker output in the driver: prefixed console lines and per-attempt, per-rank log files.
 
 Every forwarded line is shown as `(rank 1, host) text` on the driver's stdout or stderr (matching the
 worker's stream) and appended to `<run>/logs/attempt_<n>/rank_<r>.log`, which is kept after failures.

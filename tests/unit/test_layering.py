@@ -79,7 +79,7 @@ BENCH_SEAMS = {"minitrain._session", "minitrain.config", "minitrain.coordinator.
                "minitrain.waits", "minitrain.worker.telemetry",
                # the GPU check times report()'s parts (encoding, the queued record) on the machine
                "minitrain.metrics", "minitrain.worker.transport.client",
-               # bench ledger times a run's claim on the host's resource ledger directly (issue 29's targets)
+               # bench ledger times a run's claim on the host's resource ledger directly (the ledger's benchmark rows)
                "minitrain.hosts.reserve", "minitrain.hosts.hold", "minitrain.hosts.demand", "minitrain.hosts.hostinfo",
                # the fake agents heartbeat and coalesce with the real agent's interval and caps
                "minitrain.lease", "minitrain.agent.transport.relay"}
