@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from minitrain import commands as cmd
 from minitrain.coordinator.facts import events as ev
@@ -92,31 +92,25 @@ class WorkerGroup:
     # ------------------------------------------------------------------ the attempt's events
 
     def handle(self, event: ev.RunEvent) -> None:
-        """Apply one event of this attempt (the caller checked its attempt number)."""
-        tracker = self.tracker
-        if isinstance(event, ev.WorkerConnected):
-            self._on_connected(event)
-        elif isinstance(event, ev.StoreReady):
-            tracker.on_store_ready(event)
-            for rank, state in tracker.ranks.items():
-                if state.connected:
-                    self._send_rendezvous(rank)
-        elif isinstance(event, ev.WorkerPhaseChanged):
-            tracker.on_phase(event)
-            tracker.progressed(event.rank, self._clock())
-            self._outbox.to_worker(event.attempt, event.rank, cmd.PhaseAck(event.phase))
-        elif isinstance(event, ev.WorkerSpawned):
-            tracker.on_spawned(event)
-        elif isinstance(event, ev.WorkerDone):
-            tracker.on_done(event)
-        elif isinstance(event, ev.WorkerStreamClosed):
-            tracker.on_stream_closed(event)
-        elif isinstance(event, ev.WorkerFailed):
-            tracker.on_failed(event)
-        elif isinstance(event, ev.WorkerExited):
-            tracker.on_exited(event)
-        elif isinstance(event, ev.StackDumped):
-            self._stacks[event.rank] = event.text
+        """Apply one event of this attempt (the caller checked its attempt number); other kinds are not a
+        worker's and are ignored."""
+        apply = _APPLY.get(type(event))
+        if apply is not None:
+            apply(self, event)
+
+    def _on_store_ready(self, event: ev.StoreReady) -> None:
+        self.tracker.on_store_ready(event)
+        for rank, state in self.tracker.ranks.items():
+            if state.connected:
+                self._send_rendezvous(rank)
+
+    def _on_phase(self, event: ev.WorkerPhaseChanged) -> None:
+        self.tracker.on_phase(event)
+        self.tracker.progressed(event.rank, self._clock())
+        self._outbox.to_worker(event.attempt, event.rank, cmd.PhaseAck(event.phase))
+
+    def _on_stack(self, event: ev.StackDumped) -> None:
+        self._stacks[event.rank] = event.text
 
     def _on_connected(self, event: ev.WorkerConnected) -> None:
         tracker = self.tracker
@@ -253,3 +247,17 @@ def node_env(worker_env: Mapping[str, str], node: NodeInfo, assignments: list[Wo
     if indices:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(node.gpu_ids[i]) for i in indices)
     return env
+
+
+# The worker events an attempt applies, by kind: the group's own steps, or the tracker's record of the fact.
+_APPLY: dict[type, Callable[[WorkerGroup, Any], None]] = {
+    ev.WorkerConnected: WorkerGroup._on_connected,
+    ev.StoreReady: WorkerGroup._on_store_ready,
+    ev.WorkerPhaseChanged: WorkerGroup._on_phase,
+    ev.StackDumped: WorkerGroup._on_stack,
+    ev.WorkerSpawned: lambda group, event: group.tracker.on_spawned(event),
+    ev.WorkerDone: lambda group, event: group.tracker.on_done(event),
+    ev.WorkerStreamClosed: lambda group, event: group.tracker.on_stream_closed(event),
+    ev.WorkerFailed: lambda group, event: group.tracker.on_failed(event),
+    ev.WorkerExited: lambda group, event: group.tracker.on_exited(event),
+}
