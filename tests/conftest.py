@@ -17,6 +17,11 @@ scratch) is left under pytest's own base directory, never in /tmp.
 
 ``relay``: a started agent relay for the modules that test worker streams through it (each module gives
 its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
+
+The soak tier: tests marked ``soak`` (the fault matrix and properties, real wall-clock straggles, the
+benchmark smoke runs) are deselected unless the ``-m`` expression names the marker (``-m soak``, which
+``bash scripts/test.sh --soak`` passes), so that the default run keeps its time budget
+(docs/development.md).
 """
 
 from __future__ import annotations
@@ -33,6 +38,17 @@ import pytest
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:  # the default "prepend" import mode already does this; importlib doesn't
     sys.path.insert(0, _TESTS_DIR)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Deselect the soak tier's tests unless the -m expression names the marker (`-m soak`, `-m "soak or
+    not soak"`): the default run, and any -m that does not mention it, leaves them out."""
+    if "soak" in (config.option.markexpr or ""):
+        return
+    soak = [item for item in items if item.get_closest_marker("soak") is not None]
+    if soak:
+        config.hook.pytest_deselected(items=soak)
+        items[:] = [item for item in items if item.get_closest_marker("soak") is None]
 
 
 @contextmanager
@@ -120,13 +136,12 @@ def s3(_s3_server):
 
 
 # ---------------------------------------------------------------------------------- hypothesis profiles
-# Registered here, loaded nowhere. The fault-injection suite (tests/faults) applies "faults-ci" unless
-# `--hypothesis-profile=NAME` or the environment variable MINITRAIN_FAULTS_PROFILE names another.
-# Every example there is a real fit() (15-25 s with its faults on a 2-core machine), so "faults-ci" keeps
-# few examples and skips shrinking: 8 per property (12 until session 20: the two properties took 455 s
-# of a CI worker's time, a third of the suite's budget for two tests; each CI run draws new schedules, so
-# the runs together still cover the space); a failure prints its reproduction blob
-# (`@reproduce_failure(...)`). "soak" runs hundreds and shrinks.
+# Registered here, loaded nowhere. The fault-injection properties (tests/faults, in the soak tier) apply
+# "faults-ci" unless `--hypothesis-profile=NAME` or the environment variable MINITRAIN_FAULTS_PROFILE names
+# another. Every example there is a real fit() (15-25 s with its faults on a 2-core machine), so
+# "faults-ci" keeps few examples and skips shrinking: 8 per property, about 100 s each on 2 cores (each
+# run draws new schedules, so the runs together still cover the space); a failure prints its
+# reproduction blob (`@reproduce_failure(...)`). "soak" runs hundreds and shrinks: the release soak.
 # Not named "ci": hypothesis ships a "ci" profile that it loads by itself when a CI environment
 # variable is set, and re-registering that name would cut every other property test to 12 examples.
 from hypothesis import HealthCheck as _HealthCheck  # noqa: E402

@@ -1,5 +1,8 @@
 """Every benchmark workload still runs: `python -m bench --quick --only <workload>` end to end (tiny
-sizes, one repetition). The figures are printed, never asserted."""
+sizes, one repetition). The figures are printed, never asserted. These are the soak tier's (marked
+`soak`, run by `bash scripts/test.sh --soak`; 230 s of test-process time on 2 cores): the default run
+checks the benchmarks' pure pieces (tests/unit/test_benchmarks.py) and drives the real coordinator with
+the scale benchmark's fake agents (tests/process/test_fake_cluster.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 
 from bench import cli
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICK_TIMEOUT_S = 300

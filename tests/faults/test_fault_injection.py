@@ -27,6 +27,11 @@ step where rank 0 just failed could fire within the same doomed attempt, and two
 failure. So every fired fault costs exactly one failure, and a fault whose step is never reached again
 (the run resumed past it) never fires. Upload faults only exist on rank 0's checkpoint steps.
 
+Tiers. The default run holds a smoke of three faults, one of each shape: a rank SIGKILLed mid-training and
+restarted, a rank hung in an endless loop (found and named), a failed checkpoint upload (named with its
+phase). The property and the rest of the regression matrix are the soak tier's (marked `soak`, run by
+`bash scripts/test.sh --soak`).
+
 Profiles (registered in tests/conftest.py): "faults-ci" by default (also under hypothesis's "default"
 and "ci" profiles); `--hypothesis-profile=soak` or `MINITRAIN_FAULTS_PROFILE=soak` for hundreds of
 examples. A failing example prints its
@@ -644,6 +649,15 @@ def schedules(draw) -> Schedule:
                     rival=draw(st.sampled_from([False, False, False, True])))
 
 
+def property_timeout_s() -> float:
+    """pytest-timeout's limit for a property test: 60 s per example of the profile (a fit with its faults
+    takes 5-25 s; each fit also has its own deadline, FIT_TIMEOUT_S), never below the suite's 600 s, so
+    that the release soak's hundreds of examples are not cut off."""
+    return max(600.0, 60.0 * _profile().max_examples)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(property_timeout_s())
 @settings(_profile())
 @given(schedule=schedules())
 def test_any_fault_schedule_keeps_the_invariants(schedule, reference_params):
@@ -674,15 +688,21 @@ REGRESSIONS = [
     Fault(0, 3, "agent_sigstop_slow_upload"),
 ]
 IDS = [f"{f.kind}-rank{'s' if f.rank == EVERY_RANK else f.rank}" for f in REGRESSIONS]
+# The matrix's one entry in the default run: a rank killed mid-training, the group restarted, and the run
+# ends bit-identical to a fault-free one. The other kinds are the soak tier's.
+SURVIVED_IN_THE_DEFAULT_RUN = "sigkill-rank1"
 
 
-@pytest.mark.parametrize("fault", REGRESSIONS, ids=IDS)
+@pytest.mark.parametrize("fault", [
+    pytest.param(fault, id=name, marks=() if name == SURVIVED_IN_THE_DEFAULT_RUN else pytest.mark.soak)
+    for fault, name in zip(REGRESSIONS, IDS)])
 def test_each_fault_kind_is_survived_once(fault, reference_params):
     outcome = run_and_check(Schedule(faults=(fault,), max_failures=1, every=2, num_to_keep=1),
                             reference_params)
     assert outcome.fired() == [0] and outcome.error is None
 
 
+@pytest.mark.soak
 @pytest.mark.parametrize("fault", REGRESSIONS, ids=IDS)
 def test_each_fault_kind_spends_a_zero_budget_and_is_named(fault, reference_params):
     outcome = run_and_check(Schedule(faults=(fault,), max_failures=0, every=2, num_to_keep=2),
@@ -690,11 +710,17 @@ def test_each_fault_kind_spends_a_zero_budget_and_is_named(fault, reference_para
     assert outcome.fired() == [0] and outcome.error is not None
 
 
-@pytest.mark.parametrize("kind", HANG_KINDS)
+# A frozen rank (SIGSTOP) is the soak tier's here; tests/e2e/test_fault_tolerance.py freezes one in the
+# default run. The endless loop is the default run's: a rank that runs on but makes no progress.
+@pytest.mark.parametrize("kind", [pytest.param(kind, marks=() if kind == "hang_loop" else pytest.mark.soak)
+                                  for kind in HANG_KINDS])
 def test_the_hung_rank_is_the_root_cause(kind, reference_params):
     outcome = run_and_check(Schedule(faults=(Fault(1, 3, kind),), max_failures=0, every=2, num_to_keep=2),
                             reference_params)
     assert outcome.fired() == [0] and outcome.error is not None
+    assert isinstance(outcome.error.worker_failures[1], minitrain.WorkerHangError)
+    root_line = next(line for line in str(outcome.error).splitlines() if line.startswith("Root cause: "))
+    assert root_line.startswith("Root cause: rank 1 ") and "WorkerHangError: rank" in root_line, root_line
 
 
 def test_a_failed_upload_is_reported_during_checkpoint_upload(reference_params):
@@ -704,6 +730,7 @@ def test_a_failed_upload_is_reported_during_checkpoint_upload(reference_params):
     assert "during checkpoint upload: InjectedUploadError" in root_line, root_line
 
 
+@pytest.mark.soak
 def test_a_driver_killed_mid_append_and_a_rival_driver_leave_the_run_whole(reference_params):
     # The run was SIGKILLed in its third metrics append (a torn line), the user keeps notes in it, a
     # second driver tries the same run while this one holds it, and rank 1 then fails once.

@@ -14,6 +14,11 @@ Invariants on every example:
   from the very checkpoint the preemption agreed on (nothing is lost beyond the step in flight);
 - the run ends with parameters bit-identical to a run that was never preempted;
 - no process of the run survives any fit().
+
+The whole module is the soak tier's (marked `soak`, run by `bash scripts/test.sh --soak`): in the default
+run, tests/e2e/test_preemption_signals.py signals the driver and an agent, once, twice and during an
+upload, and checks the agreed round, its commit and the resume; tests/e2e/test_slurm_allocation.py checks
+a preempted and requeued job that ends bit-identical.
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from hypothesis import given, note, settings
 from hypothesis import strategies as st
 
 from fault_training import CHECKPOINT_FILES, N_STEPS, PREEMPTED_EXIT, RUN_NAME
-from test_fault_injection import FAULTS_DIR, TAG_VAR, _profile, _tagged_processes
+from test_fault_injection import FAULTS_DIR, TAG_VAR, _profile, _tagged_processes, property_timeout_s
 from minitrain.procs import wait_until_gone
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.soak]
 
 FIT_TIMEOUT_S = 180.0
 ROOT = Path(__file__).resolve().parents[2]
@@ -141,6 +146,7 @@ def _check(schedule: dict, reference_params: str) -> None:
         shutil.rmtree(root, ignore_errors=True)
 
 
+@pytest.mark.timeout(property_timeout_s())
 @settings(_profile())
 @given(SCHEDULES)
 def test_any_preemption_schedule_keeps_the_invariants(reference_params, schedule):

@@ -98,6 +98,7 @@ class _Job:
 
 
 @pytest.mark.e2e
+@pytest.mark.soak  # 40 s of real straggle: the default run has it at 10 s (tests/e2e/test_kubernetes_pods.py)
 @pytest.mark.timeout(300)
 def test_pods_that_straggle_by_40_s_either_way_train_and_every_pod_exits_0(tmp_path):
     joiner_first, driver_first = _Job(tmp_path, "joiner-first"), _Job(tmp_path, "driver-first")

@@ -1,5 +1,5 @@
 """The pure pieces of `python -m bench` (statistics, the table, the restart analysis, the command
-line), without processes. tests/e2e/test_bench_quick.py runs every workload once in quick mode.
+line), without processes. tests/e2e/test_bench_quick.py (soak tier) runs every workload once in quick mode.
 """
 
 from __future__ import annotations
