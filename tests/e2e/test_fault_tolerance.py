@@ -239,7 +239,8 @@ def train_one_rank_stops(config):
 
 
 @pytest.mark.parametrize("failure_config, rule", [
-    (FailureConfig(worker_hang_timeout_s=2), "worker_hang_timeout_s=2"),
+    # A fixed deadline's wording is checked in process (tests/unit/test_controller.py): the soak tier's here.
+    pytest.param(FailureConfig(worker_hang_timeout_s=2), "worker_hang_timeout_s=2", marks=pytest.mark.soak),
     # The default ("auto"), its floor lowered from 600 s so that the test is quick: the deadline comes
     # from the rank's own pace, known after its first reports.
     (FailureConfig(worker_hang_floor_s=2), "worker_hang_timeout_s='auto'"),

@@ -59,6 +59,7 @@ def test_without_a_gpu_and_not_allowed_the_env_check_fails(tmp_path):
     assert devices["status"] == "SKIP" and report["failed"] == ["env"]
 
 
+@pytest.mark.soak  # a benchmark's smoke run (real fits, 10 s): with tests/e2e/test_bench_quick.py
 def test_the_cpu_mode_runs_the_restart_check_on_cpu_workers(tmp_path):
     code, output, report = _run(tmp_path, "--cpu", "--only", "cuda_restart")
     assert code == 0, output[-4000:]
