@@ -1,8 +1,9 @@
 """The real `Controller`, stepped turn by turn in process (as Ray's test_controller.py steps its control
-loop): a fake hub records the commands the controller sends, fake agent handles stand in for the
-launcher, a fake clock moves only when a test says so, and the tests play the events agents and workers
-would send (coordinator/facts/events.py). They assert on the states the loop reaches, the commands sent and
-what the observers were told. The pure policy is tested on its own in test_decide.py.
+loop): the fakes of tests/controller_support.py stand around it (a recording outbox keeps the commands the
+controller sends, fake agent handles stand in for the launcher, a fake clock moves only when a test says so),
+and the tests play the events agents and workers would send (coordinator/facts/events.py). They assert on the
+states the loop reaches, the commands sent and what the observers were told. The pure policy is tested on its
+own in test_decide.py.
 """
 
 from __future__ import annotations
@@ -11,109 +12,37 @@ import queue
 import threading
 import time
 import typing
-from dataclasses import dataclass, field
 
 import pytest
 
+from controller_support import FakeAgents, FakeClock, RecordingObserver, RecordingOutbox, agent_node, make_controller
+
 from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shutdown, StartWorkers, StopWorkers
-from minitrain.config import CheckpointConfig, FailureConfig
+from minitrain.config import FailureConfig
 from minitrain.coordinator.facts import events as ev
-from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S, Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S
 from minitrain.coordinator.policy import actions  # its StopWorkers is not the command of that name
 from minitrain.coordinator.policy.loop import CATCH_UP_S, Action
-from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import TelemetrySample
 from minitrain.run_state import RunState
-from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerFailure
-from minitrain.storage.checkpoint_manager import CheckpointManager
-from minitrain.storage.filesystem import Storage
+from minitrain.records import Phase, ReportRecord, WorkerFailure
 
 NODES = ("n0", "n1")
-
-
-# ---------------------------------------------------------------------------------- fakes
-# Commands are the records of minitrain.commands: the fake outbox keeps each one's type.
-
-
-@dataclass
-class FakeHub:
-    """Stands in for `service.Hub` (an `Outbox`): records the type of every command; a node in `down`
-    cannot be reached."""
-
-    to_agents: list = field(default_factory=list)  # (node_id, kind)
-    to_workers: list = field(default_factory=list)  # (attempt, rank, kind)
-    closed: list = field(default_factory=list)  # (attempt, rank)
-    down: set = field(default_factory=set)
-
-    def to_agent(self, node_id, command) -> bool:
-        if node_id in self.down:
-            return False
-        self.to_agents.append((node_id, type(command)))
-        return True
-
-    def to_worker(self, attempt, rank, command) -> bool:
-        self.to_workers.append((attempt, rank, type(command)))
-        return True
-
-    def close_worker(self, attempt, rank) -> None:
-        self.closed.append((attempt, rank))
-
-    def agent_kinds(self, what: type) -> list:
-        return [node_id for node_id, k in self.to_agents if k == what]
-
-
-@dataclass
-class FakeAgents:
-    """Stands in for the launcher's `AgentHandles`."""
-
-    dead: dict = field(default_factory=dict)
-    relaunchable: set = field(default_factory=set)
-    relaunched: list = field(default_factory=list)
-    forgotten: list = field(default_factory=list)
-
-    def dead_agents(self):
-        return dict(self.dead)
-
-    def relaunch(self, node_id):
-        self.relaunched.append(node_id)
-        return node_id in self.relaunchable
-
-    def forget(self, node_id):
-        self.forgotten.append(node_id)
-
-
-class Recorder:
-    """A run observer that keeps what it is told, in order."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if not name.startswith("on_"):
-            raise AttributeError(name)
-        return lambda *args: self.calls.append((name, args[0] if len(args) == 1 else args))
-
-    def named(self, name):
-        return [payload for hook, payload in self.calls if hook == name]
 
 
 class Harness:
     """One controller over two one-slot nodes (rank r runs on node n<r>), with its fakes."""
 
     def __init__(self, tmp_path, *, max_failures=0, hang_timeout_s=None, local=()):
-        self.now = 1000.0
-        self.hub, self.agents, self.observer = FakeHub(), FakeAgents(relaunchable=set(local)), Recorder()
+        self.clock = FakeClock(1000.0)
+        self.outbox, self.agents = RecordingOutbox(), FakeAgents(relaunchable=local)
+        self.observer = RecordingObserver()
         self.events: queue.SimpleQueue = queue.SimpleQueue()
-        storage = Storage.for_run(str(tmp_path), "run")
-        storage.makedirs()
         policy = FailureConfig(max_failures=max_failures, worker_hang_timeout_s=hang_timeout_s,
                                worker_stop_grace_s=1.0)
-        spec = RunSpec(run_id="r", num_workers=len(NODES), node_ids=NODES, failure_limits=policy,
-                       launch=LaunchSettings("e", storage.url(), b"payload", "gloo", 60.0, "", {}),
-                       local_node_ids=frozenset(local))
-        self.controller = Controller(spec, self.hub, self.events, self.agents,
-                                     CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage),
-                                     clock=lambda: self.now, observers=[self.observer])
+        self.controller = make_controller(tmp_path, self.outbox, self.agents, events=self.events, clock=self.clock,
+                                          observers=[self.observer], payload=b"payload", num_workers=len(NODES),
+                                          node_ids=NODES, failure_limits=policy, local_node_ids=frozenset(local))
         self.controller.begin()
         self.states = []
 
@@ -136,14 +65,16 @@ class Harness:
                 return
         raise AssertionError("the loop did not settle")
 
+    @property
+    def now(self) -> float:
+        return self.clock.now
+
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.clock.advance(seconds)
         self.settle()
 
     def connect(self, *nodes, stream=0) -> None:
-        self.send(*(ev.AgentConnected(NodeInfo(node_id=n, hostname=f"host-{n}", address="127.0.0.1",
-                                                agent_pid=1, cpus=1, memory_bytes=1 << 30), stream)
-                    for n in nodes))
+        self.send(*(ev.AgentConnected(agent_node(n), stream) for n in nodes))
 
     def train(self, attempt: int) -> None:
         """Every rank of `attempt` starts, connects and enters its training function."""
@@ -196,26 +127,26 @@ def test_a_run_goes_from_its_agents_to_success(tmp_path):
     h = Harness(tmp_path)
     h.settle()
     assert h.controller.state is RunState.LAUNCHING
-    assert h.hub.to_agents == []  # nothing starts before every agent is in
+    assert h.outbox.delivered("agent") == []  # nothing starts before every agent is in
     h.connect("n0")
-    assert h.hub.agent_kinds(StartWorkers) == []
+    assert h.outbox.agent_kinds(StartWorkers) == []
     h.connect("n1")
-    assert sorted(h.hub.agent_kinds(StartWorkers)) == ["n0", "n1"]  # one StartWorkers per node
+    assert sorted(h.outbox.agent_kinds(StartWorkers)) == ["n0", "n1"]  # one StartWorkers per node
     [attempt] = h.observer.named("on_attempt_start")
     assert attempt.attempt == 0 and attempt.hosts == ("host-n0", "host-n1")
     h.train(0)
     assert h.controller.state is RunState.RUNNING
-    assert [(a, r) for a, r, k in h.hub.to_workers if k == Assignment] == [(0, 0), (0, 1)]
-    assert [(a, r) for a, r, k in h.hub.to_workers if k == Rendezvous] == [(0, 0), (0, 1)]
+    assert h.outbox.worker_kinds(Assignment) == [(0, 0), (0, 1)]
+    assert h.outbox.worker_kinds(Rendezvous) == [(0, 0), (0, 1)]
     h.report(0, 0)
     assert [(r.index, r.metrics_by_rank[0]) for r in h.observer.named("on_round")] == [(0, {"round": 0})]
     h.exit_all(0, stopped=False)
-    assert (0, 0, Release) in h.hub.to_workers  # rank 0 holds the store until every rank is done
+    assert (0, 0) in h.outbox.worker_kinds(Release)  # rank 0 holds the store until every rank is done
     assert h.controller.state is RunState.SUCCEEDED and h.controller.finished
     assert h.states[-3:] == [RunState.RUNNING, RunState.STOPPING, RunState.SUCCEEDED]
     outcome = h.end()
     assert outcome.state is RunState.SUCCEEDED and outcome.error_message == "" and outcome.last_metrics == {"round": 0}
-    assert sorted(h.hub.agent_kinds(Shutdown)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(Shutdown)) == ["n0", "n1"]
     hooks = [hook for hook, _ in h.observer.calls]
     assert hooks[0] == "on_run_start" and hooks[-2:] == ["on_attempt_end", "on_run_end"]
 
@@ -225,14 +156,14 @@ def test_a_failed_rank_within_the_budget_restarts_the_group_as_a_new_attempt(tmp
     _started(h)
     h.send(_failure(0, 1, "boom", h.now))
     assert h.controller.state is RunState.RESTARTING
-    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     h.exit_all(0, stopped=True)
     assert h.controller.state is RunState.STARTING
     [end] = h.observer.named("on_attempt_end")
     assert end.restarting and end.root_cause == "rank 1 on host-n1 (pid 101) during training: ValueError: boom"
-    assert sorted(h.hub.agent_kinds(StartWorkers)) == ["n0", "n0", "n1", "n1"]  # attempt 1 on both nodes
+    assert sorted(h.outbox.agent_kinds(StartWorkers)) == ["n0", "n0", "n1", "n1"]  # attempt 1 on both nodes
     h.send(ev.WorkerConnected(0, 0, 100, "h"))  # a straggler of attempt 0 is sent away
-    assert (0, 0) in h.hub.closed
+    assert (0, 0) in h.outbox.closed
     h.train(1)
     assert h.controller.state is RunState.RUNNING
     h.exit_all(1, stopped=False)
@@ -251,9 +182,9 @@ def test_the_turn_that_enters_a_wait_is_followed_by_one_at_once(tmp_path):
         h.events.put(ev.WorkerStreamClosed(0, rank))
         h.events.put(ev.WorkerExited(node, 0, rank, 100 + rank, None, 15, True, h.now))
     assert h.controller.step(0.0) == 0.0  # all exited: the drain wait begins ...
-    assert h.hub.agent_kinds(StartWorkers).count("n0") == 1
+    assert h.outbox.agent_kinds(StartWorkers).count("n0") == 1
     h.controller.step(0.0)  # ... and the next turn, at once, finds every stream ended
-    assert h.controller.state is RunState.STARTING and h.hub.agent_kinds(StartWorkers).count("n0") == 2
+    assert h.controller.state is RunState.STARTING and h.outbox.agent_kinds(StartWorkers).count("n0") == 2
 
 
 def _rank_1_fails_ahead_of_rank_0(h: Harness) -> None:
@@ -263,7 +194,7 @@ def _rank_1_fails_ahead_of_rank_0(h: Harness) -> None:
     h.report_of(0, 0, 0, 1, 2)
     h.report_of(0, 1, 0, 1, 2, 3)
     h.send(_failure(0, 1, "after round 3", h.now))
-    assert h.hub.agent_kinds(StopWorkers) == []
+    assert h.outbox.agent_kinds(StopWorkers) == []
 
 
 def test_a_failed_rank_s_last_round_is_committed_once_its_peer_reports_it_then_the_attempt_stops(tmp_path):
@@ -271,10 +202,10 @@ def test_a_failed_rank_s_last_round_is_committed_once_its_peer_reports_it_then_t
     _rank_1_fails_ahead_of_rank_0(h)
     assert h.controller.state is RunState.RESTARTING
     h.advance(2.0)
-    assert h.hub.agent_kinds(StopWorkers) == []  # rank 0 still runs on
+    assert h.outbox.agent_kinds(StopWorkers) == []  # rank 0 still runs on
     h.report_of(0, 0, 3)  # the round completes: committed (told as a round), then the attempt stops
     assert [r.index for r in h.observer.named("on_round")] == [0, 1, 2, 3]
-    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     h.exit_all(0, stopped=True)
     assert h.controller.state is RunState.STARTING
 
@@ -283,9 +214,9 @@ def test_a_peer_that_never_reports_the_round_holds_the_stop_only_for_the_grace(t
     h = Harness(tmp_path, max_failures=1)
     _rank_1_fails_ahead_of_rank_0(h)
     h.advance(CATCH_UP_S)
-    assert h.hub.agent_kinds(StopWorkers) == []
+    assert h.outbox.agent_kinds(StopWorkers) == []
     h.advance(0.1)
-    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     assert [r.index for r in h.observer.named("on_round")] == [0, 1, 2]  # round 3 is lost
     h.exit_all(0, stopped=True)
     assert h.controller.state is RunState.STARTING
@@ -296,7 +227,7 @@ def test_a_peer_that_fails_too_ends_the_catch_up_at_once(tmp_path):
     _rank_1_fails_ahead_of_rank_0(h)
     assert h.controller.state is RunState.STOPPING  # the budget is spent: on the way to FAILED
     h.send(_failure(0, 0, "Connection closed by peer", h.now))  # e.g. its all_reduce with rank 1 broke
-    assert sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     h.exit_all(0, stopped=True)
     assert h.controller.state is RunState.FAILED
 
@@ -317,17 +248,17 @@ def test_a_spent_budget_fails_the_run_with_the_root_cause(tmp_path):
 def test_an_agent_lost_mid_run_fails_its_ranks_and_a_local_one_is_replaced(tmp_path):
     h = Harness(tmp_path, max_failures=1, local=("n1",))
     _started(h)
-    h.hub.down.add("n1")
+    h.outbox.gone.add("n1")
     h.send(ev.AgentLost("n1", "lease expired"))
     assert h.controller.state is RunState.RESTARTING
     h.send(ev.AgentLost("n1", "lease expired"))  # told twice: counted once
-    assert h.hub.agent_kinds(StopWorkers) == ["n0"]
+    assert h.outbox.agent_kinds(StopWorkers) == ["n0"]
     h.send(ev.WorkerStreamClosed(0, 0), ev.WorkerExited("n0", 0, 0, 100, None, 15, True, h.now))
     assert h.agents.relaunched == ["n1"]  # on this machine: replaced at once, and waited for
-    assert h.controller.state is RunState.RESTARTING and h.hub.agent_kinds(StartWorkers) == ["n0", "n1"]
-    h.hub.down.discard("n1")
+    assert h.controller.state is RunState.RESTARTING and h.outbox.agent_kinds(StartWorkers) == ["n0", "n1"]
+    h.outbox.gone.discard("n1")
     h.connect("n1", stream=1)
-    assert h.controller.state is RunState.STARTING and h.hub.agent_kinds(StartWorkers).count("n1") == 2
+    assert h.controller.state is RunState.STARTING and h.outbox.agent_kinds(StartWorkers).count("n1") == 2
     [end] = h.observer.named("on_attempt_end")
     assert end.restarting and "node host-n1 was lost: lease expired" in end.root_cause
     h.train(1)
@@ -342,9 +273,9 @@ def test_a_silent_rank_is_declared_hung_on_the_fake_clock(tmp_path):
     h.report(0, 0)  # both ranks progress at +20 s
     h.advance(25.0)
     h.send(ev.ReportsReceived((ReportRecord(0, 0, 1, "{}", h.now),)))  # rank 0 goes on; rank 1 is silent
-    assert h.controller.state is RunState.RUNNING and h.hub.agent_kinds(DumpStacks) == []
+    assert h.controller.state is RunState.RUNNING and h.outbox.agent_kinds(DumpStacks) == []
     h.advance(10.0)  # rank 1 silent for 35 s > 30 s: the stacks are collected first
-    assert sorted(h.hub.agent_kinds(DumpStacks)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(DumpStacks)) == ["n0", "n1"]
     h.send(ev.StackDumped(0, 0, "stack of rank 0"), ev.StackDumped(0, 1, "stack of rank 1"))
     assert h.controller.state is RunState.STOPPING
     assert [d.rank for d in h.observer.named("on_stacks")] == [0, 1]
@@ -366,13 +297,13 @@ def test_a_training_attempt_sleeps_until_its_hang_clock_can_run_out_and_other_wa
     _started(h)
     h.report(0, 0)
     assert h.controller.step(0.0) == IDLE_WAIT_S  # the earliest hang is 30 s away
-    h.now += 29.7
+    h.clock.advance(29.7)
     assert h.controller.step(0.0) == pytest.approx(0.3)  # ... now 0.3 s away: the wait ends there
-    h.now += 0.29
+    h.clock.advance(0.29)
     assert h.controller.step(0.0) == POLL_S  # never a busy loop: at least POLL_S
-    h.now += 0.02  # silent for 30.01 s: found on the turn after the wait
+    h.clock.advance(0.02)  # silent for 30.01 s: found on the turn after the wait
     h.settle()
-    assert sorted(h.hub.agent_kinds(DumpStacks)) == ["n0", "n1"]
+    assert sorted(h.outbox.agent_kinds(DumpStacks)) == ["n0", "n1"]
     assert h.controller.step(0.0) == POLL_S  # STACKS: its own deadline
 
 
@@ -380,7 +311,7 @@ def test_without_a_hang_deadline_a_training_attempt_waits_at_most_idle_wait_s(tm
     h = Harness(tmp_path, hang_timeout_s=None)
     _started(h)
     h.report(0, 0)
-    h.now += 3600.0
+    h.clock.advance(3600.0)
     assert h.controller.step(0.0) == IDLE_WAIT_S and h.controller.state is RunState.RUNNING
 
 
@@ -395,7 +326,7 @@ def test_ctrl_c_wakes_a_loop_that_waits_for_an_event(tmp_path):
     h.controller.interrupt()
     assert turned.wait(10.0), "the loop slept through Ctrl-C"
     assert time.monotonic() - began < 10.0
-    assert h.controller.state is RunState.STOPPING and sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert h.controller.state is RunState.STOPPING and sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     h.exit_all(0, stopped=True)
     with pytest.raises(KeyboardInterrupt):
         h.end()
@@ -406,7 +337,7 @@ def test_ctrl_c_stops_the_workers_and_aborts_the_run(tmp_path):
     _started(h)
     h.controller.interrupt()
     h.settle()
-    assert h.controller.state is RunState.STOPPING and sorted(h.hub.agent_kinds(StopWorkers)) == ["n0", "n1"]
+    assert h.controller.state is RunState.STOPPING and sorted(h.outbox.agent_kinds(StopWorkers)) == ["n0", "n1"]
     h.exit_all(0, stopped=True)
     assert h.controller.state is RunState.ABORTED
     with pytest.raises(KeyboardInterrupt):
@@ -447,4 +378,4 @@ def test_the_actions_of_an_attempt_do_nothing_before_one_started(tmp_path):
     h = Harness(tmp_path)
     for action in (actions.StopWorkers(1.0), actions.CollectStacks(), actions.CloseStreams()):
         h.controller._executors[type(action)](action)
-    assert h.hub.to_agents == [] and h.hub.closed == []
+    assert h.outbox.delivered("agent") == [] and h.outbox.closed == []

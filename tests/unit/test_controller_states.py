@@ -4,40 +4,19 @@ every move in order, as RunState values, with the run monitor showing each one a
 
 from __future__ import annotations
 
-import queue
-
 import pytest
 
-from minitrain.config import CheckpointConfig, FailureConfig
+from controller_support import FakeAgents, FakeClock, make_controller
+
 from minitrain.coordinator import controller as controller_module
-from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
 from minitrain.coordinator.policy.actions import MoveTo
 from minitrain.coordinator.policy.loop import Decision, Loop
-from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.transport.service import Hub
 from minitrain.run_state import IllegalTransition, RunState, ray_status
-from minitrain.storage.checkpoint_manager import CheckpointManager
-from minitrain.storage.filesystem import Storage
 
 S = RunState
-
-
-class Agents:
-    """The launcher's handles: the one agent `dead` (its process ended) or never connecting."""
-
-    def __init__(self, dead: str = ""):
-        self.dead = dead
-
-    def dead_agents(self) -> dict[str, str]:
-        return {"n0": self.dead} if self.dead else {}
-
-    def relaunch(self, node_id: str) -> bool:
-        return False
-
-    def forget(self, node_id: str) -> None:
-        pass
 
 
 class Moves(RunObserver):
@@ -58,31 +37,16 @@ class Moves(RunObserver):
         self.ended = (outcome.state, self.controller.state, self.monitor.run()["state"])
 
 
-class Clock:
-    """Each call is one second after the one before."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        self.now += 1.0
-        return self.now
-
-
 def _controller(tmp_path, agents, observers, agent_start_timeout_s=60.0):
-    storage = Storage.for_run(str(tmp_path), "run")
-    storage.makedirs()
-    spec = RunSpec(run_id="r", num_workers=1, node_ids=("n0",),
-                   launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {}),
-                   failure_limits=FailureConfig(), agent_start_timeout_s=agent_start_timeout_s)
-    return Controller(spec, Hub(), queue.SimpleQueue(), agents, CheckpointManager.load(storage, CheckpointConfig()),
-                      MetricsLog(storage), clock=Clock(), observers=observers)
+    """A one-node run sending through the real (unconnected) Hub, on a clock one second on at each read."""
+    return make_controller(tmp_path, Hub(), agents, clock=FakeClock(1000.0, tick_s=1.0), observers=observers,
+                           num_workers=1, node_ids=("n0",), agent_start_timeout_s=agent_start_timeout_s)
 
 
 def test_an_observer_is_told_every_move_in_order_as_run_state_values_and_the_monitor_shows_each(tmp_path):
     monitor = RunMonitor()
     moves = Moves(monitor)
-    controller = _controller(tmp_path, Agents(dead="exit code 1"), [monitor, moves])
+    controller = _controller(tmp_path, FakeAgents(dead={"n0": "exit code 1"}), [monitor, moves])
     moves.controller = controller
     assert controller.state is S.PENDING
     outcome = controller.run()
@@ -99,7 +63,7 @@ def test_an_observer_is_told_every_move_in_order_as_run_state_values_and_the_mon
 def test_agents_that_never_connect_fail_the_run_through_stopping(tmp_path):
     monitor = RunMonitor()
     moves = Moves(monitor)
-    controller = _controller(tmp_path, Agents(), [monitor, moves], agent_start_timeout_s=5.0)
+    controller = _controller(tmp_path, FakeAgents(), [monitor, moves], agent_start_timeout_s=5.0)
     moves.controller = controller
     assert controller.run().state is S.FAILED
     assert [n for _, n, _, _ in moves.moves] == [S.LAUNCHING, S.STOPPING, S.FAILED]
@@ -109,7 +73,7 @@ def test_agents_that_never_connect_fail_the_run_through_stopping(tmp_path):
 
 def test_a_move_the_table_forbids_is_refused_before_anyone_hears_of_it(tmp_path, monkeypatch):
     moves = Moves(RunMonitor())
-    controller = _controller(tmp_path, Agents(), [moves])
+    controller = _controller(tmp_path, FakeAgents(), [moves])
     bad = Decision(Loop(state=S.RUNNING), (MoveTo(S.RUNNING, "skipping the start"),))
     monkeypatch.setattr(controller_module, "decide", lambda loop, seen, now, rules: bad)
     with pytest.raises(IllegalTransition, match="PENDING -> RUNNING"):
@@ -119,7 +83,7 @@ def test_a_move_the_table_forbids_is_refused_before_anyone_hears_of_it(tmp_path,
 
 def test_moves_that_do_not_lead_to_the_decided_state_are_refused(tmp_path, monkeypatch):
     moves = Moves(RunMonitor())
-    controller = _controller(tmp_path, Agents(), [moves])
+    controller = _controller(tmp_path, FakeAgents(), [moves])
     bad = Decision(Loop(state=S.STARTING), (MoveTo(S.LAUNCHING, "agents"),))
     monkeypatch.setattr(controller_module, "decide", lambda loop, seen, now, rules: bad)
     with pytest.raises(IllegalTransition, match="end in LAUNCHING, its loop in STARTING"):

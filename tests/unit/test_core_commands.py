@@ -1,8 +1,10 @@
 """The coordinator's core says what it wants done in command records (`minitrain.commands`), through an
-`Outbox`: `WorkerGroup` and `Commits` are stepped here with a fake outbox that records what they send,
+`Outbox`: `WorkerGroup` and `Commits` are stepped here with a recording outbox (tests/controller_support.py),
 without protobuf, processes or a server."""
 
 from __future__ import annotations
+
+from controller_support import RecordingOutbox
 
 from minitrain import commands as cmd
 from minitrain.config import CheckpointConfig
@@ -14,30 +16,6 @@ from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
-
-
-class RecordingOutbox:
-    """An Outbox that keeps every command in `sent`, in order, as (kind, address, command); the
-    streams named in `gone` (node ids, or (attempt, rank)) are closed."""
-
-    def __init__(self, gone=()):
-        self.sent: list[tuple[str, object, object]] = []
-        self.gone = set(gone)
-
-    def to_agent(self, node_id, command):
-        self.sent.append(("agent", node_id, command))
-        return node_id not in self.gone
-
-    def to_worker(self, attempt, rank, command):
-        self.sent.append(("worker", (attempt, rank), command))
-        return (attempt, rank) not in self.gone
-
-    def close_worker(self, attempt, rank):
-        self.sent.append(("close", (attempt, rank), None))
-
-    def take(self):
-        sent, self.sent = self.sent, []
-        return sent
 
 
 NODES = {"n0": NodeInfo(node_id="n0", hostname="host0", address="10.0.0.1", agent_pid=1, cpus=4, memory_bytes=1,

@@ -4,6 +4,8 @@ stacks). The whole controller around it is stepped in test_controller.py."""
 
 from __future__ import annotations
 
+from controller_support import RecordingObserver, RecordingOutbox, agent_node, run_storage
+
 from minitrain.commands import Assignment, CheckpointList, DumpStacks, PhaseAck, Release, StartWorkers
 from minitrain.config import CheckpointConfig
 from minitrain.coordinator.facts import events as ev
@@ -14,51 +16,16 @@ from minitrain.coordinator.policy.hangs import HangRule
 from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.observers import Observers, TelemetrySample
 from minitrain.coordinator.facts.worker_group import LaunchSettings
-from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment, WorkerFailure
+from minitrain.records import Phase, ReportRecord, WorkerAssignment, WorkerFailure
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
 
-NODES = {n: NodeInfo(node_id=n, hostname=f"host-{n}", address="127.0.0.1", agent_pid=1, cpus=1,
-                     memory_bytes=1 << 30) for n in ("n0", "n1")}
-
-
-class Outbox:
-    """Records every command (its type) and every stream closed."""
-
-    def __init__(self):
-        self.sent, self.closed = [], []
-
-    def to_agent(self, node_id, command) -> bool:
-        self.sent.append((node_id, type(command)))
-        return True
-
-    def to_worker(self, attempt, rank, command) -> bool:
-        self.sent.append(((attempt, rank), type(command)))
-        return True
-
-    def close_worker(self, attempt, rank) -> None:
-        self.closed.append((attempt, rank))
-
-
-class Told:
-    """A run observer that keeps what it is told, in order."""
-
-    def __init__(self):
-        self.calls = []
-
-    def __getattr__(self, name):
-        if not name.startswith("on_"):
-            raise AttributeError(name)
-        return lambda payload: self.calls.append((name, payload))
-
-    def named(self, name):
-        return [payload for hook, payload in self.calls if hook == name]
+NODES = {n: agent_node(n) for n in ("n0", "n1")}
 
 
 def _current(tmp_path, told=None, now=lambda: 100.0):
-    storage = Storage.for_run(str(tmp_path), "run")
-    storage.makedirs()
-    outbox = Outbox()
+    storage = run_storage(tmp_path)
+    outbox = RecordingOutbox()
     observers = Observers([told] if told is not None else [])
     commits = Commits(CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage), outbox, now,
                       observers)
@@ -79,12 +46,12 @@ def _send(handlers, *events):
 
 
 def test_start_places_the_group_and_tells_the_observers_and_end_is_told_once(tmp_path):
-    told = Told()
+    told = RecordingObserver()
     current, outbox, commits, _, _ = _current(tmp_path, told)
     current.end(restarting=False)  # no attempt started: nothing to tell
     assert current.group is None and told.calls == []
     _start(current)
-    assert sorted(n for n, kind in outbox.sent if kind is StartWorkers) == ["n0", "n1"]
+    assert sorted(outbox.agent_kinds(StartWorkers)) == ["n0", "n1"]
     [info] = told.named("on_attempt_start")
     assert info.attempt == 0 and info.hosts == ("host-n0", "host-n1") and commits.report_base == 0
     # each host's total memory, from its agent's hello: what the dashboard's node memory plot shows
@@ -105,7 +72,7 @@ def test_events_of_another_attempt_are_stale_and_a_stale_worker_is_sent_away(tmp
     assert outbox.closed == [(0, 0), (0, 1)]
     tracker = current.group.tracker
     assert tracker.ranks[0].connected and tracker.ranks[0].phase < Phase.TRAINING
-    assert ((1, 0), Assignment) in outbox.sent
+    assert (1, 0) in outbox.worker_kinds(Assignment)
 
 
 def test_reports_are_judged_one_by_one_and_move_the_commits_and_the_hang_clock(tmp_path):
@@ -113,7 +80,7 @@ def test_reports_are_judged_one_by_one_and_move_the_commits_and_the_hang_clock(t
     _send(handlers, ev.ReportsReceived((ReportRecord(0, 0, 0, "{}", 1.0),)))  # no attempt: dropped
     _start(current)
     _send(handlers, *(ev.WorkerPhaseChanged(0, r, Phase.TRAINING) for r in range(2)))
-    assert [kind for target, kind in outbox.sent if kind is PhaseAck] == [PhaseAck, PhaseAck]
+    assert outbox.worker_kinds(PhaseAck) == [(0, 0), (0, 1)]
     _send(handlers, ev.ReportsReceived((ReportRecord(0, 0, 0, '{"a": 1}', 1.0), ReportRecord(3, 1, 0, "{}", 1.0),
                                         ReportRecord(0, 1, 0, '{"a": 2}', 1.0))))
     commits.persist()  # rank 0's metrics reach metrics.jsonl, the run's one record of them
@@ -123,11 +90,11 @@ def test_reports_are_judged_one_by_one_and_move_the_commits_and_the_hang_clock(t
     assert [current.group.tracker.ranks[r].last_round for r in range(2)] == [0, 0]
     assert hangs.pace.slowest(0) is None  # told of the start and one report: no interval of its own yet
     _send(handlers, ev.WorkerDone(0, 0, reports=1), ev.WorkerDone(0, 1, reports=1))
-    assert ((0, 0), Release) in outbox.sent  # every rank done: rank 0 may exit
+    assert (0, 0) in outbox.worker_kinds(Release)  # every rank done: rank 0 may exit
 
 
 def test_telemetry_is_told_with_host_pid_and_phase_and_stacks_are_told_and_kept(tmp_path):
-    told = Told()
+    told = RecordingObserver()
     current, outbox, _, _, handlers = _current(tmp_path, told)
     _start(current)
     _send(handlers, ev.WorkerSpawned("n1", 0, 1, 4242), ev.WorkerPhaseChanged(0, 1, Phase.TRAINING))
@@ -137,7 +104,7 @@ def test_telemetry_is_told_with_host_pid_and_phase_and_stacks_are_told_and_kept(
     [decorated] = told.named("on_telemetry")
     assert (decorated.host, decorated.pid, decorated.phase, decorated.rank) == ("host-n1", 4242, "TRAINING", 1)
     _send(handlers, ev.StacksWanted(1))
-    assert outbox.sent[-1] == ("n1", DumpStacks)
+    assert outbox.sent[-1] == ("agent", "n1", DumpStacks(0))
     _send(handlers, ev.StackDumped(0, 1, "stack"))
     [dump] = told.named("on_stacks")
     assert (dump.rank, dump.text) == (1, "stack")
@@ -148,7 +115,7 @@ def test_a_lost_node_fails_its_ranks_and_a_checkpoint_list_is_answered(tmp_path)
     current.node_lost("n1", "gone")  # no attempt: nothing to fail
     _start(current)
     _send(handlers, ev.CheckpointsRequested(0, 0, 7, rounds=0))
-    assert ((0, 0), CheckpointList) in outbox.sent
+    assert (0, 0) in outbox.worker_kinds(CheckpointList)
     current.node_lost("n1", "lease expired")
     [failure] = current.group.tracker.failures()
     assert isinstance(failure, WorkerFailure) and failure.rank == 1 and "lease expired" in failure.message

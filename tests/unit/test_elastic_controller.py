@@ -6,101 +6,59 @@ from __future__ import annotations
 
 import queue
 
+from controller_support import FakeAgents, RecordingOutbox, agent_node, make_controller
+
 from minitrain import commands as cmd
-from minitrain.config import CheckpointConfig, FailureConfig
+from minitrain.config import FailureConfig
 from minitrain.coordinator.facts import events as ev
-from minitrain.coordinator.controller import POLL_S, Controller, LaunchSettings, RunSpec
-from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.controller import POLL_S
 from minitrain.coordinator.policy.elastic import Sizing
-from minitrain.records import NodeInfo
 from minitrain.run_state import RunState
-from minitrain.storage.checkpoint_manager import CheckpointManager
-from minitrain.storage.filesystem import Storage
 
 
-class Agents:
-    """The launcher's handles: the agents in `dead` ended before they connected."""
-
-    def __init__(self, dead=()):
-        self.dead = set(dead)
-        self.forgotten = []
-
-    def dead_agents(self):
-        return {node_id: "the agent process exited with code 255" for node_id in self.dead}
-
-    def relaunch(self, node_id):
-        return False
-
-    def forget(self, node_id):
-        self.forgotten.append(node_id)
-        self.dead.discard(node_id)
+def _node(node_id: str):
+    return agent_node(node_id, hostname=node_id, address="10.0.0.1", cpus=8, memory_bytes=1, ifname="eth0")
 
 
-class Hub:
-    """An Outbox that records what is sent to agents."""
-
-    def __init__(self):
-        self.sent = []
-
-    def to_agent(self, node_id, command):
-        self.sent.append((node_id, command))
-        return True
-
-    def to_worker(self, attempt, rank, command):
-        return True
-
-    def close_worker(self, attempt, rank):
-        pass
-
-
-def _node(node_id: str) -> NodeInfo:
-    return NodeInfo(node_id=node_id, hostname=node_id, address="10.0.0.1", agent_pid=1, cpus=8, memory_bytes=1,
-                    ifname="eth0")
-
-
-def _controller(tmp_path, agents, hub, start_wait_s=5.0):
-    storage = Storage.for_run(str(tmp_path), "run")
-    storage.makedirs()
-    spec = RunSpec(run_id="r", num_workers=2, node_ids=("h0", "h1"), node_slots={"h0": 1, "h1": 1},
-                   launch=LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "/work", {"A": "1"}),
-                   failure_limits=FailureConfig(max_failures=0),
-                   sizing=Sizing(min_workers=1, resize_interval_s=5.0, start_wait_s=start_wait_s))
+def _controller(tmp_path, agents, outbox, start_wait_s=5.0):
     events = queue.SimpleQueue()
-    controller = Controller(spec, hub, events, agents, CheckpointManager.load(storage, CheckpointConfig()),
-                            MetricsLog(storage))
+    controller = make_controller(tmp_path, outbox, agents, events=events, cwd="/work", worker_env={"A": "1"},
+                                 num_workers=2, node_ids=("h0", "h1"), node_slots={"h0": 1, "h1": 1},
+                                 failure_limits=FailureConfig(max_failures=0),
+                                 sizing=Sizing(min_workers=1, resize_interval_s=5.0, start_wait_s=start_wait_s))
     return controller, events
 
 
-def _starts(hub):
-    return [(node_id, len(command.workers)) for node_id, command in hub.sent if isinstance(command, cmd.StartWorkers)]
+def _starts(outbox):
+    return [(node_id, len(command.workers)) for node_id, command in outbox.delivered("agent", cmd.StartWorkers)]
 
 
 def test_a_host_whose_agent_died_is_left_out_and_the_run_starts_with_what_fits(tmp_path):
-    agents, hub = Agents(dead={"h1"}), Hub()
-    controller, events = _controller(tmp_path, agents, hub)
+    agents, outbox = FakeAgents(dead={"h1": "the agent process exited with code 255"}), RecordingOutbox()
+    controller, events = _controller(tmp_path, agents, outbox)
     controller.begin()
     events.put(ev.AgentConnected(_node("h0"), stream=1))
     for _ in range(5):
         controller.step()
     assert controller.state is RunState.STARTING
-    assert _starts(hub) == [("h0", 1)]  # one worker: h1's agent died, min (1) fits on h0
+    assert _starts(outbox) == [("h0", 1)]  # one worker: h1's agent died, min (1) fits on h0
     assert agents.forgotten == ["h1"]  # out of the run until it is probed again
     controller.end()
 
 
 def test_a_host_that_connects_while_the_run_is_smaller_gets_a_warm_fork_server_for_its_start(tmp_path):
-    hub = Hub()
-    controller, events = _controller(tmp_path, Agents(), hub, start_wait_s=0.0)
+    outbox = RecordingOutbox()
+    controller, events = _controller(tmp_path, FakeAgents(), outbox, start_wait_s=0.0)
     controller.begin()
     events.put(ev.AgentConnected(_node("h0"), stream=1))
     for _ in range(5):
         controller.step()
-    assert _starts(hub) == [("h0", 1)]  # no wait: min fitted and MINITRAIN_ELASTIC_START_WAIT_S=0
+    assert _starts(outbox) == [("h0", 1)]  # no wait: min fitted and MINITRAIN_ELASTIC_START_WAIT_S=0
     assert controller.step() == POLL_S  # an elastic run's intervals are looked at every POLL_S, even idle
-    hub.sent.clear()
+    outbox.take()
     events.put(ev.AgentConnected(_node("h1"), stream=2))
     controller.step()
-    warm = [(node_id, command) for node_id, command in hub.sent if isinstance(command, cmd.PrepareForkServers)]
+    warm = outbox.delivered("agent", cmd.PrepareForkServers)
     # The environment of h1's start in a 2-worker attempt (worker_group.node_env), in the run's cwd.
     assert warm == [("h1", cmd.PrepareForkServers(1, env={"A": "1", "GLOO_SOCKET_IFNAME": "eth0",
                                                           "NCCL_SOCKET_IFNAME": "eth0"}, cwd="/work"))]
@@ -110,7 +68,7 @@ def test_a_host_that_connects_while_the_run_is_smaller_gets_a_warm_fork_server_f
 def test_growth_counts_a_host_that_came_back_only_once_its_agent_answered_the_warm_up(tmp_path):
     """The group trains on at its size while the returned host imports torch, instead of being stopped
     at the next checkpoint and waiting for that import in the next attempt's rendezvous."""
-    controller, events = _controller(tmp_path, Agents(), Hub(), start_wait_s=0.0)
+    controller, events = _controller(tmp_path, FakeAgents(), RecordingOutbox(), start_wait_s=0.0)
     controller.begin()
     events.put(ev.AgentConnected(_node("h0"), stream=1))
     for _ in range(5):

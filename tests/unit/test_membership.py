@@ -2,45 +2,22 @@
 
 from __future__ import annotations
 
+from controller_support import FakeAgents, FakeClock, agent_node
+
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.membership import HostBackoff, Membership
-from minitrain.records import NodeInfo
 
 
-class _Agents:
-    """The launcher's handles: agents that died, and which nodes can be given a new agent."""
-
-    def __init__(self, dead=None, relaunchable=()):
-        self.dead = dict(dead or {})
-        self.relaunchable = set(relaunchable)
-        self.relaunched, self.forgotten = [], []
-
-    def dead_agents(self):
-        return dict(self.dead)
-
-    def relaunch(self, node_id):
-        self.relaunched.append(node_id)
-        return node_id in self.relaunchable
-
-    def forget(self, node_id):
-        self.forgotten.append(node_id)
-
-
-def _node(node_id):
-    return NodeInfo(node_id=node_id, hostname=f"host-{node_id}", address="127.0.0.1", agent_pid=1, cpus=2,
-                    memory_bytes=1 << 30)
-
-
-def _membership(agents, local=("a",), now=None):
-    clock = now or [0.0]
-    return Membership(("a", "b", "c"), frozenset(local), agents, lambda: clock[0]), clock
+def _membership(agents, local=("a",)):
+    clock = FakeClock()
+    return Membership(("a", "b", "c"), frozenset(local), agents, clock), clock
 
 
 def test_missing_nodes_and_why_their_agents_will_not_come():
-    agents = _Agents(dead={"b": "exit code 1", "z": "not in the run"})
+    agents = FakeAgents(dead={"b": "exit code 1", "z": "not in the run"})
     members, _ = _membership(agents)
     assert members.missing() == ("a", "b", "c")
-    members.connected(ev.AgentConnected(_node("a")))
+    members.connected(ev.AgentConnected(agent_node("a")))
     assert members.missing() == ("b", "c")
     assert members.failed_to_start(members.missing()) == "node agent(s) failed to start: b: exit code 1"
     assert members.failed_to_start(()) == ""
@@ -48,8 +25,8 @@ def test_missing_nodes_and_why_their_agents_will_not_come():
 
 
 def test_a_loss_counts_once_and_only_for_the_agent_s_current_stream():
-    members, _ = _membership(_Agents())
-    members.connected(ev.AgentConnected(_node("b"), stream=2))
+    members, _ = _membership(FakeAgents())
+    members.connected(ev.AgentConnected(agent_node("b"), stream=2))
     assert not members.lose(ev.AgentLost("b", "old stream ended", stream=1))  # a reconnect's old stream
     assert members.lose(ev.AgentLost("b", "lease expired", stream=2))
     assert not members.lose(ev.AgentLost("b", "again", stream=2))
@@ -58,27 +35,27 @@ def test_a_loss_counts_once_and_only_for_the_agent_s_current_stream():
 
 
 def test_a_lost_local_agent_is_relaunched_at_once_a_remote_host_after_its_backoff():
-    agents = _Agents(relaunchable={"a", "b"})
+    agents = FakeAgents(relaunchable={"a", "b"})
     members, clock = _membership(agents)
     for node_id in ("a", "b"):
-        members.connected(ev.AgentConnected(_node(node_id)))
+        members.connected(ev.AgentConnected(agent_node(node_id)))
         members.lose(ev.AgentLost(node_id, "gone"))
     members.relaunch_lost()
     assert agents.relaunched == ["a"] and dict(members.lost) == {"b": "gone"}
     assert members.missing() == ("a", "c")  # relaunched: waited for again
-    clock[0] = HostBackoff.FIRST_S
+    clock.now = HostBackoff.FIRST_S
     members.relaunch_lost()
     assert agents.relaunched == ["a", "b"] and not members.lost
 
 
 def test_relaunched_agents_that_do_not_come_back_are_forgotten_and_back_off_longer():
-    agents = _Agents(relaunchable={"a", "b"})
+    agents = FakeAgents(relaunchable={"a", "b"})
     members, clock = _membership(agents, local=("a", "b"))
     for node_id in ("a", "b"):
-        members.connected(ev.AgentConnected(_node(node_id)))
+        members.connected(ev.AgentConnected(agent_node(node_id)))
         members.lose(ev.AgentLost(node_id, "gone"))
     members.relaunch_lost()
-    members.connected(ev.AgentConnected(_node("a"), stream=1))
+    members.connected(ev.AgentConnected(agent_node("a"), stream=1))
     members.forget_relaunched("the agents' start timed out")
     assert agents.forgotten == ["b"]
     assert dict(members.lost) == {"b": "it did not come back (the agents' start timed out)"}

@@ -9,6 +9,8 @@ import signal
 
 from hypothesis import given, strategies as st
 
+from controller_support import RecordingOutbox
+
 import minitrain
 from minitrain import FailureConfig, PreemptionError, PreemptionInfo, RunConfig, ScalingConfig, _session
 from minitrain.commands import PreemptionNotice, PreemptionRound
@@ -98,22 +100,13 @@ def test_the_agreed_round_is_above_every_answer_and_one_past_the_largest(answers
     assert all(round_ > n for n in answers) and round_ == max(answers) + 1
 
 
-class _Outbox:
-    def __init__(self):
-        self.to_workers = []
-
-    def to_worker(self, attempt, rank, command):
-        self.to_workers.append((attempt, rank, command))
-        return True
-
-
 def _tracker(nodes=("n1", "n1", "n2")) -> AttemptTracker:
     assignments = [WorkerAssignment(rank, 0, len(nodes), 1, 0, node) for rank, node in enumerate(nodes)]
     return AttemptTracker.create(3, assignments, {})
 
 
 def test_a_signal_is_again_only_when_its_process_had_one():
-    preemption = Preemption(_Outbox(), clock=lambda: 100.0, timeout_s=20.0)
+    preemption = Preemption(RecordingOutbox(), clock=lambda: 100.0, timeout_s=20.0)
     preemption.signalled(ev.PreemptionSignalled("n2", "SIGTERM", 99.0))
     preemption.signalled(ev.PreemptionSignalled("", "SIGTERM", 99.0))  # every pod at once: one preemption
     assert preemption.take_new() == (2, False)
@@ -124,12 +117,12 @@ def test_a_signal_is_again_only_when_its_process_had_one():
 
 
 def test_the_round_is_chosen_once_every_rank_answered_and_sent_to_every_rank():
-    outbox, tracker = _Outbox(), _tracker()
+    outbox, tracker = RecordingOutbox(), _tracker()
     preemption = Preemption(outbox, clock=lambda: 100.0, timeout_s=20.0)
     preemption.signalled(ev.PreemptionSignalled("n2", "SIGUSR2", 99.0))
     assert preemption.take_new() == (1, False) and preemption.take_new() == (0, False)
     preemption.notify(tracker)
-    assert [c for _, _, c in outbox.to_workers] == [PreemptionNotice()] * 3
+    assert [c for _, c in outbox.delivered("worker")] == [PreemptionNotice()] * 3
     preemption.seen(ev.PreemptionSeen(3, 0, 7))
     preemption.seen(ev.PreemptionSeen(2, 1, 99))  # a stale attempt's answer counts for nothing
     preemption.settle(tracker)
@@ -138,13 +131,13 @@ def test_the_round_is_chosen_once_every_rank_answered_and_sent_to_every_rank():
     tracker.ranks[2].done = True  # a finished rank is not waited for
     preemption.settle(tracker)
     assert preemption.round == 10
-    sent = [c for _, _, c in outbox.to_workers[3:]]
+    sent = [c for _, c in outbox.delivered("worker")[3:]]
     assert sent == [PreemptionRound(10, 120_000, (("n2", (2,)),), "SIGUSR2")] * 3
     assert preemption.info.preempted_node_to_ranks == {"n2": [2]} and preemption.info.deadline_ms == 120_000
 
 
 def test_the_round_is_reached_when_every_rank_reported_it_or_ended():
-    outbox, tracker = _Outbox(), _tracker(("n1", "n2"))
+    outbox, tracker = RecordingOutbox(), _tracker(("n1", "n2"))
     preemption = Preemption(outbox, clock=lambda: 0.0, timeout_s=5.0)
     preemption.signalled(ev.PreemptionSignalled(DRIVER, "SIGTERM", 0.0))
     preemption.notify(tracker)
@@ -160,7 +153,7 @@ def test_the_round_is_reached_when_every_rank_reported_it_or_ended():
 
 
 def test_without_an_agreed_round_the_outcome_names_the_signals():
-    preemption = Preemption(_Outbox(), clock=lambda: 10.0, timeout_s=5.0)
+    preemption = Preemption(RecordingOutbox(), clock=lambda: 10.0, timeout_s=5.0)
     assert preemption.outcome_info(None) is None
     preemption.signalled(ev.PreemptionSignalled("n7", "SIGUSR2", 0.0))
     info = preemption.outcome_info(None)
