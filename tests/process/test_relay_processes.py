@@ -11,9 +11,10 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 
 import pytest
+
+from relay_support import Upward
 
 from minitrain import procs
 from minitrain.agent.transport.relay import DIRECTORY_PREFIX, SOCKET_NAME, RelayServer
@@ -25,27 +26,9 @@ TOKEN = "the-run-token"
 DEADLINE_S = 120.0  # a worker imports torch before it waits for its assignment; the machine is shared
 
 
-class Upward:
-    """What the relay hands to send_up, in order, with a wait on a condition."""
-
-    def __init__(self):
-        self.items: list[pb.RelayedMessage] = []
-        self._cond = threading.Condition()
-
-    def send_up(self, items: list) -> None:
-        with self._cond:
-            self.items.extend(items)
-            self._cond.notify_all()
-
-    def wait_for(self, predicate, what: str) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: predicate(self.items), timeout=DEADLINE_S), \
-                f"{what} within {DEADLINE_S} s; got {self.items}"
-
-
 @pytest.fixture
 def upward():
-    return Upward()
+    return Upward(DEADLINE_S)
 
 
 @pytest.fixture

@@ -16,6 +16,8 @@ import threading
 
 import pytest
 
+from relay_support import Upward
+
 from minitrain.agent.transport import relay as relay_module
 from minitrain.agent.transport.relay import RelayServer, coalesced_requests
 from minitrain.agent.transport.stream import CoordinatorStream
@@ -29,38 +31,9 @@ TOKEN = "the-run-token"
 DEADLINE_S = 30.0
 
 
-class Upward:
-    """What the relay hands to send_up, in order, with a wait on a condition."""
-
-    def __init__(self):
-        self.items: list[pb.RelayedMessage] = []
-        self._cond = threading.Condition()
-
-    def send_up(self, items: list) -> None:
-        with self._cond:
-            self.items.extend(items)
-            self._cond.notify_all()
-
-    def wait_for(self, predicate, what: str) -> None:
-        with self._cond:
-            assert self._cond.wait_for(lambda: predicate(self.items), timeout=DEADLINE_S), \
-                f"{what} within {DEADLINE_S} s; got {self.items}"
-
-    def of_stream(self, number: int) -> list[pb.RelayedMessage]:
-        with self._cond:
-            return [item for item in self.items if item.stream == number]
-
-    def closed(self, number: int) -> int:
-        return sum(1 for item in self.of_stream(number) if item.closed)
-
-    def stream_of_rank(self, rank: int) -> int:
-        with self._cond:
-            return next(item.stream for item in self.items if not item.closed and item.message.rank == rank)
-
-
 @pytest.fixture
 def upward():
-    return Upward()
+    return Upward(DEADLINE_S)
 
 
 def _client(relay: RelayServer, rank: int, token: str = TOKEN) -> WorkerClient:
