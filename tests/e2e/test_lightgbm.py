@@ -12,25 +12,17 @@ lightgbm = pytest.importorskip("lightgbm", reason="LightGBMTrainer's tests need 
 pd = pytest.importorskip("pandas")
 
 import minitrain  # noqa: E402
-from minitrain import FailureConfig, RunConfig, ScalingConfig, tune  # noqa: E402
+from minitrain import RunConfig, ScalingConfig, tune  # noqa: E402
 from minitrain.lightgbm import LightGBMTrainer, RayTrainReportCallback  # noqa: E402
 
+from gbdt_support import ROUNDS, gbdt_datasets, gbdt_trainer  # noqa: E402
 from gbdt_trainables import lightgbm_params, make_frame, split, train_lightgbm  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-ROUNDS = 12
-
-
-def _datasets():
-    return {"train": minitrain.data.from_pandas(make_frame(2000, seed=0)),
-            "valid": minitrain.data.from_pandas(make_frame(600, seed=1))}
 
 
 def _trainer(tmp_path, name="lgb", failures=0, **config):
-    return LightGBMTrainer(train_lightgbm, train_loop_config={"rounds": ROUNDS, **config}, datasets=_datasets(),
-                          scaling_config=ScalingConfig(num_workers=2),
-                          run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"),
-                                               failure_config=FailureConfig(max_failures=failures)))
+    return gbdt_trainer(LightGBMTrainer, train_lightgbm, tmp_path, name, failures, **config)
 
 
 def _error(booster) -> float:
@@ -65,7 +57,7 @@ def test_a_worker_killed_mid_boosting_restarts_and_the_model_has_every_round(tmp
 
 
 def test_a_tune_sweep_over_the_learning_rate(tmp_path):
-    trainer = LightGBMTrainer(train_lightgbm, train_loop_config={"rounds": 4}, datasets=_datasets(),
+    trainer = LightGBMTrainer(train_lightgbm, train_loop_config={"rounds": 4}, datasets=gbdt_datasets(),
                              scaling_config=ScalingConfig(num_workers=2),
                              run_config=RunConfig(name="sweep", storage_path=str(tmp_path)))
     results = tune.Tuner(trainer, param_space={"train_loop_config": {"learning_rate": tune.grid_search([0.02, 0.5])}},

@@ -12,25 +12,17 @@ xgboost = pytest.importorskip("xgboost", reason="XGBoostTrainer's tests need xgb
 pd = pytest.importorskip("pandas")
 
 import minitrain  # noqa: E402
-from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig, tune  # noqa: E402
+from minitrain import CheckpointConfig, RunConfig, ScalingConfig, tune  # noqa: E402
 from minitrain.xgboost import RayTrainReportCallback, XGBoostTrainer  # noqa: E402
 
+from gbdt_support import ROUNDS, gbdt_datasets, gbdt_trainer  # noqa: E402
 from gbdt_trainables import make_frame, split, train_xgboost, xgboost_params  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-ROUNDS = 12
-
-
-def _datasets():
-    return {"train": minitrain.data.from_pandas(make_frame(2000, seed=0)),
-            "valid": minitrain.data.from_pandas(make_frame(600, seed=1))}
 
 
 def _trainer(tmp_path, name="xgb", failures=0, **config):
-    return XGBoostTrainer(train_xgboost, train_loop_config={"rounds": ROUNDS, **config}, datasets=_datasets(),
-                          scaling_config=ScalingConfig(num_workers=2),
-                          run_config=RunConfig(name=name, storage_path=str(tmp_path / "runs"),
-                                               failure_config=FailureConfig(max_failures=failures)))
+    return gbdt_trainer(XGBoostTrainer, train_xgboost, tmp_path, name, failures, **config)
 
 
 def _error(booster) -> float:
@@ -70,7 +62,7 @@ def test_top_k_retention_keeps_the_best_rounds_by_the_reported_metric(tmp_path):
     checkpointing = CheckpointConfig(num_to_keep=2, checkpoint_score_attribute="valid-logloss",
                                      checkpoint_score_order="min")
     trainer = XGBoostTrainer(train_xgboost, train_loop_config={"rounds": ROUNDS, "frequency": 3},
-                             datasets=_datasets(), scaling_config=ScalingConfig(num_workers=2),
+                             datasets=gbdt_datasets(), scaling_config=ScalingConfig(num_workers=2),
                              run_config=RunConfig(name="topk", storage_path=str(tmp_path / "runs"),
                                                   checkpoint_config=checkpointing))
     result = trainer.fit()
@@ -85,7 +77,7 @@ def test_top_k_retention_keeps_the_best_rounds_by_the_reported_metric(tmp_path):
 
 
 def test_a_tune_sweep_over_eta(tmp_path):
-    trainer = XGBoostTrainer(train_xgboost, train_loop_config={"rounds": 4}, datasets=_datasets(),
+    trainer = XGBoostTrainer(train_xgboost, train_loop_config={"rounds": 4}, datasets=gbdt_datasets(),
                              scaling_config=ScalingConfig(num_workers=2),
                              run_config=RunConfig(name="sweep", storage_path=str(tmp_path)))
     results = tune.Tuner(trainer, param_space={"train_loop_config": {"eta": tune.grid_search([0.02, 0.5])}},
