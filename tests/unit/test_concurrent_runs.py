@@ -17,14 +17,7 @@ from minitrain.driver.console import LiveConsole
 from minitrain.dashboard import live_dashboard
 from minitrain.errors import ConfigError
 from minitrain.driver.logs import driver_logging, level_number
-from test_console import Terminal
-
-
-@pytest.fixture
-def terminal():
-    term = Terminal()
-    yield term
-    term.close()
+from terminal_support import terminal
 
 
 def test_a_second_console_writes_lines_through_the_one_drawing_the_block(terminal, monkeypatch):

@@ -4,10 +4,8 @@ cannot be written never breaking anything."""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import pty
 import re
 import threading
 from types import SimpleNamespace
@@ -25,55 +23,8 @@ from minitrain.driver.logs import LogSink
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState
 
+from terminal_support import terminal
 from test_monitor import drive, moves  # noqa: E402 - a run fed to a monitor: 2 ranks, rank 1 3x slower
-
-ERASE = "\x1b[1A\x1b[2K"
-
-
-class Terminal:
-    """A pseudo-terminal: `out` is its slave end as a text stream (what the driver writes to), and
-    `screen()` replays what reached the master end the way a terminal shows it (erase = the line
-    above is gone)."""
-
-    def __init__(self):
-        self.master, slave = pty.openpty()
-        self.out = open(slave, "w", buffering=1, encoding="utf-8")
-        self._received = b""
-
-    def read(self) -> str:
-        os.set_blocking(self.master, False)
-        while True:
-            try:
-                chunk = os.read(self.master, 65536)
-            except BlockingIOError:
-                break
-            if not chunk:
-                break
-            self._received += chunk
-        return self._received.decode().replace("\r\n", "\n")
-
-    def screen(self) -> list[str]:
-        lines: list[str] = []
-        for token in re.split(r"(\x1b\[1A\x1b\[2K|\n)", self.read()):
-            if token == ERASE:
-                lines.pop()
-            elif token and token != "\n":
-                lines.append(token)
-        return lines
-
-    def close(self):
-        # The master first: a flush into a full pty buffer nobody reads would block for ever; with the
-        # master gone it fails at once (EIO).
-        os.close(self.master)
-        with contextlib.suppress(OSError):
-            self.out.close()
-
-
-@pytest.fixture
-def terminal():
-    term = Terminal()
-    yield term
-    term.close()
 
 
 def test_the_mode_follows_the_terminal_and_the_environment(terminal):

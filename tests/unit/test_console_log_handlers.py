@@ -2,7 +2,7 @@
 "Concurrent runs in one driver"): a handler's stream is a console's until the last overlapping owner
 leaves, in either order of leaving and when a run raises, and then exactly the original again; while
 owned, a log line goes around the status block of whichever run draws one. On a real pseudo-terminal
-(tests/unit/test_console.py's Terminal) and with real threads."""
+(tests/terminal_support.py's Terminal) and with real threads."""
 
 from __future__ import annotations
 
@@ -15,17 +15,9 @@ import pytest
 
 from minitrain.driver import console as console_module
 from minitrain.driver.console import LiveConsole
-from test_console import Terminal
-from test_tune_console import screen_ending_with
+from terminal_support import screen_ending_with, terminal
 
 JOIN_TIMEOUT_S = 60.0
-
-
-@pytest.fixture
-def terminal():
-    term = Terminal()
-    yield term
-    term.close()
 
 
 @pytest.fixture(autouse=True)

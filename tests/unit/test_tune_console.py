@@ -18,14 +18,7 @@ from minitrain.driver.console import LiveConsole
 from minitrain.driver.logs import LogSink
 from minitrain.storage import sweep_state as tr
 from minitrain.tune.progress import ProgressReporter, render_table
-from test_console import Terminal
-
-
-@pytest.fixture
-def terminal():
-    term = Terminal()
-    yield term
-    term.close()
+from terminal_support import screen_ending_with, terminal
 
 
 @pytest.fixture(autouse=True)
@@ -33,16 +26,6 @@ def no_block_left_behind():
     yield
     left, console_module._block_owner = console_module._block_owner, None
     assert left is None, "a test left the terminal's status block taken"
-
-
-def screen_ending_with(terminal, last: str, timeout_s: float = 30.0) -> list[str]:
-    """The screen once its last line is `last` (a pty hands written bytes to its reader a little later)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        screen = terminal.screen()
-        if (screen and screen[-1] == last) or time.monotonic() > deadline:
-            return screen
-        time.sleep(0.01)
 
 
 def stderr_is(terminal, monkeypatch):
