@@ -156,7 +156,7 @@ def test_a_pytorchjob_of_three_pods_trains_ddp_and_refuses_a_wrong_token_and_a_s
 @pytest.mark.parametrize("netns_cluster", [3], indirect=True)
 def test_a_trainjob_whose_pods_straggle_trains_ddp_and_every_pod_exits_0(netns_cluster, tmp_path):
     """Pod 2 starts first and retries while pod 0 does not exist yet; pod 0 comes 10 s later, pod 1 with
-    it (joins 0 and 10 s apart; 40 s, either way, is tests/process/test_pods_straggle.py, on loopback)."""
+    it (joins 0 and 10 s apart; 40 s, either way, is tests/e2e/test_join_straggle.py, on loopback, in the soak tier)."""
     pods = Pods(netns_cluster, tmp_path, "TrainJob")
     pods.start(2)
     time.sleep(10)  # the straggle under test, not a wait for something

@@ -292,20 +292,6 @@ def test_a_cgroup_reaches_daemons_that_escaped_the_process_tree(tmp_path):
         agent.stop()
 
 
-def test_the_reason_cgroups_are_not_used_is_given(tmp_path):
-    """A cgroup v1-only machine (no "0::" line) and a systemd unit that did not delegate its subtree."""
-    (tmp_path / "cgroup").write_text("4:memory:/x\n1:cpu:/\n")
-    (tmp_path / "mountinfo").write_text("")
-    assert cgroups.open_agent_cgroup("run", str(tmp_path)) == (None, "no cgroup v2 hierarchy (cgroup v1 only)")
-    unit = tmp_path / "fs" / "system.slice" / "train.service"
-    unit.mkdir(parents=True)
-    (tmp_path / "cgroup").write_text("0::/system.slice/train.service\n")
-    (tmp_path / "mountinfo").write_text(f"41 23 0:38 / {tmp_path / 'fs'} rw,relatime - cgroup2 cgroup2 rw\n")
-    agent_cgroup, reason = cgroups.open_agent_cgroup("run", str(tmp_path))
-    assert agent_cgroup is None and "train.service" in reason and "Delegate=yes" in reason
-    assert list(unit.iterdir()) == []  # nothing created
-
-
 def test_a_relaunched_agent_ends_what_its_sigkilled_predecessor_left_and_nothing_of_other_runs(tmp_path):
     """A SIGKILLed agent cleans nothing up. The next agent of the same run on this host kills what is
     left in its predecessor's cgroups and removes them; another run's leftovers are not touched."""

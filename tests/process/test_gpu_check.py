@@ -2,7 +2,8 @@
 reports every GPU check SKIP with the reason, prints its table and writes $OUT/gpu_check.json; without
 --allow-no-gpu the missing CUDA is a failure; and --cpu runs a check's own code on CPU workers (the
 restart check: the planted crashes, the attempt count, the restart times).
-The real run needs a GPU machine (docs/benchmarks/index.md, "GPU check")."""
+The real run needs a GPU machine (docs/benchmarks/index.md, "GPU check"). The check's pieces that need no
+process: tests/unit/test_gpu_check_report.py."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench.gpu_check import CHECKS, Outcome, table
-from bench.gpu_check_support import expected_visible_devices
+from bench.gpu_check import CHECKS
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -73,19 +73,3 @@ def test_an_unknown_check_is_refused(tmp_path):
     done = subprocess.run(["bash", str(SCRIPT), "--only", "nonsense"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=120, env=dict(os.environ, GPU_CHECK_PYTHON=sys.executable))
     assert done.returncode == 2 and "unknown check(s) ['nonsense']" in done.stderr
-
-
-def test_expected_visible_devices_follows_the_drivers_own_list(monkeypatch):
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    assert expected_visible_devices(2) == "0,1"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5,7")
-    assert expected_visible_devices(2) == "3,5"
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-aaaa,GPU-bbbb")  # minitrain renumbers UUIDs from 0
-    assert expected_visible_devices(1) == "0"
-
-
-def test_the_table_cuts_long_summaries():
-    text = table([Outcome("env", "PASS", 1.0, "x" * 400), Outcome("devices", "SKIP", 0.0, "no CUDA")])
-    lines = text.splitlines()
-    assert lines[0].split() == ["check", "status", "seconds", "summary"]
-    assert lines[2].endswith("...") and len(lines[2]) < 200 and lines[3].endswith("no CUDA")

@@ -1,4 +1,5 @@
-"""minitrain.procs against tiny real processes (python -c scripts); no mocks of os or signal.
+"""minitrain.procs against tiny real processes (python -c scripts); no mocks of os or signal. What needs
+no process (exit statuses, the OOM kill count from cgroup files): tests/unit/test_procs_status.py.
 
 Every test registers what it starts with the `tracked` fixture, which SIGKILLs those process groups
 (and lone pids) on the way out, so a failing assertion leaves nothing behind. Waits are on
@@ -230,59 +231,11 @@ def test_decode_returncode_of_real_deaths(tracked, tmp_path, script, expected):
     assert procs.decode_returncode(returncode) == expected
 
 
-def test_decode_returncode_plain_values():
-    assert procs.decode_returncode(0) == (0, None)
-    assert procs.decode_returncode(-15) == (None, 15)
-
-
 def test_wait_until_gone_reports_the_living_at_the_deadline(tracked):
     proc = tracked.spawn("import time; time.sleep(120)")
     start = time.monotonic()
     assert procs.wait_until_gone([proc.pid], 0.2) == [proc.pid]
     assert 0.2 <= time.monotonic() - start < 2.0
-
-
-def test_oom_kill_count_of_this_host_is_int_or_none():
-    count = procs.oom_kill_count()
-    assert count is None or (isinstance(count, int) and count >= 0)
-
-
-def _fake_proc_self(tmp_path: Path, cgroup: str, mountinfo: str) -> Path:
-    proc_self = tmp_path / "proc_self"
-    proc_self.mkdir()
-    (proc_self / "cgroup").write_text(cgroup)
-    (proc_self / "mountinfo").write_text(mountinfo)
-    return proc_self
-
-
-def test_oom_kill_count_reads_cgroup_v2_memory_events(tmp_path):
-    cg = tmp_path / "cg2" / "job" / "agent"
-    cg.mkdir(parents=True)
-    (cg / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 2\noom_kill 7\noom_group_kill 0\n")
-    proc_self = _fake_proc_self(
-        tmp_path,
-        "0::/job/agent\n",
-        f"30 23 0:26 / {tmp_path / 'cg2'} rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n",
-    )
-    assert procs.oom_kill_count(proc_self) == 7
-
-
-def test_oom_kill_count_reads_cgroup_v1_oom_control_under_a_subtree_mount(tmp_path):
-    cg = tmp_path / "mem" / "agent"
-    cg.mkdir(parents=True)
-    (cg / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
-    proc_self = _fake_proc_self(
-        tmp_path,
-        "4:memory:/docker/abc/agent\n3:cpu,cpuacct:/docker/abc\n0::/\n",
-        f"34 31 0:31 /docker/abc {tmp_path / 'mem'} rw - cgroup cgroup rw,memory\n",
-    )
-    assert procs.oom_kill_count(proc_self) == 3
-
-
-def test_oom_kill_count_is_none_without_a_memory_cgroup(tmp_path):
-    proc_self = _fake_proc_self(tmp_path, "0::/\n", "")
-    assert procs.oom_kill_count(proc_self) is None
-    assert procs.oom_kill_count(tmp_path / "missing") is None
 
 
 def test_has_exited_sees_running_dead_and_reaped_children():

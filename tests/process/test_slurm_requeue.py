@@ -1,5 +1,6 @@
 """The requeue of a preempted Slurm job (minitrain.hosts.slurm_requeue) with a recording `scontrol` on
-PATH, and the preemption budget counting Slurm's own requeues (SLURM_RESTART_COUNT)."""
+PATH. Without any scontrol: tests/unit/test_slurm_launch.py; Slurm's own requeue count
+(SLURM_RESTART_COUNT): tests/unit/test_slurm_env.py."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ import stat
 
 import pytest
 
-from minitrain.hosts import slurm_env
 from minitrain.hosts.slurm_requeue import requeue_after_preemption
 
 
@@ -44,17 +44,3 @@ def test_a_refused_requeue_is_logged_with_slurm_s_answer_and_never_raises(scontr
     with caplog.at_level(logging.ERROR, logger="minitrain"):
         assert requeue_after_preemption("4242") is False
     assert "scontrol says no" in caplog.text and "--requeue" in caplog.text
-
-
-def test_without_scontrol_nothing_is_requeued_and_the_route_without_it_is_named(tmp_path, caplog, monkeypatch):
-    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no scontrol anywhere
-    with caplog.at_level(logging.WARNING, logger="minitrain"):
-        assert requeue_after_preemption("77") is False
-    assert "no scontrol" in caplog.text and "--dependency=afternotok:77" in caplog.text
-
-
-def test_slurm_s_restart_count_is_read_and_checked():
-    assert slurm_env.restart_count({}) == 0
-    assert slurm_env.restart_count({"SLURM_RESTART_COUNT": "3"}) == 3
-    with pytest.raises(slurm_env.SlurmEnvironmentError, match="SLURM_RESTART_COUNT='x'"):
-        slurm_env.restart_count({"SLURM_RESTART_COUNT": "x"})

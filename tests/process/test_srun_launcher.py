@@ -1,7 +1,7 @@
-"""minitrain.hosts.srun and the srun side of the launcher and the pre-flight: the step's command line
-(pure), and the launcher and pre-flight run against a recording `srun` first on PATH, which writes down
-its argv, environment and stdin and then runs the step's command here (what slurmstepd would do on the
-node). The real Slurm runs in tests/e2e/test_slurm_allocation.py."""
+"""The srun side of the launcher and the pre-flight, run against a recording `srun` first on PATH, which
+writes down its argv, environment and stdin and then runs the step's command here (what slurmstepd would
+do on the node). The step's command line itself: tests/unit/test_slurm_launch.py; the real Slurm:
+tests/e2e/test_slurm_allocation.py."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ import pytest
 import minitrain
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.launcher import ClusterLauncher
-from minitrain.hosts.srun import TASK_SHAPE_VARIABLES, srun_argv, srun_environment
 from minitrain.hosts.ssh import PreflightError, preflight
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -60,30 +59,6 @@ def fake_srun(tmp_path, monkeypatch):
     def calls() -> list[dict]:
         return [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     return calls
-
-
-# ---------------------------------------------------------------------------------- srun_argv (pure)
-
-
-def test_srun_argv_is_one_task_on_one_node_sharing_the_allocation():
-    argv = srun_argv("gpu07", ["python", "-m", "minitrain.agent", "--node-id", "gpu07"], "/work", job_id="42")
-    assert argv == ["srun", "--jobid=42", "--nodes=1", "--ntasks=1", "--ntasks-per-node=1", "--nodelist=gpu07",
-                    "--overlap", "--cpu-bind=none", "--mpi=none", "--input=0", "--quiet",
-                    "--job-name=minitrain-agent", "--chdir=/work", "--",
-                    "python", "-m", "minitrain.agent", "--node-id", "gpu07"]
-    assert not any(arg.startswith("--exact") for arg in argv)  # the step gets the node's whole allocation
-
-
-@pytest.mark.parametrize("node", ["", "-n1", "a/b", "n[1-2],n3", "a,b"])
-def test_srun_argv_refuses_what_srun_would_read_as_something_else(node):
-    with pytest.raises(ValueError, match="not a Slurm node name"):
-        srun_argv(node, ["true"], "/", job_id="1")
-
-
-def test_srun_environment_drops_the_users_task_shape():
-    env = {"SLURM_GPUS_PER_TASK": "1", "SLURM_JOB_ID": "42", "PATH": "/bin", "SLURM_NTASKS_PER_GPU": "1"}
-    assert srun_environment(env) == {"SLURM_JOB_ID": "42", "PATH": "/bin"}
-    assert "SLURM_JOB_ID" not in TASK_SHAPE_VARIABLES
 
 
 # ---------------------------------------------------------------------------------- the launcher

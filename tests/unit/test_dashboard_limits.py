@@ -103,7 +103,7 @@ def test_a_client_that_disconnects_early_leaves_no_traceback(caplog, capfd):
 
 import pytest  # noqa: E402
 
-from minitrain.dashboard.settings import parse_address  # noqa: E402
+from minitrain.dashboard.settings import DashboardAddress, parse_address  # noqa: E402
 from minitrain.errors import ConfigError  # noqa: E402
 
 
@@ -116,6 +116,13 @@ def test_odd_dashboard_values_are_config_errors_naming_the_value(value):
     assert f"MINITRAIN_DASHBOARD={value!r}" in str(info.value)
 
 
-@pytest.mark.parametrize("value", ["[fe80::1%eth0]:80", " 8265 ", "OFF\n", "[::ffff:127.0.0.1]:0", "1e3", "h-1.example"])
-def test_odd_but_meaningful_dashboard_values_still_parse(value):
-    parse_address(value)
+@pytest.mark.parametrize("value, address", [
+    ("[fe80::1%eth0]:80", DashboardAddress("fe80::1%eth0", 80)),  # a link-local IPv6 address with its zone
+    (" 8265 ", DashboardAddress("127.0.0.1", 8265)),  # a port alone, blanks around it
+    ("OFF\n", None),  # off, in any case, a newline after it
+    ("[::ffff:127.0.0.1]:0", DashboardAddress("::ffff:127.0.0.1", 0)),
+    ("1e3", DashboardAddress("1e3", 0)),  # a host name, not a number
+    ("h-1.example", DashboardAddress("h-1.example", 0)),
+])
+def test_odd_but_meaningful_dashboard_values_still_parse(value, address):
+    assert parse_address(value) == address

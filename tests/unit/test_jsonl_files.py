@@ -5,6 +5,7 @@ given up on with one warning."""
 from __future__ import annotations
 
 import logging
+import threading
 from pathlib import PurePosixPath
 
 from minitrain.monitoring.jsonl_files import JsonlAppender, read_jsonl
@@ -49,7 +50,12 @@ def test_a_failing_storage_is_given_up_on_with_one_warning(caplog):
     assert "could not write mem://a.jsonl (read-only file system)" in warning.getMessage()
 
 
-def test_without_storage_nothing_is_written():
+def test_without_storage_nothing_is_written(caplog):
+    # Nothing is queued, so no writer thread starts, and nothing fails to be written.
+    before = set(threading.enumerate())
     appender = JsonlAppender(None)
-    appender.add("a.jsonl", {"n": 1})
-    appender.close()
+    with caplog.at_level(logging.WARNING, logger="minitrain"):
+        appender.add("a.jsonl", {"n": 1})
+        started = [t for t in set(threading.enumerate()) - before if t.name == "minitrain-monitor-writer"]
+        appender.close()
+    assert started == [] and caplog.records == []

@@ -56,7 +56,18 @@ def test_a_rank_that_never_arrives_times_the_others_out_with_torchs_error():
 
 
 def test_keys_are_independent():
-    server, clients = _clients(1)
-    wait_for_every_rank(clients[0], 1, "a", timedelta(seconds=5))
-    wait_for_every_rank(clients[0], 1, "b", timedelta(seconds=5))
+    """Each key counts its own arrivals: a barrier that every rank passed on one key does not release a
+    barrier on another."""
+    server, clients = _clients(2)
+    passed = []
+    threads = [threading.Thread(target=lambda client=client: passed.append(
+        wait_for_every_rank(client, 2, "a", timedelta(seconds=20)))) for client in clients]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert passed == [None, None]  # both ranks passed "a"
+    with pytest.raises(Exception, match="(?i)timeout|timed out"):  # rank 1 never arrives at "b"
+        wait_for_every_rank(clients[0], 2, "b", timedelta(seconds=1))
+    assert clients[0].add("a", 0) == 2 and clients[0].add("b", 0) == 1
     del server

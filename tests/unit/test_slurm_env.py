@@ -1,7 +1,7 @@
 """minitrain.hosts.slurm_env: Slurm's hostlists and compressed counts (Slurm's documented examples, then
 properties: round trips through the compressors below, which minitrain itself never needs), the slots rule,
-and every bad value's message (variable, value, fix); minitrain.hosts.cluster's Slurm mode and its
-precedence."""
+and every bad value's message (variable, value, fix); Slurm's requeue count (SLURM_RESTART_COUNT);
+minitrain.hosts.cluster's Slurm mode and its precedence."""
 
 from __future__ import annotations
 
@@ -331,3 +331,10 @@ def test_precedence_init_then_minitrain_hosts_then_slurm_then_localhost(ambient)
     ambient.delenv("MINITRAIN_SLURM")
     ambient.delenv("SLURM_JOB_ID")
     assert cluster.current_cluster().all_local  # outside an allocation nothing changes
+
+
+def test_slurm_s_restart_count_is_read_and_checked():
+    assert slurm_env.restart_count({}) == 0
+    assert slurm_env.restart_count({"SLURM_RESTART_COUNT": "3"}) == 3
+    with pytest.raises(slurm_env.SlurmEnvironmentError, match="SLURM_RESTART_COUNT='x'"):
+        slurm_env.restart_count({"SLURM_RESTART_COUNT": "x"})

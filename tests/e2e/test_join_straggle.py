@@ -1,4 +1,4 @@
-"""Joins that straggle by 40 s, for real (issue 28: "joins 0, 10 and 40 s apart never break the run").
+"""Joins that straggle by 40 s, for real: pods whose joins are 40 s apart, either way, still train and exit 0.
 
 tests/e2e/test_kubernetes_pods.py shows 0 and 10 s on network-namespace pods, and tests/unit/test_joining.py
 the joiner's retry loop against a master that appears after 40 s of a fake clock. Here the 40 s are real,
@@ -9,8 +9,8 @@ the pods' script (bench/kubernetes_jobs.py):
 - "joiner first": pod 1 starts 40 s before pod 0, so its joiner retries the master for 40 s;
 - "driver first": pod 0 starts 40 s before pod 1, so its coordinator waits 40 s for the agent to join.
 
-Pod 0's address is loopback here, which also covers a joined coordinator on a loopback address (plaintext,
-as its agents dial it; it served TLS there once and lost its own agent at once).
+Pod 0's address is loopback here, which also covers a joined coordinator on a loopback address: it serves
+plaintext, as its agents dial it (served TLS there, it would lose its own agent at once).
 
 Both straggles share the same 40 s of wall time; the rest is the two jobs' start and two steps.
 """

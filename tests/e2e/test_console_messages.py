@@ -1,4 +1,7 @@
-"""What a newcomer hits (issue 30): each test reproduces what a user saw, on the console of a real run."""
+"""What a user reads on the console of a real run: worker tracebacks that name the user's file and line, one
+line for a resumed run with nothing left to do, for Ctrl-C on a terminal and for a mistake found before any
+process starts; no notice of leftovers on a clean run; and the README's commands, each independent of the
+other."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def test_worker_tracebacks_name_the_users_file_and_line_on_every_rank(tmp_path):
     assert f'File "{script}", line 17, in train_func' in "\n".join(lines[last_header:end + 1])
 
 
-# ---------------------------------------------------------------- item 1: a resumed run with nothing left
+# ---------------------------------------------------------------- a resumed run with nothing left
 
 def report_once_with_a_checkpoint():
     if minitrain_module().get_checkpoint() is not None:
@@ -114,7 +117,7 @@ def test_the_readme_commands_are_independent(tmp_path):
     assert "starting" not in again.stderr  # no worker was started for nothing
 
 
-# ---------------------------------------------------------------- item 7: noise and silence
+# ---------------------------------------------------------------- noise and silence
 
 def _on_a_terminal(argv, wait_for, timeout_s=180.0):
     """Run argv on a pseudo-terminal; once `wait_for` was shown, type Ctrl-C. (exit code, screen text)."""
@@ -197,7 +200,7 @@ def test_a_run_that_never_started_leaves_nothing_behind(tmp_path, monkeypatch):
     assert not (tmp_path / "never").exists()
 
 
-# ---------------------------------------------------------------- item 8: mistakes get the help they deserve
+# ---------------------------------------------------------------- mistakes get the help they deserve
 
 TYPO_SCRIPT = textwrap.dedent('''\
     from minitrain import RunConfig, ScalingConfig
@@ -237,6 +240,7 @@ def test_a_storage_path_that_is_a_file_says_what_to_do(tmp_path):
 
 
 def test_setup_env_never_imports_torch_before_numpy_is_installed():
-    """Item 9: a fresh set-up printed torch's "Failed to initialize NumPy" warning."""
+    """Importing torch before numpy is installed prints torch's "Failed to initialize NumPy" warning: the
+    set-up script reads torch's version from its metadata instead."""
     script = (ROOT / "scripts" / "setup_env.sh").read_text()
     assert "import torch" not in script and 'm.version("torch")' in script
