@@ -1,7 +1,7 @@
 """Named fakes for stepping the coordinator's shell in process (the real `Controller`, `CurrentAttempt`,
 `Membership`, `WorkerGroup`, `Commits`, `Preemption`) without agents, workers or a server: what stands in
-for the launcher's agent handles, for the controller's outbox, for a run observer and for the clock, and a
-builder of a real controller over a run directory in the test's tmp_path.
+for the launcher's agent handles, for the controller's outbox, for a run observer and for the clock, and
+builders of a real controller over a run directory in the test's tmp_path (new, or already training).
 """
 
 from __future__ import annotations
@@ -12,8 +12,12 @@ from typing import Callable, Mapping, Optional
 
 from minitrain.config import CheckpointConfig, FailureConfig
 from minitrain.coordinator.controller import Controller, LaunchSettings, RunSpec
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.metrics_log import MetricsLog
-from minitrain.records import NodeInfo
+from minitrain.coordinator.facts.worker_group import ResumePoint, WorkerGroup
+from minitrain.coordinator.transport.service import Hub
+from minitrain.records import NodeInfo, Phase, WorkerAssignment
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage
 
@@ -161,3 +165,22 @@ def make_controller(tmp_path, outbox, agents, *, events: Optional[queue.SimpleQu
     return Controller(run_spec, outbox, events if events is not None else queue.SimpleQueue(), agents,
                       CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage), clock=clock,
                       observers=observers)
+
+
+def training_controller(tmp_path, ranks: int, failure_limits, clock, observers=()):
+    """A `make_controller` controller with one attempt of `ranks` ranks in training on node n0, every rank
+    connected and starting up; it sends through the real (unconnected) `Hub`, with no agents and no server.
+    Returns (controller, the attempt's tracker)."""
+    nodes = {"n0": agent_node("n0", hostname="n0", cpus=ranks)}
+    controller = make_controller(tmp_path, Hub(), None, clock=clock, observers=observers, num_workers=ranks,
+                                 node_ids=("n0",), failure_limits=failure_limits)
+    tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
+                                    {"n0": "n0"})
+    for state in tracker.ranks.values():
+        state.connected = state.stream_open = True
+        state.phase = Phase.STARTUP
+    controller._membership.connected(ev.AgentConnected(nodes["n0"]))
+    controller._commits.start_attempt(ranks)
+    controller._current.group = WorkerGroup(tracker, controller._outbox, nodes, controller._spec.launch,
+                                            ResumePoint("", 0, ()), clock)
+    return controller, tracker

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import queue
 import random
 import statistics
 import threading
@@ -18,11 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minitrain.config import CheckpointConfig, FailureConfig
+from controller_support import training_controller
+
+from minitrain.config import FailureConfig
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.transport import server as server_module
 from minitrain.coordinator.facts.attempt import AttemptTracker
-from minitrain.coordinator.controller import Controller, RunSpec
 from minitrain.coordinator.policy.loop import Seen, Watch
 from minitrain.coordinator.policy.decide import _silent_ranks
 from minitrain.coordinator.policy.rounds import RoundTracker
@@ -31,16 +31,14 @@ from minitrain.monitoring.monitor import (
 )
 from minitrain.coordinator.facts.hang_watch import HangWatch
 from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
-from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
+from minitrain.coordinator.facts.metrics_log import read_metrics_history
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
 from minitrain.commands import ReportAck
 from minitrain.coordinator.transport.service import Hub
 from minitrain.monitoring.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,
 )
-from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup
-from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment
-from minitrain.storage.checkpoint_manager import CheckpointManager
+from minitrain.records import Phase, ReportRecord, WorkerAssignment
 from minitrain.storage.filesystem import Storage
 
 
@@ -262,27 +260,6 @@ def test_straggler_episodes_hold_their_latest_figures_as_when_they_were_copied_a
         assert {k: episode[k] for k in figures} == figures
 
 
-def _training_controller(tmp_path, ranks, policy, clock, observers=()):
-    """A controller in RUNNING with one attempt of `ranks` ranks in training (no agents, no server)."""
-    storage = Storage.for_run(str(tmp_path), "run")
-    storage.makedirs()
-    nodes = {"n0": NodeInfo(node_id="n0", hostname="n0", address="127.0.0.1", agent_pid=1, cpus=ranks,
-                            memory_bytes=1 << 30)}
-    settings = LaunchSettings("e", storage.url(), b"", "gloo", 60.0, "", {})
-    spec = RunSpec(run_id="r", num_workers=ranks, node_ids=("n0",), launch=settings, failure_limits=policy)
-    controller = Controller(spec, Hub(), queue.SimpleQueue(), None, CheckpointManager.load(storage, CheckpointConfig()),
-                            MetricsLog(storage), clock=clock, observers=observers)
-    tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
-                                    {"n0": "n0"})
-    for state in tracker.ranks.values():
-        state.connected = state.stream_open = True
-        state.phase = Phase.STARTUP
-    controller._membership.connected(ev.AgentConnected(nodes["n0"]))
-    controller._commits.start_attempt(ranks)
-    controller._current.group = WorkerGroup(tracker, controller._outbox, nodes, settings, ResumePoint("", 0, ()), clock)
-    return controller, tracker
-
-
 def _training_attempt(ranks):
     """An attempt of `ranks` ranks on one node, every one connected and starting up."""
     tracker = AttemptTracker.create(0, [WorkerAssignment(r, r, ranks, ranks, 0, "n0") for r in range(ranks)],
@@ -399,7 +376,7 @@ def test_a_batch_of_reports_is_recorded_report_by_report(tmp_path):
     mid-batch reaches on_round with every rank's metrics, rank 0's metrics reach the history, and a
     refused report (a checkpoint directory conflict) fails its rank without dropping the reports after it."""
     watcher = _BatchWatcher()
-    controller, tracker = _training_controller(tmp_path, 3, FailureConfig(max_failures=0), lambda: 50.0,
+    controller, tracker = training_controller(tmp_path, 3, FailureConfig(max_failures=0), lambda: 50.0,
                                                observers=[watcher])
     for rank in range(3):
         controller._handle(ev.WorkerPhaseChanged(0, rank, Phase.TRAINING))

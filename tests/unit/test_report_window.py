@@ -26,7 +26,7 @@ from minitrain.worker.transport.client import StreamClosed
 from minitrain.worker.transport.local_client import LocalWorkerClient
 from minitrain.worker.session import WorkerSession
 
-from test_coordinator_scale import _training_controller
+from controller_support import training_controller
 
 TOKEN = "the-run-token"
 DEADLINE_S = 30.0
@@ -170,7 +170,7 @@ def test_the_defaults_ask_for_a_receipt_well_inside_the_window():
 def test_the_controller_sends_a_receipt_once_it_recorded_the_report(tmp_path):
     """A receipt does not wait for the round (another rank has not reported it) and goes to the rank
     that asked only; a report of another attempt is dropped and gets none."""
-    controller, tracker = _training_controller(tmp_path, 2, FailureConfig(max_failures=0), lambda: 10.0)
+    controller, tracker = training_controller(tmp_path, 2, FailureConfig(max_failures=0), lambda: 10.0)
     loop = asyncio.new_event_loop()
     try:
         controller._outbox.bind_loop(loop)
