@@ -1,4 +1,4 @@
-"""DeepSpeed for the tests, installed on demand and run on CPU (issue 26, item 3).
+"""DeepSpeed for the tests, installed on demand and run on CPU.
 
 `deepspeed_environment()` answers the environment in which a subprocess imports DeepSpeed with its CPU
 accelerator (`DS_ACCELERATOR=cpu`): the installed DeepSpeed when there is one (`pip install -e '.[dev]'`

@@ -1,4 +1,4 @@
-"""Several fit()s at once in one driver process (issue 17 item 4): two TorchTrainer.fit() calls on two
+"""Several fit()s at once in one driver process: two TorchTrainer.fit() calls on two
 threads, each with 2 real workers, and two local-mode fit()s (num_workers=0) on two threads.
 
 Each run's workers wait until the other run's workers have started, so the two runs provably overlap

@@ -1,14 +1,13 @@
-"""What a newcomer saw on the dashboard (issue 30, items 2, 3, 4 and 6), reproduced in a real Chromium
-on one real 2-worker run that provokes each diagnosis: rank 1 computes slowly (a straggler), rank 0
-keeps bytes across steps (a leak), both read from a slow data loader, and a checkpoint every 4th
-report makes rank 0 wait for rank 1's commits.
+"""What the dashboard shows a user, in a real Chromium, on one real 2-worker run that provokes each
+diagnosis: rank 1 computes slowly (a straggler), rank 0 keeps bytes across steps (a leak), both read from
+a slow data loader, and a checkpoint every 4th report makes rank 0 wait for rank 1's commits.
 
-- item 6: before the first step the page says what start-up is doing (polled from its first second);
-- item 2: the page's ranks table, its step-time plot and /metrics single out rank 1, not rank 0 whose
-  interval between reports includes its waits;
-- item 4: the memory (per rank, and per node against the host's total), idle-share and waits plots
+- start-up: before the first step the page says what start-up is doing (polled from its first second);
+- the straggler: the page's ranks table, its step-time plot and /metrics single out rank 1, not rank 0
+  whose interval between reports includes its waits;
+- the diagnoses: the memory (per rank, and per node against the host's total), idle-share and waits plots
   are drawn, with the leak and data-pipeline hints;
-- item 3: after the run, the post-hoc page (the real CLI on the run directory) shows what the live
+- post hoc: after the run, the post-hoc page (the real CLI on the run directory) shows what the live
   monitor showed at the end: the straggler banner and row, ENDED ranks, every report, the last report.
 And the console's start-up line on a real terminal (a pty).
 """
@@ -114,7 +113,7 @@ def _watch_live(catcher, chromium, config, found):
     try:
         assert catcher.seen.wait(DEADLINE_S), "the dashboard never logged its address"
         url = catcher.url
-        # Item 6: start-up says what it does, from the first poll until the first step.
+        # Start-up says what it does, from the first poll until the first step.
         startup = set()
 
         def started_stepping():
@@ -177,10 +176,10 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
         raise found["error"]
     assert result.error is None
 
-    # Item 6: the page said what start-up was doing before the first step.
+    # Start-up: the page said what start-up was doing before the first step.
     assert any(text.startswith("starting: ") for text in found["startup"]), found["startup"]
 
-    # Item 2: the table, the plot's straggler series and /metrics all single out rank 1.
+    # The straggler: the table, the plot's straggler series and /metrics all single out rank 1.
     dom = found["dom"]
     assert 'class="straggler"' in _row(dom, 1) and 'class="straggler"' not in _row(dom, 0)
     assert _step_time_cell(_row(dom, 1)) > 2 * _step_time_cell(_row(dom, 0))
@@ -190,7 +189,7 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
                             found["metrics"]))
     assert float(steps["1"]) > 2 * float(steps["0"]), steps
 
-    # Item 4: the diagnoses over time, drawn, and their hints.
+    # The diagnoses over time, drawn, and their hints.
     for plot in ("waits", "idle", "memory", "node-memory"):
         assert re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot', dom), f"no {plot} plot"
     # The node memory plot has the host's total as a line: its agent's figure, named in the legend.
@@ -202,7 +201,7 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
     assert "the data pipeline is not keeping up" in dom
     assert "no GPU measured" in dom  # no NVML here: said, not an empty box
 
-    # Item 3: what the live monitor showed at the end, rebuilt from the run directory ...
+    # Post hoc: what the live monitor showed at the end, rebuilt from the run directory ...
     live = trainer._monitor
     rebuilt = RunMonitor.from_run_dir(Storage.for_run(str(tmp_path / "runs"), "diag"))
     assert rebuilt.straggler_history() == live.straggler_history() and live.straggler_history()
@@ -237,7 +236,7 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
 
 
 def test_the_console_shows_start_up_on_a_terminal(tmp_path):
-    """Item 6 on a real terminal (a pty): until the first step, the status block says what start-up
+    """Start-up on a real terminal (a pty): until the first step, the status block says what start-up
     does ("starting: ...") instead of "0 steps | - steps/s"."""
     import pty
     import select
@@ -267,7 +266,7 @@ def test_the_console_shows_start_up_on_a_terminal(tmp_path):
 
 
 def test_gpu_utilisation_and_memory_are_plotted_over_time(chromium):
-    """Item 4's GPU plots, from samples as the worker's NVML probe makes them (no GPU here: the samples
+    """The GPU plots of the diagnoses, from samples as the worker's NVML probe makes them (no GPU here: the samples
     are given, as a fake NVML would give them), in a real Chromium."""
     from dashboard_support import FixedRun
     from minitrain.dashboard import DashboardServer

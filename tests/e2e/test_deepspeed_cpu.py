@@ -1,4 +1,4 @@
-"""DeepSpeed in the loop, for real, on CPU workers (issue 26, item 3).
+"""DeepSpeed in the loop, for real, on CPU workers.
 
 DeepSpeed's CPU accelerator over the gloo group minitrain set up, 2 workers, run as a user runs the
 examples (`python examples/deepspeed_train.py ...`, `python examples/lightning_train.py --strategy

@@ -1,4 +1,4 @@
-"""SIGTERM to the driver and a callback that hangs (issue 26 probes): with SIGTERM not among
+"""SIGTERM to the driver and a callback that hangs: with SIGTERM not among
 FailureConfig.preemption_signals (by default it is one: tests/e2e/test_preemption_signals.py), the run
 stops as with Ctrl-C (workers stopped with their grace, the index and the event log written, no
 process of the run left), then the driver dies by SIGTERM, the status a scheduler that sent it expects.

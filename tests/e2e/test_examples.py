@@ -1,6 +1,6 @@
 """Smoke tests: each example in examples/ runs as a user would run it (`python examples/X.py
 --smoke-test`), a real 2-worker fit on CPU with tiny sizes, and exits 0 (the examples exit 1 when the
-loss does not drop). examples/quickstart.py runs in tests/unit/test_cli.py.
+loss does not drop). examples/quickstart.py runs in tests/e2e/test_cli.py and tests/e2e/test_console_messages.py.
 
 Examples whose framework is an optional extra are skipped, with the reason, when it is not installed.
 """

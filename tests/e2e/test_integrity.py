@@ -59,7 +59,7 @@ def _wait_for(condition, timeout_s: float, what: str) -> None:
 
 @pytest.mark.parametrize("end", ["raise", "exit", "raise_rank1"])
 def test_every_report_that_returned_on_every_rank_is_committed_when_a_failure_follows_at_once(tmp_path, end):
-    # Finding 1: both ranks report 10 times and fail 0 ms after the last report() returned (on every
+    # Both ranks report 10 times and fail 0 ms after the last report() returned (on every
     # rank, or on rank 1 alone while rank 0 is still reporting).
     notes = tmp_path / "notes"
     notes.mkdir()
@@ -85,14 +85,13 @@ def test_every_report_that_returned_on_every_rank_is_committed_when_a_failure_fo
 
 
 def test_get_all_reported_checkpoints_waits_for_the_callers_own_reports(tmp_path):
-    # Finding 2: rank 1 asks right after 3 fast reports; rank 0's slow checkpoints must be in the answer.
+    # Rank 1 asks right after 3 fast reports; rank 0's slow checkpoints must be in the answer.
     result = _trainer(list_after_own_reports, tmp_path).fit()
     assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == ["checkpoint_000001",
                                                                               "checkpoint_000002"]
 
 
 def test_a_resumed_run_with_nothing_left_to_do_returns_the_latest_committed_metrics(tmp_path):
-    # Finding 3.
     first = _trainer(report_epochs, tmp_path, config={"epochs": 3}).fit()
     assert first.metrics == {"epoch": 2, "loss": 1.0 / 3}
     again = _trainer(report_epochs, tmp_path, config={"epochs": 3}).fit()
@@ -104,7 +103,7 @@ def test_a_resumed_run_with_nothing_left_to_do_returns_the_latest_committed_metr
 
 
 def test_a_late_write_of_a_lost_nodes_rank_never_lands_in_a_committed_checkpoint(tmp_path):
-    # Finding 4: rank 0 freezes its agent (SIGSTOP), then writes checkpoint round 1 to storage that
+    # Rank 0 freezes its agent (SIGSTOP), then writes checkpoint round 1 to storage that
     # stalls. The node is declared lost, the next attempt commits a checkpoint of the same name, and
     # only then does the old rank's write go through: the committed files must be the new attempt's.
     marker = str(tmp_path / "frozen_agent")
@@ -139,7 +138,7 @@ def test_a_late_write_of_a_lost_nodes_rank_never_lands_in_a_committed_checkpoint
 
 
 def test_a_directory_holding_the_users_files_is_refused_and_left_untouched(tmp_path):
-    # Finding 5: RunConfig(name="myproject") where parent/myproject already holds a project.
+    # RunConfig(name="myproject") where parent/myproject already holds a project.
     project = tmp_path / "myproject"
     (project / ".git").mkdir(parents=True)
     (project / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
@@ -175,7 +174,7 @@ def test_a_users_directory_inside_a_run_survives_failures_and_resumes(tmp_path):
 
 
 def test_a_symlinked_directory_inside_a_checkpoint_is_copied(tmp_path):
-    # Finding 8, for SYNC and ASYNC uploads.
+    # For SYNC and ASYNC uploads.
     for mode in ("SYNC", "ASYNC"):
         result = _trainer(checkpoint_with_linked_dir, tmp_path, name=f"linked_{mode}", config={"mode": mode}).fit()
         files = tree_digest(result.checkpoint.path)
@@ -187,7 +186,7 @@ def test_a_symlinked_directory_inside_a_checkpoint_is_copied(tmp_path):
 
 
 def test_a_torn_metrics_line_is_repaired_on_resume(tmp_path, caplog):
-    # Finding 6: the driver died in the middle of an append (the torn line has no newline).
+    # The driver died in the middle of an append (the torn line has no newline).
     _trainer(report_epochs, tmp_path, config={"epochs": 2}).fit()
     metrics = tmp_path / "run" / METRICS_NAME
     with open(metrics, "a") as handle:
@@ -216,7 +215,7 @@ _DRIVER = textwrap.dedent("""
 
 
 def test_a_second_fit_of_the_same_run_is_refused_and_a_dead_drivers_lock_is_taken_over(tmp_path):
-    # Finding 7: two fit() calls with the same (storage_path, name).
+    # Two fit() calls with the same (storage_path, name).
     gate = tmp_path / "gate"
     script = _DRIVER.format(tests=os.path.dirname(__file__), gate=str(gate), storage=str(tmp_path))
     first = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

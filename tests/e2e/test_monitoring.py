@@ -1,4 +1,4 @@
-"""Monitoring end to end (issue 16): a real 3-worker run whose rank 2 sleeps longer in every step is
+"""Monitoring end to end: a real 3-worker run whose rank 2 sleeps longer in every step is
 named the straggler, with no code for it in the training function. Every rank passes a checkpoint
 every few steps, so the fast ranks spend most of their time blocked in report() waiting for the
 round's commit, i.e. for rank 2: they must not be named (that wait is not their work). The telemetry
@@ -72,7 +72,7 @@ def test_the_slow_rank_is_named_the_straggler_not_the_ranks_waiting_for_it(tmp_p
     assert [r["rank"] for r in ranks] == [0, 1, 2]
     for row in ranks:
         assert row["pid"] > 0 and row["rss_bytes"] > 0 and row["cpu_percent"] is not None
-        assert row["gpus"] == [] and row["phase"] == "ENDED"  # the run is over (issue 30: not TRAINING)
+        assert row["gpus"] == [] and row["phase"] == "ENDED"  # the run is over: not TRAINING
     assert max(ranks[0]["work_time_s"], ranks[1]["work_time_s"]) < 0.2 <= ranks[2]["work_time_s"]
     # The fast ranks' time blocked at the checkpoint rounds is counted as report wait.
     fast = [s for s in monitor.samples(rank=0) if s["step_time_s"] is not None]

@@ -1,4 +1,4 @@
-"""A real fit() on storage given as a pyarrow filesystem (issue 13, item 1), as Ray's storage guide writes it.
+"""A real fit() on storage given as a pyarrow filesystem, as Ray's storage guide writes it.
 
 2 gloo workers on CPU report a checkpoint each round; the filesystem object crosses to the workers
 pickled, the coordinator commits through it, and what comes back (`Result.filesystem`,

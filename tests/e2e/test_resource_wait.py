@@ -1,4 +1,4 @@
-"""Runs wait for resources instead of failing (issue 29): two real drivers that each need the whole host
+"""Runs wait for resources instead of failing: two real drivers that each need the whole host
 run one after the other and both succeed, and the second says what it waited for and who held it; a Tune
 trial and a plain run share the same ledger."""
 

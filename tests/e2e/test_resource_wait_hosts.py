@@ -1,4 +1,4 @@
-"""A multi-host run over SSH honours each remote host's resource ledger (issue 29): the run claims on the
+"""A multi-host run over SSH honours each remote host's resource ledger: the run claims on the
 host itself (a holder the driver starts there over SSH), waits while another process holds that host, and
 leaves nothing in its ledger. Each fake host has a ledger of its own (scripts/netns_cluster.py's sshd
 sets MINITRAIN_LEDGER_DIR), as separate machines do."""

@@ -1,4 +1,4 @@
-"""A round that a rank's report() returned survives that rank's failure (issue 26, item 1), end to end.
+"""A round that a rank's report() returned survives that rank's failure, end to end.
 
 `report()` is not a barrier, so a rank can fail right after its report() of round R returned while a
 peer has not reached R. The controller lets the live ranks run on until each reported R (or exited,

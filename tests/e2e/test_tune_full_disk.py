@@ -1,4 +1,4 @@
-"""A full disk during a sweep (issue 26 probe): the sweep stops its trials and raises a StorageError that says
+"""A full disk during a sweep: the sweep stops its trials and raises a StorageError that says
 what happened and how to go on; the state file and every committed checkpoint are kept, and once there is
 room again Tuner.restore finishes every trial. Needs root (a small tmpfs is mounted); skipped otherwise."""
 

@@ -1,4 +1,4 @@
-"""Ray Tune's own surface end to end (issue 26 item 2): Tune's RunConfig (`stop`, `fail_fast`,
+"""Ray Tune's own surface end to end: Tune's RunConfig (`stop`, `fail_fast`,
 `checkpoint_config`). Few, small sweeps: each trial is a real process."""
 
 from __future__ import annotations

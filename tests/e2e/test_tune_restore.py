@@ -1,4 +1,4 @@
-"""Tuner.restore as Ray's (issue 26 item 2): after SIGINT, with only the trainable passed again, the sweep
+"""Tuner.restore as Ray's: after SIGINT, with only the trainable passed again, the sweep
 goes on with its stored param space (objects included: classes, `sample_from` functions, sealed with the
 user's key), tune_config and run_config, creating the trials it had not created yet; a re-specified
 param space holding objects works too; `resume_errored` and `restart_errored` (after

@@ -1,4 +1,4 @@
-"""A connection flood from another process cannot kill a run (issue 14 item 2; minitrain.rpc.limits).
+"""A connection flood from another process cannot kill a run (minitrain.rpc.limits).
 
 The driver runs in a subprocess whose file-descriptor limit is 256, soft and hard, so raising it cannot
 help. As soon as its agent's command line shows the coordinator's address (world-readable), a separate

@@ -133,7 +133,7 @@ def test_a_spent_budget_fails_the_run_naming_the_injected_rank(tmp_path):
 
 def test_a_silent_host_is_found_by_its_lease_and_named_as_lost(tmp_path):
     """A host whose agent sends nothing more (no heartbeat, none of its workers' messages) while its
-    connection stays open: only the lease finds it, and the run names that node (issue 31's silent host)."""
+    connection stays open: only the lease finds it, and the run names that node."""
     outcome, rounds, _ = _simulate(tmp_path, [{"attempt": 0, "rank": 17, "after": 2, "kind": "silent"}])
     assert outcome.state == RunState.FAILED, outcome.error_message
     assert "node0002 was lost" in outcome.error_message and "it sent nothing for" in outcome.error_message

@@ -63,7 +63,7 @@ def test_a_sweep_writes_its_table_through_the_console_and_frees_the_block(tmp_pa
         ended = [line for line in screen if re.fullmatch(r"Trial \S+ TERMINATED after 1 iterations, loss=0\.5", line)]
         assert len(started) == 1 and len(ended) == 1, screen
         assert screen.index(started[0]) < screen.index(ended[0]) < screen.index("Trial status: 1 TERMINATED")
-        # The last table gives the trial's start-up cost (process start to first result, issue 30 item 6).
+        # The last table gives the trial's start-up cost (process start to first result).
         header = screen[screen.index("Trial status: 1 TERMINATED") + 1]
         assert header.split()[-1] == "start-up" and re.search(r"\b0:00:\d\d\s*$", screen[-2]), screen
     finally:

@@ -1,4 +1,4 @@
-"""A real sweep whose trial takes a while before its first result (issue 30 item 6): while it starts,
+"""A real sweep whose trial takes a while before its first result: while it starts,
 the sweep's state file, its page's rows and the console's table say "starting for H:MM:SS"; after its
 first result they give how long that took."""
 

@@ -370,7 +370,7 @@ def test_no_round_is_pending_when_it_can_no_longer_complete():
 
 
 def test_all_exited_and_all_drained_stay_right_whatever_the_order_ranks_exit_and_streams_open_in():
-    """The two questions are answered from counts (issue 31: scans of the ranks at every loop turn cost
+    """The two questions are answered from counts (a scan of the ranks at every loop turn would cost
     a share of the controller growing with the world size); the answers must not depend on the order."""
     tracker = make_tracker(4)
     for rank in (0, 1, 2, 3):

@@ -1,4 +1,4 @@
-"""A callback that hangs (issue 26 probe): the run and fit() go on, a bounded number of events waits behind
+"""A callback that hangs: the run and fit() go on, a bounded number of events waits behind
 it and the rest are dropped with one warning naming the stuck call; fit() returns after the drain timeout
 with a warning (tests/unit/test_callbacks.py), end to end in tests/e2e/test_driver_signals.py."""
 

@@ -296,8 +296,8 @@ def test_delete_garbage_deletes_only_what_the_run_created(any_storage):
 
 
 def test_an_empty_staging_area_is_deleted_without_being_named(any_storage):
-    """Issue 30 item 7: every clean run ended with "removed what earlier attempts left uncommitted:
-    .staging", though the staging area held only the empty directories of committed uploads."""
+    """A staging area that holds only the empty directories of committed uploads is deleted without a
+    "removed what earlier attempts left uncommitted: .staging" notice: a clean run says nothing of it."""
     storage = any_storage
     manager = CheckpointManager.load(storage, TOP1)
     storage.validate_writable()

@@ -1,5 +1,5 @@
 """minitrain.driver.code_pickle: a function from the user's file keeps its file name and source lines in
-tracebacks on the worker side, even where the file does not exist (issue 30 item 5)."""
+tracebacks on the worker side, even where the file does not exist."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What several runs at once in one driver process share, kept apart (issue 17 item 4): the terminal's
+"""What several runs at once in one driver process share, kept apart: the terminal's
 status block (minitrain.driver.console), the `minitrain` logger's level (minitrain.driver.logs.driver_logging), a fixed
 dashboard port (minitrain.dashboard.live_dashboard) and the local-mode session (minitrain._session)."""
 

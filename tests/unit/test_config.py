@@ -604,7 +604,7 @@ def test_configs_are_frozen_kw_only_slotted_and_documented():
                 assert member.__doc__, f"{cls.__name__}.{name} has no docstring"
 
 
-# ---------------------------------------------------------------- misspelled fields (issue 30 item 8)
+# ---------------------------------------------------------------- misspelled fields
 
 @pytest.mark.parametrize("config_class, wrong, meant", [
     (ScalingConfig, "num_worker", "num_workers"),

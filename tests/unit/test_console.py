@@ -1,4 +1,4 @@
-"""The live console (issue 16 item 2): a status block redrawn in place on a real pseudo-terminal,
+"""The live console: a status block redrawn in place on a real pseudo-terminal,
 worker and log lines never torn by it, one summary line at a time on a pipe, and a console that
 cannot be written never breaking anything."""
 
@@ -160,7 +160,7 @@ def test_off_a_terminal_the_status_is_a_summary_line_at_a_time(tmp_path):
 def test_the_status_parts_without_a_total_or_a_rate():
     run = {"name": "r", "attempt": 0, "state": "STARTING", "started_at": 0.0, "ended_at": None, "rounds": 0,
            "total": None, "steps_per_s": None, "eta_s": None, "progress": None}
-    # Until the first step, the steps part is what start-up is doing (issue 30: no "0 steps | - steps/s").
+    # Until the first step, the steps part is what start-up is doing (not "0 steps | - steps/s").
     assert status_parts(run, [], [], [], 3725.0) == [
         "minitrain: r | attempt 0 STARTING | 1:02:05 elapsed",
         "starting: spawning workers (starting Python, importing torch and your script)"]

@@ -1,4 +1,4 @@
-"""One report string cannot break the dashboard's page (issue 26): metric names and values holding
+"""One report string cannot break the dashboard's page: metric names and values holding
 `<!--<script>`, `</script>`, `&` or U+2028 are embedded so that the HTML parses the same way, every script
 element is intact, and the embedded JSON decodes to exactly the run's values (live and post hoc)."""
 

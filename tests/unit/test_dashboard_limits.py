@@ -1,4 +1,4 @@
-"""The dashboard is no second door to the driver's file descriptors (issue 26): a flood of persistent
+"""The dashboard is no second door to the driver's file descriptors: a flood of persistent
 connections is held to a cap of connections and threads, each connection has a deadline, the page serves
 again once the flood is cut off, and a client that disconnects early leaves no traceback in the log."""
 

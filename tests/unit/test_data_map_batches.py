@@ -1,4 +1,4 @@
-"""Issue 13 item 4: list columns stack as in Ray Data, `minitrain.data.range`, `Dataset.map_batches`, and
+"""List columns stack as in Ray Data, `minitrain.data.range`, `Dataset.map_batches`, and
 Ray's execution arguments (each works or raises). Tests marked "Ray:" are ported from Ray's own data
 tests (python/ray/data/tests/test_map.py) by changing the imports."""
 

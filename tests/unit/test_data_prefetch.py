@@ -1,6 +1,6 @@
 """`prefetch_batches` of `DataIterator.iter_batches` / `iter_torch_batches` / `iter_rows` builds batches
-ahead on a background thread (issue 13: no argument accepted then ignored), and the other iterator
-arguments either work or raise. The prefetched batches are exactly the unprefetched ones, producer
+ahead on a background thread, and the other iterator arguments either work or raise (none is accepted
+then ignored). The prefetched batches are exactly the unprefetched ones, producer
 errors reach the consumer where they would have, no thread outlives its pass, and the data wait
 counted for telemetry is the time the consumer is blocked."""
 

@@ -70,7 +70,7 @@ def test_a_log_file_that_cannot_be_opened_is_a_storage_error(tmp_path):
 
 
 def test_a_rank_traceback_is_shown_in_one_piece_across_batches(tmp_path):
-    """Issue 30 item 5: a traceback that arrives in two batches is not split by what the driver writes
+    """A traceback that arrives in two batches is not split by what the driver writes
     in between (its WARNING about the same failure races with the lines)."""
     err = io.StringIO()
     sink = LogSink(str(tmp_path), stderr=err)

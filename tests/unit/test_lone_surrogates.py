@@ -1,4 +1,4 @@
-"""A metric name with a lone surrogate (issue 26): report() refuses it naming the key, and /metrics stays 200
+"""A metric name with a lone surrogate: report() refuses it naming the key, and /metrics stays 200
 for data that holds one anyway (a run directory written by an older version)."""
 
 from __future__ import annotations

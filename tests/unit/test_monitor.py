@@ -1,6 +1,6 @@
 """The run monitor and the straggler rule, fed synthetic observer calls: what it shows, what it writes
 to the run directory, how it rebuilds a finished run from those files, and that a storage failure
-never reaches the run (issue 16 items 1 and 5)."""
+never reaches the run."""
 
 from __future__ import annotations
 
@@ -414,7 +414,7 @@ def test_the_status_parts_of_a_checkpoint_without_a_commit_time():
 
 
 def test_worker_phases_show_before_any_telemetry_and_ranks_end_ended(tmp_path):
-    """Issue 30: start-up shows each rank's phase (no telemetry before training); an ended attempt's
+    """Start-up shows each rank's phase (no telemetry before training); an ended attempt's
     ranks show ENDED (FAILED for the one that failed), not the TRAINING of their last sample."""
     monitor = RunMonitor(None, rule=RULE, clock=lambda: 5.0)
     monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 2, 1.0))
@@ -432,7 +432,7 @@ def test_worker_phases_show_before_any_telemetry_and_ranks_end_ended(tmp_path):
 
 
 def test_each_host_s_total_memory_is_kept_with_its_attempt_live_and_post_hoc(tmp_path):
-    """Issue 30 item 4: the node memory plot is drawn against each host's total memory, which the
+    """The node memory plot is drawn against each host's total memory, which the
     attempt's start gives (from the agents' hellos); the run directory keeps it for the post-hoc page."""
     storage = Storage.for_run(str(tmp_path), "exp")
     storage.makedirs()

@@ -1,4 +1,4 @@
-"""Planted links in a shared storage directory (issue 26): another user who can write `storage_path`
+"""Planted links in a shared storage directory: another user who can write `storage_path`
 creates the run directory's entries first, under minitrain's own names, as links to the victim's files.
 Every local write of the run refuses them, naming the entry, and leaves the victim's files untouched."""
 

@@ -1,4 +1,4 @@
-"""pyarrow filesystems wherever minitrain takes a filesystem (issue 13, item 1).
+"""pyarrow filesystems wherever minitrain takes a filesystem.
 
 Ray's storage API is typed on `pyarrow.fs.FileSystem`; minitrain works on fsspec. These tests pass
 pyarrow's own filesystems (local, SubTree, S3 against a real S3 API on loopback, and Ray's

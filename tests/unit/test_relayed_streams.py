@@ -376,7 +376,7 @@ def _two_agents_lost(events) -> dict:
 
 def test_a_silent_agent_is_found_at_the_next_lease_check_not_the_next_heartbeat(monkeypatch):
     """The coordinator looks at its leases every LEASE_CHECK_INTERVAL_S and heartbeats its agents every
-    HEARTBEAT_INTERVAL_S (issue 31: a silent host found within 5 s, LEASE_TIMEOUT_S 4 s). Here leases are
+    HEARTBEAT_INTERVAL_S (a silent host is found within 5 s; LEASE_TIMEOUT_S is 4 s). Here leases are
     checked every 50 ms and heartbeats go once a second: an agent that says hello and then nothing, its
     connection held open, is found within a few checks of its 1 s lease (a check once a heartbeat would
     find it up to a second later), and until then it got at most one heartbeat a second."""

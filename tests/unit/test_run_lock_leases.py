@@ -58,7 +58,7 @@ def test_an_s3_lease_is_exclusive_and_an_expired_one_is_taken_over(s3):
 
 
 def test_an_s3_holder_that_lost_its_lease_never_overwrites_or_deletes_the_new_one(s3, monkeypatch, caplog):
-    # issue 26 probe (locks on object stores): a driver frozen past the expiry lost its lease to another; when
+    # A driver frozen past the expiry lost its lease on the object store to another; when
     # it wakes, its renewer and its release must leave the new holder's lease alone.
     import minitrain.storage.run_lock as run_lock
 

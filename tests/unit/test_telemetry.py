@@ -1,6 +1,6 @@
 """Per-rank telemetry in the worker: what minitrain.waits counts, how a sample is built from it, the
 GPU probe with and without NVML, and the sample's trip through the worker's and the coordinator's
-conversions (issue 16 item 1)."""
+conversions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A Tune trial's start-up shows (issue 30 item 6): the state file keeps when a trial's process started
+"""A Tune trial's start-up shows: the state file keeps when a trial's process started
 and how long it took to its first result; the console's table and the sweep page say "starting for
 0:00:07" until then (with what the trial's fit() is doing, which its run observer forwards), and the cost
 after. Files written before these fields still read."""

@@ -1,4 +1,4 @@
-"""Tuner.restore trusts nothing in tuner_state.json (issue 26): a missing or extra field, a wrong type and a
+"""Tuner.restore trusts nothing in tuner_state.json: a missing or extra field, a wrong type and a
 trial directory name that leaves the sweep directory are clear errors naming the field; the sweep's own
 writes follow no planted link."""
 

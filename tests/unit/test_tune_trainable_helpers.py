@@ -1,4 +1,4 @@
-"""Ray Tune's trainable helpers and import paths (issue 26 item 2): `tune.with_parameters`,
+"""Ray Tune's trainable helpers and import paths: `tune.with_parameters`,
 `tune.get_context()` outside a trial, `ray.tune.search.<module>.<Class>` paths. The with_parameters cases
 follow ray/python/ray/tune/tests/test_function_api.py (testWithParameters*)."""
 

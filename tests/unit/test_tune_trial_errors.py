@@ -1,4 +1,4 @@
-"""A failed trial's error keeps its type (issue 26 item 2): `trial_error` unpickles what the trial
+"""A failed trial's error keeps its type: `trial_error` unpickles what the trial
 process sent, else rebuilds a type of an already imported module by name, else `RemoteWorkerError`."""
 
 from __future__ import annotations
