@@ -166,6 +166,9 @@ def test_a_trainjob_whose_pods_straggle_trains_ddp_and_every_pod_exits_0(netns_c
     _assert_trained(pods, pods.wait_all())
 
 
+# The soak tier's: recreated pods that resume from storage are the default run's in the SIGTERM test below,
+# and a SIGKILLed driver that leaves nothing in tests/e2e/test_fault_tolerance.py.
+@pytest.mark.soak
 @pytest.mark.parametrize("netns_cluster", [2], indirect=True)
 def test_killing_pod_0_and_recreating_every_pod_resumes_from_storage(netns_cluster, tmp_path):
     pods = Pods(netns_cluster, tmp_path, "PyTorchJob", steps=12, step_s=0.5)

@@ -183,6 +183,7 @@ def test_salloc_runs_the_driver_outside_the_nodes(slurm_cluster, tmp_path):
     assert os.readlink("/proc/self/ns/net") not in {r["netns"] for r in ranks.values()}  # not where the driver ran
 
 
+@pytest.mark.soak  # the precedence itself is tests/unit/test_slurm_env.py's, in process
 def test_explicit_hosts_override_the_allocation(slurm_cluster, tmp_path):
     """MINITRAIN_HOSTS inside an allocation wins: the run uses those hosts (here the batch node alone, as
     localhost), not the allocation's nodes, and starts no agent step."""
