@@ -1,5 +1,5 @@
 """The script every "pod" runs, in the `kubernetes` workload (bench/kubernetes.py) and in the pods tests
-(tests/e2e/test_kubernetes_pods.py, tests/process/test_pods_straggle.py):
+(tests/e2e/test_kubernetes_pods.py, tests/e2e/test_join_straggle.py):
 
     python -m minitrain.launch bench/kubernetes_jobs.py OUT STORAGE STEPS STEP_S [MAX_FAILURES]
 
