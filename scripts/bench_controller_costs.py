@@ -30,24 +30,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minitrain.config import CheckpointConfig, FailureConfig  # noqa: E402
+from minitrain.coordinator.controller import Controller, RunSpec  # noqa: E402
 from minitrain.coordinator.facts import events as ev  # noqa: E402
 from minitrain.coordinator.facts.attempt import AttemptTracker  # noqa: E402
-from minitrain.coordinator.controller import Controller, RunSpec  # noqa: E402
-from minitrain.coordinator.policy.loop import Loop, Wait  # noqa: E402
-from minitrain.coordinator.policy.decide import decide  # noqa: E402
-from minitrain.coordinator.policy.hangs import Pace  # noqa: E402
 from minitrain.coordinator.facts.metrics_log import MetricsLog  # noqa: E402
-from minitrain.monitoring.monitor import RunMonitor  # noqa: E402
+from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
 from minitrain.coordinator.observers import AttemptInfo, RunInfo, TelemetrySample  # noqa: E402
 from minitrain.coordinator.outcome import run_outcome  # noqa: E402
+from minitrain.coordinator.policy.decide import decide  # noqa: E402
+from minitrain.coordinator.policy.hangs import Pace  # noqa: E402
+from minitrain.coordinator.policy.loop import Loop, Wait  # noqa: E402
 from minitrain.coordinator.transport.service import Hub  # noqa: E402
-from minitrain.run_state import RunState  # noqa: E402
-from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup  # noqa: E402
+from minitrain.monitoring.monitor import RunMonitor  # noqa: E402
 from minitrain.records import NodeInfo, Phase, ReportRecord, WorkerAssignment  # noqa: E402
-from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402
-from minitrain.storage.filesystem import Storage  # noqa: E402
 from minitrain.rpc._gen import minitrain_pb2 as pb  # noqa: E402
 from minitrain.rpc.convert import reports_from_digest  # noqa: E402
+from minitrain.run_state import RunState  # noqa: E402
+from minitrain.storage.checkpoint_manager import CheckpointManager  # noqa: E402
+from minitrain.storage.filesystem import Storage  # noqa: E402
 
 SLOTS = 8
 

@@ -3,8 +3,8 @@ observations, for the unit tests of the fixed-size and the elastic rules."""
 
 from __future__ import annotations
 
-from minitrain.coordinator.policy.loop import Loop, Rules
 from minitrain.coordinator.policy.decide import decide
+from minitrain.coordinator.policy.loop import Loop, Rules
 
 
 def run_script(script, loop: Loop, rules: Rules):

@@ -93,8 +93,8 @@ from bench.scale.client_stats import Stats
 from bench.scale.fake_worker import PHASE_WAIT_S, START_TRIES, FakeWorker
 from bench.scale.links import _END, OPTIONS, AgentUpstream, DirectLink, RelayedLink
 from minitrain.lease import HEARTBEAT_INTERVAL_S, until_heartbeat_s
-from minitrain.rpc.auth import call_metadata
 from minitrain.rpc import report_window
+from minitrain.rpc.auth import call_metadata
 from minitrain.worker import telemetry
 
 TRANSPORTS = ("relayed", "direct")

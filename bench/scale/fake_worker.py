@@ -13,8 +13,8 @@ import os
 import time
 from typing import TYPE_CHECKING
 
-from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc import report_window
+from minitrain.rpc._gen import minitrain_pb2 as pb
 
 if TYPE_CHECKING:
     from bench.scale.clients import FakeAgent, Simulation

@@ -27,10 +27,10 @@ from typing import Mapping, Optional
 import minitrain
 from minitrain import commands as cmd
 from minitrain import procs
-from minitrain.hosts import hostinfo
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import READY_WAIT_S, StartedWorker, ForkServerPool, start_worker
 from minitrain.agent.transport.stream import CoordinatorStream
+from minitrain.hosts import hostinfo
 from minitrain.lease import LEASE_TIMEOUT_S
 from minitrain.records import NodeInfo
 

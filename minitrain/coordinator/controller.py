@@ -29,28 +29,28 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional, Protocol, Sequence, Union
 
 from minitrain.commands import Shutdown
+from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.commits import CheckpointBook, Commits
-from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.policy.actions import (
     AgreePreemption, CloseStreams, CollectStacks, DeclareHung, DropDeadAgents, ForgetAgents, MoveTo, PrepareForkServers,
     RelaunchAgents, StartAttempt, StopWorkers,
 )
-from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen, Wait
-from minitrain.coordinator.policy.decide import decide
-from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.facts.hang_watch import HangWatch
-from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule
 from minitrain.coordinator.facts.membership import AgentHandles, HostBackoff, Membership
 from minitrain.coordinator.facts.metrics_log import MetricsLog
-from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
-from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
 from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.facts.preemption import DRIVER, Preemption
+from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup
+from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
+from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
+from minitrain.coordinator.policy.decide import decide
+from minitrain.coordinator.policy.elastic import Sizing
+from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule
+from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen, Wait
 from minitrain.coordinator.preemption_signals import preemption_noted
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.sizing import AttemptSizes
-from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup
 from minitrain.errors import ConfigError
 from minitrain.records import RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move

@@ -21,9 +21,9 @@ from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import Commits
 from minitrain.coordinator.facts.hang_watch import HangWatch
-from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, Observers, StackDump, TelemetrySample
 from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.facts.worker_group import LaunchSettings, ResumePoint, WorkerGroup
+from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, Observers, StackDump, TelemetrySample
 from minitrain.records import NodeInfo, WorkerAssignment
 
 logger = logging.getLogger("minitrain")

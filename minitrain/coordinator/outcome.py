@@ -15,9 +15,9 @@ from typing import Optional
 
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import History
+from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.coordinator.policy.actions import MoveTo
 from minitrain.coordinator.policy.loop import CATCH_UP_S, Loop, Rules, Wait
-from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.errors import render_failures
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState, ray_status

@@ -7,8 +7,8 @@ import queue
 from typing import Callable, Protocol, Sequence
 
 from minitrain import knobs
-from minitrain.coordinator.facts.commits import CheckpointBook
 from minitrain.coordinator.controller import Controller, RunSpec
+from minitrain.coordinator.facts.commits import CheckpointBook
 from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.transport.server import CoordinatorServer

@@ -15,11 +15,11 @@ import sys
 import threading
 from typing import Optional, Sequence
 
-from minitrain.monitoring.monitor import RunMonitor
 from minitrain.dashboard import serve
 from minitrain.dashboard.settings import DashboardAddress, parse_address
 from minitrain.dashboard.sweep import is_sweep_dir, sweep_routes
 from minitrain.errors import ConfigError
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME
 

@@ -14,8 +14,8 @@ import math
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from minitrain.monitoring.diagnoses import startup_status, startup_text
 from minitrain.dashboard.api import RunView, snapshot
+from minitrain.monitoring.diagnoses import startup_status, startup_text
 from minitrain.run_state import RunState, from_ray_status
 
 # The colour of the state badge (a class of static/dashboard.css): "busy" for the states in between.

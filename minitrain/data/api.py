@@ -22,10 +22,10 @@ import numpy as np
 from minitrain.data.dataset import Dataset, rows_dataset
 from minitrain.data.execution import REFUSED, num_blocks, refuse_unsupported
 from minitrain.data.mapping import pool_size
-from minitrain.errors import ConfigError
 from minitrain.data.readers import expand_paths
 from minitrain.data.sources import Files, InMemory
 from minitrain.data.tables import ColumnTable, RowTable, as_column, concat_columns, pandas_table
+from minitrain.errors import ConfigError
 
 # Ray Data's reader arguments minitrain handles itself (everything else goes to pandas / pyarrow).
 _EXECUTION_ARGS = {"parallelism", "override_num_blocks", "concurrency", "partition_filter", "shuffle",

@@ -40,10 +40,10 @@ from minitrain.context import TrainContext
 from minitrain.data.dataset import Dataset, as_dataset
 from minitrain.data.iterator import DataIterator
 from minitrain.data.mapping import Mapped
-from minitrain.storage.layout import DATASETS_DIR
 from minitrain.data.sources import InMemory, Staged, column_file
 from minitrain.data.tables import ColumnTable
 from minitrain.errors import ConfigError
+from minitrain.storage.layout import DATASETS_DIR
 
 logger = logging.getLogger("minitrain")
 

@@ -19,10 +19,10 @@ from typing import Any, Iterator
 
 from minitrain import knobs
 from minitrain.driver.console import LiveConsole
-from minitrain.monitoring.monitor import RunMonitor
 from minitrain.hosts.cluster import ClusterConfig
 from minitrain.hosts.demand import Need
 from minitrain.hosts.reserve import Reservation, reserve
+from minitrain.monitoring.monitor import RunMonitor
 
 logger = logging.getLogger("minitrain")
 

@@ -15,8 +15,8 @@ import os
 import shutil
 from typing import Any, Iterator
 
-from minitrain.driver import messages as fit_notes
 from minitrain.config import RunConfig
+from minitrain.driver import messages as fit_notes
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import ClusterConfig
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager

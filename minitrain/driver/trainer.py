@@ -17,40 +17,40 @@ import cloudpickle
 
 from minitrain import __version__, _session, knobs
 
-from minitrain.driver import code_pickle, messages as fit_notes, local_mode, resource_wait, run_directory
-from minitrain.driver.environment import driver_pythonpath, sigterm_stops_like_ctrl_c, worker_env
-from minitrain.hosts import hostinfo, slurm_env, slurm_requeue
 from minitrain.callbacks.base import TrainRunContext
 from minitrain.callbacks.runner import CallbackRunner
 from minitrain.checkpoint import Checkpoint
-from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.config import DataConfig, FailureConfig, RunConfig, ScalingConfig, TorchConfig
 from minitrain.coordinator.controller import LaunchSettings, RunSpec
 from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
 from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.policy.loop import Rules
-from minitrain.driver.console import LiveConsole
-from minitrain.monitoring.console_status import ConsoleStatus
-from minitrain.monitoring.monitor import RunMonitor
-from minitrain.coordinator.run import run_coordinator
 from minitrain.coordinator.preemption_signals import preemption_deferred
-from minitrain.monitoring.stragglers import StragglerRule
+from minitrain.coordinator.run import run_coordinator
 from minitrain.dashboard import live_dashboard
 from minitrain.dashboard.stacks import StackDesk
+from minitrain.driver import code_pickle, messages as fit_notes, local_mode, resource_wait, run_directory
+from minitrain.driver.console import LiveConsole
+from minitrain.driver.environment import driver_pythonpath, sigterm_stops_like_ctrl_c, worker_env
+from minitrain.hosts import hostinfo, slurm_env, slurm_requeue
+from minitrain.monitoring.console_status import ConsoleStatus
+from minitrain.monitoring.monitor import RunMonitor
+from minitrain.monitoring.stragglers import StragglerRule
+from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.errors import (
     ConfigError, ControllerError, LaunchError, PreemptionError, WorkerGroupError, rebuild_exception,
 )
+from minitrain.driver.logs import LogSink, driver_logging
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
 from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import PreflightError, preflight
-from minitrain.driver.logs import LogSink, driver_logging
-from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.records import RunOutcome, RunPayload
-from minitrain.run_state import RunState, ray_status
 from minitrain.result import Resize, Result, Straggler
-from minitrain.storage.layout import LOGS_DIR
+from minitrain.run_state import RunState, ray_status
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage
+from minitrain.storage.layout import LOGS_DIR
+from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.worker.backend import Backend, TorchBackend
 
 logger = logging.getLogger("minitrain")

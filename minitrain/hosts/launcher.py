@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from minitrain import procs
+from minitrain.errors import LaunchError
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
-from minitrain.errors import LaunchError
-from minitrain.hosts.ssh import remote_agent_command, ssh_argv
 from minitrain.hosts.srun import srun_argv, srun_environment
+from minitrain.hosts.ssh import remote_agent_command, ssh_argv
 
 logger = logging.getLogger("minitrain")
 

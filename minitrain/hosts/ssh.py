@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Optional, Union
 
-from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions
 from minitrain.errors import LaunchError
+from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions
 from minitrain.hosts.srun import PREFLIGHT_STEP_NAME, srun_argv, srun_environment
 
 # The line of the pre-flight script's answer; anything else on stdout (a chatty .bashrc) is ignored.

@@ -6,8 +6,8 @@ from typing import Any, Callable, Optional
 
 from minitrain._gbdt import refuse_legacy_arguments
 from minitrain.config import DataConfig, RunConfig, ScalingConfig
-from minitrain.lightgbm.config import LightGBMConfig
 from minitrain.driver.trainer import DataParallelTrainer
+from minitrain.lightgbm.config import LightGBMConfig
 from minitrain.worker.backend import Backend
 from minitrain.worker.lightgbm_backend import LightGBMBackend
 

@@ -22,10 +22,10 @@ import time
 from typing import Callable, Mapping, Optional, Sequence
 
 from minitrain import knobs
+from minitrain.coordinator.observers import RunInfo, RunObserver
 from minitrain.driver.console import LiveConsole
 from minitrain.monitoring.diagnoses import startup_status, startup_text
 from minitrain.monitoring.monitor import RunMonitor, step_time_summary
-from minitrain.coordinator.observers import RunInfo, RunObserver
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState, ray_status
 

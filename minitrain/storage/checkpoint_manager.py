@@ -50,9 +50,9 @@ from typing import Any, Optional
 import minitrain
 from minitrain.config import CheckpointConfig
 from minitrain.errors import MinitrainError
-from minitrain.storage.retention import CheckpointRecord, Retention, best_checkpoints, retain
-from minitrain.storage.layout import INDEX_NAME, METRICS_NAME, RESERVED_NAMES, STAGING_DIR, is_own_name, is_temp_name
 from minitrain.storage.filesystem import Storage, StorageError
+from minitrain.storage.layout import INDEX_NAME, METRICS_NAME, RESERVED_NAMES, STAGING_DIR, is_own_name, is_temp_name
+from minitrain.storage.retention import CheckpointRecord, Retention, best_checkpoints, retain
 
 __all__ = ["CheckpointIndexError", "CheckpointManager", "INDEX_NAME", "METRICS_NAME", "RESERVED_NAMES",
            "check_dir_name", "config_dict"]

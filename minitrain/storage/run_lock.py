@@ -37,8 +37,8 @@ import uuid
 from typing import Any, Optional
 
 from minitrain.errors import ConfigError
-from minitrain.storage.layout import LOCK_NAME, RESERVED_NAMES
 from minitrain.storage.filesystem import Storage, StorageError
+from minitrain.storage.layout import LOCK_NAME, RESERVED_NAMES
 
 logger = logging.getLogger("minitrain")
 

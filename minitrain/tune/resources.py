@@ -15,9 +15,9 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
+from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
-from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.tune.placement import Demand, HostRoom, Placement, Pool
 from minitrain.tune.tune_config import _WithResources
 

@@ -29,13 +29,13 @@ from typing import Any, Optional
 import cloudpickle
 import numpy as np
 
+from minitrain.config import LoggingConfig
 from minitrain.driver import code_pickle
 from minitrain.storage import sweep_state as tr
 from minitrain.storage import user_key
+from minitrain.tune.run_config import CheckpointConfig, FailureConfig, RunConfig, SyncConfig
 from minitrain.tune.schedulers import FIFOScheduler
 from minitrain.tune.search import BasicVariantGenerator
-from minitrain.config import LoggingConfig
-from minitrain.tune.run_config import CheckpointConfig, FailureConfig, RunConfig, SyncConfig
 from minitrain.tune.search_space import Domain
 from minitrain.tune.tune_config import TuneConfig
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from minitrain.checkpoint import Checkpoint
-from minitrain.monitoring.diagnoses import startup_phase
 from minitrain.metrics import encode_metrics
+from minitrain.monitoring.diagnoses import startup_phase
 from minitrain.tune import messages
 from minitrain.tune.messages import Decision, TrialMessage, TrialReported, TrialStarting
 

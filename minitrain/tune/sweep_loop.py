@@ -34,8 +34,8 @@ from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import HOSTFILE_ENV_VAR, HOSTS_ENV_VAR
 from minitrain.procs import decode_returncode
 from minitrain.storage import sweep_state as tr
-from minitrain.storage.retention import CheckpointRecord, retain
 from minitrain.storage.filesystem import StorageError
+from minitrain.storage.retention import CheckpointRecord, retain
 from minitrain.tune import messages, restore_spec
 from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, TrialInterrupted, TrialMessage,
                                      TrialReported, TrialStarting)

@@ -17,22 +17,22 @@ from typing import Any, Callable, Optional
 
 from minitrain.config import RunConfig as TrainRunConfig
 from minitrain.dashboard.sweep import live_sweep_dashboard
+from minitrain.driver.environment import driver_pythonpath
+from minitrain.driver.logs import driver_logging
+from minitrain.driver.trainer import DataParallelTrainer, count_required_parameters
 from minitrain.errors import ConfigError
 from minitrain.hosts.cluster import current_cluster
-from minitrain.driver.logs import driver_logging
 from minitrain.storage import sweep_state as tr
 from minitrain.storage.user_key import KeyUnavailable
-from minitrain.driver.environment import driver_pythonpath
-from minitrain.driver.trainer import DataParallelTrainer, count_required_parameters
 from minitrain.tune import restore_spec
 from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
 from minitrain.tune.result_grid import ResultGrid, trial_error, trial_result
+from minitrain.tune.run_config import CheckpointConfig, RunConfig
 from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
 from minitrain.tune.stopper import MissingStopKey
-from minitrain.tune.run_config import CheckpointConfig, RunConfig
 from minitrain.tune.sweep_loop import Retention, SweepLimits, SweepLoop, SweepSpec
 from minitrain.tune.tune_config import TuneConfig, _WithParameters, _WithResources
 

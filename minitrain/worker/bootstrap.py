@@ -18,16 +18,16 @@ import traceback
 from typing import Any
 
 from minitrain import _session
-from minitrain.context import TrainContext
 from minitrain.commands import Assignment
+from minitrain.context import TrainContext
 from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.rpc import local_stream
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.backend import StoreLink, TorchBackend
+from minitrain.worker.session import UploadFailed, WorkerSession
 from minitrain.worker.transport.client import StreamClosed, WorkerClient
 from minitrain.worker.transport.grpc_client import GrpcWorkerClient
 from minitrain.worker.transport.local_client import LocalWorkerClient
-from minitrain.worker.session import UploadFailed, WorkerSession
 
 ASSIGNMENT_TIMEOUT_S = 120.0
 CLOSE_TIMEOUT_S = 10.0

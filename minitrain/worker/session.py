@@ -27,13 +27,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
 from minitrain.context import TrainContext
-from minitrain.storage.layout import RESERVED_NAMES, staged_dir
 from minitrain.metrics import encode_metrics
-from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.records import Phase
+from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.rpc import report_window
-from minitrain.worker.transport.client import WorkerClient
+from minitrain.storage.layout import RESERVED_NAMES, staged_dir
 from minitrain.worker.preemption import PreemptionGate
+from minitrain.worker.transport.client import WorkerClient
 
 logger = logging.getLogger("minitrain")
 

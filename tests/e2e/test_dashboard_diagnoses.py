@@ -30,8 +30,8 @@ import pytest
 
 import minitrain
 from minitrain import RunConfig, ScalingConfig
-from minitrain.monitoring.monitor import RunMonitor
 from minitrain.hosts import hostinfo
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.storage.filesystem import Storage
 from minitrain.torch import TorchTrainer
 

@@ -18,8 +18,8 @@ import pytest
 from procs_support import living_descendants
 
 from bench.scale.coordinator import rank0_metrics, simulate
-from minitrain.monitoring.monitor import RunMonitor
 from minitrain.coordinator.observers import RunObserver
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.records import FailureKind
 from minitrain.run_state import RunState, ray_status
 

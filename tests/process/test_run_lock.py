@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
+from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import LOCK_NAME
 from minitrain.storage.run_lock import RunLock, RunLockedError
-from minitrain.storage.filesystem import Storage
 
 
 def test_another_process_holding_the_lock_is_named_and_its_death_releases_it(tmp_path):

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import minitrain
-from minitrain.hosts.cluster import SSHOptions
 from minitrain.errors import LaunchError
+from minitrain.hosts.cluster import SSHOptions
 from minitrain.hosts.ssh import PreflightError, preflight, remote_agent_command, ssh_argv
 from ssh_support import GPU1, cluster_of, finished, preflight_answer
 

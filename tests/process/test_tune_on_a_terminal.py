@@ -11,8 +11,8 @@ import sys
 import time
 
 import minitrain
-from minitrain.driver import console as console_module
 from minitrain import tune
+from minitrain.driver import console as console_module
 from minitrain.driver.console import LiveConsole
 
 ERASE = "\x1b[1A\x1b[2K"

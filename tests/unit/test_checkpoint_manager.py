@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 
 from minitrain.storage.checkpoint_manager import (INDEX_NAME, METRICS_NAME, CheckpointIndexError, CheckpointManager)
 from minitrain.config import CheckpointConfig
+from minitrain.storage.filesystem import TEMP_SUFFIX, VALIDATE_MARKER, Storage, StorageError, is_temp_name
 from minitrain.storage.layout import STAGING_DIR, staged_dir
 from minitrain.storage.retention import CheckpointRecord, retain
-from minitrain.storage.filesystem import TEMP_SUFFIX, VALIDATE_MARKER, Storage, StorageError, is_temp_name
 
 FILE = "model.txt"
 

@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from minitrain import knobs
+from minitrain.errors import ConfigError
 from minitrain.hosts import cluster
 from minitrain.hosts.cluster import ClusterConfig, HostSpec, SSHOptions, parse_host_list, parse_hostfile
-from minitrain.errors import ConfigError
 
 
 @pytest.fixture

@@ -13,10 +13,10 @@ import pytest
 
 from dashboard_support import FixedRun
 from minitrain import _session
-from minitrain.driver.console import LiveConsole
 from minitrain.dashboard import live_dashboard
-from minitrain.errors import ConfigError
+from minitrain.driver.console import LiveConsole
 from minitrain.driver.logs import driver_logging, level_number
+from minitrain.errors import ConfigError
 from terminal_support import terminal
 
 

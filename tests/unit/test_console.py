@@ -13,13 +13,13 @@ from types import SimpleNamespace
 import pytest
 
 import minitrain
+from minitrain.coordinator.observers import RoundInfo
 from minitrain.driver.console import LiveConsole, status_mode
+from minitrain.driver.logs import LogSink
+from minitrain.errors import ConfigError
 from minitrain.monitoring.console_status import ConsoleStatus, line_interval_s, status_parts
 from minitrain.monitoring.monitor import RunMonitor
-from minitrain.coordinator.observers import RoundInfo
 from minitrain.monitoring.stragglers import StragglerRule
-from minitrain.errors import ConfigError
-from minitrain.driver.logs import LogSink
 from minitrain.records import RunOutcome
 from minitrain.run_state import RunState
 

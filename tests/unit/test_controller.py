@@ -19,13 +19,13 @@ from controller_support import FakeAgents, FakeClock, RecordingObserver, Recordi
 
 from minitrain.commands import Assignment, DumpStacks, Release, Rendezvous, Shutdown, StartWorkers, StopWorkers
 from minitrain.config import FailureConfig
-from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import IDLE_WAIT_S, POLL_S
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.observers import TelemetrySample
 from minitrain.coordinator.policy import actions  # its StopWorkers is not the command of that name
 from minitrain.coordinator.policy.loop import CATCH_UP_S, Action
-from minitrain.coordinator.observers import TelemetrySample
-from minitrain.run_state import RunState
 from minitrain.records import Phase, ReportRecord, WorkerFailure
+from minitrain.run_state import RunState
 
 NODES = ("n0", "n1")
 

@@ -9,11 +9,11 @@ import pytest
 from controller_support import FakeAgents, FakeClock, make_controller
 
 from minitrain.coordinator import controller as controller_module
+from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.policy.actions import MoveTo
 from minitrain.coordinator.policy.loop import Decision, Loop
-from minitrain.monitoring.monitor import RunMonitor
-from minitrain.coordinator.observers import RunObserver
 from minitrain.coordinator.transport.service import Hub
+from minitrain.monitoring.monitor import RunMonitor
 from minitrain.run_state import IllegalTransition, RunState, ray_status
 
 S = RunState

@@ -21,19 +21,19 @@ from controller_support import training_controller
 
 from minitrain.config import FailureConfig
 from minitrain.coordinator.facts import events as ev
-from minitrain.coordinator.transport import server as server_module
 from minitrain.coordinator.facts.attempt import AttemptTracker
-from minitrain.coordinator.policy.loop import Seen, Watch
 from minitrain.coordinator.policy.decide import _silent_ranks
+from minitrain.coordinator.policy.loop import Seen, Watch
 from minitrain.coordinator.policy.rounds import RoundTracker
+from minitrain.coordinator.transport import server as server_module
 from minitrain.monitoring.monitor import (
     MAX_SAMPLES, MIN_SAMPLES_PER_RANK, SAMPLES_PER_RANK, RunMonitor, samples_per_rank,
 )
+from minitrain.commands import ReportAck
 from minitrain.coordinator.facts.hang_watch import HangWatch
-from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
 from minitrain.coordinator.facts.metrics_log import read_metrics_history
 from minitrain.coordinator.observers import AttemptEnd, AttemptInfo, RunInfo, TelemetrySample
-from minitrain.commands import ReportAck
+from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, PACE_MIN_INTERVALS, PACE_WINDOW, HangRule, Pace
 from minitrain.coordinator.transport.service import Hub
 from minitrain.monitoring.stragglers import (
     MIN_WORK_S, StragglerDetector, StragglerRule, _median_known,

@@ -8,14 +8,14 @@ from controller_support import RecordingObserver, RecordingOutbox, agent_node, r
 
 from minitrain.commands import Assignment, CheckpointList, DumpStacks, PhaseAck, Release, StartWorkers
 from minitrain.config import CheckpointConfig
+from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.commits import Commits
-from minitrain.coordinator.current_attempt import CurrentAttempt
 from minitrain.coordinator.facts.hang_watch import HangWatch
-from minitrain.coordinator.policy.hangs import HangRule
 from minitrain.coordinator.facts.metrics_log import MetricsLog, read_metrics_history
-from minitrain.coordinator.observers import Observers, TelemetrySample
 from minitrain.coordinator.facts.worker_group import LaunchSettings
+from minitrain.coordinator.observers import Observers, TelemetrySample
+from minitrain.coordinator.policy.hangs import HangRule
 from minitrain.records import Phase, ReportRecord, WorkerAssignment, WorkerFailure
 from minitrain.storage.checkpoint_manager import CheckpointManager
 from minitrain.storage.filesystem import Storage

@@ -15,8 +15,8 @@ from fsspec.implementations.local import LocalFileSystem
 import minitrain.data as mdata
 import minitrain.data as ray_data  # what a ported Ray test calls `ray.data`
 from minitrain.config import DataConfig
-from minitrain.data.staging import StagingArea, plan_datasets
 from minitrain.data.sources import Staged
+from minitrain.data.staging import StagingArea, plan_datasets
 from minitrain.errors import ConfigError
 
 

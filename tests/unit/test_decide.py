@@ -14,8 +14,8 @@ from minitrain.coordinator.policy.actions import (
     CloseStreams, CollectStacks, DeclareHung, ForgetAgents, MoveTo, PrepareForkServers, RelaunchAgents, StartAttempt,
     StopWorkers,
 )
-from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait, Watch
 from minitrain.coordinator.policy.decide import decide
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait, Watch
 from minitrain.run_state import RunState, check_move
 
 S = RunState

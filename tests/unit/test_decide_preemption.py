@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from minitrain.coordinator.policy.actions import AgreePreemption, CloseStreams, MoveTo, StopWorkers
-from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait
 from minitrain.coordinator.policy.decide import decide
+from minitrain.coordinator.policy.loop import LogLate, Loop, Rules, Seen, Wait
 from minitrain.run_state import RunState, check_move
 
 S = RunState

@@ -10,8 +10,8 @@ from controller_support import FakeAgents, RecordingOutbox, agent_node, make_con
 
 from minitrain import commands as cmd
 from minitrain.config import FailureConfig
-from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.controller import POLL_S
+from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.run_state import RunState
 

@@ -14,10 +14,10 @@ from minitrain import ScalingConfig
 from minitrain.coordinator.policy.actions import (
     GROW, SHRINK, CloseStreams, DropDeadAgents, MoveTo, RelaunchAgents, StartAttempt, StopWorkers,
 )
-from minitrain.coordinator.policy.loop import Loop, Rules, Seen, Wait
+from minitrain.coordinator.facts.membership import HostBackoff
 from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Resize, Sizing, attempt_size, fitting_workers, resize_reason
-from minitrain.coordinator.facts.membership import HostBackoff
+from minitrain.coordinator.policy.loop import Loop, Rules, Seen, Wait
 from minitrain.errors import ConfigError
 from minitrain.records import NodeInfo
 from minitrain.run_state import RunState, check_move

@@ -11,9 +11,9 @@ import pytest
 import minitrain
 from minitrain import ConfigError, RunConfig, ScalingConfig
 from minitrain._gbdt import flatten_last, metric_names, report_dict
+from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.lightgbm import LightGBMConfig, LightGBMTrainer, get_network_params
 from minitrain.torch import TorchConfig, TorchTrainer
-from minitrain.driver.trainer import DataParallelTrainer
 from minitrain.worker.lightgbm_backend import LightGBMBackend, routable_address
 from minitrain.worker.xgboost_backend import XGBoostBackend, task_id
 from minitrain.xgboost import XGBoostConfig, XGBoostTrainer

@@ -10,8 +10,8 @@ import uuid
 import pytest
 from fsspec.implementations.memory import MemoryFileSystem
 
-from minitrain.storage.mirror import lives_in_this_process, local_mirror
 from minitrain.storage.filesystem import Storage, StorageError
+from minitrain.storage.mirror import lives_in_this_process, local_mirror
 
 
 class _UnreadableMemory(MemoryFileSystem):

@@ -14,8 +14,8 @@ from minitrain.monitoring.monitor import RunMonitor, step_time_summary
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, GpuSample, RoundInfo, RunInfo, TelemetrySample,
 )
-from minitrain.monitoring.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.errors import ConfigError
+from minitrain.monitoring.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.records import FailureKind, Phase, ReportRecord, RunOutcome, WorkerFailure
 from minitrain.run_state import RunState
 from minitrain.storage.filesystem import Storage

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from minitrain.coordinator.policy.ranks import assign_ranks
 from minitrain.coordinator.facts.worker_group import node_env
+from minitrain.coordinator.policy.ranks import assign_ranks
 from minitrain.records import NodeInfo
 
 

@@ -8,9 +8,9 @@ import logging
 
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.commits import History
+from minitrain.coordinator.outcome import failure_message, log_late, log_move, run_outcome
 from minitrain.coordinator.policy.actions import MoveTo
 from minitrain.coordinator.policy.loop import Loop, Rules, Wait
-from minitrain.coordinator.outcome import failure_message, log_late, log_move, run_outcome
 from minitrain.records import Phase, WorkerAssignment, WorkerFailure
 from minitrain.run_state import RunState as S
 

@@ -24,8 +24,8 @@ pafs = pytest.importorskip("pyarrow.fs")
 
 from minitrain import Checkpoint, ConfigError, Result, RunConfig  # noqa: E402
 from minitrain.data import read_csv  # noqa: E402
-from minitrain.storage.filesystem import Storage  # noqa: E402
 from minitrain.storage import user_filesystems  # noqa: E402
+from minitrain.storage.filesystem import Storage  # noqa: E402
 from minitrain.storage.user_filesystems import as_fsspec  # noqa: E402
 
 

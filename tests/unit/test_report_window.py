@@ -22,9 +22,9 @@ from minitrain.records import Phase, ReportRecord
 from minitrain.rpc import report_window
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
+from minitrain.worker.session import WorkerSession
 from minitrain.worker.transport.client import StreamClosed
 from minitrain.worker.transport.local_client import LocalWorkerClient
-from minitrain.worker.session import WorkerSession
 
 from controller_support import training_controller
 

@@ -6,14 +6,14 @@ from __future__ import annotations
 import io
 import logging
 
-from minitrain.driver.console import LiveConsole
-from minitrain.monitoring.monitor import RunMonitor
 from minitrain.dashboard.pages import startup_html
+from minitrain.driver.console import LiveConsole
+from minitrain.driver.resource_wait import _WaitDisplay
 from minitrain.hosts.cluster import HostSpec
 from minitrain.hosts.demand import Need
 from minitrain.hosts.ledger import Claim
 from minitrain.hosts.reserve import _try_claim
-from minitrain.driver.resource_wait import _WaitDisplay
+from minitrain.monitoring.monitor import RunMonitor
 
 WAITING = "waiting for 2 GPUs on gpu1 since 12:03: held by run X (alice, pid 7, since 11:40): 2 GPUs (0,1)"
 

@@ -18,9 +18,9 @@ from bench import cli
 from bench.scale import client_stats, clients, fake_worker, links, relaunch
 from minitrain.agent.transport import relay
 from minitrain.rpc import report_window
-from minitrain.rpc.digest import fold_reports
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
+from minitrain.rpc.digest import fold_reports
 
 RUN, NODE = "run-1", "node0000"
 

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 
 from minitrain import _session
-from minitrain.driver import trainer as trainer_module
+from minitrain.config import ScalingConfig
 from minitrain.dashboard import __main__ as dashboard_cli
 from minitrain.dashboard import sweep as dashboard_sweep
-from minitrain.storage import sweep_state
-from minitrain.config import ScalingConfig
+from minitrain.driver import trainer as trainer_module
 from minitrain.driver.trainer import TorchTrainer
+from minitrain.storage import sweep_state
 from minitrain.tune.session import ForwardingObserver, TrialSession, TuneContext
 
 

@@ -17,8 +17,8 @@ from minitrain.records import Phase
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.storage.filesystem import Storage
 from minitrain.storage.layout import staged_dir
-from minitrain.worker.transport.client import WorkerClient
 from minitrain.worker.session import UploadFailed, WorkerSession
+from minitrain.worker.transport.client import WorkerClient
 
 
 class FakeClient:

@@ -34,7 +34,6 @@ import grpc
 from minitrain import commands as cmd
 from minitrain.agent.transport.local_call import LocalAgentCall, LocalStreamBroken
 from minitrain.agent.transport.relay import RelayServer, coalesced_requests
-from minitrain.rpc.digest import fold_reports
 from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S, LEASE_TIMEOUT_S, Lease, until_heartbeat_s
 from minitrain.records import NodeInfo
 from minitrain.rpc import convert
@@ -42,6 +41,7 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import call_metadata
 from minitrain.rpc.channel import END_OF_STREAM, client_channel
+from minitrain.rpc.digest import fold_reports
 
 
 _WAKE = object()  # on the command queue: the stream ended, the command loop should look now

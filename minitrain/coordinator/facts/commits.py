@@ -19,13 +19,13 @@ from minitrain.commands import CheckpointEntry, CheckpointList, ReportAck, Repor
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.attempt import AttemptTracker
 from minitrain.coordinator.facts.metrics_log import MetricsLog
+from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.observers import Observers, RankMetrics, RoundInfo
 from minitrain.coordinator.policy.rounds import CompletedRound, RoundConflict, RoundTracker
-from minitrain.coordinator.facts.outbox import Outbox
-from minitrain.storage.layout import staged_dir
 from minitrain.records import FailureKind, Phase, ReportRecord, WorkerFailure
-from minitrain.storage.retention import CheckpointRecord
 from minitrain.storage.filesystem import StorageError
+from minitrain.storage.layout import staged_dir
+from minitrain.storage.retention import CheckpointRecord
 
 logger = logging.getLogger("minitrain")
 

@@ -13,8 +13,8 @@ from typing import Iterable, Optional
 
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.attempt import AttemptTracker, RankState
-from minitrain.coordinator.policy.loop import Watch
 from minitrain.coordinator.policy.hangs import AUTO, HangRule, Pace
+from minitrain.coordinator.policy.loop import Watch
 from minitrain.records import Phase, ReportRecord
 
 

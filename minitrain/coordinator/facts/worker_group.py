@@ -15,8 +15,8 @@ from typing import Any, Callable, Mapping
 from minitrain import commands as cmd
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.attempt import AttemptTracker
-from minitrain.coordinator.policy.hangs import waits_in_collective
 from minitrain.coordinator.facts.outbox import Outbox
+from minitrain.coordinator.policy.hangs import waits_in_collective
 from minitrain.records import FailureKind, NodeInfo, WorkerAssignment, WorkerFailure
 
 logger = logging.getLogger("minitrain")

@@ -12,9 +12,9 @@ from grpc import aio
 
 from minitrain.coordinator.transport.local_agents import LocalAgentListener
 from minitrain.coordinator.transport.service import CoordinatorService, Hub
-from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.lease import HEARTBEAT_INTERVAL_S, LEASE_CHECK_INTERVAL_S
 from minitrain.rpc import limits, tls
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
 from minitrain.rpc.auth import AioTokenAuthInterceptor
 from minitrain.rpc.channel import server_options
 
