@@ -43,13 +43,19 @@ from minitrain.dashboard.settings import DashboardAddress
 
 logger = logging.getLogger("minitrain")
 
-StackDumper = Callable[[int], str]  # rank -> every thread's stack of that rank (raises LookupError if none)
+# rank -> every thread's stack of that rank; raises ValueError for a rank the run does not have (answered
+# 400) and LookupError when the rank gives no answer (answered 404), each with a one-line reason.
+StackDumper = Callable[[int], str]
 # An extra GET route: the parsed query -> (body, content type); raises BadQuery for a bad parameter.
 Route = Callable[[dict], "tuple[bytes, str]"]
 
 _STATIC_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
                  ".LICENSE": "text/plain; charset=utf-8"}
-_STACKS = re.compile(r"^/api/ranks/(\d+)/stacks$")
+_STACKS = re.compile(r"^/api/ranks/([^/]*)/stacks$")
+# A rank in a path is ASCII digits, at most this many: enough for any world size, and far below the
+# 4,300 digits past which int() raises (a 5,000-digit rank once wrote a traceback per request).
+_RANK_DIGITS = 9
+_SHOWN = 64  # characters of a client's path or value quoted in a reply or a log line
 # The page loads only its own files; nothing may frame it; no referrer carries the token elsewhere.
 _SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -73,6 +79,20 @@ def _finite(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return [_finite(v) for v in value]
     return value
+
+
+def _shown(text: str) -> str:
+    """`text` cut to `_SHOWN` characters for a reply or a log line: a client chooses its length."""
+    return text if len(text) <= _SHOWN else f"{text[:_SHOWN]}... ({len(text)} characters)"
+
+
+def _rank_in_path(text: str) -> int:
+    """The rank of `/api/ranks/<rank>/stacks`; BadQuery (400) naming the value unless it is 1 to
+    `_RANK_DIGITS` ASCII digits (checked before int() sees it)."""
+    if not (0 < len(text) <= _RANK_DIGITS and text.isascii() and text.isdigit()):
+        raise BadQuery(f"rank {_shown(text)!r} in /api/ranks/<rank>/stacks is not a rank: "
+                       f"use a rank of the current attempt, 0 to its world size - 1")
+    return int(text)
 
 
 def _static_files() -> dict[str, bytes]:
@@ -164,7 +184,9 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = IDLE_S  # seconds a client may stay silent mid-request (the whole request has a deadline too)
 
     def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
-        logger.debug("dashboard %s: " + format, self.address_string(), *args)
+        # The request line is the client's: cut, so one request costs one short debug line.
+        shown = tuple(_shown(arg) if isinstance(arg, str) else arg for arg in args)
+        logger.debug("dashboard %s: " + format, self.address_string(), *shown)
 
     def finish(self) -> None:
         # A client that went away leaves a reply that cannot be flushed: the server's handle_error
@@ -207,7 +229,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):  # the client went away: the server says so in one debug line
             raise
         except Exception:  # noqa: BLE001 - one bad request never stops the server
-            logger.exception("dashboard: %s %s failed", method, url.path)
+            logger.exception("dashboard: %s %s failed", method, _shown(url.path))
             self._send(500, b"internal error (see the driver's log)", "text/plain; charset=utf-8")
 
     def _get(self, path: str, query: dict, extra: dict) -> None:
@@ -245,8 +267,11 @@ class _Handler(BaseHTTPRequestHandler):
         if not self.dashboard.live or self.dashboard.dump_stacks is None:
             self._send(409, b"stacks can only be taken while the run is live", "text/plain; charset=utf-8")
             return
+        rank = _rank_in_path(match.group(1))
         try:
-            text = self.dashboard.dump_stacks(int(match.group(1)))
+            text = self.dashboard.dump_stacks(rank)
+        except ValueError as exc:  # a rank the run does not have
+            raise BadQuery(str(exc)) from None
         except LookupError as exc:
             self._send(404, str(exc).encode(), "text/plain; charset=utf-8")
             return

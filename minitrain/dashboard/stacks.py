@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, Optional
 
-from minitrain.coordinator.observers import RunInfo, RunObserver, StackDump
+from minitrain.coordinator.observers import AttemptInfo, RunInfo, RunObserver, StackDump
 
 WAIT_S = 15.0  # the agent waits up to a few seconds for a worker's faulthandler; then it answers ""
 
@@ -22,9 +22,14 @@ class StackDesk(RunObserver):
         self._answers: dict[int, StackDump] = {}
         self._arrived = threading.Condition(self._lock)
         self._ended = False
+        self._world_size: Optional[int] = None  # of the latest attempt: the ranks there are to ask
 
     def on_run_start(self, run: RunInfo) -> None:
         self._request = run.request_stacks
+
+    def on_attempt_start(self, attempt: AttemptInfo) -> None:
+        with self._lock:
+            self._world_size = attempt.world_size
 
     def on_stacks(self, dump: StackDump) -> None:
         with self._arrived:
@@ -37,12 +42,17 @@ class StackDesk(RunObserver):
             self._arrived.notify_all()
 
     def dump(self, rank: int) -> str:
-        """The stacks of `rank`, waiting up to the desk's wait; LookupError when the run cannot give
-        them (not started, ended, or the rank did not answer in time)."""
+        """The stacks of `rank`, waiting up to the desk's wait; ValueError for a rank outside the latest
+        attempt (0 to its world size - 1), asked of no one; LookupError when the run cannot give them
+        (no attempt started yet, ended, or the rank did not answer in time)."""
         request = self._request
-        if request is None:
-            raise LookupError("the run has not started its workers yet")
         with self._arrived:
+            world_size = self._world_size
+            if request is None or world_size is None:
+                raise LookupError("the run has not started its workers yet")
+            if not 0 <= rank < world_size:
+                raise ValueError(f"rank {rank} is not in the run: the current attempt has ranks 0 to "
+                                 f"{world_size - 1}")
             before = self._answers.get(rank)
         request(rank)
         with self._arrived:

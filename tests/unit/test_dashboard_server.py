@@ -220,6 +220,32 @@ def test_stacks_action(server, stacks_asked):
     assert _request(server, "GET", "/api/ranks/1/stacks")[0] == 404
 
 
+@pytest.mark.parametrize("rank", ["9" * 5000, "1" * 10, "-1", "\u0661", "x", "%31"])
+def test_a_rank_that_is_no_rank_is_refused_in_one_line(server, stacks_asked, rank, caplog):
+    """A 5,000-digit rank once reached int() (past Python's 4,300-digit limit) and wrote a traceback to
+    the driver's log per request: it is refused with 400 and a short reason, and logs one short line."""
+    caplog.set_level("DEBUG", logger="minitrain")
+    status, _, body = _request(server, "POST", f"/api/ranks/{urllib.parse.quote(rank)}/stacks",
+                               {ACTION_HEADER: "1"})
+    assert status == 400 and b"is not a rank" in body and len(body) < 300, body
+    assert stacks_asked == []
+    assert not [r for r in caplog.records if r.exc_info or r.levelno > 10]
+    assert all(len(r.getMessage()) < 400 for r in caplog.records)
+
+
+def test_a_rank_outside_the_attempt_is_refused_without_asking(run_view):
+    from minitrain.dashboard.stacks import StackDesk
+
+    asked = []
+    desk = StackDesk(wait_s=30)
+    desk.on_run_start(_run_info(asked.append))
+    desk.on_attempt_start(_attempt(2))
+    with DashboardServer(run_view, DashboardAddress(), dump_stacks=desk.dump) as server:
+        status, _, body = _request(server, "POST", "/api/ranks/2/stacks", {ACTION_HEADER: "1"})
+    assert status == 400 and body == b"rank 2 is not in the run: the current attempt has ranks 0 to 1"
+    assert asked == []
+
+
 def test_a_post_hoc_server_has_no_actions(run_view):
     with DashboardServer(run_view, DashboardAddress(), live=False) as server:
         status, _, body = _request(server, "POST", "/api/ranks/0/stacks", {ACTION_HEADER: "1"})
@@ -369,6 +395,11 @@ def _run_info(request) -> "RunInfo":
     return RunInfo("id", "name", "/tmp/run", 2, 0.0, request_stacks=request)
 
 
+def _attempt(world_size: int) -> "AttemptInfo":
+    from minitrain.coordinator.observers import AttemptInfo
+    return AttemptInfo(0, ("host",) * world_size, 0.0)
+
+
 def test_the_stack_desk_answers_with_the_ranks_own_dump():
     from minitrain.coordinator.observers import StackDump
     from minitrain.dashboard.stacks import StackDesk
@@ -382,6 +413,7 @@ def test_the_stack_desk_answers_with_the_ranks_own_dump():
                                          for other in (1 - rank, rank)]).start()
 
     desk.on_run_start(_run_info(request))
+    desk.on_attempt_start(_attempt(2))
     assert desk.dump(1) == "stack of 1" and desk.dump(0) == "stack of 0" and asked == [1, 0]
 
 
@@ -391,9 +423,16 @@ def test_the_stack_desk_says_why_there_is_no_answer():
     desk = StackDesk(wait_s=0.2)
     with pytest.raises(LookupError, match="not started"):
         desk.dump(0)
-    desk.on_run_start(_run_info(lambda rank: None))  # a rank that is not running never answers
-    with pytest.raises(LookupError, match="rank 3 sent no stacks"):
+    asked = []
+    desk.on_run_start(_run_info(asked.append))
+    with pytest.raises(LookupError, match="not started"):  # no attempt yet: no rank to ask
+        desk.dump(0)
+    desk.on_attempt_start(_attempt(4))
+    with pytest.raises(LookupError, match="rank 3 sent no stacks"):  # a rank that is not running never answers
         desk.dump(3)
+    with pytest.raises(ValueError, match="rank 4 is not in the run: the current attempt has ranks 0 to 3"):
+        desk.dump(4)  # outside the attempt: refused without asking
+    assert asked == [3]
     desk.on_run_end(None)
     with pytest.raises(LookupError, match="the run ended"):
         desk.dump(0)
