@@ -182,6 +182,30 @@ def test_a_hostile_connection_is_closed_without_an_event(coordinator, monkeypatc
     assert events.empty()
 
 
+def test_connections_still_open_at_stop_are_closed_quietly(coordinator, caplog, capfd):
+    """A connection with no hello yet, one halfway through its hello and a served agent stream, all open
+    when the coordinator stops: each is closed without a traceback (asyncio once logged one per
+    connection whose task ended cancelled), and one debug line says how many there were."""
+    caplog.set_level("DEBUG")
+    server, events, _, _ = coordinator
+    with _raw(server) as silent, _raw(server) as partial, _raw(server) as agent:
+        partial.sendall(local_stream.hello(TOKEN, local_stream.AGENT_HELLO_MAGIC)[:6])
+        agent.sendall(local_stream.hello(TOKEN, local_stream.AGENT_HELLO_MAGIC))
+        hello = pb.AgentMessage(run_id=RUN_ID, node_id="localhost", sent_at=time.time(),
+                                hello=pb.AgentHello(hostname="h", pid=9))
+        agent.sendall(local_stream.frame(hello.SerializeToString()))
+        _next_event(events, ev.AgentConnected)
+        # The listener serves all three (its own count: nothing outside says a hello is half read).
+        _wait(lambda: len(server._local._connections) == 3, "three connections being served")
+        server.stop()
+        assert all(_closed_by_peer(sock) for sock in (silent, partial, agent))
+    assert [r for r in caplog.records if r.exc_info or r.levelno >= 40] == []
+    assert not [r for r in caplog.records if r.name == "minitrain.coordinator" and r.levelno >= 30]
+    assert [r.getMessage() for r in caplog.records if "still open at stop" in r.getMessage()] == [
+        "closed 3 local agent connection(s) still open at stop"]
+    assert "Traceback" not in capfd.readouterr().err
+
+
 def test_bytes_that_are_not_messages_end_the_stream_as_broken(coordinator):
     server, events, _, _ = coordinator
     with _raw(server) as sock:

@@ -67,6 +67,7 @@ class LocalAgentListener:
         self._directory = SocketDirectory(DIRECTORY_PREFIX, SOCKET_NAME)
         self._server: Optional[asyncio.AbstractServer] = None
         self._connections: set[asyncio.Task] = set()
+        self._stopping = False  # set by stop(): a connection served from then on is closed at once
 
     @property
     def address(self) -> str:
@@ -83,7 +84,9 @@ class LocalAgentListener:
             raise
 
     async def stop(self) -> None:
-        """Stop listening, end every stream, remove the directory (idempotent)."""
+        """Stop listening, end every stream, remove the directory (idempotent). Connections still open,
+        a pending hello or a half-open one included, are closed quietly: one debug line for them all."""
+        self._stopping = True
         if self._server is not None:
             self._server.close()
             self._server = None
@@ -92,9 +95,13 @@ class LocalAgentListener:
             task.cancel()
         if connections:
             await asyncio.gather(*connections, return_exceptions=True)
+            logger.debug("closed %d local agent connection(s) still open at stop", len(connections))
         self._directory.remove()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._stopping:  # accepted just before the listener closed: nothing is served any more
+            writer.close()
+            return
         task = asyncio.current_task()
         self._connections.add(task)
         try:
@@ -124,6 +131,11 @@ class LocalAgentListener:
             writer.write_eof()
         except (ConnectionError, OSError):
             pass  # the agent went: its stream's end was reported by AgentStream
+        except asyncio.CancelledError:
+            # stop() ends every connection by cancelling its task. The task must still end normally:
+            # asyncio's streams (3.11) log a traceback for a connection task that ends cancelled.
+            if not self._stopping:
+                raise
         finally:
             writer.close()
             self._connections.discard(task)
