@@ -14,7 +14,8 @@ token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
 - EXIT_REFUSED (3): the coordinator refused this agent: a wrong token (found at the TLS handshake, since
   the certificate is derived from the token; over loopback, by the token check), or another run id (a run
   that is over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
-  permanent;
+  permanent. Also a joiner that dialled a loopback address (plaintext) where the coordinator serves TLS
+  (`plaintext_to_tls`): it cannot ever connect, and the fix is its address;
 - EXIT_UNREACHABLE (4): HOST did not resolve or PORT did not answer within `timeout_s`;
 - 1: the coordinator went away mid-run (its lease broke), as for any agent;
 - EXIT_SIGNALLED (143): SIGTERM, SIGINT or SIGHUP stopped it (its workers first).
@@ -98,6 +99,32 @@ def _connect_once(host: str, port: int, timeout_s: float, cert_pem: bytes = b"")
                 from None
 
 
+def speaks_tls(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
+    """True when whatever listens at `host`:`port` completes a TLS handshake; False when it does not (a
+    plaintext gRPC server closes on the hello), or nothing answers within `timeout_s`. It only asks
+    whether the peer speaks TLS: no certificate is checked, as nothing is sent once the handshake is done."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])  # as gRPC's client: its server expects HTTP/2
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as connection, \
+                context.wrap_socket(connection):
+            return True
+    except OSError:  # ssl.SSLError, a reset, a timeout: not a TLS server (or none at all)
+        return False
+
+
+def plaintext_to_tls(address: str) -> str:
+    """What to tell a joiner that dialled `address`, a loopback address (so plaintext, `tls.uses_tls`),
+    where the coordinator serves TLS: which mismatch it is and how to fix it."""
+    return (f"the coordinator at {address} serves TLS, but this joiner dials a loopback address, which minitrain "
+            f"reaches in plaintext: the run serves TLS because its JoinConfig's address is not loopback. Dial "
+            f"that address (on Kubernetes, MASTER_ADDR or PET_MASTER_ADDR as pod 0 has it), not a loopback "
+            f"address or a port forwarded to one: the run's certificate is derived from the token and that "
+            f"host, and the joiner derives the same one only from the same host")
+
+
 def refusal(end_reason: str) -> Optional[str]:
     """What to tell the joiner's user when the coordinator refused it (from its stream's end
     reason), or None when it was not a refusal."""
@@ -142,6 +169,10 @@ def join(address: str, node_id: str, run_id: str, token: str, timeout_s: float) 
         print(f"minitrain.launch --join: {agent.signalled}; this node's workers were stopped", file=sys.stderr)
         return EXIT_SIGNALLED
     why = refusal(agent.end_reason)
+    if why is None and not cert and speaks_tls(host, int(port)):
+        # A plaintext agent's calls to a TLS server fail at the handshake, which its stream sees only as
+        # a lease that lapsed: asked after the fact, so a join that works costs no extra connection.
+        why = plaintext_to_tls(address)
     if why is not None:
         print(f"minitrain.launch --join: {why}", file=sys.stderr)
         return EXIT_REFUSED

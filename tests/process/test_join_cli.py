@@ -78,3 +78,28 @@ def test_a_joiner_started_before_its_master_waits_for_it(tmp_path):
             joiner.wait()
     assert joiner.returncode == 1, stderr
     assert "went away" in stderr and "no coordinator" not in stderr
+
+
+def test_a_plaintext_joiner_of_a_tls_run_exits_3_naming_the_mismatch(tmp_path):
+    """A joined run whose address is not loopback serves TLS on every interface; a joiner that dials it
+    on loopback speaks plaintext and can never connect. It exits 3 (not retryable) saying so and what to
+    dial, not 1 ("went away", which Kubernetes retries forever)."""
+    import queue
+
+    from minitrain.coordinator.transport.server import CoordinatorServer
+    from minitrain.coordinator.transport.service import CoordinatorService, Hub
+    from minitrain.rpc import tls
+
+    secret = "k" * 43
+    token = tmp_path / "token"
+    token.write_text(secret)
+    hub = Hub()
+    service = CoordinatorService("job", queue.SimpleQueue(), hub, None, lease_timeout_s=60.0, node_ids=("pod-1",))
+    with CoordinatorServer(service, hub, secret, hosts=("0.0.0.0",),
+                           identity=tls.join_identity(secret, "job-master-0")) as server:
+        port = server.address.rpartition(":")[2]
+        done = _launch(["--join", f"127.0.0.1:{port}", "--node-id", "pod-1", "--run-id", "job",
+                        "--token-file", str(token)], _env(MINITRAIN_JOIN_TIMEOUT_S="10"))
+    assert done.returncode == 3, done.stderr
+    assert f"the coordinator at 127.0.0.1:{port} serves TLS" in done.stderr and "MASTER_ADDR" in done.stderr
+    assert "went away" not in done.stderr

@@ -216,3 +216,33 @@ def test_a_real_listener_that_appears_late_is_found():
 def test_a_refusal_is_told_apart_from_a_lost_coordinator(reason, words):
     told = joiner.refusal(reason)
     assert (told is None) if words is None else (words in told)
+
+
+def _coordinator(hosts: tuple, identity=None):
+    import queue
+
+    from minitrain.coordinator.transport.server import CoordinatorServer
+    from minitrain.coordinator.transport.service import CoordinatorService, Hub
+
+    hub = Hub()
+    service = CoordinatorService("job", queue.SimpleQueue(), hub, None, lease_timeout_s=60.0)
+    return CoordinatorServer(service, hub, TOKEN, hosts=hosts, identity=identity)
+
+
+def test_a_tls_coordinator_is_told_from_a_plaintext_one():
+    """What a plaintext joiner asks after its stream failed: a joined run's coordinator serving TLS on
+    every interface answers the TLS probe on loopback too; a loopback one (plaintext) and a port with
+    nothing behind it do not."""
+    with _coordinator(("0.0.0.0",), tls.join_identity(TOKEN, "job-master-0")) as served:
+        assert joiner.speaks_tls("127.0.0.1", int(served.address.rpartition(":")[2]))
+    with _coordinator(("127.0.0.1",)) as plaintext:
+        port = int(plaintext.address.rpartition(":")[2])
+        started = time.monotonic()
+        assert not joiner.speaks_tls("127.0.0.1", port)
+        assert time.monotonic() - started < joiner.CONNECT_TIMEOUT_S  # closed at the hello, not timed out
+    assert not joiner.speaks_tls("127.0.0.1", port)  # nothing listens any more
+
+
+def test_the_tls_mismatch_names_the_address_and_the_fix():
+    told = joiner.plaintext_to_tls("127.0.0.1:29500")
+    assert "127.0.0.1:29500 serves TLS" in told and "loopback" in told and "MASTER_ADDR" in told
