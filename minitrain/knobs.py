@@ -251,7 +251,8 @@ LEDGER_DIR: Knob[Optional[str]] = Knob(
 RESOURCE_WAIT_S: Knob[Optional[float]] = Knob(
     "MINITRAIN_RESOURCE_WAIT_S", None, _wait_seconds,
     "Seconds a run waits for the GPUs/CPUs/memory other runs hold on its hosts: unset (or forever) waits "
-    "as long as it takes, 0 fails at once (minitrain.hosts.reserve).")
+    "as long as it takes, 0 fails at once (minitrain.hosts.reserve). The limit holds whatever another "
+    "process does with a ledger's lock: a claim waits for it 0.5 s at most.")
 LEDGER_FOREIGN_GPUS: Knob[str] = Knob(
     "MINITRAIN_LEDGER_FOREIGN_GPUS", "report", _foreign_gpus,
     "A GPU busy with a process outside any minitrain claim: report (default: named in the waiting line and "

@@ -96,7 +96,8 @@ class Need:
 
 def room(snapshot: Snapshot, need: Need, limit: int, idle: bool = False) -> int:
     """The most workers of `need` (up to `limit`) the host of `snapshot` holds now, or when every claim
-    is gone (`idle`)."""
+    is gone (`idle`). Only what `need` asks for counts: a run that needs no memory (or no CPUs) is never
+    held back by the claims on it, however many there are."""
     if idle:
         snapshot = Snapshot(snapshot.host, snapshot.totals)
     free_gpus = len(snapshot.free_gpus())
@@ -104,7 +105,8 @@ def room(snapshot: Snapshot, need: Need, limit: int, idle: bool = False) -> int:
     count = 0
     while count < limit:
         n = count + 1
-        if need.gpus_for(n) > free_gpus or n * need.cpus > free_cpus + _EPS or n * need.memory_bytes > free_memory:
+        if need.gpus_for(n) > free_gpus or (need.cpus and n * need.cpus > free_cpus + _EPS) \
+                or (need.memory_bytes and n * need.memory_bytes > free_memory):
             break
         count = n
     return count
@@ -154,10 +156,13 @@ def holders(snapshot: Snapshot, need: Need) -> list[str]:
     return found
 
 
-def waiting_text(need: Need, snapshots: Sequence[Snapshot], since: float) -> str:
-    """'waiting for 2 GPUs on gpu1 since 12:03: held by run X (alice, pid 1, since 11:40): 2 GPUs (0,1)'."""
+def waiting_text(need: Need, snapshots: Sequence[Snapshot], since: float, locked_by: Sequence[str] = ()) -> str:
+    """'waiting for 2 GPUs on gpu1 since 12:03: held by run X (alice, pid 1, since 11:40): 2 GPUs (0,1)'.
+    `locked_by`: who holds a host's ledger lock so long that the run could not claim there
+    (`minitrain.hosts.ledger.LedgerBusyError`'s text: 'pid 4242 (bob), which holds the ledger's lock ...')."""
     names = ",".join(s.host for s in snapshots)
     who = [f"{s.host + ': ' if len(snapshots) > 1 else ''}{h}" for s in snapshots for h in holders(s, need)]
+    who += list(locked_by)
     problems = [p for s in snapshots for p in s.problems]
     wanted = need.describe(need.fewest) + (f" (at least {need.fewest} workers)" if need.min_workers is not None else "")
     text = (f"waiting for {wanted} on {names} since {time.strftime('%H:%M', time.localtime(since))}: "

@@ -3,7 +3,8 @@
 A run's claim on a remote host must be held by a process on that host, for as long as the run lasts.
 The driver starts this module there over SSH (`RemoteHost`), and it answers one JSON line per request
 on stdin: ``{"op": "snapshot"}`` (the host's ledger now), ``{"op": "claim", "workers": n, "need":
-{...}, "run": name}`` (claim there, atomically, or answer that it does not fit), ``{"op": "release"}``.
+{...}, "run": name, "lock_wait_s": s}`` (claim there, atomically, or answer that it does not fit, or
+``{"busy": who}`` when another process held the ledger's lock for ``lock_wait_s``), ``{"op": "release"}``.
 It holds its claim until its stdin ends: when the driver ends, or dies (SIGKILL included: its ssh
 connection closes, sshd closes our stdin), the holder exits and the kernel drops the claim's lock.
 
@@ -27,7 +28,8 @@ from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need
 from minitrain.hosts.gpus import Gpu, host_gpus
-from minitrain.hosts.ledger import Claim, HeldClaim, Ledger, LedgerError, Snapshot, Totals
+from minitrain.hosts.ledger import (LOCK_WAIT_S, Claim, HeldClaim, Ledger, LedgerBusyError, LedgerError, Snapshot,
+                                    Totals)
 from minitrain.hosts.ssh import remote_python_command, ssh_argv
 
 _ANSWER_TIMEOUT_S = 60.0
@@ -84,8 +86,13 @@ def serve(name: str, stdin=sys.stdin, stdout=sys.stdout) -> int:
                     if held is not None:
                         held.release()
                     need = Need(**request["need"])
-                    held = ledger.claim(this_host_totals(), request["run"],
-                                        lambda snap: need.claim_for(request["workers"], snap))
+                    lock_wait_s = min(float(request.get("lock_wait_s", LOCK_WAIT_S)), LOCK_WAIT_S)
+                    try:
+                        held = ledger.claim(this_host_totals(), request["run"],
+                                            lambda snap: need.claim_for(request["workers"], snap), lock_wait_s)
+                    except LedgerBusyError as exc:  # the driver's wait goes on: not an error there
+                        answer({"busy": str(exc)})
+                        continue
                     answer({"claim": None if held is None else dataclasses.asdict(held.claim)})
                 elif op == "release":
                     if held is not None:
@@ -136,6 +143,8 @@ class RemoteHost:
         except queue.Empty:
             raw = None
         message = json.loads(raw) if raw else {}
+        if "busy" in message:  # that host's ledger lock is held by another process: the run waits on
+            raise LedgerBusyError(message["busy"])
         if key not in message:
             if not raw:  # it ended: its last words on stderr say why (ssh's, or a traceback's)
                 self._stderr.join(timeout=2.0)
@@ -154,8 +163,10 @@ class RemoteHost:
     def snapshot(self) -> Snapshot:
         return snapshot_from_dict(self._ask({"op": "snapshot"}, "snapshot"))
 
-    def claim(self, workers: int, need: Need, run: str) -> Optional[Claim]:
-        found = self._ask({"op": "claim", "workers": workers, "need": dataclasses.asdict(need), "run": run}, "claim")
+    def claim(self, workers: int, need: Need, run: str, lock_wait_s: float = LOCK_WAIT_S) -> Optional[Claim]:
+        """What `workers` of `need` hold there now, or None; LedgerBusyError when its ledger lock stays held."""
+        found = self._ask({"op": "claim", "workers": workers, "need": dataclasses.asdict(need), "run": run,
+                           "lock_wait_s": lock_wait_s}, "claim")
         return None if found is None else Claim(**{**found, "gpus": tuple(found["gpus"])})
 
     def release(self) -> None:

@@ -14,7 +14,10 @@ allocation (the scheduler owns the nodes), it returns at once and touches no led
    given back, so no run holds part of a cluster while waiting for the rest;
 4. while the run does not fit, `on_wait` is told who holds what it waits for, and the ledgers are
    looked at again every `poll_s` (0.1 s locally): a release is seen within a poll. Past `timeout_s`
-   (None: never; 0: at the first look) `ResourcesBusyError` is raised.
+   (None: never; 0: at the first look) `ResourcesBusyError` is raised. A host whose ledger lock another
+   process holds (`LedgerBusyError`: a claim waits for it `LOCK_WAIT_S` at most, less when less of
+   `timeout_s` is left) counts as busy, and the waiting line names that process: the limit holds
+   whatever another user does with the lock.
 
 The `Reservation` says what the run got: a cluster of only the hosts it placed workers on, each with
 ``slots`` = its workers there, and per host the CUDA_VISIBLE_DEVICES its agent gets (the claimed GPUs,
@@ -37,12 +40,13 @@ from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need, host_table, plan, room, waiting_text
 from minitrain.hosts.gpus import PCI_ORDER
 from minitrain.hosts.hold import RemoteHost, this_host_ledger, this_host_totals
-from minitrain.hosts.ledger import Claim, HeldClaim, Snapshot
+from minitrain.hosts.ledger import LOCK_WAIT_S, Claim, HeldClaim, LedgerBusyError, Snapshot
 
 POLL_S = 0.1
 REMOTE_POLL_S = 0.5
 TOTALS_EVERY_S = 2.0
 _MAX_PARALLEL = 32
+_LEAST_LOCK_WAIT_S = 0.05  # a claim's wait for the lock even at the limit: a run holds it for milliseconds
 
 
 class ResourcesBusyError(LaunchError):
@@ -65,9 +69,10 @@ class LocalHost:
             self._totals, self._looked = this_host_totals(), time.monotonic()
         return self._ledger.snapshot(self._totals)
 
-    def claim(self, workers: int, need: Need, run: str) -> Optional[Claim]:
+    def claim(self, workers: int, need: Need, run: str, lock_wait_s: float = LOCK_WAIT_S) -> Optional[Claim]:
         self.release()
-        self._held = self._ledger.claim(self._totals, run, lambda snap: need.claim_for(workers, snap))
+        self._held = self._ledger.claim(self._totals, run, lambda snap: need.claim_for(workers, snap),
+                                        lock_wait_s=lock_wait_s)
         return None if self._held is None else self._held.claim
 
     def release(self) -> None:
@@ -158,14 +163,22 @@ def _never_fits(snapshots: list[Snapshot], hosts: list[Host], need: Need, run: s
         f"resources_per_worker, or add hosts (or slots).\n{host_table(snapshots, slots)}")
 
 
-def _try_claim(hosts: list[Host], counts: dict, need: Need, run: str) -> Optional[dict]:
-    """Claim each host's part; all of them (host -> Claim) or none (what was claimed is given back)."""
+def _try_claim(hosts: list[Host], counts: dict, need: Need, run: str,
+               lock_wait_s: float = LOCK_WAIT_S) -> Optional[dict]:
+    """Claim each host's part; all of them (host -> Claim) or none (what was claimed is given back). A host
+    whose ledger lock stays held raises LedgerBusyError, also after giving back what was claimed."""
     claims: dict = {}
     for host in hosts:
         workers = counts.get(host.spec.name)
         if not workers:
             continue
-        claim = host.claim(workers, need, run)
+        try:
+            claim = host.claim(workers, need, run, lock_wait_s=lock_wait_s)
+        except LedgerBusyError:
+            for other in hosts:
+                if other.spec.name in claims:
+                    other.release()
+            raise
         if claim is None:
             for other in hosts:
                 if other.spec.name in claims:
@@ -197,10 +210,17 @@ def reserve(cluster: ClusterConfig, need: Need, run: str, *, timeout_s: Optional
                 raise _never_fits(snapshots, hosts, need, run)
             first = False
             counts, sized = _largest_plan(snapshots, hosts, need)
-            claims = _try_claim(hosts, counts, sized, run) if counts is not None else None
+            claims, locked_by = None, []
+            if counts is not None:
+                left = None if timeout_s is None else timeout_s - (clock() - started)
+                lock_wait_s = LOCK_WAIT_S if left is None else min(LOCK_WAIT_S, max(left, _LEAST_LOCK_WAIT_S))
+                try:
+                    claims = _try_claim(hosts, counts, sized, run, lock_wait_s)
+                except LedgerBusyError as exc:
+                    locked_by.append(str(exc))
             if claims is not None:
                 return _reservation(cluster, hosts, snapshots, counts, claims, clock() - started)
-            text = waiting_text(need, snapshots, since)
+            text = waiting_text(need, snapshots, since, locked_by)
             waited = clock() - started
             if timeout_s is not None and waited >= timeout_s:
                 raise ResourcesBusyError(f"run {run!r} gave up after {waited:.0f} s (MINITRAIN_RESOURCE_WAIT_S="

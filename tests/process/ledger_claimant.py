@@ -4,17 +4,22 @@ tests and benchmarks: ``python ledger_claimant.py MODE DIR`` (MINITRAIN_LEDGER_D
 - ``hold``: claim the whole host, print "held", then hold until stdin ends (or the process is killed);
 - ``race``: print "ready", wait for a line on stdin (every racer starts at once), then ROUNDS times:
   claim half the host (two fit at once), put a marker in DIR, count the markers (more than 2 would be
-  an oversubscription), take the marker away and release; print the most markers it saw.
+  an oversubscription), take the marker away and release; print the most markers it saw;
+- ``lock``: what any local user can do, minitrain or not: hold ``flock`` on the ledger's ``.lock``, print
+  "locked", then hold it until stdin ends (or the process is killed).
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 
 from minitrain.hosts import hostinfo
 from minitrain.hosts.cluster import ClusterConfig, HostSpec
 from minitrain.hosts.demand import Need
+from minitrain.hosts.hold import this_host_ledger, this_host_totals
+from minitrain.hosts.ledger import LOCK_NAME
 from minitrain.hosts.reserve import reserve
 
 LOCAL = ClusterConfig(hosts=(HostSpec("localhost"),))
@@ -28,6 +33,14 @@ def main() -> int:
         with reserve(LOCAL, Need(1, cpus=cpus), "holder", poll_s=0.01):
             print("held", flush=True)
             sys.stdin.read()
+        return 0
+    if mode == "lock":
+        ledger = this_host_ledger("localhost")
+        ledger.snapshot(this_host_totals())  # makes the directory
+        fd = os.open(os.path.join(ledger.directory, LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        print("locked", flush=True)
+        sys.stdin.read()
         return 0
     print("ready", flush=True)
     sys.stdin.readline()  # every racer is told to go at once

@@ -1,14 +1,17 @@
 """The resource ledger across real processes: a SIGKILLed holder's claim is free again, a waiting
-process gets the host when the holder ends, and ten processes racing for two slots never hold three."""
+process gets the host when the holder ends, ten processes racing for two slots never hold three, and a
+process holding the ledger's lock cannot make a run wait past its limit."""
 
 from __future__ import annotations
 
 import os
+import pwd
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +107,48 @@ def test_one_after_the_other_in_a_loop(ledger_env):
 
         with reserve(LOCAL, Need(1, cpus=float(hostinfo.cpu_count())), "second", on_wait=on_wait, poll_s=0.01):
             assert released and holder.returncode == 0
+
+
+def test_a_process_holding_the_ledgers_lock_cannot_freeze_a_run(ledger_env):
+    """Any local user can flock the ledger's .lock (flock needs only read access): a run that claims waits its
+    limit and no longer, and its waiting line names the process that holds the lock; once that process lets
+    go, the next run claims at once."""
+    locker = subprocess.Popen([sys.executable, str(CLAIMANT), "lock", "-"], env=ledger_env, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    told, outcome = [], {}
+    whole_host = Need(1, cpus=float(hostinfo.cpu_count()))
+
+    def run() -> None:
+        try:
+            outcome["reservation"] = reserve(LOCAL, whole_host, "blocked", timeout_s=1.0, on_wait=told.append,
+                                             poll_s=0.05)
+        except BaseException as exc:  # noqa: BLE001 - judged below, in the test's thread
+            outcome["error"] = exc
+
+    waiter = threading.Thread(target=run, daemon=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        started = time.monotonic()
+        waiter.start()
+        waiter.join(timeout=30)
+        took = time.monotonic() - started
+        assert not waiter.is_alive(), "the run hung on the ledger's lock"
+    finally:
+        locker.kill()  # a run stuck on the lock gets it now, and its thread ends
+        locker.wait(30)
+        if waiter.ident is not None:
+            waiter.join(30)
+        if "reservation" in outcome:
+            outcome["reservation"].release()
+    assert isinstance(outcome.get("error"), ResourcesBusyError), outcome
+    assert took < 1.0 + 2.0, f"a wait limit of 1 s took {took:.1f} s"
+    lock = os.path.join(os.environ["MINITRAIN_LEDGER_DIR"], ".lock")
+    user = pwd.getpwuid(os.geteuid()).pw_name
+    named = f"held by pid {locker.pid} ({user}), which holds the ledger's lock {lock} on localhost"
+    assert named in str(outcome["error"]) and "MINITRAIN_RESOURCE_WAIT_S=1" in str(outcome["error"])
+    assert told and named in told[0]
+    with reserve(LOCAL, whole_host, "next", timeout_s=0) as after:  # the lock went with its process
+        assert after.claims["localhost"].run == "next"
 
 
 def test_launch_status_lists_what_the_ledger_holds(ledger_env):

@@ -9,7 +9,9 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import pwd
 import threading
+import time
 
 import pytest
 
@@ -89,7 +91,7 @@ def _content(**changes) -> str:
     ("{not json", 0, "corrupt"),
     (_content(gpus="all"), 0, "corrupt"),
     (_content(), 4242, "refused as foreign"),  # the file's owner is not the uid it names
-    (_content(pid=2**22 + 7), 0, "not a process of"),  # no such process
+    (_content(pid=2**22), 0, "not a process of"),  # no such process: pids stay below PID_MAX_LIMIT
 ])
 def test_a_held_claim_that_is_corrupt_or_foreign_is_refused_with_why(tmp_path, content, uid, why):
     if os.geteuid() != 0 and uid:
@@ -104,6 +106,84 @@ def test_a_held_claim_that_is_corrupt_or_foreign_is_refused_with_why(tmp_path, c
         assert snapshot.free_gpus() == [0, 1, 2, 3]
     finally:
         os.close(fd)
+
+
+def _raw(**fields: str) -> str:
+    """A claim's text with some values as raw JSON text (Infinity, 400 digits: what json.dumps would not write)."""
+    text = _content(**{name: "@" + name for name in fields})
+    for name, raw in fields.items():
+        text = text.replace(f'"@{name}"', raw)
+    return text
+
+
+@pytest.mark.parametrize("content, why", [
+    (_raw(since="Infinity"), "since is Infinity, not a number from 0 to "),
+    (_raw(since="1e300"), "since is 1e+300, not a number from 0 to "),
+    (_raw(since="NaN"), "since is NaN, not a number"),
+    (_raw(cpus="-Infinity"), "cpus is -Infinity, not a number from 0 to 1048576"),
+    (_raw(cpus="9" * 400), "cpus is a 400-digit number, not a number from 0 to 1048576"),
+    (_raw(memory_bytes="9" * 400), "memory_bytes is a 400-digit number, not a whole number from 0 to "),
+    (_raw(uid="9" * 400), "uid is a 400-digit number, not a whole number from 0 to 4294967294"),
+    (_raw(pid=str(2**40)), "pid is 1099511627776, not a whole number from 0 to 4194304"),
+    (_raw(gpus=json.dumps(list(range(2000)))), "gpus is [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11..., not a list"),
+    (_raw(gpus="[0, 0]"), "gpus is [0, 0], not a list of distinct GPU indices below 1024"),
+    ("[" * 60000, "nested too deeply to be a claim"),
+])
+def test_a_hostile_claim_is_refused_naming_the_field_and_crashes_no_reader(local_ledger, caplog, content, why):
+    """Another user's claim is text anyone can write: a value that is not finite, out of range or of the wrong
+    type leaves the claim out, named once in the log (the file and the field), and no reader fails: not the
+    snapshot, not a run that claims, not --status."""
+    from minitrain.hosts.reserve import ledger_report
+
+    ledger = Ledger(local_ledger, host="localhost")
+    fd = _plant(ledger, "claim-hostile.json", content, uid=os.geteuid())
+    try:
+        with caplog.at_level("WARNING", logger="minitrain"):
+            for _ in range(2):
+                snapshot = ledger.snapshot(FOUR_GPUS)
+                assert snapshot.claims == () and len(snapshot.problems) == 1
+        path = os.path.join(local_ledger, "claim-hostile.json")
+        assert snapshot.problems[0].startswith(f"{path} (owned by ") and why in snapshot.problems[0]
+        assert [r.getMessage() for r in caplog.records] == [f"resource ledger of localhost: {snapshot.problems[0]}"]
+        with reserve(LOCAL, _whole_host(), "mine", timeout_s=0) as mine:  # counted free: the run claims at once
+            assert mine.claims["localhost"].run == "mine"
+        report = ledger_report(LOCAL)
+        assert report.startswith("localhost: ") and f"  refused: {path} (owned by " in report
+    finally:
+        os.close(fd)
+
+
+def test_a_claim_for_more_than_the_host_has_is_refused_and_blocks_nobody(local_ledger):
+    """A live, well-formed claim of this user for 1 PB of memory (or more CPUs than the host has) is not
+    trusted: no run could hold that. It is named, and a run that needs the host's CPUs claims at once."""
+    from minitrain.hosts import hostinfo
+
+    ledger = Ledger(local_ledger, host="localhost")
+    petabyte = _plant(ledger, "claim-petabyte.json", _content(memory_bytes=2**50, gpus=[]), uid=os.geteuid())
+    cpus = _plant(ledger, "claim-cpus.json", _content(cpus=float(os.cpu_count() + 1), gpus=[]), uid=os.geteuid())
+    try:
+        problems = ledger.snapshot(Totals((), float(hostinfo.cpu_count()), hostinfo.memory_bytes())).problems
+        assert [p.split(" (owned by ")[0].rsplit("/", 1)[-1] for p in problems] == ["claim-cpus.json",
+                                                                                     "claim-petabyte.json"]
+        assert f"claims {os.cpu_count() + 1} CPUs, more than the host's {os.cpu_count()}: refused" in problems[0]
+        assert "claims 1048576.0 GiB of memory, more than the host's " in problems[1]
+        with reserve(LOCAL, _whole_host(), "mine", timeout_s=0) as mine:
+            assert mine.claims["localhost"].run == "mine"
+    finally:
+        os.close(petabyte)
+        os.close(cpus)
+
+
+def test_a_run_that_needs_none_of_a_resource_is_never_blocked_by_claims_on_it():
+    """Trusted claims may still add up to more than the host has (each fits alone): only what a run asks for
+    can hold it back."""
+    whole_memory = Claim("x", "u", 0, 1, 0.0, (), 0.0, FOUR_GPUS.memory_bytes)
+    snapshot = Snapshot("h", FOUR_GPUS, (whole_memory, whole_memory))
+    assert snapshot.free_memory() < 0
+    assert room(snapshot, Need(2, cpus=1.0), 2) == 2 and room(snapshot, Need(2, gpus=1.0), 2) == 2
+    assert room(snapshot, Need(2, memory_bytes=1), 2) == 0
+    all_cpus = Claim("x", "u", 0, 1, 0.0, (), FOUR_GPUS.cpus, 0)
+    assert room(Snapshot("h", FOUR_GPUS, (all_cpus, all_cpus)), Need(2, memory_bytes=2**30), 2) == 2
 
 
 def test_a_valid_claim_of_this_user_counts(tmp_path):
@@ -148,12 +228,98 @@ def test_a_ledger_directory_that_is_a_link_or_not_shared_is_refused(tmp_path):
             Ledger(str(tmp_path / "ledger")).snapshot(FOUR_GPUS)
 
 
-def test_the_lock_file_as_a_link_is_refused(tmp_path):
+@pytest.mark.parametrize("make, what", [
+    (lambda path: os.mkdir(path), "is a directory"),
+    (lambda path: os.symlink("/nonexistent", path), "is a symbolic link"),
+    (lambda path: os.mkfifo(path), "is not a regular file"),
+    (lambda path: os.link(os.path.join(os.path.dirname(path), "claim-x.json"), path), "has 2 names (hard links)"),
+])
+def test_a_lock_file_made_in_advance_as_anything_but_a_file_is_the_ledgers_error(tmp_path, make, what):
+    """Another user can make .lock first in the shared directory: whatever it makes, a claim fails with the
+    ledger's error naming the path and the fix (never a raw OSError, never a hang on a FIFO)."""
     ledger = _ledger(tmp_path)
     ledger.snapshot(FOUR_GPUS)
-    os.symlink(tmp_path / "x", os.path.join(ledger.directory, ledger_mod.LOCK_NAME))
-    with pytest.raises(LedgerError, match="symbolic link"):
+    (tmp_path / "ledger" / "claim-x.json").write_text("{}")  # a file of the directory to hard-link to
+    lock = os.path.join(ledger.directory, ledger_mod.LOCK_NAME)
+    make(lock)
+    with pytest.raises(LedgerError) as refused:
         _claim_gpus(ledger, 1)
+    assert str(refused.value).startswith(f"the resource ledger's lock file {lock} (owned by ")
+    assert what in str(refused.value) and f"(rm -r {lock}); the next run makes a new one" in str(refused.value)
+    if os.geteuid() == 0:  # another user's: only its owner or root can remove it from the sticky directory
+        os.lchown(lock, 4242, -1)
+        with pytest.raises(LedgerError, match=r"\(owned by uid 4242\) .* its owner \(uid 4242\) or root must remove"):
+            _claim_gpus(ledger, 1)
+
+
+def _hold_lock(ledger: Ledger) -> int:
+    """The ledger's lock, held on an open file description of this test's own: flock treats it as another
+    process's lock."""
+    fd = os.open(os.path.join(ledger.directory, ledger_mod.LOCK_NAME), os.O_RDONLY | os.O_CREAT, 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def test_a_held_lock_makes_a_claim_give_up_in_time_naming_its_holder(tmp_path):
+    ledger = _ledger(tmp_path)
+    ledger.snapshot(FOUR_GPUS)
+    held = _hold_lock(ledger)
+    need = Need(1, gpus=1.0)
+    try:
+        started = time.monotonic()
+        with pytest.raises(ledger_mod.LedgerBusyError) as busy:
+            ledger.claim(FOUR_GPUS, "r", lambda snap: need.claim_for(1, snap), lock_wait_s=0.2)
+        assert 0.2 <= time.monotonic() - started < 2.0
+    finally:
+        os.close(held)
+    lock = os.path.join(ledger.directory, ledger_mod.LOCK_NAME)
+    assert str(busy.value) == (f"pid {os.getpid()} ({pwd.getpwuid(os.geteuid()).pw_name}), which holds the "
+                               f"ledger's lock {lock} on gpu1 longer than any claim takes (no run can claim there "
+                               f"until it lets go)")
+    assert ledger.snapshot(FOUR_GPUS).claims == ()  # nothing was held
+    assert _claim_gpus(ledger, 1) is not None  # let go: the next claim gets it
+
+
+def test_a_lock_file_replaced_while_a_claim_waits_is_taken_again(tmp_path):
+    """In the sticky directory the owner of .lock may remove it and make another: the lock on the file no
+    longer named .lock excludes nobody, so a claim that got it takes the one under the name instead."""
+    ledger = _ledger(tmp_path)
+    ledger.snapshot(FOUR_GPUS)
+    lock = os.path.join(ledger.directory, ledger_mod.LOCK_NAME)
+    old = _hold_lock(ledger)
+    outcome = {}
+
+    def claim():
+        try:
+            outcome["held"] = Ledger(ledger.directory, host="gpu1").claim(
+                FOUR_GPUS, "r", lambda snap: Need(1, gpus=1.0).claim_for(1, snap), lock_wait_s=1.0)
+        except Exception as exc:  # noqa: BLE001 - judged below
+            outcome["error"] = exc
+
+    def opened_by_the_claim() -> bool:
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == lock for fd in os.listdir("/proc/self/fd")) >= 2
+
+    claimer = threading.Thread(target=claim)
+    new = None
+    try:
+        claimer.start()
+        deadline = time.monotonic() + 10
+        while not opened_by_the_claim():
+            assert time.monotonic() < deadline, "the claim never opened the lock file"
+            time.sleep(0.005)
+        os.unlink(lock)  # replaced: a new .lock, held, while the claim waits on the old one
+        new = _hold_lock(ledger)
+        os.close(old)
+        old = None
+        claimer.join(timeout=10)
+    finally:
+        for fd in (old, new):
+            if fd is not None:
+                os.close(fd)
+        claimer.join(timeout=10)
+    if "held" in outcome:  # taken under the replaced file's lock while another held the new one's
+        outcome["held"].release()
+    assert isinstance(outcome.get("error"), ledger_mod.LedgerBusyError), outcome
 
 
 def test_a_claim_is_atomic_between_threads(tmp_path):
@@ -409,6 +575,33 @@ def test_the_remote_holder_answers_one_line_per_request_and_releases_at_the_end(
     out = io.StringIO()
     assert serve("gpu9", io.StringIO(""), out) == 1
     assert "host gpu9 has MINITRAIN_LEDGER_DIR=off" in json.loads(out.getvalue())["error"]
+
+
+def test_the_remote_holder_answers_busy_when_its_ledgers_lock_stays_held(local_ledger):
+    """A remote host's ledger lock held by another process: its holder answers {"busy": who} within the wait the
+    driver asked for, so the driver's wait goes on (and its limit holds) instead of hanging on ssh."""
+    import io
+
+    from minitrain.hosts.hold import serve
+
+    ledger = Ledger(local_ledger, host="gpu9")
+    ledger.snapshot(FOUR_GPUS)
+    held = _hold_lock(ledger)
+    need = {"workers": 1, "gpus": 0.0, "cpus": 1.0, "memory_bytes": 0, "strategy": "PACK"}
+    request = {"op": "claim", "workers": 1, "need": need, "run": "remote-run", "lock_wait_s": 0.05}
+    out = io.StringIO()
+    answered = threading.Thread(target=serve, args=("gpu9", io.StringIO(json.dumps(request) + "\n"), out))
+    try:
+        answered.start()
+        answered.join(timeout=10)
+        assert not answered.is_alive(), "the holder hung on the ledger's lock"
+    finally:
+        os.close(held)  # a holder stuck on the lock gets it now, and ends
+        answered.join(timeout=10)
+    answers = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert answers[1] == {"busy": f"pid {os.getpid()} ({pwd.getpwuid(os.geteuid()).pw_name}), which holds the "
+                                  f"ledger's lock {local_ledger}/.lock on gpu9 longer than any claim takes (no run "
+                                  f"can claim there until it lets go)"}
 
 
 def test_an_agent_is_started_with_its_hosts_claimed_gpus():

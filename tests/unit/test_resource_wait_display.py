@@ -44,6 +44,26 @@ def test_the_wait_is_logged_once_per_holder_shown_live_and_given_to_the_dashboar
     assert monitor.run()["waiting"] is None and display.waited
 
 
+def test_a_held_ledger_lock_is_named_in_the_waiting_line_as_what_holds_the_run(caplog, monkeypatch):
+    """A host whose ledger lock another process holds: the waiting line says who holds it (as
+    `LedgerBusyError` words it), logged, and a holder line of its own in the status block."""
+    from minitrain.hosts.demand import waiting_text
+    from minitrain.hosts.gpus import Gpu
+    from minitrain.hosts.ledger import Snapshot, Totals
+
+    locked = ("pid 7 (bob), which holds the ledger's lock /var/tmp/minitrain-ledger/.lock on gpu1 longer than any "
+              "claim takes")
+    text = waiting_text(Need(2, gpus=1.0), [Snapshot("gpu1", Totals((Gpu(0), Gpu(1)), 8.0, 2**30))], 0.0, [locked])
+    assert text.startswith("waiting for 2 GPUs on gpu1 since ") and text.endswith(f": held by {locked}")
+    monkeypatch.setenv("COLUMNS", "200")
+    stderr = _Tty()
+    display = _WaitDisplay("second", LiveConsole("block", stderr=stderr), RunMonitor(), line_every_s=30.0)
+    with caplog.at_level(logging.INFO, logger="minitrain"):
+        display(text)
+    assert [r.getMessage() for r in caplog.records] == [f"run 'second' is {text}"]
+    assert stderr.getvalue().rsplit("\x1b[2K", 1)[-1].endswith(f"\n  held by {locked}\n")
+
+
 def test_off_a_terminal_the_wait_is_a_status_line_now_and_then():
     stderr = io.StringIO()
     live = LiveConsole("lines", stderr=stderr)
@@ -61,7 +81,7 @@ class _Host:
         self.fits = fits
         self.released = 0
 
-    def claim(self, workers, need, run):
+    def claim(self, workers, need, run, lock_wait_s=0.0):
         return Claim(run, "u", 0, 1, 0.0, (0,) * workers) if self.fits else None
 
     def release(self):
