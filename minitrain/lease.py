@@ -1,6 +1,10 @@
 """A lease on a peer whose heartbeats share an ordered stream with its data (L0, stdlib only).
 
 Both ends of an agent's stream hold one: the coordinator on each agent, each agent on the coordinator.
+Each relayed worker holds one on its agent with the same interval and timeout: the agent's relay sends a
+heartbeat to a worker it sent nothing else for HEARTBEAT_INTERVAL_S (minitrain.agent.transport.relay), and
+a worker that read nothing for LEASE_TIMEOUT_S ends itself (minitrain.worker.transport.local_client). That
+stream is a local socket: no backlog to allow for, so the worker's lease is the plain timeout.
 The peer is silent when nothing of it was read for `timeout_s` plus its backlog: how long its latest
 stamped message took from being stamped (`sent_at`, the peer's wall clock when it queued the message)
 to being read here. An agent stamps every message and sends a heartbeat only when it queued nothing

@@ -16,7 +16,10 @@ The exchange, on one `SOCK_STREAM` connection per worker stream:
    worker waits on (a commit acknowledgement, a receipt, anything but a plain report) it rings its
    doorbell URGENT_RING and the relay reads at once, and after a plain report that follows RING_AFTER_S
    without a write, RING (see READ_INTERVAL_S below for when the relay reads);
-3. downward, frames holding serialized `WorkerCommand`s;
+3. downward, frames holding serialized `WorkerCommand`s, and HEARTBEAT (an empty frame) whenever the
+   relay sent a stream nothing else for a heartbeat interval (`minitrain.lease`): the worker's lease on
+   its agent. A worker that reads nothing from its relay for LEASE_TIMEOUT_S takes its agent for frozen
+   and ends itself (`minitrain.worker.transport.local_client`);
 4. the worker ends its side with `shutdown(SHUT_WR)` (the relay reads everything before that end, then
    ends its own side), and the relay ends its side when the coordinator closes the stream.
 
@@ -104,6 +107,11 @@ def frame(payload: bytes) -> bytes:
     if len(payload) > MAX_FRAME_BYTES:
         raise FrameError(f"a message of {len(payload)} bytes is over the {MAX_FRAME_BYTES}-byte limit")
     return _LENGTH.pack(len(payload)) + payload
+
+
+# What the relay sends a worker it sent nothing else for a heartbeat interval (the exchange above): a
+# frame of no bytes. No command is empty (each sets its body), so the worker tells them apart by length.
+HEARTBEAT = frame(b"")
 
 
 def hello(token: str, magic: bytes = HELLO_MAGIC) -> bytes:

@@ -11,6 +11,7 @@ import atexit
 import importlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -101,12 +102,35 @@ def capture_failure(rank: int, phase: Phase, exc: BaseException) -> tuple[Worker
 
 
 def _connect(b: dict) -> WorkerClient:
-    """The worker's stream on the address its agent gave: the agent's relay (a local stream) or the
-    coordinator itself (gRPC, TLS pinned to the run's certificate unless loopback)."""
+    """The worker's stream on the address its agent gave: the agent's relay (a local stream, holding a
+    lease on the agent that ends this process when the agent stops answering) or the coordinator itself
+    (gRPC, TLS pinned to the run's certificate unless loopback; the coordinator ends it when it loses
+    this node, and gRPC's keepalive when the coordinator itself is lost)."""
     if local_stream.is_local(b["coordinator"]):
-        return LocalWorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"])
+        rank = b["rank"]
+        return LocalWorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], rank,
+                                 on_agent_lost=lambda reason: end_worker(f"rank {rank}: {reason}"))
     return GrpcWorkerClient(b["coordinator"], b["token"], b["run_id"], b["attempt"], b["rank"],
                             tls_cert=b.get("tls_cert", "").encode("ascii"))
+
+
+def end_worker(reason: str) -> None:
+    """End this worker process and its process group now (SIGKILL), after one line on stderr naming
+    `reason`: what a relayed worker does when its agent stopped answering (its lease ran out, see
+    `minitrain.worker.transport.local_client`). Such an agent can neither stop its workers nor take their
+    last messages, and its coordinator has written the node off; SIGKILL to the group also ends what the
+    worker started (data loader workers), so nothing of it keeps its GPU memory beside the next attempt.
+    The line is written without waiting: stderr is a pipe to the agent, which may have stopped reading it.
+    Never returns."""
+    try:
+        os.set_blocking(2, False)
+        os.write(2, f"minitrain.worker: {reason}; this worker and its process group end now\n".encode())
+    except OSError:
+        pass  # the pipe is full or gone: the exit itself still shows, as a SIGKILL, when the agent runs again
+    pid = os.getpid()
+    if os.getpgrp() == pid:  # a worker leads its own group (procs.spawn, fork_server): never the agent's
+        os.killpg(pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
 
 
 def _context(assignment: Assignment) -> TrainContext:
@@ -261,8 +285,6 @@ def _flush_on_sigterm(client: WorkerClient) -> None:
     default meaning (a handler of the user's, installed later, replaces this one); the process then
     dies of SIGTERM as it would have. The handler runs when the main thread next runs Python code; a
     main thread blocked in C (a collective) is killed at the end of the grace period as before."""
-    import signal
-
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         return
 
@@ -280,7 +302,6 @@ def _arm_stack_dumps(fd: int | None) -> None:
     if fd is None or fd < 0:
         return
     import faulthandler
-    import signal
 
     faulthandler.register(signal.SIGUSR1, file=fd, all_threads=True, chain=False)
 
@@ -289,8 +310,6 @@ def _ignore_signals(names) -> None:
     """Ignore the run's preemption signals other than SIGTERM (the agent's bootstrap names them): the
     agent on this node reports them to the coordinator, which agrees a round; a worker that died of the
     same signal (a scheduler signals every process of the node) would lose that round."""
-    import signal
-
     for name in names:
         signal.signal(signal.Signals[name], signal.SIG_IGN)
 

@@ -505,6 +505,97 @@ def test_close_twice_and_sends_after_close_are_harmless(relay, upward):
     assert not any(i.message.HasField("phase") for i in upward.items)
 
 
+# The workers' lease on their agent, on a short clock: a heartbeat every HEARTBEAT_S, a lease of LEASE_S
+# (ten heartbeats: slack for a loaded machine). With the real ones, and a frozen agent process, in
+# tests/process/test_worker_lease.py.
+HEARTBEAT_S = 0.05
+LEASE_S = 0.5
+
+
+class _Lost:
+    """A worker's `on_agent_lost`, in process: records each call (a worker process's own ends it)."""
+
+    def __init__(self) -> None:
+        self.reasons: list[str] = []
+        self.called = threading.Event()
+
+    def __call__(self, reason: str) -> None:
+        self.reasons.append(reason)
+        self.called.set()
+
+
+def _leased(relay: RelayServer, rank: int, lost: _Lost) -> LocalWorkerClient:
+    return LocalWorkerClient(relay.address, TOKEN, "run-1", 0, rank, on_agent_lost=lost, lease_timeout_s=LEASE_S)
+
+
+def test_a_quiet_worker_keeps_its_lease_on_a_live_agent_by_its_heartbeats(upward):
+    """Nothing flows down to a worker between its hello and its assignment (the coordinator may take
+    long): the relay's heartbeats alone keep its lease for many lease lengths."""
+    relay = RelayServer(TOKEN, upward.send_up, heartbeat_interval_s=HEARTBEAT_S).start()
+    try:
+        lost = _Lost()
+        client = _leased(relay, 1, lost)
+        _hello_from(client, upward)
+        assert not lost.called.wait(4 * LEASE_S), f"a live agent's worker lost its lease: {lost.reasons}"
+        assert client.close(DEADLINE_S)
+        assert lost.reasons == []
+    finally:
+        relay.stop()
+
+
+def test_commands_flowing_keep_the_lease_without_heartbeats_and_silence_ends_it_once(upward):
+    """A busy agent sends commands and no heartbeat (its interval is longer than the test): every command
+    renews the lease. Once nothing comes (the agent is connected but silent, as a frozen one is), the
+    lease runs out within its length: `on_agent_lost` is called once, and the stream ends with the cause."""
+    relay = RelayServer(TOKEN, upward.send_up, heartbeat_interval_s=NEVER).start()
+    try:
+        lost = _Lost()
+        client = _leased(relay, 1, lost)
+        number = _hello_from(client, upward)
+        busy_until = time.monotonic() + 4 * LEASE_S
+        round_ = 0
+        while time.monotonic() < busy_until:
+            relay.deliver(pb.RelayedDown(items=[pb.RelayedCommand(
+                stream=number, command=pb.WorkerCommand(report_receipt=pb.ReportReceipt(round=round_)))]))
+            assert not lost.called.wait(LEASE_S / 5), f"a busy agent's worker lost its lease: {lost.reasons}"
+            round_ += 1
+        client.wait_recorded(round_ - 1, DEADLINE_S)  # every command reached the worker
+        silent_from = time.monotonic()
+        assert lost.called.wait(DEADLINE_S), "a silent agent's worker kept its lease"
+        assert time.monotonic() - silent_from < LEASE_S + 2.0
+        [reason] = lost.reasons
+        assert "nothing from this worker's node agent" in reason and f"its lease is {LEASE_S:g} s" in reason
+        with pytest.raises(StreamClosed, match="node agent"):
+            client.wait_assignment(DEADLINE_S)
+        client.close(0.1)
+        assert lost.reasons == [reason], "on_agent_lost is called once"
+    finally:
+        relay.stop()
+
+
+def test_a_worker_whose_relay_ends_sees_the_end_not_a_lost_agent(upward):
+    """An agent that is gone closes the socket: the stream ends at once, as closed, and the lease (which
+    is for an agent that is there but silent) never fires."""
+    relay = RelayServer(TOKEN, upward.send_up, heartbeat_interval_s=HEARTBEAT_S).start()
+    lost = _Lost()
+    client = _leased(relay, 1, lost)
+    _hello_from(client, upward)
+    relay.stop()
+    with pytest.raises(StreamClosed, match="closed the stream"):
+        client.wait_assignment(DEADLINE_S)
+    client._reader.join(DEADLINE_S)
+    assert not client._reader.is_alive() and lost.reasons == []
+    client.close(0.1)
+
+
+@pytest.mark.parametrize("value", [0, -1.0, float("nan")])
+def test_a_heartbeat_interval_or_a_lease_that_is_not_positive_is_refused(value):
+    with pytest.raises(ValueError, match=r"heartbeat_interval_s=.* above 0"):
+        RelayServer(TOKEN, lambda items: None, heartbeat_interval_s=value)
+    with pytest.raises(ValueError, match=r"lease_timeout_s=.* above 0"):
+        LocalWorkerClient("local:/nowhere", TOKEN, "run-1", 0, 0, lease_timeout_s=value)
+
+
 def test_a_message_larger_than_the_socket_buffers_arrives_while_the_relay_would_not_read(monkeypatch, upward):
     """A plain report rings nothing, and with an interval and a linger of an hour the relay would not read
     on its own: a report too large for the socket's buffers rings when its send cannot finish, and the

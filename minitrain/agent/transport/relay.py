@@ -27,6 +27,13 @@ is gone is dropped. When the worker half-closes, the relay ends its side itself 
 already routed to it, as the coordinator does for a direct stream: the worker's `close()` never waits
 on a round trip to the coordinator, and the coordinator learns of the end from the `closed` item.
 
+Each worker holds a lease on its agent through its stream: the relay sends `local_stream.HEARTBEAT` to a
+stream it sent nothing else for `heartbeat_interval_s` (`minitrain.lease.HEARTBEAT_INTERVAL_S`), so a
+worker hears from a live agent at least that often, and one that hears nothing for LEASE_TIMEOUT_S takes
+its agent for frozen and ends itself (`minitrain.worker.transport.local_client`). Commands flowing down
+need no heartbeat. A round of heartbeats serves every stream quiet for half an interval or more, so the
+relay wakes for them at most twice an interval, once on a quiet host (one `send` per worker).
+
 The socket lives in a private directory (`minitrain.rpc.socket_directory`: mode 0700, an owner lock held
 for the agent's life, so `start()` first removes the relay directories of this user's dead agents).
 
@@ -48,6 +55,7 @@ from typing import Callable, Iterator, Optional
 
 from google.protobuf.message import DecodeError
 
+from minitrain.lease import HEARTBEAT_INTERVAL_S
 from minitrain.rpc import local_stream, socket_directory
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
@@ -72,7 +80,7 @@ class _Stream:
     """One worker's stream on the relay (the relay's thread only)."""
 
     __slots__ = ("number", "socket", "doorbell", "frames", "out", "prefix", "up_closed", "down_closing",
-                 "rung", "events")
+                 "rung", "events", "sent_at")
 
     def __init__(self, number: int, sock: socket.socket, doorbell: int):
         self.number = number
@@ -88,6 +96,7 @@ class _Stream:
         # rings when the socket's buffer is full), so the socket is watched until the frame's end.
         self.rung = False
         self.events = 0  # what the selector watches its socket for (0: not registered)
+        self.sent_at = time.monotonic()  # when a command or a heartbeat was last routed to it
 
 
 class _Hello:
@@ -107,13 +116,19 @@ class RelayServer:
 
     `token` is the run token every worker must present; `send_up(items)` receives the
     `pb.RelayedMessage`s, in order, a list at a time, on the relay's own thread (it must return at once:
-    a queue put).
+    a queue put). `heartbeat_interval_s` (> 0): how often a stream sent nothing else gets a heartbeat
+    (the workers' lease on this agent; shorter only in tests).
     `start()` then `address` ("local:/..."), `deliver()` and `drain()` from any thread, `stop()` once at
     the end.
     """
 
-    def __init__(self, token: str, send_up: Callable[[list], None]):
+    def __init__(self, token: str, send_up: Callable[[list], None],
+                 heartbeat_interval_s: float = HEARTBEAT_INTERVAL_S):
+        if not heartbeat_interval_s > 0:
+            raise ValueError(f"heartbeat_interval_s={heartbeat_interval_s!r} must be a number of seconds "
+                             "above 0 (the default is minitrain.lease.HEARTBEAT_INTERVAL_S)")
         self._token = token.encode()
+        self._heartbeat_interval_s = heartbeat_interval_s
         self._send_up = send_up
         self._up: list = []  # what the relay's thread read and has not handed to send_up yet
         self._numbers = itertools.count(1)
@@ -235,6 +250,7 @@ class RelayServer:
         interval_due: Optional[float] = None  # the next read on the interval (None: quiet, or no streams)
         linger_due: Optional[float] = None  # the read a plain ring asked for
         self._last_data = self._last_read = time.monotonic()
+        heartbeat_due = self._last_read  # the next round of heartbeats, while there are streams
         try:
             while True:
                 now = time.monotonic()
@@ -245,6 +261,8 @@ class RelayServer:
                     interval_due = None  # quiet: the next write rings (minitrain.rpc.local_stream)
                 dues = [due for due in (interval_due, linger_due) if due is not None]
                 dues += [hello.deadline for hello in self._hellos.values()]
+                if self._streams:
+                    dues.append(heartbeat_due)
                 timeout = max(0.0, min(dues) - now) if dues else None
                 read_now = False
                 for key, mask in selector.select(timeout):
@@ -277,6 +295,8 @@ class RelayServer:
                     linger_due = None
                     interval_due = now + local_stream.READ_INTERVAL_S if self._streams else None
                 self._hand_up()
+                if now >= heartbeat_due:
+                    heartbeat_due = self._heartbeat(now)
                 if drain_ticket:
                     with self._cond:
                         self._drains_done = max(self._drains_done, drain_ticket)
@@ -408,7 +428,24 @@ class RelayServer:
             self._close_up(stream)  # nothing of it goes up after the coordinator's close
         else:
             stream.out += local_stream.frame(item.command.SerializeToString())
+            stream.sent_at = time.monotonic()
         self._flush(stream)
+
+    def _heartbeat(self, now: float) -> float:
+        """Send HEARTBEAT to every stream routed nothing for half an interval or more; returns when the
+        next round is due: an interval after the longest-quiet stream's last message, so that none goes
+        a whole interval without one (see the module docstring), and at least half an interval away."""
+        interval = self._heartbeat_interval_s
+        next_due = now + interval
+        for stream in self._streams.values():
+            if stream.down_closing:
+                continue  # its end is under way: the worker reads it
+            if now - stream.sent_at >= interval / 2:
+                stream.out += local_stream.HEARTBEAT
+                stream.sent_at = now
+                self._flush(stream)
+            next_due = min(next_due, stream.sent_at + interval)
+        return next_due
 
     def _flush(self, stream: _Stream) -> None:
         """Send what the worker's socket takes now; end our side once a closing stream's out is sent."""

@@ -10,15 +10,27 @@ rings the doorbell urgently, and the relay reads at once; a report after RING_AF
 A send that finds the socket's buffer full rings (the relay may be quiet) and waits until the relay has
 read it (backpressure, as the report window's); one that fails because the relay is gone is dropped: the reader sees the end too, and every
 wait then raises StreamClosed.
+
+The reader also holds the worker's lease on its agent (`minitrain.lease`): the relay sends a heartbeat to
+a stream it sent nothing else for HEARTBEAT_INTERVAL_S, and a reader that reads nothing at all for
+LEASE_TIMEOUT_S calls `on_agent_lost` with the reason and ends the stream. A frozen agent (SIGSTOPped, a
+hung host process) reads no reports, sends no receipts, and cannot stop its workers, which would
+otherwise wait for it forever (in the report window, in a send the full socket holds, in a collective
+whose peers the next attempt replaced), holding their GPU memory; the worker process's `on_agent_lost`
+ends it (`minitrain.worker.bootstrap`). An agent that is gone closes the socket, which ends the stream at
+once. The lease costs report() nothing: the reader's clock runs on its own thread, between receives.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import socket
 import threading
 import time
+from typing import Callable, Optional
 
+from minitrain.lease import LEASE_TIMEOUT_S, Lease
 from minitrain.rpc import local_stream
 from minitrain.rpc._gen import minitrain_pb2 as pb
 from minitrain.rpc.channel import END_OF_STREAM
@@ -32,10 +44,23 @@ _REPORT_FIELD = pb.WorkerMessage.DESCRIPTOR.fields_by_name["report"].number
 
 class LocalWorkerClient(WorkerClient):
     """A worker's stream on its agent's relay at `address` ("local:<socket path>"), authenticated with
-    `token`. Raises OSError when the relay cannot be reached."""
+    `token`. Raises OSError when the relay cannot be reached.
 
-    def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int):
+    `on_agent_lost(reason)` is called once, on the reader thread, when nothing came from the relay for
+    `lease_timeout_s` (> 0; minitrain.lease's LEASE_TIMEOUT_S, shorter only in tests); the stream then
+    ends with that reason (every wait raises StreamClosed). None: the stream only ends. The worker process
+    passes what ends it (`minitrain.worker.bootstrap`).
+    """
+
+    def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int, *,
+                 on_agent_lost: Optional[Callable[[str], None]] = None,
+                 lease_timeout_s: float = LEASE_TIMEOUT_S):
+        if not lease_timeout_s > 0:
+            raise ValueError(f"lease_timeout_s={lease_timeout_s!r} must be a number of seconds above 0 "
+                             "(the default is minitrain.lease.LEASE_TIMEOUT_S)")
         super().__init__(run_id, attempt, rank)
+        self._on_agent_lost = on_agent_lost
+        self._lease = Lease(lease_timeout_s)  # renewed by the reader at every receive
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
         self._doorbell = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
         try:
@@ -113,16 +138,38 @@ class LocalWorkerClient(WorkerClient):
     def _read(self) -> None:
         frames = local_stream.FrameReader()
         reason = "the coordinator closed the stream"
+        lease = self._lease
+        poller = select.poll()
+        poller.register(self._socket, select.POLLIN)
+        lease.heard()  # the lease runs from the reader's start: the relay heartbeats a stream once it took its hello
         try:
             while True:
+                if not poller.poll(max(0.0, lease.timeout_s - lease.silent_s()) * 1000.0):
+                    # Looked at again once this thread holds the GIL: bytes that came while a busy
+                    # training thread kept it waiting are the agent's, not its silence.
+                    if lease.expired() and not poller.poll(0):
+                        reason = self._agent_lost(lease)
+                        break
+                    continue
                 data = self._socket.recv(RECEIVE_BYTES)
                 if not data:
                     break
+                lease.heard()  # any bytes: a large command read in parts renews it at each part
                 for payload in frames.feed(data):
-                    self._take(pb.WorkerCommand.FromString(payload))
+                    if payload:  # an empty frame is the relay's heartbeat (local_stream.HEARTBEAT)
+                        self._take(pb.WorkerCommand.FromString(payload))
         except (OSError, ValueError) as exc:  # ValueError: FrameError, or a command that does not parse
             reason = f"the stream broke: {exc}"
         self._end(reason)
+
+    def _agent_lost(self, lease: Lease) -> str:
+        """The lease ran out: say so to `on_agent_lost` (which ends the worker process), and return the
+        stream's end reason."""
+        reason = (f"nothing from this worker's node agent for {lease.silent_s():.1f} s (its lease is "
+                  f"{lease.timeout_s:g} s): the agent is frozen or stalled")
+        if self._on_agent_lost is not None:
+            self._on_agent_lost(reason)
+        return reason
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """See `WorkerClient.close`."""
