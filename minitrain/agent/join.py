@@ -15,7 +15,9 @@ token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
   the certificate is derived from the token; over loopback, by the token check), or another run id (a run
   that is over, or another run): retrying cannot help, so a Kubernetes ``restartPolicy: ExitCode`` treats it as
   permanent. Also a joiner that dialled a loopback address (plaintext) where the coordinator serves TLS
-  (`plaintext_to_tls`): it cannot ever connect, and the fix is its address;
+  (`plaintext_to_tls`): it cannot ever connect, and the fix is its address; and a joiner for a node id
+  whose agent's stream is open (two pods sharing a Secret and a node id): the first agent keeps the node,
+  and a joiner started after that agent is lost (its stream ended, or its lease ran out) is accepted;
 - EXIT_UNREACHABLE (4): HOST did not resolve or PORT did not answer within `timeout_s`;
 - 1: the coordinator went away mid-run (its lease broke), as for any agent;
 - EXIT_SIGNALLED (143): SIGTERM, SIGINT or SIGHUP stopped it (its workers first).

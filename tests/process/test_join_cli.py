@@ -1,15 +1,25 @@
 """`python -m minitrain.launch --join` and the Kubernetes mode as real processes: what they say and
-exit with before any run exists (no token, a master that never answers), and the joiner's retry loop
-against a port that starts listening late."""
+exit with before any run exists (no token, a master that never answers), the joiner's retry loop
+against a port that starts listening late, and a joiner refused because another agent serves its node."""
 
 from __future__ import annotations
 
 import os
 import pathlib
+import queue
 import socket
 import subprocess
 import sys
+import threading
 import time
+
+from minitrain.coordinator.facts import events as ev
+from minitrain.coordinator.transport.server import CoordinatorServer
+from minitrain.coordinator.transport.service import CoordinatorService, Hub
+from minitrain.rpc import auth
+from minitrain.rpc._gen import minitrain_pb2 as pb
+from minitrain.rpc._gen import minitrain_pb2_grpc as pb_grpc
+from minitrain.rpc.channel import client_channel
 
 REPO = str(pathlib.Path(__file__).resolve().parents[2])
 SCRIPT = str(pathlib.Path(REPO) / "examples" / "kubernetes" / "train.py")
@@ -103,3 +113,45 @@ def test_a_plaintext_joiner_of_a_tls_run_exits_3_naming_the_mismatch(tmp_path):
     assert done.returncode == 3, done.stderr
     assert f"the coordinator at 127.0.0.1:{port} serves TLS" in done.stderr and "MASTER_ADDR" in done.stderr
     assert "went away" not in done.stderr
+
+
+class _NoLogs:
+    def write(self, *args) -> None:
+        pass
+
+    def open(self, *args) -> None:
+        pass
+
+
+def test_a_joiner_for_a_node_another_agent_serves_exits_3_naming_that_agent(tmp_path):
+    """Two pods sharing one Secret and one node id: the second joiner is refused at its hello and exits 3
+    with the coordinator's reason; the first agent keeps the node (its stream stays open)."""
+    token = "k" * 43
+    (tmp_path / "token").write_text(token)
+    events: queue.SimpleQueue = queue.SimpleQueue()
+    hub = Hub()
+    server = CoordinatorServer(CoordinatorService("job", events, hub, _NoLogs(), lease_timeout_s=60.0),
+                               hub, token).start()
+    channel = client_channel(server.address)
+    hold = threading.Event()
+
+    def first_agent():  # says hello as pod-1, then stays (its stream open) until the test ends
+        yield pb.AgentMessage(run_id="job", node_id="pod-1", sent_at=time.time(),
+                              hello=pb.AgentHello(hostname="host-a", pid=7, cpus=1, memory_bytes=1 << 30))
+        hold.wait()
+
+    call = pb_grpc.CoordinatorStub(channel).AgentStream(first_agent(), metadata=auth.call_metadata(token),
+                                                        wait_for_ready=True)
+    try:
+        assert isinstance(events.get(timeout=30), ev.AgentConnected)
+        done = _launch(["--join", server.address, "--node-id", "pod-1", "--run-id", "job",
+                        "--token-file", str(tmp_path / "token")], _env())
+        assert done.returncode == 3, done.stderr
+        assert ("minitrain.launch --join: the coordinator refused this agent: node 'pod-1' is already served by "
+                "the agent on host 'host-a'") in done.stderr
+        assert hub.agent_ids() == ["pod-1"] and events.empty()  # the first one is still the node's agent
+    finally:
+        hold.set()
+        call.cancel()
+        channel.close()
+        server.stop()

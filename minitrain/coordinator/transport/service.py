@@ -9,6 +9,12 @@ items on the agent's `AgentStream`, see `minitrain.agent.transport.relay`):
 `minitrain.coordinator.transport.worker_streams` turns either into events (one `WorkerIntake` per stream).
 An agent's stream is read message by message, each kind by its handler (`_AGENT_HANDLERS`), with what the
 handlers share about the stream in its `AgentLink`.
+
+One stream serves a node at a time: an agent's hello for a node whose agent's stream is still open is
+refused (FAILED_PRECONDITION, saying which agent holds the node), and that first agent keeps the node, its
+routes and its lease. A stream is reported lost (`AgentLost`) when it ends, before a new agent for its node
+can be accepted, so the controller always learns that the node's workers went with it. A stream speaks for
+the node its hello named and for nothing before its hello.
 """
 
 from __future__ import annotations
@@ -94,10 +100,15 @@ class Hub:
         for outbox, item in batch:
             outbox.put_nowait(item)
 
-    def register_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
-        """Route commands for `node_id` to `outbox`."""
+    def register_agent(self, node_id: str, outbox: asyncio.Queue) -> bool:
+        """Route commands for `node_id` to `outbox`; False (nothing changes) when another stream's outbox
+        is registered for it: one stream serves a node until it is unregistered."""
         with self._lock:
+            held = self._agents.get(node_id)
+            if held is not None and held is not outbox:
+                return False
             self._agents[node_id] = outbox
+            return True
 
     def unregister_agent(self, node_id: str, outbox: asyncio.Queue) -> None:
         """Forget `node_id` if `outbox` is still its stream."""
@@ -159,16 +170,18 @@ class AgentLink:
 
     `number`: the stream's number (the coordinator counts its agent streams, so a node's events tell its
     streams apart); `outbox`: where its commands are queued; `relayed`: the worker streams it relays;
-    `node_id`: the node it serves, set by its hello ("" before: nothing else of it is acted on until
-    then); `end_reason`: why the stream ended, for the node's AgentLost (what the reader found last)."""
+    `node_id`: the node it serves, set by its accepted hello ("" before: nothing else of it is acted on
+    until then); `lease`: its agent's lease, from that hello on (every message of the stream renews it);
+    `end_reason`: why the stream ended, for the node's AgentLost (what the reader found last)."""
 
-    __slots__ = ("number", "outbox", "relayed", "node_id", "end_reason")
+    __slots__ = ("number", "outbox", "relayed", "node_id", "lease", "end_reason")
 
     def __init__(self, number: int, outbox: asyncio.Queue, relayed: RelayedStreams) -> None:
         self.number = number
         self.outbox = outbox
         self.relayed = relayed
         self.node_id = ""
+        self.lease: Optional[Lease] = None
         self.end_reason = ("its stream ended (the agent exited, or its host stopped answering the keepalive "
                            "pings)")
 
@@ -190,7 +203,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._log_sink = log_sink
         self._lease_timeout_s = lease_timeout_s
         self._clock = clock
-        self._leases: dict[str, Lease] = {}  # node_id -> its agent's lease (see minitrain.lease)
+        self._leases: dict[str, Lease] = {}  # node_id -> its connected agent's lease (see minitrain.lease)
         self._verdicts: dict[str, str] = {}  # node_id -> why its lease ended, for its AgentLost
         self._node_names: dict[str, str] = {}
         self._streams = itertools.count(1)
@@ -210,7 +223,7 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             # own connections would have broken with the host).
             link.relayed.end_all()
             node_id = link.node_id
-            if node_id:
+            if node_id:  # (a refused stream never had a node: the node's agent is another one)
                 self._hub.unregister_agent(node_id, outbox)
                 self._leases.pop(node_id, None)
                 reason = self._verdicts.pop(node_id, link.end_reason)
@@ -252,6 +265,14 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             context.set_details(f"{node_id!r} is not one of this run's hosts "
                                 f"({', '.join(sorted(self._node_ids))}): give --node-id one of them")
             return False
+        if link.node_id and node_id != link.node_id:
+            # What a stream reports is its node's (a worker's exit, its logs): one that spoke for
+            # another node could report that node's workers as its own.
+            link.end_reason = f"it spoke for node {node_id!r} on the stream of node {link.node_id!r}"
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"this stream said hello as node {link.node_id!r} and then sent a message of "
+                                f"node {node_id!r}: an agent's stream serves the one node its hello named")
+            return False
         return True
 
     def _from_agent(self, message: pb.AgentMessage, context, link: AgentLink) -> bool:
@@ -268,31 +289,55 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
             return _another_version(link, f"a message without its send time ({kind or 'empty'})")
         if kind not in _AGENT_MESSAGE_KINDS:
             return _another_version(link, f"a message this coordinator does not know ({kind or 'empty'})")
-        node_id = message.node_id
-        lease = self._leases.get(node_id)
-        if lease is None:
-            lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
-        lease.heard(message.sent_at)
-        handle = _AGENT_HANDLERS.get(kind)
-        if handle is not None:  # (a heartbeat has done its work: the lease heard it)
-            handle(self, message, context, link)
+        if not link.node_id and kind != "hello":
+            # Every agent says hello first; what came before it would be facts of a node no stream
+            # serves yet (another agent may serve it).
+            link.end_reason = f"it sent {kind} before its hello"
+            context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+            context.set_details(f"an agent says hello first; this stream sent {kind} before")
+            return False
+        handle = _AGENT_HANDLERS.get(kind)  # (none for a heartbeat: the lease hearing it is all it does)
+        if handle is not None and handle(self, message, context, link) is False:
+            return False
+        link.lease.heard(message.sent_at)
         return True
 
-    # One handler per kind of agent message, by the name of its oneof field. Those marked "said hello" are
-    # read only after the agent's hello (it says hello first), the others from any of the run's agents.
+    # One handler per kind of agent message, by the name of its oneof field; each but the hello is read only
+    # after the stream's hello was accepted. A handler that returns False ends the stream (a refused hello).
 
-    def _hello(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+    def _hello(self, message: pb.AgentMessage, context, link: AgentLink) -> bool:
         if link.node_id:
-            return  # one hello per stream
-        node_id = link.node_id = message.node_id
+            return True  # one hello per stream
+        node_id = message.node_id
+        if not self._hub.register_agent(node_id, link.outbox):
+            return self._refuse_second_agent(node_id, context, link)
+        link.node_id = node_id
+        link.lease = self._leases[node_id] = Lease(self._lease_timeout_s, self._clock)
         node = convert.node_from_hello(node_id, message.hello, _peer_host(context.peer()))
         self._node_names[node_id] = node.hostname
-        self._hub.register_agent(node_id, link.outbox)
         self._events.put(ev.AgentConnected(node, link.number))
+        return True
+
+    def _refuse_second_agent(self, node_id: str, context, link: AgentLink) -> bool:
+        """Refuse a hello for a node whose agent's stream is open (False: read no further). Replacing that
+        agent instead would stop a node that works, and two processes sharing one Secret (or one
+        --node-id given twice) would take the node from each other in turn; an agent that is really gone
+        is lost within its lease, and the next one for its node is accepted then."""
+        held = self._leases.get(node_id)
+        heard = f", heard from {held.silent_s():.1f} s ago" if held is not None else ""
+        holder = f"the agent on host {self._node_name(node_id)!r}{heard}"
+        link.end_reason = f"node {node_id!r} is served by {holder}"
+        logger.warning("node %s: refused a second agent for it (from %s): it is served by %s", node_id,
+                       _peer_host(context.peer()), holder)
+        context.set_code(grpc.StatusCode.FAILED_PRECONDITION)
+        context.set_details(
+            f"node {node_id!r} is already served by {holder}: one agent serves a node. Give this agent the "
+            f"--node-id of a host that has none, or stop the other one; once that agent is lost (its stream "
+            f"ends, or it is silent for {self._lease_timeout_s:g} s) a new agent for the node is accepted")
+        return False
 
     def _relayed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
-        if link.node_id:  # said hello
-            link.relayed.receive(message.relayed)
+        link.relayed.receive(message.relayed)
 
     def _logs(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
         logs = message.logs
@@ -308,14 +353,12 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         self._events.put(ev.WorkerExited(message.node_id, **convert.exited_fields(message.exited)))
 
     def _preemption(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
-        if link.node_id:  # said hello
-            signalled = message.preemption
-            self._events.put(ev.PreemptionSignalled(message.node_id, signalled.signal, signalled.received_at))
+        signalled = message.preemption
+        self._events.put(ev.PreemptionSignalled(message.node_id, signalled.signal, signalled.received_at))
 
     def _warmed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
-        if link.node_id:  # said hello
-            warmed = message.warmed
-            self._events.put(ev.NodeWarmed(message.node_id, link.number, warmed.ready, warmed.detail))
+        warmed = message.warmed
+        self._events.put(ev.NodeWarmed(message.node_id, link.number, warmed.ready, warmed.detail))
 
     def _stack_dump(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
         dump = message.stack_dump
@@ -431,8 +474,8 @@ def _another_version(link: AgentLink, what: str) -> bool:
 
 
 # What each kind of agent message does (CoordinatorService._from_agent); a heartbeat only renews the lease,
-# and a batch is unpacked before (CoordinatorService._read_agent).
-_AGENT_HANDLERS: dict[str, Callable[[CoordinatorService, pb.AgentMessage, object, AgentLink], None]] = {
+# and a batch is unpacked before (CoordinatorService._read_agent). False from a handler ends the stream.
+_AGENT_HANDLERS: dict[str, Callable[[CoordinatorService, pb.AgentMessage, object, AgentLink], Optional[bool]]] = {
     "hello": CoordinatorService._hello,
     "relayed": CoordinatorService._relayed,
     "logs": CoordinatorService._logs,
