@@ -48,6 +48,8 @@ _EXPORTS = {
     "WorkerHangError": "minitrain.errors",
     "NodeLostError": "minitrain.errors",
     "PreemptionError": "minitrain.errors",
+    "NoProgressError": "minitrain.errors",  # a minitrain extension (FailureConfig.max_attempts_without_progress)
+    "FailedAttempt": "minitrain.records",  # a minitrain extension (WorkerGroupError.failed_attempts)
     "PreemptionInfo": "minitrain.records",
 }
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pickle
 import re
-from typing import Optional
+from typing import Optional, Sequence
 
-from minitrain.records import FailureKind, WorkerFailure
+from minitrain.records import FailedAttempt, FailureKind, WorkerFailure
 
 # Long tracebacks keep their head and tail (Ray keeps 500 characters of each); the end carries the error.
 _SNIPPET_HEAD = 600
 _SNIPPET_TAIL = 2400
+_CAUSES_PER_HOST = 3  # the end-of-run summary names a host's commonest causes, and counts the rest
 
 
 class MinitrainError(Exception):
@@ -36,15 +37,37 @@ class WorkerGroupError(TrainingFailedError):
     `worker_failures` maps world rank -> the exception that rank raised, rebuilt in the driver with its
     original type when possible (else a `RemoteWorkerError`), or a `WorkerProcessError` when the
     process died without raising. Only ranks that failed on their own are present: ranks stopped by
-    minitrain because another rank failed are not.
+    minitrain because another rank failed are not. These are the last attempt's; `failed_attempts`
+    (minitrain extension) lists every attempt of the `fit()` that ended with a failure, as
+    `records.FailedAttempt`s (host, rank, phase, cause), in order.
     """
 
-    def __init__(self, error_message: str, worker_failures: dict[int, BaseException]):
+    def __init__(self, error_message: str, worker_failures: dict[int, BaseException],
+                 failed_attempts: tuple = ()):
         super().__init__(error_message)
         self.worker_failures = dict(worker_failures)
+        self.failed_attempts = tuple(failed_attempts)
 
     def __reduce__(self):
-        return (self.__class__, (self.args[0], self.worker_failures))
+        return (self.__class__, (self.args[0], self.worker_failures, self.failed_attempts))
+
+
+class NoProgressError(WorkerGroupError):
+    """The run stopped because `attempts` attempts in a row failed without progress
+    (`FailureConfig.max_attempts_without_progress`), whatever `max_failures` allowed: restarting again
+    would repeat the failure. A `WorkerGroupError` (the last attempt's `worker_failures`, every failed
+    attempt in `failed_attempts`); `python -m minitrain.launch` exits 93 (`EXIT_NO_PROGRESS`), which a
+    scheduler is to treat as final: a Slurm job is never requeued for it (docs/slurm.md), a Kubernetes
+    job fails on it with a podFailurePolicy (docs/kubernetes.md).
+    """
+
+    def __init__(self, error_message: str, worker_failures: dict[int, BaseException],
+                 failed_attempts: tuple = (), attempts: int = 0):
+        super().__init__(error_message, worker_failures, failed_attempts)
+        self.attempts = attempts
+
+    def __reduce__(self):
+        return (self.__class__, (self.args[0], self.worker_failures, self.failed_attempts, self.attempts))
 
 
 class ControllerError(TrainingFailedError):
@@ -221,6 +244,46 @@ def render_failures(failures: list[WorkerFailure], attempt: int, remaining_hint:
         lines.append("")
         lines.append(remaining_hint)
     return "\n".join(lines)
+
+
+def render_failed_attempts(attempts: Sequence[FailedAttempt]) -> str:
+    """The end-of-run summary of the failed attempts: one line per host (the root cause's), the host with
+    the most first, each failure with the number of attempts it ended, e.g. "3 attempts failed on host
+    vm: 3x rank 0 during training: RuntimeError: CUDA error: an illegal memory access"; "" for none."""
+    by_host: dict[str, dict[str, int]] = {}
+    for attempt in attempts:
+        causes = by_host.setdefault(attempt.host, {})
+        causes[attempt.what] = causes.get(attempt.what, 0) + 1
+    lines = []
+    for host, causes in sorted(by_host.items(), key=lambda item: -sum(item[1].values())):
+        total = sum(causes.values())
+        ranked = sorted(causes.items(), key=lambda item: -item[1])
+        listed = "; ".join(f"{count}x {what}" for what, count in ranked[:_CAUSES_PER_HOST])
+        if len(ranked) > _CAUSES_PER_HOST:
+            listed += f"; {sum(count for _, count in ranked[_CAUSES_PER_HOST:])}x other causes"
+        lines.append(f"{total} attempt{'s' if total != 1 else ''} failed on host {host}: {listed}")
+    return "\n".join(lines)
+
+
+def no_progress_line(attempts: Sequence[FailedAttempt], last_round: Optional[int]) -> str:
+    """Why a run stopped for lack of progress, in one line: the attempts without progress (identical root
+    causes grouped) and the run-wide index of the last committed round (None: none was), e.g. "no progress
+    in the last 3 attempts: each failed during training with RuntimeError: boom (rank 0 on vm); last
+    committed round 12"."""
+    groups: dict[tuple, int] = {}
+    for attempt in attempts:
+        key = (attempt.phase, attempt.cause, attempt.rank, attempt.host)
+        groups[key] = groups.get(key, 0) + 1
+
+    def failed(phase, cause, rank, host) -> str:
+        return f"failed {phase.description} with {cause} (rank {rank} on {host})"
+
+    if len(groups) == 1:
+        what = "each " + failed(*next(iter(groups)))
+    else:
+        what = ", ".join(f"{count} {failed(*key)}" for key, count in groups.items())
+    where = "no round committed yet" if last_round is None else f"last committed round {last_round}"
+    return f"no progress in the last {len(attempts)} attempts: {what}; {where}"
 
 
 def rebuild_exception(failure: WorkerFailure, exc_pickle: Optional[bytes]) -> BaseException:

@@ -204,6 +204,29 @@ class PreemptionInfo:
         return sorted({rank for ranks in self.preempted_node_to_ranks.values() for rank in ranks})
 
 
+@dataclass(frozen=True)
+class FailedAttempt:
+    """One attempt of a run that ended with a failure, as the end-of-run summary groups them
+    (`minitrain.errors.render_failed_attempts`) and `WorkerGroupError.failed_attempts` keeps them: the
+    root cause's `host`, `rank`, `phase` and `cause` (its one line, as `WorkerFailure.cause`; no pid, so
+    that the same failure in every attempt reads the same). `progressed`: the attempt committed a round
+    beyond the furthest one committed before it; `charged`: the failure counted against `max_failures`
+    (False for an elastic run's shrink after a lost node, which is a resize)."""
+
+    attempt: int
+    host: str
+    rank: int
+    phase: Phase
+    cause: str
+    progressed: bool = False
+    charged: bool = True
+
+    @property
+    def what(self) -> str:
+        """'rank 0 during training: RuntimeError: CUDA error': the failure, without its host."""
+        return f"rank {self.rank} {self.phase.description}: {self.cause}"
+
+
 @dataclass(frozen=True, slots=True)
 class RunOutcome:
     """What the coordinator hands back to the trainer when a run ends."""
@@ -218,6 +241,9 @@ class RunOutcome:
     # set when the run was preempted (ended ABORTED after a preemption signal): fit() raises PreemptionError
     preemption: Optional[PreemptionInfo] = None
     drain_timed_out: bool = False  # the preemption stopped the workers before every rank reached its round
+    failed_attempts: tuple[FailedAttempt, ...] = ()  # every attempt that ended with a failure, in order
+    # > 0 when the run stopped because that many attempts in a row failed without progress: NoProgressError
+    no_progress: int = 0
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,13 @@ class FailureConfig:
     once the run's preemptions exceed the budget (0: never resume). It never counts against
     `max_failures`. The run's one failure budget is the controller's `Rules`
     (`minitrain.coordinator.policy.decide`), built from this config.
+    `max_attempts_without_progress` (minitrain extension, as NVIDIA's resiliency extension's
+    `--ft-max-no-progress-cycles`; default 3; -1 never stops): the run stops with `NoProgressError` once
+    that many attempts in a row failed without progress, whatever `max_failures` says (a restart on the
+    same hosts would repeat the failure; `python -m minitrain.launch` exits 93, which schedulers are told
+    not to retry). An attempt makes progress when it commits a report round beyond the furthest one the
+    run had committed before it; the rounds an attempt redoes after resuming from an older checkpoint
+    are not progress. An elastic resize and a preemption are not failures and are not counted.
     """
 
     max_failures: int = 0
@@ -112,6 +119,7 @@ class FailureConfig:
     preemption_grace_s: float = 0.0
     preemption_signals: tuple = ("SIGUSR2", "SIGTERM")
     preemption_timeout_s: float = 20.0
+    max_attempts_without_progress: int = 3
 
     def __post_init__(self) -> None:
         _reject_deprecated("FailureConfig", {"fail_fast": self.fail_fast}, {
@@ -152,6 +160,12 @@ class FailureConfig:
             self.preemption_timeout_s, owner, "preemption_timeout_s", above=0,
             fix="Use the seconds a preempted run may take to commit its agreed checkpoint, below the "
                 "scheduler's kill delay (e.g. 20 for Slurm's default KillWait of 30 s)."))
+        no_progress_fix = ("Use N >= 1 to stop the run once N attempts in a row failed without committing a "
+                           "new round (default 3), or -1 to restart as long as max_failures allows.")
+        object.__setattr__(self, "max_attempts_without_progress", _int(
+            self.max_attempts_without_progress, owner, "max_attempts_without_progress", -1, no_progress_fix))
+        if self.max_attempts_without_progress == 0:  # 0 attempts cannot fail: no meaning to give it
+            raise _fail(owner, "max_attempts_without_progress", "-1 or an int >= 1", 0, no_progress_fix)
         if self.worker_hang_floor_s is not None:
             object.__setattr__(self, "worker_hang_floor_s", _number(
                 self.worker_hang_floor_s, owner, "worker_hang_floor_s", above=0,

@@ -43,7 +43,9 @@ from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.facts.preemption import DRIVER, Preemption
 from minitrain.coordinator.facts.worker_group import LaunchSettings, WorkerGroup
 from minitrain.coordinator.observers import Observers, RunInfo, RunObserver
-from minitrain.coordinator.outcome import log_late, log_move, run_outcome, was_preempted
+from minitrain.coordinator.outcome import (
+    failed_attempt, log_late, log_move, run_outcome, stopped_without_progress, was_preempted,
+)
 from minitrain.coordinator.policy.decide import decide
 from minitrain.coordinator.policy.elastic import Sizing
 from minitrain.coordinator.policy.hangs import AUTO_FLOOR_S, HangRule
@@ -51,8 +53,8 @@ from minitrain.coordinator.policy.loop import Action, LogLate, Loop, Rules, Seen
 from minitrain.coordinator.preemption_signals import preemption_noted
 from minitrain.coordinator.sigint import sigint_noted
 from minitrain.coordinator.sizing import AttemptSizes
-from minitrain.errors import ConfigError
-from minitrain.records import RunOutcome
+from minitrain.errors import ConfigError, render_failed_attempts
+from minitrain.records import FailedAttempt, RunOutcome
 from minitrain.run_state import IllegalTransition, RunState, check_move
 
 logger = logging.getLogger("minitrain")
@@ -125,6 +127,7 @@ class Controller:
         self._start_error = ""  # why the last start could not place the workers
         self._config_error: Optional[ConfigError] = None  # an unsatisfiable request: raised from run()
         self._interrupts = 0  # Ctrl-C presses not yet given to decide()
+        self._failed_attempts: list[FailedAttempt] = []  # the attempts over that failed, for the end of the run
         self._handlers = self._event_table()
         self._executors = self._action_table()
 
@@ -173,9 +176,16 @@ class Controller:
 
     def _conclude(self) -> RunOutcome:
         spec = self._spec
+        self._note_failed_attempt(charged=True)
         outcome = run_outcome(self._loop, self._current.tracker, self._commits.history,
                               max_failures=spec.failure_limits.max_failures, run_path=spec.launch.run_path,
-                              start_error=self._start_error, preemption=self._preemption)
+                              start_error=self._start_error, preemption=self._preemption,
+                              failed_attempts=tuple(self._failed_attempts),
+                              no_progress=stopped_without_progress(self._loop, self._rules),
+                              last_round=self._commits.last_round)
+        if outcome.state is RunState.SUCCEEDED and self._failed_attempts:
+            logger.warning("the run succeeded after %d failed attempt(s):\n%s", len(self._failed_attempts),
+                           render_failed_attempts(self._failed_attempts))
         self._current.end(restarting=False)
         self._observers.on_run_end(outcome)
         if self._loop.interrupts:
@@ -288,7 +298,8 @@ class Controller:
             watched=self._hangs.watched(tracker, now),
             # a scan of the ranks: only while a failed attempt is not being stopped yet
             round_pending=failed and not tracker.stop_requested and tracker.round_pending(),
-            root_cause=tracker.root_cause_line(), preempt_reached=preempt_reached)
+            root_cause=tracker.root_cause_line(), preempt_reached=preempt_reached,
+            progressed=self._commits.progressed)
 
     # ------------------------------------------------------------------ actions
 
@@ -340,9 +351,20 @@ class Controller:
         loop = self._loop
         check_move(previous, move.state, move.target, heading=loop.target)
         if move.state is RunState.STARTING and previous is RunState.RESTARTING:
+            self._note_failed_attempt(charged=not loop.resize)  # a resize's failures (a lost node) are not charged
             self._current.end(restarting=True)
         log_move(previous, move, loop, self._current.tracker, self._rules, self._start_error)
         self._observers.on_state(previous, move.state, move.reason, loop.attempt)
+
+    def _note_failed_attempt(self, charged: bool) -> None:
+        """Keep the record of the latest attempt, once, if it failed (before the next one starts, or at the
+        end of the run), with whether it made progress (the commits are still its)."""
+        tracker = self._current.tracker
+        if tracker is None or (self._failed_attempts and self._failed_attempts[-1].attempt == tracker.attempt):
+            return
+        record = failed_attempt(tracker, self._commits.progressed, charged)
+        if record is not None:
+            self._failed_attempts.append(record)
 
     def _start(self, attempt: int, resize: str = "") -> None:
         """Place the ranks of `attempt` on the nodes that are in (as many as `AttemptSizes.placed` says),

@@ -38,7 +38,7 @@ from minitrain.monitoring.monitor import RunMonitor
 from minitrain.monitoring.stragglers import StragglerRule
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
 from minitrain.errors import (
-    ConfigError, ControllerError, LaunchError, PreemptionError, WorkerGroupError, rebuild_exception,
+    ConfigError, ControllerError, LaunchError, NoProgressError, PreemptionError, WorkerGroupError, rebuild_exception,
 )
 from minitrain.driver.logs import LogSink, driver_logging
 from minitrain.hosts.cluster import ClusterConfig, current_cluster
@@ -144,7 +144,9 @@ class DataParallelTrainer:
 
     def fit(self) -> Result:
         """Run training to the end. Returns a `Result`; raises `WorkerGroupError` when workers failed
-        past `FailureConfig.max_failures`, `ControllerError` when the run could not be carried out,
+        past `FailureConfig.max_failures` (its subclass `NoProgressError` when
+        `FailureConfig.max_attempts_without_progress` attempts in a row failed without progress, whatever
+        `max_failures` allows), `ControllerError` when the run could not be carried out,
         and KeyboardInterrupt after stopping the workers when interrupted. SIGTERM to the driver stops
         the run as Ctrl-C does, then the driver dies by SIGTERM (see `_sigterm_stops_like_ctrl_c`),
         except while the workers run when SIGTERM is one of `FailureConfig.preemption_signals` (the
@@ -277,7 +279,7 @@ class DataParallelTrainer:
             slurm = cluster.launcher == "srun"
             error = _preemption_error(outcome, checkpoints, self.run_config.failure_config,
                                       earlier_requeues=slurm_env.restart_count(os.environ) if slurm else 0)
-            if slurm and error.resumable:  # the job runs its script again and resumes (docs/slurm.md)
+            if slurm and slurm_requeue.wants_requeue(error):  # its script runs again and resumes (docs/slurm.md)
                 slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
             raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
@@ -515,7 +517,9 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
         exceptions = {f.rank: rebuild_exception(f, outcome.exceptions.get(f.rank)) for f in outcome.failures}
-        raise WorkerGroupError(outcome.error_message, exceptions)
+        if outcome.no_progress:
+            raise NoProgressError(outcome.error_message, exceptions, outcome.failed_attempts, outcome.no_progress)
+        raise WorkerGroupError(outcome.error_message, exceptions, outcome.failed_attempts)
 
     def checkpoint(record) -> Checkpoint:
         return Checkpoint(published.path(record.dir_name), filesystem=published.checkpoint_fs)

@@ -1,11 +1,13 @@
 """Requeue the Slurm job of a preempted run, so the job runs again and resumes (L1: stdlib + L0).
 
 `fit()` calls `requeue_after_preemption` when a run in Slurm mode (`ClusterConfig.launcher == "srun"`)
-ended with a resumable `PreemptionError`: the run agreed a round, committed its checkpoint and stopped,
-and the job (submitted with ``--requeue``) should run its batch script again with the same job id,
-whose run name then resumes from that checkpoint. Only then: a finished, failed or interrupted run is
-never requeued, and a run past `FailureConfig.max_preemption_failures` (Slurm's own requeues counted,
-``SLURM_RESTART_COUNT``) is not resumable, so it is not requeued either.
+ended with an error `wants_requeue` accepts, a resumable `PreemptionError`: the run agreed a round,
+committed its checkpoint and stopped, and the job (submitted with ``--requeue``) should run its batch
+script again with the same job id, whose run name then resumes from that checkpoint. Only then: a
+finished, failed or interrupted run is never requeued, nor one that stopped because attempts in a row
+failed without progress (`NoProgressError`, exit 93: a requeued job would fail the same way), and a run
+past `FailureConfig.max_preemption_failures` (Slurm's own requeues counted, ``SLURM_RESTART_COUNT``) is
+not resumable, so it is not requeued either.
 
 The requeue is `scontrol requeue <job>`. Where there is no `scontrol` (a container image without Slurm's
 client commands), nothing is requeued and the log says so and names the route without it: a follow-up
@@ -18,9 +20,18 @@ import logging
 import shutil
 import subprocess
 
+from minitrain.errors import PreemptionError
+
 logger = logging.getLogger("minitrain")
 
 SCONTROL_TIMEOUT_S = 30.0
+
+
+def wants_requeue(error: BaseException) -> bool:
+    """Whether a Slurm job whose run ended with `error` is to be requeued: only for a resumable
+    `PreemptionError`. Never for a `NoProgressError` (the run stopped because attempts in a row failed
+    without progress), nor for any other failure."""
+    return isinstance(error, PreemptionError) and error.resumable
 
 
 def requeue_after_preemption(job_id: str) -> bool:

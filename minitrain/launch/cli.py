@@ -20,9 +20,13 @@ reports a process SIGINT ended. A preempted run (`PreemptionError`: a preemption
 driver or a node agent, every rank checkpointed at the agreed round) ends with exit code 143 (128 +
 SIGTERM: what a scheduler expects of a process it asked to stop, and retryable under Kubeflow's
 ExitCode restart policy) while `FailureConfig.max_preemption_failures` allows a resume, and with 1 once
-it does not. A script target's exit code is the script's own, except that a `PreemptionError` the
+it does not. A run that stopped because `FailureConfig.max_attempts_without_progress` attempts in a row
+failed without progress (`NoProgressError`) ends with exit code 93 (NVIDIA's resiliency extension's
+"do not restart": a Slurm job is not requeued for it, a Kubernetes job is told to fail on it); any other
+failed run with 1. A script target's exit code is the script's own, except that a `PreemptionError` the
 script lets escape ends as the function target's would (143, or 1 when not resumable) rather than as
-any uncaught exception (1): a script of a Kubernetes pod need not catch it for its pod to be retried.
+any uncaught exception (1): a script of a Kubernetes pod need not catch it for its pod to be retried;
+and a `NoProgressError` it lets escape ends with 93, so that its pod is not retried.
 """
 
 from __future__ import annotations
@@ -41,6 +45,9 @@ _USER_MODULE = "__minitrain_user_module__"
 EXIT_USAGE = 2  # a mistake in the command or its configs, found before any process started
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a Ctrl-C
 EXIT_PREEMPTED = 143  # 128 + SIGTERM: preempted at an agreed checkpoint; run the same command to resume
+# Attempts in a row failed without progress (NoProgressError): do not run it again as it is. NVIDIA's
+# resiliency extension's "do not restart" code; below 128, so final under Kubeflow's ExitCode policy.
+EXIT_NO_PROGRESS = 93
 logger = logging.getLogger("minitrain")
 
 
@@ -168,6 +175,8 @@ def _train_function(options: argparse.Namespace, path: str, function_name: str) 
     except minitrain.PreemptionError as exc:
         print(f"minitrain.launch: preempted\n{exc}", file=sys.stderr)
         return EXIT_PREEMPTED if exc.resumable else 1
+    except minitrain.NoProgressError as exc:
+        return _no_progress(exc)
     except minitrain.TrainingFailedError as exc:
         print(f"minitrain.launch: training failed\n{exc}", file=sys.stderr)
         return 1
@@ -202,7 +211,16 @@ def _run_script(path: str, script_args: list[str]) -> int:
     except minitrain.PreemptionError as exc:
         print(f"minitrain.launch: preempted\n{exc}", file=sys.stderr)
         return EXIT_PREEMPTED if exc.resumable else 1
+    except minitrain.NoProgressError as exc:
+        return _no_progress(exc)
     return 0
+
+
+def _no_progress(error: BaseException) -> int:
+    """Say that the run stopped without progress and return its exit code (the function's and a script's)."""
+    print(f"minitrain.launch: training failed without progress; not to be restarted as it is\n{error}",
+          file=sys.stderr)
+    return EXIT_NO_PROGRESS
 
 
 def main(argv: Optional[list[str]] = None) -> int:

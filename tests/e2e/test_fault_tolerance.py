@@ -397,3 +397,38 @@ def test_a_worker_killed_by_the_oom_killer_is_named_so(tmp_path):
         while (cgroup / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
             time.sleep(0.05)  # the run's processes are exiting; the directory can go once they are gone
         cgroup.rmdir()
+
+
+# A training function whose rank 0 fails the same way at every start, noting when.
+FAILS_AT_EVERY_START = textwrap.dedent("""
+    import os, time
+    import minitrain
+
+    def train(config):
+        if minitrain.get_context().get_world_rank() == 0:
+            with open(os.path.join(config["out"], "failures"), "a") as handle:
+                handle.write(f"{time.time()}\\n")
+            raise RuntimeError("CUDA error: an illegal memory access")
+""")
+
+
+def test_a_rank_failing_at_every_start_stops_the_run_after_three_attempts_with_exit_93(tmp_path):
+    """`max_failures=-1` restarts forever; the default `max_attempts_without_progress=3` stops the run at the
+    third attempt in a row without a committed round, within 5 s of its failure, with `NoProgressError` and
+    the CLI's exit code 93 (not to be restarted by a scheduler)."""
+    (tmp_path / "fails.py").write_text(FAILS_AT_EVERY_START)
+    command = [sys.executable, "-m", "minitrain.launch", "--num-workers", "2", "--max-failures", "-1",
+               f"{tmp_path / 'fails.py'}:train", "--config", json.dumps({"out": str(tmp_path)}),
+               "--name", "stalled", "--storage-path", str(tmp_path / "runs")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=90, cwd=tmp_path,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    ended = time.time()
+    failures = [float(line) for line in (tmp_path / "failures").read_text().split()]
+    assert done.returncode == 93, done.stderr[-3000:]
+    assert len(failures) == 3, f"{len(failures)} attempts ran"
+    assert ended - failures[-1] < 5.0, f"the run stopped {ended - failures[-1]:.1f} s after the last failure"
+    assert re.search(r"Training stopped: no progress in the last 3 attempts: each failed during training with "
+                     r"RuntimeError: CUDA error: an illegal memory access \(rank 0 on \S+\); no round committed yet",
+                     done.stderr), done.stderr[-3000:]
+    assert re.search(r"3 attempts failed on host \S+: 3x rank 0 during training: RuntimeError: CUDA error",
+                     done.stderr)

@@ -160,7 +160,9 @@ def make_trainer(schedule: Schedule, root: str, out: str):
             name=RUN_NAME, storage_path=results,
             storage_filesystem=SlowWriterFileSystem(slow_dir=os.path.join(out, SLOW_WRITERS)),
             checkpoint_config=CheckpointConfig(num_to_keep=schedule.num_to_keep),
-            failure_config=FailureConfig(max_failures=schedule.max_failures,
+            # The property is the failure budget's: three faults in a row at one step must not end the run
+            # for lack of progress before max_failures=3 is spent (that stop has tests of its own).
+            failure_config=FailureConfig(max_failures=schedule.max_failures, max_attempts_without_progress=-1,
                                          worker_hang_timeout_s=HANG_TIMEOUT_S,
                                          worker_stop_grace_s=STOP_GRACE_S)))
 

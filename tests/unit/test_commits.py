@@ -92,3 +92,35 @@ def test_rank_0_reports_leave_the_driver_s_memory_flat(tmp_path):
     assert commits.checkpoints.report_index == 100_000  # every report completed its round
     assert len(read_metrics_history(storage)) == 100_000
     assert held < 1 << 20, f"{held} bytes still held of what 90,000 more reports allocated"
+
+
+def test_progress_is_a_round_beyond_the_furthest_committed_and_rounds_redone_after_a_resume_are_not(tmp_path):
+    """An attempt resumes from the latest checkpoint: its round r is the step after the checkpoint's plus r,
+    whatever the run-wide round numbers (which only grow) say. Only a round past the furthest step any
+    attempt committed before is progress."""
+    storage = Storage.for_run(str(tmp_path), "run")
+    storage.makedirs()
+    commits = Commits(CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage), outbox=None)
+
+    def attempt(number: int, *rounds: int, checkpoint_at: int = -1) -> bool:
+        """Attempt `number` commits `rounds` (one rank), a checkpoint with round `checkpoint_at`."""
+        commits.start_attempt(world_size=1)
+        tracker = AttemptTracker.create(number, [WorkerAssignment(0, 0, 1, 1, 0, "n0")], {"n0": "h0"})
+        for r in rounds:
+            name = ""
+            if r == checkpoint_at:  # written in place, as NO_UPLOAD does
+                name = f"checkpoint_a{number}_r{r}"
+                (tmp_path / "run" / name).mkdir()
+                (tmp_path / "run" / name / "state").write_text(str(r))
+            commits.on_reports(tracker, (ReportRecord(number, 0, r, "{}", 1.0, checkpoint_dir_name=name),))
+        return commits.progressed
+
+    assert attempt(0, 0, 1, 2, 3, 4, checkpoint_at=1)  # steps 0-4, a checkpoint after step 1
+    assert commits.last_round == 4
+    assert not attempt(1)  # failed before its first report
+    assert not attempt(2, 0, 1, 2)  # resumed after step 1: steps 2-4 again
+    assert commits.last_round == 7  # (run-wide numbers go on)
+    assert attempt(3, 0, 1, 2, 3)  # steps 2-5: step 5 is new
+    assert attempt(4, 0, 1, 2, 3, 4, checkpoint_at=2)  # steps 2-6, a checkpoint after step 4
+    assert not attempt(5, 0, 1)  # resumed after step 4: steps 5-6 again
+    assert attempt(6, 0, 1, 2)  # steps 5-7

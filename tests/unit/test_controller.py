@@ -245,6 +245,31 @@ def test_a_spent_budget_fails_the_run_with_the_root_cause(tmp_path):
     assert "FailureConfig.max_failures=0" in outcome.error_message and len(outcome.failures) == 2
 
 
+def test_attempts_that_fail_without_progress_stop_the_run_whatever_max_failures_allows(tmp_path):
+    """Each attempt's round 0 redoes the first attempt's (no checkpoint to resume from): only the first made
+    progress; the third attempt in a row without it stops the run, with every failed attempt kept."""
+    h = Harness(tmp_path, max_failures=-1)
+    _started(h)
+    for attempt in range(4):
+        if attempt:
+            h.train(attempt)
+        h.report(attempt, 0)
+        h.send(_failure(attempt, 1, "CUDA error: an illegal memory access", h.now))
+        h.exit_all(attempt, stopped=True)
+        assert h.controller.state is (RunState.STARTING if attempt < 3 else RunState.FAILED)
+    assert h.outbox.agent_kinds(StartWorkers).count("n0") == 4  # no fifth attempt
+    outcome = h.end()
+    assert outcome.no_progress == 3 and [a.progressed for a in outcome.failed_attempts] == [True, False, False, False]
+    assert outcome.error_message.splitlines()[0] == (
+        "Training stopped: no progress in the last 3 attempts: each failed during training with ValueError: CUDA "
+        "error: an illegal memory access (rank 1 on host-n1); last committed round 3. A restart would fail the "
+        "same way, so the run stops here whatever max_failures=-1 allows "
+        "(FailureConfig.max_attempts_without_progress=3; -1 turns this stop off). Fix the cause and run it again: "
+        "the same run name resumes from its last committed checkpoint.")
+    assert "4 attempts failed on host host-n1: 4x rank 1 during training: ValueError: CUDA error: an illegal " \
+           "memory access" in outcome.error_message
+
+
 def test_an_agent_lost_mid_run_fails_its_ranks_and_a_local_one_is_replaced(tmp_path):
     h = Harness(tmp_path, max_failures=1, local=("n1",))
     _started(h)

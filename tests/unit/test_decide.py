@@ -347,3 +347,90 @@ def test_the_catch_up_wait_is_entered_only_for_a_pending_round_and_always_ends_b
             else:
                 assert now <= loop.deadline and after.deadline == loop.deadline and seen.round_pending
         loop = after
+
+
+# ---------------------------------------------------------------------- attempts without progress
+
+NO_LIMIT = replace(RULES, max_failures=-1)  # the failure budget never stops these runs: only the progress rule
+STALLED = "rank 0 on vm (pid 7) during training: RuntimeError: CUDA error: an illegal memory access"
+
+
+def _fail_and_drain(loop: Loop, rules: Rules, *, progressed=False, now=0.0, **seen):
+    """A rank of the running attempt fails; the attempt exits and drains, every report of it taken
+    (`progressed`: it committed a round beyond the furthest before it). Returns the loop and the actions
+    of the turn that judged it."""
+    failed = replace(RUNNING_ATTEMPT, failed=True, root_cause=STALLED, **seen)
+    down = replace(failed, all_exited=True, all_drained=True, progressed=progressed)
+    loop, _ = _run([(failed, now), (down, now + 0.1)], loop, rules)  # RESTARTING/EXIT, then DRAIN
+    assert loop.state is S.RESTARTING and loop.waiting_for is Wait.DRAIN
+    return _run([(down, now + 0.2)], loop, rules)
+
+
+def _runs_again(loop: Loop, rules: Rules, now: float) -> Loop:
+    loop, _ = _run([(RUNNING_ATTEMPT, now)], loop, rules)
+    assert loop.state is S.RUNNING
+    return loop
+
+
+@pytest.mark.parametrize("limit", [1, 3])
+def test_attempts_in_a_row_without_progress_stop_the_run_whatever_max_failures_allows(limit):
+    rules = replace(NO_LIMIT, max_attempts_without_progress=limit)
+    loop = _running()
+    for n in range(1, limit):
+        loop, actions = _fail_and_drain(loop, rules, now=10.0 * n)
+        assert loop.state is S.STARTING and loop.no_progress == n and StartAttempt(n) in actions
+        loop = _runs_again(loop, rules, 10.0 * n + 1)
+    loop, actions = _fail_and_drain(loop, rules, now=100.0)
+    reason = (f"no progress in the last {limit} attempts (FailureConfig.max_attempts_without_progress={limit}); "
+              f"the last failed: {STALLED}")
+    assert actions == [CloseStreams(), MoveTo(S.STOPPING, reason, S.FAILED)]
+    assert (loop.state, loop.target, loop.no_progress, loop.failures) == (S.STOPPING, S.FAILED, limit, limit)
+    loop, actions = _run([(replace(EXITED, all_drained=True), 100.3)], loop, rules)
+    assert loop.state is S.FAILED and actions[-1] == MoveTo(S.FAILED, reason)
+
+
+def test_an_attempt_that_made_progress_resets_the_count():
+    rules = replace(NO_LIMIT, max_attempts_without_progress=2)
+    loop, _ = _fail_and_drain(_running(), rules)
+    assert loop.no_progress == 1
+    loop = _runs_again(loop, rules, 1.0)
+    loop, actions = _fail_and_drain(loop, rules, progressed=True, now=2.0)  # a commit beyond: restarted
+    assert loop.state is S.STARTING and loop.no_progress == 0 and StartAttempt(2) in actions
+    loop = _runs_again(loop, rules, 3.0)
+    loop, _ = _fail_and_drain(loop, rules, now=4.0)
+    assert loop.state is S.STARTING and loop.no_progress == 1
+    loop = _runs_again(loop, rules, 5.0)
+    loop, _ = _fail_and_drain(loop, rules, now=6.0)
+    assert loop.target is S.FAILED and loop.failures == 4
+
+
+def test_minus_one_never_stops_for_lack_of_progress():
+    rules = replace(NO_LIMIT, max_attempts_without_progress=-1)
+    loop = _running()
+    for n in range(1, 20):
+        loop, _ = _fail_and_drain(loop, rules, now=10.0 * n)
+        assert loop.state is S.STARTING and loop.no_progress == n
+        loop = _runs_again(loop, rules, 10.0 * n + 1)
+
+
+def test_a_spent_failure_budget_stops_with_its_own_reason_before_progress_is_counted():
+    rules = replace(RULES, max_failures=1, max_attempts_without_progress=2)
+    loop, _ = _fail_and_drain(_running(), rules)
+    loop = _runs_again(loop, rules, 1.0)
+    loop, actions = _run([(replace(RUNNING_ATTEMPT, failed=True, root_cause=STALLED), 2.0)], loop, rules)
+    assert loop.target is S.FAILED and loop.reason == STALLED and loop.no_progress == 1
+
+
+def test_an_elastic_shrink_is_not_a_failure_without_progress():
+    from minitrain.coordinator.policy.elastic import Sizing
+
+    rules = replace(NO_LIMIT, max_attempts_without_progress=2, sizing=Sizing(min_workers=1, resize_interval_s=5.0))
+    loop, _ = _fail_and_drain(_running(), rules, fits=1, size=2)  # a failure charged: no node was lost
+    assert loop.state is S.STARTING and (loop.failures, loop.no_progress, loop.resize) == (1, 1, "")
+    loop = _runs_again(loop, rules, 1.0)
+    for n in range(2, 6):  # node after node lost with its ranks: resizes, neither charged nor counted
+        loop, actions = _fail_and_drain(loop, rules, now=10.0 * n, lost_in_attempt=True, fits=1, size=2)
+        assert loop.state is S.STARTING and loop.resize == "shrink" and (loop.failures, loop.no_progress) == (1, 1)
+        loop = _runs_again(loop, rules, 10.0 * n + 1)
+    loop, _ = _fail_and_drain(loop, rules, now=100.0, fits=1, size=2)
+    assert loop.target is S.FAILED and loop.reason.startswith("no progress in the last 2 attempts")

@@ -243,7 +243,7 @@ def test_public_names_are_exported_from_the_package():
     import minitrain
 
     for name in ("TrainingFailedError", "WorkerGroupError", "ControllerError", "ConfigError",
-                 "RemoteWorkerError", "WorkerProcessError"):
+                 "RemoteWorkerError", "WorkerProcessError", "NoProgressError"):
         assert getattr(minitrain, name) is getattr(errors, name)
 
 
@@ -294,3 +294,48 @@ def test_a_worker_reports_only_exceptions_and_the_kind_never_travels():
     assert not any(field.name == "kind" for field in sent.DESCRIPTOR.fields)
     received = failure_from_message(1, "h", 7, sent)
     assert received.kind is FailureKind.EXCEPTION  # ... a worker's report is an exception it raised
+
+
+CUDA = "RuntimeError: CUDA error: an illegal memory access"
+
+
+def _attempt(n: int, host: str = "vm", rank: int = 0, cause: str = CUDA, phase=Phase.TRAINING):
+    from minitrain.records import FailedAttempt
+
+    return FailedAttempt(attempt=n, host=host, rank=rank, phase=phase, cause=cause)
+
+
+def test_the_failed_attempts_are_summed_up_by_host_with_their_repeats():
+    assert errors.render_failed_attempts([_attempt(0), _attempt(1), _attempt(2)]) == (
+        f"3 attempts failed on host vm: 3x rank 0 during training: {CUDA}")
+    mixed = [_attempt(0, "gpu2", 3, "exited with code 1", Phase.STARTUP), _attempt(1), _attempt(2, "gpu2", 3),
+             _attempt(3, "gpu2", 3, "exited with code 1", Phase.STARTUP), _attempt(4, "gpu1", 1, "ValueError: x")]
+    assert errors.render_failed_attempts(mixed).splitlines() == [
+        f"3 attempts failed on host gpu2: 2x rank 3 during start-up: exited with code 1; 1x rank 3 during training: "
+        f"{CUDA}",
+        f"1 attempt failed on host vm: 1x rank 0 during training: {CUDA}",
+        "1 attempt failed on host gpu1: 1x rank 1 during training: ValueError: x"]
+    many = [_attempt(n, cause=f"ValueError: {n % 5}") for n in range(10)]
+    assert errors.render_failed_attempts(many).endswith("; 4x other causes")
+    assert errors.render_failed_attempts([]) == ""
+
+
+def test_the_no_progress_line_names_each_cause_once_and_the_last_committed_round():
+    assert errors.no_progress_line([_attempt(0), _attempt(1), _attempt(2)], 41) == (
+        f"no progress in the last 3 attempts: each failed during training with {CUDA} (rank 0 on vm); "
+        "last committed round 41")
+    assert errors.no_progress_line([_attempt(0), _attempt(1, "h2", 1, "exited with code 3", Phase.DIST_INIT),
+                                    _attempt(2)], None) == (
+        f"no progress in the last 3 attempts: 2 failed during training with {CUDA} (rank 0 on vm), 1 failed "
+        "during process-group init with exited with code 3 (rank 1 on h2); no round committed yet")
+
+
+def test_no_progress_error_is_a_worker_group_error_that_survives_pickle():
+    attempts = (_attempt(0), _attempt(1))
+    exc = errors.NoProgressError("no progress", {0: ValueError("x")}, attempts, attempts=2)
+    assert isinstance(exc, WorkerGroupError) and isinstance(exc, TrainingFailedError)
+    back = _roundtrip(exc)
+    assert type(back) is errors.NoProgressError and str(back) == "no progress"
+    assert (back.failed_attempts, back.attempts, list(back.worker_failures)) == (attempts, 2, [0])
+    plain = _roundtrip(WorkerGroupError("m", {}, attempts))
+    assert plain.failed_attempts == attempts and _roundtrip(WorkerGroupError("m", {})).failed_attempts == ()

@@ -63,6 +63,21 @@ def test_unlimited_retries_are_said_so(caplog):
     assert line.endswith("(failure 3, max_failures=-1, unlimited retries)")
 
 
+def test_attempts_without_progress_are_counted_in_the_restart_line_and_their_stop_says_why(caplog):
+    failed = _tracker(2, failed=True)
+    loop = Loop(state=S.STARTING, attempt=3, failures=3, no_progress=2)
+    [(_, line)] = _logged(caplog, S.RESTARTING, MoveTo(S.STARTING, "r"), loop, failed,
+                          Rules(max_failures=-1, stop_grace_s=1.0), "")
+    assert line.endswith("(failure 3, max_failures=-1, unlimited retries; 2 attempt(s) in a row without progress, "
+                         "the run stops at 3)")
+    reason = "no progress in the last 3 attempts (FailureConfig.max_attempts_without_progress=3); the last failed: x"
+    stop = Loop(state=S.STOPPING, target=S.FAILED, attempt=3, failures=4, no_progress=3)
+    assert _logged(caplog, S.RESTARTING, MoveTo(S.STOPPING, reason, S.FAILED), stop, failed,
+                   Rules(max_failures=-1, stop_grace_s=1.0), "") == [
+        ("ERROR", f"{reason}. The run stops here, whatever max_failures=-1 allows: a restart would fail the same way "
+                  "(FailureConfig.max_attempts_without_progress=-1 turns this stop off)")]
+
+
 def test_a_late_wait_names_the_ranks_it_waited_for(caplog):
     tracker = _tracker(attempt=4)
     tracker.ranks[0].exited = True

@@ -86,3 +86,23 @@ def test_fit_s_preemption_error_counts_the_run_directory_s_preemptions_and_slurm
     assert not requeued.resumable and str(requeued) == (
         "Training was preempted. The run was preempted 2 time(s), more than "
         "FailureConfig.max_preemption_failures=1: it is not to be resumed.")
+
+
+def test_attempts_without_progress_stop_the_run_at_their_limit_whatever_the_failure_budget():
+    rules = Rules.from_config(FailureConfig(max_failures=-1))
+    assert rules.max_attempts_without_progress == 3  # NVIDIA's resiliency extension's default too
+    assert [rules.stops_without_progress(n) for n in range(5)] == [False, False, False, True, True]
+    assert rules.allows_retry(3)  # the failure budget alone would go on
+    one = Rules.from_config(FailureConfig(max_failures=5, max_attempts_without_progress=1))
+    assert not one.stops_without_progress(0) and one.stops_without_progress(1)
+    never = Rules.from_config(FailureConfig(max_failures=-1, max_attempts_without_progress=-1))
+    assert not any(never.stops_without_progress(n) for n in (1, 3, 10**9))
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.5, True, None, "3"])
+def test_max_attempts_without_progress_is_minus_one_or_at_least_one(value):
+    from minitrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"FailureConfig\.max_attempts_without_progress must be .*"
+                                          r"Use N >= 1 .* or -1 to restart as long as max_failures allows"):
+        FailureConfig(max_attempts_without_progress=value)

@@ -9,7 +9,8 @@ import logging
 
 import pytest
 
-from minitrain.hosts.slurm_requeue import requeue_after_preemption
+from minitrain.errors import NoProgressError, PreemptionError, WorkerGroupError
+from minitrain.hosts.slurm_requeue import requeue_after_preemption, wants_requeue
 from minitrain.hosts.srun import TASK_SHAPE_VARIABLES, srun_argv, srun_environment
 
 
@@ -39,3 +40,11 @@ def test_without_scontrol_nothing_is_requeued_and_the_route_without_it_is_named(
     with caplog.at_level(logging.WARNING, logger="minitrain"):
         assert requeue_after_preemption("77") is False
     assert "no scontrol" in caplog.text and "--dependency=afternotok:77" in caplog.text
+
+
+def test_only_a_resumable_preemption_is_requeued_never_a_run_that_made_no_progress():
+    assert wants_requeue(PreemptionError(None, resumable=True))
+    assert not wants_requeue(PreemptionError(None, resumable=False))
+    # Attempts in a row failed without progress: a requeued job would fail the same way (exit 93).
+    assert not wants_requeue(NoProgressError("no progress in the last 3 attempts", {}, attempts=3))
+    assert not wants_requeue(WorkerGroupError("failure budget spent", {}))

@@ -6,6 +6,14 @@ round is committed at once (its staged uploads moved into place, the index writt
 and only then are the ranks waiting in a checkpoint report acknowledged: a report that returned on
 every rank is committed. A checkpoint list is answered once the asking rank's earlier reports are
 processed (Ray's `get_all_reported_checkpoints` blocks the same way).
+
+It also knows whether the current attempt made progress (`progressed`): it committed a round beyond the
+furthest one the run had committed before it. Run-wide round numbers only grow across attempts, so they
+cannot tell: an attempt resumes from the latest committed checkpoint, and its round r is the training
+step after that checkpoint's plus r, which an earlier attempt may have reached already. So each committed
+round is placed at that step (its position): the resumed checkpoint's position + 1 + r, the position of a
+checkpoint committed by this fit() being kept, and that of one from an earlier fit() being its run-wide
+index. This assumes the training function resumes from `get_checkpoint()`, as Ray's contract has it.
 """
 
 from __future__ import annotations
@@ -82,6 +90,13 @@ class Commits:
         self._base = 0
         self._list_requests: list[ev.CheckpointsRequested] = []  # waiting for their rounds
         self.checkpoints_committed = 0  # by this fit(), in any attempt (an elastic run grows at the next one)
+        # Progress (see the module docstring): positions of the checkpoints this fit() committed, by run-wide
+        # index; the position the current attempt resumed from (-1: no checkpoint); the furthest position
+        # committed by this fit() (None: none yet).
+        self._positions: dict[int, int] = {}
+        self._resumed_at = -1
+        self._furthest: Optional[int] = None
+        self.progressed = False  # the current attempt moved `_furthest` on
 
     @property
     def report_base(self) -> int:
@@ -94,6 +109,14 @@ class Commits:
         self._rounds = RoundTracker(world_size)
         self._base = self.checkpoints.report_index
         self._list_requests = []
+        latest = self.checkpoints.latest  # what the attempt resumes from (current_attempt.py's ResumePoint)
+        self._resumed_at = -1 if latest is None else self._positions.get(latest.report_index, latest.report_index)
+        self.progressed = False
+
+    @property
+    def last_round(self) -> Optional[int]:
+        """The run-wide index of the last committed round (of any fit() of the run); None before the first."""
+        return self.checkpoints.report_index - 1 if self.checkpoints.report_index > 0 else None
 
     def on_reports(self, tracker: AttemptTracker, reports: Sequence[ReportRecord]) -> None:
         """Record reports of the current attempt, in order: each one is told to the observers, marks its
@@ -190,6 +213,12 @@ class Commits:
                     return
                 self.checkpoints_committed += 1
                 logger.debug("committed %s (round %d)", record.dir_name, index)
+            position = self._resumed_at + 1 + done.round
+            if record is not None:
+                self._positions[index] = position
+            if self._furthest is None or position > self._furthest:  # beyond every earlier attempt's too
+                self._furthest = position
+                self.progressed = True
             if self._observers:
                 self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
             for rank in done.ack_ranks:

@@ -18,6 +18,7 @@ drawing of its lifecycle (run_state.py holds the table of allowed moves it follo
         round pending --reported by every live rank, or the grace passed-->] RESTARTING/EXIT --exited-->
         RESTARTING/DRAIN --drained--> [RESTARTING/AGENTS: lost nodes relaunched --connected--> ]
         STARTING/WORKERS (attempt + 1)
+    RESTARTING/DRAIN --drained, and the attempts in a row without progress reached their limit--> STOPPING(FAILED)
     RUNNING/WORKERS --a rank silent past its hang deadline--> RUNNING/STACKS --stacks in--> (ranks fail) WORKERS
     RUNNING/WORKERS --preemption signal--> RUNNING/PREEMPT --every rank reported the agreed round-->
         STOPPING(ABORTED)/EXIT ...; --a second signal to one process, the timeout, a failure--> STOPPING(ABORTED),
@@ -42,6 +43,13 @@ than run on nodes ready to take them (`Seen.fits_ready`: a node that came back i
 server is warm) and the interval since the attempt started has passed, the attempt is stopped at
 the next committed checkpoint and restarted larger (GROW). The sizes are coordinator/policy/elastic.py's,
 applied by coordinator/sizing.py.
+
+A restart is judged for progress once the failed attempt is down and every report of it is taken: an
+attempt that committed a round beyond the furthest one the run had committed before it (`Seen.progressed`;
+steps redone after resuming from an older checkpoint are not progress) resets `Loop.no_progress`, another
+failed attempt adds one, and at `Rules.max_attempts_without_progress` the run stops (FAILED) instead of
+restarting, whatever the failure budget has left: the same failure would come again. A resize counts
+neither way.
 
 The preempt wait stops a preempted run at a checkpoint every rank agrees on, with no collective in the
 user's loop (coordinator/facts/preemption.py): the first signal while RUNNING sends every rank the notice
@@ -350,6 +358,16 @@ def _judge(loop: Loop, seen: Seen, rules: Rules) -> Loop:
     return replace(loop, failures=loop.failures + 1)
 
 
+def _count_progress(loop: Loop, seen: Seen) -> Loop:
+    """A restarted attempt is down, every report of it taken: one more failed attempt without progress,
+    unless it made progress (`seen.progressed`), which resets the count; a resize is no failure, so it
+    leaves the count as it is unless it made progress. Steps redone after resuming from an older
+    checkpoint are not progress (Commits.progressed)."""
+    if seen.progressed:
+        return replace(loop, no_progress=0) if loop.no_progress else loop
+    return loop if loop.resize else replace(loop, no_progress=loop.no_progress + 1)
+
+
 def _exit(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
     """RESTARTING or STOPPING: wait until every process of the attempt exited."""
     if not seen.all_exited and now <= loop.deadline:
@@ -368,12 +386,18 @@ def _drain(loop: Loop, seen: Seen, now: float, rules: Rules) -> Decision:
         return _end(loop, actions)
     if loop.judging:
         loop = _judge(loop, seen, rules)
-        if loop.resize == SHRINK:  # start at once with the survivors; lost hosts are probed later
-            decision = _start(loop, now, loop.attempt + 1, f"starting attempt {loop.attempt + 1}", rules)
-            return replace(decision, actions=actions + (RelaunchAgents(),) * seen.lost_nodes + decision.actions)
-        if not rules.allows_retry(loop.failures):
+        if not loop.resize and not rules.allows_retry(loop.failures):
             decision = _stop(loop, seen, now, rules, RunState.FAILED, loop.reason)
             return replace(decision, actions=actions + decision.actions)
+    loop = _count_progress(loop, seen)
+    if loop.resize == SHRINK:  # start at once with the survivors; lost hosts are probed later
+        decision = _start(loop, now, loop.attempt + 1, f"starting attempt {loop.attempt + 1}", rules)
+        return replace(decision, actions=actions + (RelaunchAgents(),) * seen.lost_nodes + decision.actions)
+    if not loop.resize and rules.stops_without_progress(loop.no_progress):  # (a resize is no failure)
+        reason = (f"no progress in the last {loop.no_progress} attempts (FailureConfig.max_attempts_without_progress="
+                  f"{rules.max_attempts_without_progress}); the last failed: {seen.root_cause or loop.reason}")
+        decision = _stop(loop, seen, now, rules, RunState.FAILED, reason)
+        return replace(decision, actions=actions + decision.actions)
     if seen.lost_nodes:
         return Decision(replace(loop, waiting_for=Wait.AGENTS, deadline=now + rules.agent_start_timeout_s),
                         actions + (RelaunchAgents(),))

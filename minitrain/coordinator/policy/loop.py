@@ -26,6 +26,7 @@ DRAIN_S = 5.0  # after the processes exited, for their streams' last messages (n
 # rank skew is usually a step or a checkpoint upload; a peer blocked in a collective never gets there.
 CATCH_UP_S = 10.0
 PREEMPT_TIMEOUT_S = 20.0  # FailureConfig.preemption_timeout_s's default
+MAX_ATTEMPTS_WITHOUT_PROGRESS = 3  # FailureConfig.max_attempts_without_progress's default
 INTERRUPTED = "interrupted by the user (Ctrl-C)"
 PREEMPTED = "preempted"  # how every preemption's reason begins (outcome.py, the trainer read it)
 
@@ -45,9 +46,10 @@ class Wait(enum.Enum):
 
 @dataclass(frozen=True)
 class Rules:
-    """The limits `decide` applies, and the run's two budgets: the failure budget (`allows_retry`,
-    `retries_left`: restarts inside one fit()) and the preemption budget (`allows_resume`: whether the next
-    fit() may resume a preempted run).
+    """The limits `decide` applies, and the run's budgets: the failure budget (`allows_retry`,
+    `retries_left`: restarts inside one fit()), its limit on attempts in a row that fail without progress
+    (`stops_without_progress`, whatever the failure budget says), and the preemption budget
+    (`allows_resume`: whether the next fit() may resume a preempted run).
 
     Built from the run's FailureConfig by `from_config`."""
 
@@ -60,6 +62,7 @@ class Rules:
     catch_up_s: float = CATCH_UP_S
     preempt_timeout_s: float = PREEMPT_TIMEOUT_S
     max_preemption_failures: int = -1  # -1: unlimited
+    max_attempts_without_progress: int = MAX_ATTEMPTS_WITHOUT_PROGRESS  # -1: no limit
     # An elastic run's sizing (ScalingConfig(num_workers=(min, max))): None for a fixed size. Its max is the
     # controller's (Seen.fits never exceeds it).
     sizing: Optional[Sizing] = None
@@ -73,12 +76,16 @@ class Rules:
     def from_config(cls, failure: "FailureConfig", agent_start_timeout_s: float = 60.0,
                     sizing: Optional[Sizing] = None) -> "Rules":
         """The rules of a run whose failure settings are `failure` (its `max_failures`,
-        `worker_stop_grace_s`, `preemption_timeout_s` and `max_preemption_failures`), waiting up to
-        `agent_start_timeout_s` for its node agents; `sizing` for an elastic run (`RunSpec.sizing`)."""
+        `worker_stop_grace_s`, `preemption_timeout_s`, `max_preemption_failures` and
+        `max_attempts_without_progress`), waiting up to `agent_start_timeout_s` for its node agents;
+        `sizing` for an elastic run (`RunSpec.sizing`)."""
         return cls(max_failures=failure.max_failures, stop_grace_s=failure.worker_stop_grace_s,
                    agent_start_timeout_s=agent_start_timeout_s,
                    preempt_timeout_s=getattr(failure, "preemption_timeout_s", PREEMPT_TIMEOUT_S),
-                   max_preemption_failures=getattr(failure, "max_preemption_failures", -1), sizing=sizing)
+                   max_preemption_failures=getattr(failure, "max_preemption_failures", -1),
+                   max_attempts_without_progress=getattr(failure, "max_attempts_without_progress",
+                                                         MAX_ATTEMPTS_WITHOUT_PROGRESS),
+                   sizing=sizing)
 
     def allows_retry(self, failures: int) -> bool:
         """Whether the run restarts after its `failures`-th failure (this one included).
@@ -96,6 +103,13 @@ class Rules:
         """Restarts still allowed after `failures` failures: None when unlimited (-1), never below 0."""
         return None if self.max_failures == -1 else max(0, self.max_failures - failures)
 
+    def stops_without_progress(self, attempts: int) -> bool:
+        """Whether the run stops once `attempts` attempts in a row (the latest included) failed without
+        progress: at `max_attempts_without_progress`, whatever `max_failures` allows; -1 never. Progress
+        is a committed round beyond the furthest one committed before the attempt
+        (`Seen.progressed`); a resize and a preemption are not failures and count neither way."""
+        return self.max_attempts_without_progress != -1 and attempts >= self.max_attempts_without_progress
+
     def allows_resume(self, preemptions: int) -> bool:
         """Whether a run that preemptions ended `preemptions` times (this one included) may be resumed by
         the next fit(): while `preemptions <= max_preemption_failures`; -1 always. A preemption never
@@ -111,6 +125,9 @@ class Loop:
     waiting_for: Wait = Wait.AGENTS
     attempt: int = 0
     failures: int = 0
+    # failed attempts in a row that made no progress (Rules.stops_without_progress): counted once a failed
+    # attempt is down; an attempt that made progress resets it, a resize leaves it as it is
+    no_progress: int = 0
     deadline: Optional[float] = None  # when the wait gives up
     target: Optional[RunState] = None  # the terminal state STOPPING leads to
     reason: str = ""  # why the run is in this state (the last move's reason)
@@ -158,6 +175,8 @@ class Seen:
     round_pending: bool = False
     watched: Mapping[int, "Watch"] = field(default_factory=dict)  # live training ranks with a hang deadline
     root_cause: str = ""  # one line naming the attempt's root-cause failure
+    # the attempt committed a round beyond the furthest one the run had committed before it (Commits.progressed)
+    progressed: bool = False
     interrupted: bool = False  # Ctrl-C was pressed since the last decision
     preempted: int = 0  # preemption signals since the last decision
     # one of them reached a process (the driver, a node's agent) that had had one before: "hurry". The first
