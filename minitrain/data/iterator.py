@@ -1,8 +1,9 @@
 """`DataIterator`: one rank's view of one dataset, as `minitrain.get_dataset_shard(name)` returns it.
 
 Epochs: every pass starts a new epoch. A pass is one `iter(...)` of the iterable that `iter_rows()`,
-`iter_batches()` or `iter_torch_batches()` returns (a `for` loop over it), as in Ray, where calling
-`iter_torch_batches()` once and looping over the result each epoch also works. The first pass is
+`iter_batches()` or `iter_torch_batches()` returns (a `for` loop over it), or of the `tf.data.Dataset`
+`to_tf()` returns, as in Ray, where calling `iter_torch_batches()` once and looping over the result
+each epoch also works. The first pass is
 epoch 0; `set_epoch(n)` makes the next pass epoch n (for example after resuming from a checkpoint).
 Every rank must start the same passes in the same order, with the same `batch_size` and `drop_last`,
 for the shards to stay disjoint. Which rows a pass reads is `minitrain.data.sharding`'s plan.
@@ -85,7 +86,7 @@ _ROWS_PER_PREFETCH = 256
 
 
 class DataIterator:
-    """Rows of one dataset for one rank: `iter_rows`, `iter_batches`, `iter_torch_batches`.
+    """Rows of one dataset for one rank: `iter_rows`, `iter_batches`, `iter_torch_batches`, `to_tf`.
 
     A split dataset gives rank r of N a disjoint block of about 1/N of the rows (every row is read by
     exactly one rank per epoch unless `drop_last` trims the epoch); an unsplit one gives every rank
@@ -282,6 +283,38 @@ class DataIterator:
 
         return self._batches(batch_size, drop_last, local_shuffle_buffer_size, local_shuffle_seed,
                              prefetch_batches, make)
+
+    def to_tf(self, feature_columns: Any, label_columns: Any, *, additional_columns: Any = None,
+              prefetch_batches: int = 1, batch_size: int = 1, drop_last: bool = False,
+              local_shuffle_buffer_size: Optional[int] = None, local_shuffle_seed: Optional[int] = None,
+              feature_type_spec: Any = None, label_type_spec: Any = None, additional_type_spec: Any = None) -> Any:
+        """This rank's rows as a `tf.data.Dataset` of `(features, labels)` batches, or `(features, labels,
+        additional)` with `additional_columns` (e.g. sample weights), as Ray Data's `to_tf`.
+
+        Each of `feature_columns`, `label_columns`, `additional_columns` is a column name (the batch
+        part is one tensor) or a list of names (a dict of column -> tensor). Each iteration of the
+        dataset (each Keras epoch) is a new pass of `iter_batches` with `batch_size` (default 1, as
+        Ray's), `drop_last`, the local shuffle and `prefetch_batches`, checked here. The type specs
+        default to each column's dtype and per-row shape, `(None, ...)` (strings: tf.string); give a
+        `tf.TypeSpec` (a dict of them for a list of columns) to cast. Auto-sharding is off (the rows
+        are already this rank's). A column the dataset lacks raises ValueError naming the valid ones.
+        """
+        from minitrain.data import tf_batches
+
+        table, _ = self._load()
+        samples = tf_batches.column_samples(table, f"dataset {self._name!r}")
+        tf_batches.check_columns(feature_columns, "feature_columns", list(samples))
+        tf_batches.check_columns(label_columns, "label_columns", list(samples))
+        tf_batches.check_columns(additional_columns, "additional_columns", list(samples), optional=True)
+        batches = self.iter_batches(prefetch_batches=prefetch_batches, batch_size=batch_size, drop_last=drop_last,
+                                    local_shuffle_buffer_size=local_shuffle_buffer_size,
+                                    local_shuffle_seed=local_shuffle_seed)
+        specs = (tf_batches.type_specs(samples, feature_columns, feature_type_spec, "feature_type_spec"),
+                 tf_batches.type_specs(samples, label_columns, label_type_spec, "label_type_spec"))
+        if additional_columns is not None:
+            specs += (tf_batches.type_specs(samples, additional_columns, additional_type_spec,
+                                            "additional_type_spec"),)
+        return tf_batches.dataset(batches, feature_columns, label_columns, additional_columns, specs)
 
     def stats(self) -> str:
         """A one-line description of this shard (Ray returns execution statistics here)."""

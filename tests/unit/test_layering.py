@@ -57,7 +57,9 @@ L3 = {"minitrain", "minitrain.driver", "minitrain.monitoring", "minitrain.train_
       "minitrain.callbacks",  # RunConfig.callbacks: UserCallback, the trackers and their runner (an observer)
       "minitrain.dashboard",  # dashboard: the web page and /metrics over the run monitor
       # XGBoostTrainer, LightGBMTrainer and their report callbacks; _gbdt: what the two share
-      "minitrain.xgboost", "minitrain.lightgbm", "minitrain._gbdt"}
+      "minitrain.xgboost", "minitrain.lightgbm", "minitrain._gbdt",
+      # TensorflowTrainer, its Keras callback, and Ray's older ray.air.integrations.keras path to it
+      "minitrain.tensorflow", "minitrain.air"}
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
 # imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
 TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}
@@ -68,6 +70,10 @@ TORCH_ALLOWED = TORCH_ALLOWED | {"minitrain.lightning", "minitrain.huggingface"}
 # hold the callbacks that run inside training functions.
 GBDT_LIBRARIES = {"xgboost", "lightgbm"}
 GBDT_ALLOWED = {"minitrain.worker", "minitrain.xgboost", "minitrain.lightgbm"}
+# TensorFlow and Keras, by the same rule: minitrain.tensorflow (the Keras callback, prepare_dataset_shard,
+# TensorflowCheckpoint's loading) and, inside its functions, minitrain.data.tf_batches (DataIterator.to_tf).
+TF_LIBRARIES = {"tensorflow", "keras", "tf_keras"}
+TF_ALLOWED = {"minitrain.worker", "minitrain.tensorflow", "minitrain.data.tf_batches"}
 # What bench/ may use besides the public API (L3 and the lazy package exports): the coordinator run
 # entry with its RunObserver seam (the scale simulation serves fake agents over the wire protocol),
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
@@ -209,6 +215,11 @@ def violations_of(module: str, path: Path) -> list[str]:
         if top in GBDT_LIBRARIES:
             if not any(_within(module, allowed) for allowed in GBDT_ALLOWED):
                 problems.append(f"{at}: only worker/, minitrain.xgboost and minitrain.lightgbm may import {top}")
+            continue
+        if top in TF_LIBRARIES:
+            if not any(_within(module, allowed) for allowed in TF_ALLOWED):
+                problems.append(f"{at}: only worker/, minitrain.tensorflow and minitrain.data.tf_batches may "
+                                f"import {top}")
             continue
         if top != "minitrain":
             if level == 0 and top not in sys.stdlib_module_names:

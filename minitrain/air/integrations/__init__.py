@@ -1,0 +1,1 @@
+"""`minitrain.air.integrations`: Ray's `ray.air.integrations` import path; holds `keras` only."""
