@@ -10,6 +10,8 @@ what the training function runs inside, and tears it down:
   rank runs the training function inside XGBoost's communicator (`XGBoostTrainer`).
 - `minitrain.worker.lightgbm_backend.LightGBMBackend`: every rank picks a free port on its routable
   address; the machines list is agreed through the store (`LightGBMTrainer`).
+- `minitrain.worker.tensorflow_backend.TensorflowBackend`: every rank picks a free port on its routable
+  address; the ranks' addresses are agreed through the store and set as `TF_CONFIG` (`TensorflowTrainer`).
 
 The trainer (in the driver) builds the backend object and ships it to the workers pickled inside the
 run's payload (`records.RunPayload.backend`); the driver reads only `name` and `timeout_s`, which
