@@ -45,8 +45,8 @@ LAYERS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (3, "L3 the public surface and the driver", (
         "minitrain", "minitrain.train_api", "minitrain.result", "minitrain.collective", "minitrain.torch",
         "minitrain.lightning", "minitrain.huggingface", "minitrain.xgboost", "minitrain.lightgbm",
-        "minitrain._gbdt", "minitrain.tensorflow", "minitrain.air", "minitrain.launch", "minitrain.callbacks",
-        "minitrain.tune", "minitrain.dashboard",
+        "minitrain._gbdt", "minitrain.tensorflow", "minitrain.air", "minitrain.jax", "minitrain.launch",
+        "minitrain.callbacks", "minitrain.tune", "minitrain.dashboard",
         "minitrain.driver", "minitrain.monitoring")),
 )
 

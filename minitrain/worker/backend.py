@@ -12,6 +12,8 @@ what the training function runs inside, and tears it down:
   address; the machines list is agreed through the store (`LightGBMTrainer`).
 - `minitrain.worker.tensorflow_backend.TensorflowBackend`: every rank picks a free port on its routable
   address; the ranks' addresses are agreed through the store and set as `TF_CONFIG` (`TensorflowTrainer`).
+- `minitrain.worker.jax_backend.JaxBackend`: rank 0 publishes the address of JAX's coordination
+  service through the store and every rank calls `jax.distributed.initialize` with it (`JaxTrainer`).
 
 The trainer (in the driver) builds the backend object and ships it to the workers pickled inside the
 run's payload (`records.RunPayload.backend`); the driver reads only `name` and `timeout_s`, which

@@ -59,7 +59,8 @@ L3 = {"minitrain", "minitrain.driver", "minitrain.monitoring", "minitrain.train_
       # XGBoostTrainer, LightGBMTrainer and their report callbacks; _gbdt: what the two share
       "minitrain.xgboost", "minitrain.lightgbm", "minitrain._gbdt",
       # TensorflowTrainer, its Keras callback, and Ray's older ray.air.integrations.keras path to it
-      "minitrain.tensorflow", "minitrain.air"}
+      "minitrain.tensorflow", "minitrain.air",
+      "minitrain.jax"}  # JaxTrainer and JaxConfig
 # minitrain.data.torch_batches: only `iter_torch_batches` (inside a training function) calls it, and it
 # imports torch inside its functions, so the driver and `import minitrain.data` stay free of torch.
 TORCH_ALLOWED = {"minitrain.worker", "minitrain.torch", "minitrain.data.torch_batches"}
@@ -74,6 +75,10 @@ GBDT_ALLOWED = {"minitrain.worker", "minitrain.xgboost", "minitrain.lightgbm"}
 # TensorflowCheckpoint's loading) and, inside its functions, minitrain.data.tf_batches (DataIterator.to_tf).
 TF_LIBRARIES = {"tensorflow", "keras", "tf_keras"}
 TF_ALLOWED = {"minitrain.worker", "minitrain.tensorflow", "minitrain.data.tf_batches"}
+# JAX, by the same rule: the worker brings up jax.distributed (worker.jax_backend); minitrain.jax may use it
+# in what runs inside training functions. The driver builds a JaxTrainer without it.
+JAX_LIBRARIES = {"jax", "jaxlib", "orbax"}
+JAX_ALLOWED = {"minitrain.worker", "minitrain.jax"}
 # What bench/ may use besides the public API (L3 and the lazy package exports): the coordinator run
 # entry with its RunObserver seam (the scale simulation serves fake agents over the wire protocol),
 # WorkerSession.phase_seconds through _session, and the building blocks a coordinator run is given.
@@ -221,6 +226,10 @@ def violations_of(module: str, path: Path) -> list[str]:
                 problems.append(f"{at}: only worker/, minitrain.tensorflow and minitrain.data.tf_batches may "
                                 f"import {top}")
             continue
+        if top in JAX_LIBRARIES:
+            if not any(_within(module, allowed) for allowed in JAX_ALLOWED):
+                problems.append(f"{at}: only worker/ and minitrain.jax may import {top}")
+            continue
         if top != "minitrain":
             if level == 0 and top not in sys.stdlib_module_names:
                 problems.append(f"{at}: L0 modules use the standard library only")
@@ -284,6 +293,14 @@ def test_the_checker_keeps_xgboost_and_lightgbm_out_of_the_supervisors(tmp_path)
     bad.write_text("def f():\n    import xgboost\n    from lightgbm import Booster\n")
     assert len(violations_of("minitrain.coordinator.bad", bad)) == 2
     assert violations_of("minitrain.worker.bad", bad) == []
+
+
+def test_the_checker_keeps_jax_out_of_the_driver_and_the_supervisors(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("import jax\n\ndef f():\n    from jax.experimental import multihost_utils\n    import orbax.checkpoint\n")
+    for module in ("minitrain.driver.bad", "minitrain.coordinator.bad", "minitrain.agent.bad"):
+        assert len(violations_of(module, bad)) == 3, module
+    assert violations_of("minitrain.worker.bad", bad) == violations_of("minitrain.jax.bad", bad) == []
 
 
 @pytest.mark.parametrize(("module", "path"), source_modules(), ids=[m for m, _ in source_modules()])
