@@ -4,6 +4,8 @@ The multi-worker run is tests/e2e/test_tensorflow.py. Importing TensorFlow takes
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -75,9 +77,12 @@ def _model():
 def test_a_checkpoint_from_a_model_loads_the_same_model(tmp_path):
     model = _model()
     checkpoint = TensorflowCheckpoint.from_model(model)
-    loaded = checkpoint.get_model()
-    assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
-    assert checkpoint.get_metadata() == {"_model_filename": "model.keras"}
+    try:
+        loaded = checkpoint.get_model()
+        assert all(np.array_equal(a, b) for a, b in zip(model.get_weights(), loaded.get_weights()))
+        assert checkpoint.get_metadata() == {"_model_filename": "model.keras"}
+    finally:
+        shutil.rmtree(checkpoint.path)  # from_model's directory belongs to its caller
     with pytest.raises(ValueError, match="not made by TensorflowCheckpoint.from_model"):
         TensorflowCheckpoint.from_directory(str(tmp_path)).get_model()
     with pytest.raises(ValueError, match="preprocessor"):
