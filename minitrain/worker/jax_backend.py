@@ -19,6 +19,14 @@ FailureConfig.preemption_signals, covers it). A worker with GPUs passes their in
 CUDA_VISIBLE_DEVICES, which TorchTrainer's placement sets) as `local_device_ids`: one process drives
 exactly its GPU(s).
 
+With gloo, JAX's CPU collectives listen on the address the host's name resolves to, which across hosts is
+often loopback (Debian's 127.0.1.1, or containers sharing one name): the peers then cannot connect. So
+the backend registers JAX's CPU backend with gloo bound as torch's gloo is: to GLOO_SOCKET_IFNAME's
+interface (minitrain sets it to the interface that reaches the other hosts, unless the user did), else to
+the address this host reaches rank 0's store from (`bind_cpu_collectives`; JAX has no public setting
+for it, so this uses JAX's backend registration, and a JAX without it keeps its own choice, with a
+warning).
+
 Teardown (success only) calls `jax.distributed.shutdown()`, whose barrier every rank reaches (rank 0
 after its release). A rank that fails skips it: JAX's own exit hook would run the same shutdown, whose
 barrier waits for peers that are being stopped (observed: until they are killed). So an exit hook of
@@ -33,9 +41,10 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, ContextManager
+from typing import Any, ContextManager, Optional
 
 from minitrain.worker.backend import StoreLink
+from minitrain.worker.lightgbm_backend import routable_address
 
 logger = logging.getLogger("minitrain")
 
@@ -74,6 +83,28 @@ def jax_settings(environ: Any, has_gpus: bool) -> dict[str, Any]:
     not name), with or without GPUs."""
     chosen = [_PREEMPTION, _COLLECTIVES] + ([] if has_gpus else [_CPU_ONLY])
     return {name: value for name, variable, value in chosen if variable not in environ}
+
+
+def bind_cpu_collectives(address: Optional[str], interface: Optional[str]) -> bool:
+    """Make JAX's CPU backend, when first created, use gloo collectives listening on the network
+    `interface` or, without one, on `address` (module doc). Call after `jax.distributed.initialize` and
+    before any computation. False when this JAX lacks the internals it uses (JAX's default stands)."""
+    try:
+        from jax._src import distributed, xla_bridge
+        from jax._src.lib import _jax
+
+        make_collectives, make_cpu_client = _jax.make_gloo_tcp_collectives, xla_bridge.make_cpu_client
+        register = xla_bridge.register_backend_factory
+    except (ImportError, AttributeError):
+        return False
+
+    def cpu_client() -> Any:
+        collectives = make_collectives(distributed_client=distributed.global_state.client,
+                                       hostname=None if interface else address, interface=interface)
+        return make_cpu_client(collectives=collectives)
+
+    register("cpu", cpu_client, priority=0, fail_quietly=False)
+    return True
 
 
 def detach_distributed_state() -> None:
@@ -123,6 +154,12 @@ class JaxBackend:
         finally:
             if reserved is not None:
                 reserved.close()
+        if jax.config.jax_cpu_collectives_implementation == "gloo":
+            interface = (os.environ.get("GLOO_SOCKET_IFNAME") or "").split(",")[0] or None
+            if not bind_cpu_collectives(routable_address(link.address, link.port), interface):
+                logger.warning("this JAX (%s) has no backend registration minitrain knows: its gloo collectives "
+                               "listen on the address the host's name resolves to, which other hosts may not "
+                               "reach", jax.__version__)
         if worker.gpu_ids:
             platforms = sorted({device.platform for device in jax.local_devices()})
             if not {"gpu", "cuda"} & set(platforms):

@@ -1,7 +1,9 @@
 """JaxTrainer end to end with real JAX on 2 CPU worker processes (Ray's CPU set-up: JAX_PLATFORMS=cpu and
 two host devices per process): `jax.distributed` is initialised with the ranks, a jitted linear-regression
 step over a mesh of all four devices averages the gradients across the processes (gloo), the replicas
-agree, and a rank that raises once mid-training restarts the run from its last checkpoint."""
+agree, and a rank that raises once mid-training restarts the run from its last checkpoint; a worker stops at
+minitrain's SIGTERM and a failed rank exits at once; and (with the `cluster` marker) the processes train across
+two hosts, whose names resolve to loopback, so gloo must listen on the address the other host reaches."""
 
 from __future__ import annotations
 
@@ -137,3 +139,25 @@ def test_a_jax_worker_stops_at_sigterm_and_a_failed_rank_exits_at_once(tmp_path,
 
     assert time.monotonic() - started < 30
     assert [(a.rank, a.cause) for a in failed.value.failed_attempts] == [(failing, f"RuntimeError: rank {failing} fails")]
+
+
+@pytest.mark.cluster
+def test_training_across_two_hosts(netns_cluster, tmp_path):
+    workdir = pathlib.Path(netns_cluster.workdir)
+    minitrain.init(hosts=[f"{h.ip}:1" for h in netns_cluster.hosts], ssh_user="root",
+                   ssh_identity_file=str(workdir / "id_ed25519"), ssh_known_hosts_file=str(workdir / "known_hosts"),
+                   ssh_options=("IdentitiesOnly=yes", "GlobalKnownHostsFile=/dev/null"))
+    x, y = make_data()
+    try:
+        result = JaxTrainer(
+            train_linear_regression, train_loop_config={},
+            datasets={"train": minitrain.data.from_items([{"x": row, "y": float(target)} for row, target in zip(x, y)])},
+            scaling_config=ScalingConfig(num_workers=2),
+            run_config=RunConfig(name="jax2", storage_path=str(tmp_path / "runs"),
+                                 worker_runtime_env={"env_vars": CPU_ENV})).fit()
+    finally:
+        minitrain.shutdown()
+
+    assert result.metrics_dataframe["replicas_agree"].all() and result.return_value["devices"] == 4
+    np.testing.assert_allclose(result.return_value["w"], gradient_descent(x.astype(np.float64), y, STEPS),
+                               rtol=1e-4, atol=1e-5)
