@@ -110,8 +110,10 @@ def bind_cpu_collectives(address: Optional[str], interface: Optional[str]) -> bo
 def detach_distributed_state() -> None:
     """Make JAX's exit hook find no distributed client or service to shut down (a failed rank: module
     doc). The objects are kept referenced: their destructors would shut down as well."""
-    from jax._src import distributed  # private, so every step tolerates its absence
-
+    try:  # JAX's private state: a JAX without it keeps its exit hook's shutdown
+        from jax._src import distributed
+    except ImportError:
+        return
     state = getattr(distributed, "global_state", None)
     for name in ("preemption_sync_manager", "client", "service"):
         if getattr(state, name, None) is not None:
