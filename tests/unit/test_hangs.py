@@ -56,6 +56,17 @@ def test_a_rank_waiting_in_a_minitrain_collective_is_a_consequence():
     assert waits_in_collective(dump)
 
 
+def test_a_jax_rank_blocked_on_a_result_is_a_consequence():
+    # A jitted step with a psum returns at once; the rank waits for its peers when it reads the result.
+    dump = _READER + """Current thread 0x00007f28e1d2f740 (most recent call first):
+  File "/venv/lib/python3.11/site-packages/jax/_src/array.py", line 610 in _value
+  File "/venv/lib/python3.11/site-packages/jax/_src/array.py", line 301 in __float__
+  File "/tmp/train.py", line 21 in train_func
+  File "/work/main/minitrain/worker/bootstrap.py", line 131 in execute
+"""
+    assert waits_in_collective(dump)
+
+
 def test_a_rank_spinning_in_user_code_is_a_cause():
     assert not waits_in_collective(_IN_USER_LOOP)
 

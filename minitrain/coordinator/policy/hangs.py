@@ -18,8 +18,11 @@ _MAIN_MARKER = "minitrain/worker/bootstrap.py"
 # minitrain.collective's barrier or broadcast, or autograd's engine, where DDP's gradient
 # all-reduce runs in backward hooks (under DDP, loss.backward() blocks there when a peer stops:
 # its innermost Python frame is torch/autograd/graph.py).
+# Under JAX, a jitted step dispatches asynchronously and the process blocks when it reads a result
+# (jax/_src/array.py: `block_until_ready`, `__array__`, `_value`): a rank waiting there for a peer's
+# collective has that as its innermost Python frame.
 _COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|torch/autograd/|"
-                         r"minitrain/collective\.py")
+                         r"minitrain/collective\.py|jax/_src/array\.py")
 # A checkpoint report waiting for its round's commit waits on its peers too (the round commits once every
 # rank reported it), though its innermost frame is a lock's wait: any frame of the main thread counts.
 # Without it, a rank that reported a checkpoint a few ms before a peer hung could be blamed for the hang
