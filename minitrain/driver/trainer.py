@@ -1,5 +1,5 @@
-"""`DataParallelTrainer`, the base of `TorchTrainer`, `XGBoostTrainer` and `LightGBMTrainer`: validate, run
-the coordinator in this process, return a `Result` or raise (L3). A subclass names only its backend
+"""`DataParallelTrainer`, the base of `TorchTrainer`, `XGBoostTrainer`, `LightGBMTrainer`, `JaxTrainer` and
+`TensorflowTrainer`: validate, run the coordinator in this process, return a `Result` or raise (L3). A subclass names only its backend
 (`minitrain.worker.backend.Backend`): how each attempt's workers bring up their collective layer."""
 
 from __future__ import annotations
