@@ -7,9 +7,19 @@ run directory), so the console, the page and the tests all read the same words.
 - `startup_status`: until the first step (report round), the phase the run is in and how long it
   has taken: "starting node agents", "spawning workers (importing torch and your script)",
   "rendezvous (process-group init)", "waiting for the first step (report())".
-- `memory_hint`: a rank whose resident memory climbs steadily (each quarter of its recent samples
-  higher than the one before, by MEMORY_MIN_GROWTH_BYTES and MEMORY_MIN_GROWTH_RATIO in all):
-  "memory climbs steadily across epochs: likely a leak (tensors kept across steps)".
+- `memory_hint`: a rank whose resident memory climbs steadily after start-up, faster than the
+  other ranks': "memory climbs steadily across epochs on rank(s) ...: likely a leak (tensors kept
+  across steps)". Each rank is judged on its samples after its first MEMORY_WARMUP_S of steps (the
+  growth of start-up, on every rank, is no leak), the last MEMORY_WINDOW of them, at least
+  MEMORY_MIN_SAMPLES. Its RSS climbs steadily when the medians of the four quarters of those
+  samples each rise (so a one-off rise that levels off is no climb), by at least
+  MEMORY_MIN_GROWTH_BYTES and MEMORY_MIN_GROWTH_RATIO in all, and by MEMORY_NOISE_Z standard errors
+  of that rise (the noise measured from the differences between successive samples, which a steady
+  climb hardly spreads: noise that drifts up by chance is no climb). Such a rank is named when
+  its rate (the rise of the medians over their time apart) exceeds the median rate of the ranks that
+  do not climb by that growth over its samples: a leak on one rank names that rank and only it.
+  When no rank stays flat (a leak that every rank's code shares, or a single rank), "the others"
+  cannot tell start-up from a leak: the climb is named once it has lasted MEMORY_SHARED_MIN_SAMPLES.
 - `data_wait_hint`: a rank that waits on its data iterator for at least DATA_WAIT_SHARE of its own
   work per step (its waits for the other ranks excluded; median of its last DATA_WAIT_WINDOW
   samples): "the data pipeline is not keeping up".
@@ -17,15 +27,32 @@ run directory), so the console, the page and the tests all read the same words.
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Optional, Sequence
 
 from minitrain.records import Phase
 
-MEMORY_MIN_SAMPLES = 8  # about 8 s of a rank's history before memory is judged
+# A rank's first minute of steps is never judged: start-up grows the RSS of every rank (the first
+# batches, autograd and DDP buffers, the optimizer's state at its first step, the allocator's arenas);
+# measured on a 3-rank DDP job: +35 MiB in the first second of steps, then +2 MiB in the next 45 s.
+MEMORY_WARMUP_S = 60.0
+# Samples after the warm-up before a rank is judged (about 12 s at one a second): quarters of 3, whose
+# medians a single odd sample cannot move (with 8, noise alone named a rank in 2-3 of the 1000 runs below).
+MEMORY_MIN_SAMPLES = 12
 MEMORY_WINDOW = 120  # the samples judged: about the last two minutes
+# The least rise (over the judged samples) that is a climb: below it, allocator and page-cache noise.
 MEMORY_MIN_GROWTH_BYTES = 16 * 2 ** 20
 MEMORY_MIN_GROWTH_RATIO = 0.05
+# ... and at least this many standard errors of the rise of the quarters' medians: with Gaussian or
+# uniform noise of 20-40 MiB a sample on every rank of 3, 4 named a rank at some moment in 2-3 of 300
+# scripted 150 s runs, 5 in none of 1000, while a 2 MiB/s leak in that noise was still named, a median
+# 50 s after the warm-up.
+MEMORY_NOISE_Z = 5.0
+# With no flat rank to compare with (every rank climbs, or one rank in all), a climb is named only once
+# it has lasted this many samples after the warm-up (about a minute): start-up growth that outlasts
+# the warm-up levels off within it, a leak does not.
+MEMORY_SHARED_MIN_SAMPLES = 60
 DATA_WAIT_SHARE = 0.3
 DATA_WAIT_WINDOW = 10
 DATA_WAIT_MIN_SAMPLES = 3
@@ -95,29 +122,96 @@ def _mib(value: float) -> str:
     return f"{value / 2 ** 20:.0f} MiB"
 
 
-def memory_hint(samples: list[dict], attempt: Optional[int] = None) -> Optional[dict]:
-    """{"kind": "memory", "ranks": [...], "message"} when a rank's RSS climbs steadily (module doc),
-    else None. `attempt`: judge only that attempt's samples (None: all)."""
-    leaking, worst = [], None
+def first_steps(samples: list[dict], attempt: Optional[int] = None) -> dict[int, float]:
+    """{rank: the time of its first sample with a report} among `samples` (of `attempt`; None: all):
+    when each rank's steps began, from which `memory_hint` counts its warm-up."""
+    first: dict[int, float] = {}
+    for s in samples:
+        if (attempt is None or s.get("attempt") == attempt) and s.get("reports") and s.get("time") is not None:
+            rank = s.get("rank", 0)
+            first[rank] = min(first.get(rank, s["time"]), s["time"])
+    return first
+
+
+def _climb(points: list[tuple[float, float]]) -> Optional[tuple[float, float, float, bool]]:
+    """(rate in bytes/s, level at the start, seconds between the first and last quarter, whether it
+    climbs steadily) of one rank's judged (time, RSS) points: the medians of their four quarters
+    (module doc); None when there are too few."""
+    if len(points) < MEMORY_MIN_SAMPLES:
+        return None
+    quarter = len(points) // 4
+    parts = [points[i * quarter:(i + 1) * quarter] for i in range(4)]
+    levels = [statistics.median(v for _, v in part) for part in parts]
+    times = [statistics.median(t for t, _ in part) for part in parts]
+    growth, apart = levels[-1] - levels[0], max(times[-1] - times[0], 1e-9)
+    steady = (all(b > a for a, b in zip(levels, levels[1:])) and growth >= _least_climb(levels[0])
+              and growth >= MEMORY_NOISE_Z * _median_difference_error(_noise([v for _, v in points]), quarter))
+    return growth / apart, levels[0], apart, steady
+
+
+def _median_difference_error(noise: float, size: int) -> float:
+    """The standard error of the difference of the medians of two groups of `size` samples with
+    noise `noise` (a median's is sqrt(pi / 2) x the mean's, sigma / sqrt(size))."""
+    return math.sqrt(math.pi / 2) * noise * math.sqrt(2 / size)
+
+
+def _noise(values: list[float]) -> float:
+    """The standard deviation of the noise on `values`, from their successive differences (a steady
+    climb shifts them all alike, so it is not counted as noise): the larger of the estimates from
+    their median and their mean absolute deviation (the median alone is often low on few samples)."""
+    diffs = [b - a for a, b in zip(values, values[1:])]
+    middle, mean = statistics.median(diffs), statistics.fmean(diffs)
+    by_median = statistics.median(abs(d - middle) for d in diffs) * 1.4826
+    by_mean = statistics.fmean(abs(d - mean) for d in diffs) * math.sqrt(math.pi / 2)
+    return max(by_median, by_mean) / math.sqrt(2)  # a difference of two samples has sqrt(2) x their noise
+
+
+def _least_climb(level: float) -> float:
+    """The least rise that is a climb for a rank whose RSS was `level` (module doc)."""
+    return max(MEMORY_MIN_GROWTH_BYTES, MEMORY_MIN_GROWTH_RATIO * level)
+
+
+def memory_hint(samples: list[dict], attempt: Optional[int] = None,
+                first_step_at: Optional[dict[int, float]] = None) -> Optional[dict]:
+    """{"kind": "memory", "ranks": [...], "message"} when a rank's RSS climbs steadily after start-up,
+    faster than the other ranks' (module doc), else None. `attempt`: judge only that attempt's samples
+    (None: all). `first_step_at`: {rank: when its steps began in that attempt}, for a history that no
+    longer reaches back to it (`RunMonitor` keeps a bounded one); `first_steps(samples)` by default."""
+    first_step_at = {**first_steps(samples, attempt), **(first_step_at or {})}
+    judged: dict[int, tuple[list, tuple[float, float, float, bool]]] = {}
     for rank, history in sorted(_by_rank(samples, attempt).items()):
-        points = [(s["time"], s["rss_bytes"]) for s in history if s.get("rss_bytes")][-MEMORY_WINDOW:]
-        if len(points) < MEMORY_MIN_SAMPLES:
-            continue
-        quarter = len(points) // 4
-        medians = [statistics.median(v for _, v in points[i * quarter:(i + 1) * quarter]) for i in range(4)]
-        growth = medians[-1] - medians[0]
-        steady = all(b > a for a, b in zip(medians, medians[1:]))
-        if steady and growth >= max(MEMORY_MIN_GROWTH_BYTES, MEMORY_MIN_GROWTH_RATIO * medians[0]):
-            leaking.append(rank)
-            span = points[-1][0] - points[0][0]
-            if worst is None or growth > worst[1]:
-                worst = (rank, growth, points[0][1], points[-1][1], span)
+        if rank not in first_step_at:
+            continue  # no step yet: all of it is start-up
+        after = first_step_at[rank] + MEMORY_WARMUP_S
+        points = [(s["time"], s["rss_bytes"]) for s in history
+                  if s.get("rss_bytes") and s.get("time") is not None and s["time"] >= after][-MEMORY_WINDOW:]
+        climb = _climb(points)
+        if climb is not None:
+            judged[rank] = (points, climb)
+    climbing = [rank for rank, (_, (_, _, _, steady)) in judged.items() if steady]
+    flat_rates = [rate for rank, (_, (rate, _, _, _)) in judged.items() if rank not in climbing]
+    baseline = max(statistics.median(flat_rates), 0.0) if flat_rates else None
+    leaking, worst = [], None
+    for rank in climbing:
+        points, (rate, level, apart, _) = judged[rank]
+        if baseline is None:  # no flat rank to compare with: the climb must last (module doc)
+            if len(points) < MEMORY_SHARED_MIN_SAMPLES:
+                continue
+        elif (rate - baseline) * apart < _least_climb(level):
+            continue  # not clearly faster than the ranks that stay flat
+        leaking.append(rank)
+        if worst is None or rate > worst[1]:
+            worst = (rank, rate, points[0][1], points[-1][1], points[-1][0] - points[0][0])
     if not leaking:
         return None
-    rank, _, first, last, span = worst
+    rank, rate, first, last, span = worst
+    others = ("every rank climbs" if baseline is None and len(judged) > 1 else "" if baseline is None
+              else f"the other ranks: {baseline * 60 / 2 ** 20:+.1f} MiB/min")
     return {"kind": "memory", "ranks": leaking,
             "message": f"memory climbs steadily across epochs on rank(s) {', '.join(map(str, leaking))} "
-                       f"(rank {rank}: {_mib(first)} -> {_mib(last)} in {span:.0f} s): likely a leak "
+                       f"(rank {rank}: {_mib(first)} -> {_mib(last)} in {span:.0f} s after its first "
+                       f"{MEMORY_WARMUP_S:.0f} s of steps, {rate * 60 / 2 ** 20:+.1f} MiB/min"
+                       f"{'; ' + others if others else ''}): likely a leak "
                        f"(tensors kept across steps, e.g. a loss appended without .item())"}
 
 
@@ -152,6 +246,8 @@ def data_wait_hint(samples: list[dict], attempt: Optional[int] = None) -> Option
                        f"up (more DataLoader workers, prefetching, or faster storage)"}
 
 
-def hints(samples: list[dict], attempt: Optional[int] = None) -> list[dict]:
-    """Every hint that applies, memory first."""
-    return [h for h in (memory_hint(samples, attempt), data_wait_hint(samples, attempt)) if h is not None]
+def hints(samples: list[dict], attempt: Optional[int] = None,
+          first_step_at: Optional[dict[int, float]] = None) -> list[dict]:
+    """Every hint that applies, memory first (`first_step_at` as `memory_hint` takes it)."""
+    return [h for h in (memory_hint(samples, attempt, first_step_at), data_wait_hint(samples, attempt))
+            if h is not None]

@@ -121,6 +121,9 @@ class RunMonitor(RunObserver):
         self._samples: dict[int, deque] = {}
         self._per_rank = SAMPLES_PER_RANK  # set by on_run_start from the number of ranks
         self._latest: dict[int, dict] = {}  # rank -> its latest sample of the current attempt
+        # rank -> the time of its first sample with a report in the current attempt: where its memory
+        # warm-up starts (diagnoses.memory_hint), kept apart because the bounded history drops it.
+        self._first_step_at: dict[int, float] = {}
         self._report_counts: dict[int, int] = {}
         self._last_report_at: dict[int, float] = {}
         self._straggler_log: list[dict] = []  # every straggler episode of the run, for Result
@@ -161,6 +164,7 @@ class RunMonitor(RunObserver):
                       "failures": [], "root_cause": "", "restarting": False}
             self._attempts.append(record)
             self._latest.clear()
+            self._first_step_at.clear()
             self._worker_phases.clear()
             self._report_counts.clear()
             self._last_report_at.clear()
@@ -200,6 +204,8 @@ class RunMonitor(RunObserver):
             # would never be closed, and the ranks' rows belong to the next attempt).
             if current is None or (current["attempt"] == sample.attempt and current["ended_at"] is None):
                 self._latest[sample.rank] = entry
+                if sample.reports and sample.rank not in self._first_step_at:
+                    self._first_step_at[sample.rank] = sample.time
                 if sample.total is not None and (sample.rank == 0 or self._total is None):
                     self._total = sample.total
                 self._detector.add(sample.rank, sample.host, sample.step_time_s, sample.data_wait_s,
@@ -428,11 +434,12 @@ class RunMonitor(RunObserver):
             return json.loads(json.dumps(chosen))
 
     def hints(self) -> list[dict]:
-        """`diagnoses.hints` of the current attempt's recent samples: [{"kind", "ranks", "message"}]."""
+        """`diagnoses.hints` of the current attempt's recent samples (and when each rank's steps began):
+        [{"kind", "ranks", "message"}]."""
         with self._lock:
             attempt = self._run.get("attempt")
             recent = [s for pool in self._samples.values() for s in list(pool)[-diagnoses.MEMORY_WINDOW:]]
-            return diagnoses.hints(recent, attempt)
+            return diagnoses.hints(recent, attempt, dict(self._first_step_at))
 
     def stragglers(self) -> list[dict]:
         """The current stragglers: {"rank", "host", "slower_by", "step_time_s",
@@ -477,6 +484,8 @@ class RunMonitor(RunObserver):
                 monitor._samples.setdefault(entry.get("rank", 0), deque(maxlen=per_rank)).append(entry)
                 if entry.get("attempt") == current and this_run(entry):
                     monitor._latest[entry.get("rank", 0)] = entry
+                    if entry.get("reports") and entry.get("time") is not None:
+                        monitor._first_step_at.setdefault(entry.get("rank", 0), entry["time"])
                 if entry.get("total"):
                     monitor._total = entry["total"]
             if storage.exists(METRICS_NAME):

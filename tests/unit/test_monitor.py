@@ -453,3 +453,25 @@ def test_each_host_s_total_memory_is_kept_with_its_attempt_live_and_post_hoc(tmp
         {"time": 2.0, "kind": "attempt_started", "attempt": 0, "started_at": 2.0, "ended_at": None, "hosts": ["h"],
          "failures": [], "root_cause": "", "restarting": False}) + "\n")
     assert RunMonitor.from_run_dir(Storage.for_run(str(tmp_path), "old")).nodes() == []
+
+
+def test_the_memory_hint_counts_the_warm_up_from_each_rank_s_first_step_past_the_kept_history(tmp_path):
+    """A big run keeps a short history per rank (60 samples at 10,000 ranks): the memory warm-up still
+    counts from when each rank's steps began, live and post hoc, so a leak is named once the history
+    no longer reaches back to the first step."""
+    storage = Storage.for_run(str(tmp_path), "exp")
+    storage.makedirs()
+    monitor = RunMonitor(storage, rule=RULE, clock=lambda: 300.0)
+    monitor.on_run_start(RunInfo("rid", "exp", "/runs/exp", 10_000, 1.0))
+    monitor.on_attempt_start(AttemptInfo(0, ("h", "h"), 2.0, {"h": 64 << 30}))
+    mib = 2 ** 20
+    for i in range(200):  # rank 0 keeps 2 MiB a second after start-up; rank 1 stays flat
+        for rank in (0, 1):
+            rss = 300 * mib + (40 * mib if i else 0) + (2 * mib * i if rank == 0 else 0)
+            monitor.on_telemetry(TelemetrySample(attempt=0, rank=rank, time=10.0 + i, reports=i, step_time_s=0.5,
+                                                 rss_bytes=rss, host="h", pid=100 + rank, phase="TRAINING"))
+    assert len(monitor.samples(rank=0)) == 60 and monitor.samples(rank=0)[0]["reports"] == 140
+    [hint] = monitor.hints()
+    assert hint["ranks"] == [0] and "rank(s) 0 (" in hint["message"]
+    monitor.on_run_end(RunOutcome(state="FINISHED", attempt=0, last_metrics=None))
+    assert RunMonitor.from_run_dir(storage).hints() == monitor.hints()
