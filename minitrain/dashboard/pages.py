@@ -30,8 +30,10 @@ def _e(value: Any) -> str:
 def _seconds(value: Optional[float]) -> str:
     if value is None:
         return "–"
+    if 0 < value < 1e-3:  # a wait of a fraction of a millisecond is not "0 ms"
+        return f"{value * 1e6:.0f} µs"
     if value < 1:
-        return f"{value * 1000:.0f} ms"
+        return f"{value * 1000:.{1 if 0 < value < 0.01 else 0}f} ms"
     if value < 120:
         return f"{value:.2f} s"
     minutes, seconds = divmod(int(value), 60)

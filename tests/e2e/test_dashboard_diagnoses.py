@@ -15,6 +15,7 @@ And the console's start-up line on a real terminal (a pty).
 
 from __future__ import annotations
 
+import html
 import json
 import logging
 import os
@@ -158,11 +159,26 @@ def _row(dom: str, rank: int) -> str:
     return match.group(0)
 
 
+def _ticks(dom: str, plot: str, axis: str = "y") -> list[str]:
+    """The tick labels drawn on one axis of a plot (the page keeps them on the plot's element: a canvas is
+    opaque to the DOM)."""
+    match = re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot[^"]*"[^>]*?data-{axis}-ticks="([^"]*)"', dom)
+    assert match, f"no {axis} ticks on the {plot} plot"
+    return html.unescape(match.group(1)).split("|")
+
+
+def _readable(ticks: list[str], unit: str) -> None:
+    """Ticks that read apart: distinct, not all "0", each in `unit`."""
+    assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+    assert not all(re.fullmatch(r"[-0.]*\D*", t) for t in ticks), ticks
+    assert all(t.endswith(unit) for t in ticks), (unit, ticks)
+
+
 def _step_time_cell(row: str) -> float:
     cells = re.findall(r"<td>(.*?)</td>", row, re.S)
     value = cells[4]  # Rank, Host, PID, Phase, Step time (excl. waits)
     number = float(value.split()[0])
-    return number / 1000 if value.endswith("ms") else number
+    return number / 1000 if value.endswith(" ms") else number / 1e6 if value.endswith(" µs") else number
 
 
 def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path, chromium, monkeypatch):
@@ -205,6 +221,8 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
     # The diagnoses over time, drawn, and their hints.
     for plot in ("waits", "idle", "memory", "node-memory"):
         assert re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot', dom), f"no {plot} plot"
+    _readable(_ticks(dom, "waits"), "s")  # seconds, in the unit their range calls for
+    _readable(_ticks(dom, "memory"), "iB")
     # The node memory plot has the host's total as a line: its agent's figure, named in the legend.
     [node] = found["nodes"]
     assert node["memory_bytes"] == hostinfo.memory_bytes() > 0, node
@@ -283,9 +301,10 @@ def test_the_console_shows_start_up_on_a_terminal(tmp_path):
                      r"the first step)", screen), screen[-3000:]
 
 
-def test_gpu_utilisation_and_memory_are_plotted_over_time(chromium):
-    """The GPU plots of the diagnoses, from samples as the worker's NVML probe makes them (no GPU here: the samples
-    are given, as a fake NVML would give them), in a real Chromium."""
+def test_every_plot_has_readable_axes_and_the_gpus_are_plotted_over_time(chromium):
+    """Every plot's value axis, and the GPU plots of the diagnoses, in a real Chromium, from samples given as the
+    monitor keeps them (as a fake NVML would give the GPU figures: no GPU here): waits of a fraction of a
+    millisecond read in µs (uPlot's own labels read "0" on every tick), memory in MiB or GiB, shares in %."""
     from dashboard_support import FixedRun
     from minitrain.dashboard import DashboardServer
     from minitrain.dashboard.settings import DashboardAddress
@@ -294,11 +313,19 @@ def test_gpu_utilisation_and_memory_are_plotted_over_time(chromium):
     for i, s in enumerate(run._samples):
         s["gpus"] = [{"index": 0, "util_percent": 50.0 + i, "memory_used_bytes": (1 + i) << 30,
                       "memory_total_bytes": 80 << 30}]
+        s["report_wait_s"], s["collective_wait_s"] = 1e-4 * (1 + i % 4), 5e-5 * (1 + i % 3)
     with DashboardServer(run, DashboardAddress(), live=False) as server:
         dom = chromium.dom(f"http://127.0.0.1:{server.port}/")
     for plot in ("gpu-util", "gpu-memory"):
         assert re.search(rf'id="{plot}"[^>]*>\s*<div class="uplot', dom), f"no {plot} plot"
     assert "rank 1 GPU 0" in dom and "GPU utilisation" in dom
+    waits = _ticks(dom, "waits")
+    _readable(waits, " µs")
+    for plot, unit in (("timeline", " ms"), ("idle", "%"), ("memory", " MiB"), ("node-memory", " GiB"),
+                       ("gpu-util", "%"), ("gpu-memory", " GiB")):
+        _readable(_ticks(dom, plot), unit)
+    loss = re.search(r'data-metric="loss"[^>]*>\s*<div class="uplot[^"]*"[^>]*?data-y-ticks="([^"]*)"', dom)
+    assert loss and len(set(loss.group(1).split("|"))) > 1, "the loss plot's ticks"
     # the node memory plot, against the host's total (FixedRun: h0 has 16 GiB)
     assert re.search(r'id="node-memory"[^>]*>\s*<div class="uplot', dom), "no node memory plot"
     assert "node h0 total (16.0 GiB)" in dom and "node h0 (its ranks)" in dom

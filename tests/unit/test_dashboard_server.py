@@ -15,7 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dashboard_support import FixedRun
 from minitrain.dashboard import DashboardServer, live_dashboard
 from minitrain.dashboard.auth import ACTION_HEADER, COOKIE, Access
-from minitrain.dashboard.pages import overview_html
+from minitrain.dashboard.pages import overview_html, ranks_html
 from minitrain.dashboard.prometheus import RUN_STATES
 from minitrain.dashboard.settings import DashboardAddress, parse_address
 from minitrain.errors import ConfigError
@@ -481,3 +481,11 @@ def test_an_elastic_runs_resizes_are_a_section_of_their_own():
     assert resizes_html([]) == '<div id="resizes"></div>'
     html = resizes_html([{"attempt": 1, "from_workers": 2, "to_workers": 1, "reason": "host <h1> lost", "time": 0.0}])
     assert html.startswith('<div id="resizes" class="notice">') and "2 → 1 workers: host &lt;h1&gt; lost" in html
+
+
+def test_the_ranks_table_shows_sub_millisecond_waits_as_such():
+    """A wait of a fraction of a millisecond reads in µs, not "0 ms"; a few milliseconds keep a decimal."""
+    row = {"rank": 0, "work_time_s": 0.0123, "report_wait_s": 0.00025, "data_wait_s": 0.0034,
+           "last_report_age_s": 0.0}
+    cells = ranks_html([row], live=False)
+    assert "<td>12 ms</td><td>250 µs</td><td>3.4 ms</td><td>0 ms ago</td>" in cells

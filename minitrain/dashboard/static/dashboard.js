@@ -19,6 +19,111 @@
 
   function isNumber(v) { return typeof v === "number" && isFinite(v); }
 
+  // Numbers on the plots, one formatter for every axis and legend. The unit is chosen from the size of
+  // the numbers shown and the decimals from the spacing of the ticks, so ticks always read apart: uPlot's
+  // own labels keep at most 3 decimals, and waits of a fraction of a millisecond read "0" on every tick.
+  // kind: "seconds", "bytes", "share" (0..1, shown in %), "percent" (already in %) or "number"
+  // ("count" for an axis of whole numbers).
+  var UNITS = {  // [scale, suffix, used from]: the last unit whose "from" the numbers reach is used
+    seconds: [[1e-6, " µs", 0], [1e-3, " ms", 1e-3], [1, " s", 1], [60, " min", 300], [3600, " h", 3 * 3600]],
+    bytes: [[1, " B", 0], [1024, " KiB", 1024], [1048576, " MiB", 1048576], [1073741824, " GiB", 1073741824],
+            [1099511627776, " TiB", 1099511627776]],
+    share: [[0.01, "%", 0]],
+    percent: [[1, "%", 0]],
+    number: [[1, "", 0]],
+  };
+
+  function unitFor(kind, magnitude) {
+    var units = UNITS[kind] || UNITS.number, chosen = units[0];
+    units.forEach(function (u) { if (magnitude >= u[2] || (magnitude === 0 && u[0] === 1)) { chosen = u; } });
+    return chosen;  // nothing but zeros: the base unit ("0 s", not "0 µs")
+  }
+
+  // The tick spacings uPlot may choose from, so that ticks fall on round numbers of the unit shown:
+  // 1-2-5 steps of each binary unit for bytes (decimal steps give "95.3674 MiB"), whole minutes and
+  // hours for long times, whole numbers for counts; other kinds keep uPlot's decimal 1-2-5 steps.
+  function steps(multiples, scales) {
+    var out = [];
+    scales.forEach(function (scale) { multiples.forEach(function (m) { out.push(m * scale); }); });
+    return out;
+  }
+  var DECIMAL = steps([1, 2, 5], [1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1]);
+  var INCRS = {
+    seconds: DECIMAL.concat([1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600,
+                             43200, 86400, 172800, 432000, 864000]),
+    bytes: steps([1, 2, 5, 10, 20, 50, 100, 200, 500], [1, 1024, 1048576, 1073741824, 1099511627776]),
+    count: steps([1, 2, 5], [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9]),
+  };
+
+  // The decimals that tell apart numbers `step` apart (a step of 2.5 needs one more than a step of 2).
+  function decimalsFor(step) {
+    if (!(step > 0) || !isFinite(step)) { return 0; }
+    for (var d = Math.max(0, -Math.floor(Math.log10(step))); d < 12; d++) {
+      var scaled = step * Math.pow(10, d);
+      if (Math.abs(scaled - Math.round(scaled)) < 1e-6 * Math.max(1, scaled)) { return d; }
+    }
+    return 12;
+  }
+
+  // A plain number too large or too small for decimals is written with an exponent.
+  function wantsExponent(kind, magnitude) {
+    return kind === "number" && magnitude > 0 && (magnitude >= 1e7 || magnitude < 1e-3);
+  }
+
+  function fixed(x, decimals, suffix) {
+    if (Math.abs(x) < 0.5 * Math.pow(10, -decimals)) { x = 0; }  // never "-0.00"
+    return x.toFixed(decimals) + suffix;
+  }
+
+  // The labels of ticks at `values` (`step` apart; uPlot's increment): one unit for all of them.
+  function tickLabels(kind, values, step) {
+    var shown = values.filter(isNumber);
+    var magnitude = shown.reduce(function (m, v) { return Math.max(m, Math.abs(v)); }, 0);
+    if (!(step > 0) && shown.length > 1) { step = Math.abs(shown[1] - shown[0]); }
+    var labels;
+    if (wantsExponent(kind, magnitude)) {
+      var digits = step > 0 ? Math.max(0, Math.floor(Math.log10(magnitude)) - Math.floor(Math.log10(step))) : 2;
+      labels = values.map(function (v) { return isNumber(v) ? (v === 0 ? "0" : v.toExponential(Math.min(digits, 6))) : ""; });
+    } else {
+      var unit = unitFor(kind, magnitude), decimals = decimalsFor(step / unit[0]);
+      labels = values.map(function (v) { return isNumber(v) ? fixed(v / unit[0], decimals, unit[1]) : ""; });
+    }
+    return labels;
+  }
+
+  // One value (a legend's): three significant digits in the unit its own size chooses.
+  function formatValue(kind, v) {
+    if (!isNumber(v)) { return "–"; }
+    if (wantsExponent(kind, Math.abs(v))) { return v.toExponential(2); }
+    var unit = unitFor(kind, Math.abs(v)), x = v / unit[0];
+    return fixed(x, x === 0 ? 0 : Math.max(0, 2 - Math.floor(Math.log10(Math.abs(x)))), unit[1]);
+  }
+
+  // An axis whose ticks read in `kind`'s unit (tickLabels), as wide as its longest label. The labels
+  // drawn are also kept on the plot's element as data-<which>-ticks ("|" between them): a canvas is
+  // opaque to the page's DOM, and the browser test and assistive tools read them there.
+  function valueAxis(kind, label, which) {
+    var count = kind === "count";
+    if (count) { kind = "number"; }  // whole numbers (report indexes): ticks never between two
+    return {
+      label: label,
+      incrs: INCRS[count ? "count" : kind],
+      values: function (u, splits, axisIdx, space, incr) {
+        var labels = tickLabels(kind, splits, incr);
+        u.root.setAttribute("data-" + which + "-ticks", labels.join("|"));
+        return labels;
+      },
+      size: which === "y" ? function (u, values, axisIdx, cycleNum) {
+        var axis = u.axes[axisIdx];
+        if (cycleNum > 1 && axis._size) { return axis._size; }  // settle: uPlot re-asks until sizes converge
+        var longest = (values || []).reduce(function (a, v) { return String(v).length > a.length ? String(v) : a; }, "");
+        u.ctx.font = axis.font[0];
+        var text = u.ctx.measureText(longest).width / (window.devicePixelRatio || 1);
+        return Math.max(40, Math.ceil(axis.ticks.size + axis.gap + text + 4));
+      } : undefined,
+    };
+  }
+
   function metricNames() {
     var seen = {}, names = [];
     reports.forEach(function (r) {
@@ -50,8 +155,10 @@
       metricPlots[name] = new uPlot({
         title: name, width: Math.min(width(box), 560), height: 220,
         scales: { x: { time: false } },
-        axes: [{ label: "report" }, {}],
-        series: [{ label: "report" }, { label: name, stroke: palette[0], width: 2 }],
+        axes: [valueAxis("count", "report", "x"), valueAxis("number", "", "y")],
+        series: [{ label: "report", value: function (u, v) { return v == null ? "–" : String(v); } },
+                 { label: name, stroke: palette[0], width: 2,
+                   value: function (u, v) { return formatValue("number", v); } }],
       }, data, holder);
     });
     if (!metricNames().length && !box.querySelector(".empty")) {
@@ -100,11 +207,11 @@
     var series = [{}].concat(t.ranks.map(function (r, i) {
       return { label: "rank " + r + (slow[r] ? " (straggler)" : ""), stroke: palette[i % palette.length],
                width: slow[r] ? 3 : 1.5, dash: slow[r] ? [6, 3] : undefined, spanGaps: true,
-               value: function (u, v) { return v == null ? "–" : (v * 1000).toFixed(0) + " ms"; } };
+               value: function (u, v) { return formatValue("seconds", v); } };
     }));
     timeline = new uPlot({
       width: width(box), height: 260, series: series,
-      axes: [{}, { label: "step time (s)" }],
+      axes: [{}, valueAxis("seconds", "step time", "y")],
     }, t.data, box);
     timeline._key = key;
   }
@@ -152,48 +259,43 @@
     var series = [{}].concat(t.labels.map(function (l, i) {
       return { label: l, stroke: palette[i % palette.length], width: 1.5, spanGaps: true,
                dash: l.indexOf(" total") >= 0 ? [2, 4] : l.indexOf("node") === 0 || l.indexOf("idle") >= 0 ? [6, 3] : undefined,
-               value: function (u, v) { return v == null ? "–" : opts.format(v); } };
+               value: function (u, v) { return formatValue(opts.kind, v); } };
     }));
     plots[id] = new uPlot({ title: opts.title, width: width(box), height: 220, series: series,
-                            axes: [{}, { label: opts.axis }] }, t.data, box);
+                            axes: [{}, valueAxis(opts.kind, opts.axis, "y")] }, t.data, box);
     plots[id]._key = key;
   }
-
-  function toMib(v) { return isNumber(v) ? v / 1048576 : null; }
-  function mib(v) { return v.toFixed(0) + " MiB"; }
-  function pct(v) { return (v * 100).toFixed(0) + "%"; }
 
   function drawDiagnoses() {
     drawSeries("waits", function (s) {
       return [["rank " + s.rank + " report()", s.report_wait_s], ["rank " + s.rank + " collective", s.collective_wait_s]];
-    }, { title: "", axis: "seconds per step", empty: "no wait measured yet",
-         format: function (v) { return (v * 1000).toFixed(0) + " ms"; } });
+    }, { title: "", axis: "wait per step", empty: "no wait measured yet", kind: "seconds" });
     drawSeries("idle", function (s) {
       if (!isNumber(s.step_time_s) || s.step_time_s <= 0) { return []; }
       var waits = [s.data_wait_s, s.report_wait_s, s.collective_wait_s].filter(isNumber);
       var idle = waits.reduce(function (a, b) { return a + b; }, 0);
       return [["rank " + s.rank + " data wait", isNumber(s.data_wait_s) ? Math.min(s.data_wait_s / s.step_time_s, 1) : null],
               ["rank " + s.rank + " idle (all waits)", Math.min(idle / s.step_time_s, 1)]];
-    }, { title: "", axis: "share of the step", empty: "no step measured yet", format: pct });
+    }, { title: "", axis: "share of the step", empty: "no step measured yet", kind: "share" });
     drawSeries("memory", function (s) {
-      return [["rank " + s.rank, toMib(s.rss_bytes)]];
-    }, { round: true, title: "per rank", axis: "MiB", empty: "no memory measured yet", format: mib });
+      return [["rank " + s.rank, s.rss_bytes]];
+    }, { round: true, title: "per rank", axis: "RSS", empty: "no memory measured yet", kind: "bytes" });
     // Per node: the sum of its ranks' RSS, against the host's total memory (its agent's figure).
     // The totals set the scale; a click on one's legend entry hides it and zooms in on the ranks.
     drawSeries("node-memory", function (s) {
-      return [["node " + s.host + " (its ranks)", toMib(s.rss_bytes)]];
-    }, { round: true, title: "per node, against the host's total", axis: "MiB", empty: "", format: mib,
+      return [["node " + s.host + " (its ranks)", s.rss_bytes]];
+    }, { round: true, title: "per node, against the host's total", axis: "RSS", empty: "", kind: "bytes",
          constants: nodes.map(function (n) {
            return ["node " + n.host + " total (" + (n.memory_bytes / 1073741824).toFixed(1) + " GiB)",
-                   toMib(n.memory_bytes)];
+                   n.memory_bytes];
          }) });
     drawSeries("gpu-util", function (s) {
       return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.util_percent]; });
-    }, { title: "GPU utilisation", axis: "%", empty: "no GPU measured (no NVML or no GPU on the workers)",
-         format: function (v) { return v.toFixed(0) + "%"; } });
+    }, { title: "GPU utilisation", axis: "utilisation", empty: "no GPU measured (no NVML or no GPU on the workers)",
+         kind: "percent" });
     drawSeries("gpu-memory", function (s) {
-      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, toMib(g.memory_used_bytes)]; });
-    }, { title: "GPU memory used", axis: "MiB", empty: "", format: mib });
+      return (s.gpus || []).map(function (g) { return ["rank " + s.rank + " GPU " + g.index, g.memory_used_bytes]; });
+    }, { title: "GPU memory used", axis: "memory used", empty: "", kind: "bytes" });
   }
 
   function replaceParts(parts) {
