@@ -16,6 +16,7 @@ import time
 from fsspec.implementations.local import LocalFileSystem
 
 import minitrain
+from minitrain import _session
 
 CHECKPOINT_EVERY_OTHER = 10  # reports per rank in report_then_fail
 
@@ -157,6 +158,14 @@ class GatedSlowFileSystem(LocalFileSystem):
         return super().put_file(lpath, rpath, **kwargs)
 
 
+def _outlive_the_agent() -> None:
+    """This worker stands for one whose end is delayed after its node is lost (a thread holding the GIL in C
+    code, a write already in the kernel): its own lease on its agent, which would SIGKILL it about 4 s after
+    the agent froze, is made longer than the test, so its late write does come."""
+    session = _session.current("report")
+    session._client._lease.timeout_s = 3600.0
+
+
 def freeze_agent_during_upload(config):
     """Rank 0 of the first attempt freezes its node agent (SIGSTOP) and then writes a checkpoint to
     slow storage, long after the node is declared lost. Every attempt writes checkpoint round 1 with
@@ -171,6 +180,7 @@ def freeze_agent_during_upload(config):
             checkpoint = minitrain.Checkpoint.from_directory(tmp)
         minitrain.report({"epoch": 0}, checkpoint=checkpoint)
     if rank == 0 and first:
+        _outlive_the_agent()
         open(config["marker"] + ".writer", "w").write(str(os.getpid()))  # this process's uploads are slow
         open(config["marker"], "w").write(str(os.getppid()))
         os.kill(os.getppid(), signal.SIGSTOP)  # the agent: no heartbeat from now on
