@@ -1,6 +1,7 @@
 """A pseudo-terminal for the driver console's unit tests (tests/unit/test_console.py, test_tune_console.py,
 test_console_log_handlers.py, test_concurrent_runs.py): the stream the driver writes to, the screen a
-terminal would show of it, and the `terminal` fixture (import it by name into the test module)."""
+terminal would show of it, and the `terminal` fixture (import it by name into the test module); and
+`run_on_a_terminal`, a whole command run on a pty for the end-to-end tests."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import contextlib
 import os
 import pty
 import re
+import select
 import time
 
 import pytest
@@ -71,3 +73,29 @@ def screen_ending_with(terminal: Terminal, last: str, timeout_s: float = 30.0) -
         if (screen and screen[-1] == last) or time.monotonic() > deadline:
             return screen
         time.sleep(0.01)
+
+
+def run_on_a_terminal(argv: list[str], env: dict[str, str], timeout_s: float,
+                      ctrl_c_after: str | None = None) -> tuple[int, str]:
+    """Run `argv` with `env` on a pseudo-terminal (its controlling terminal, so ^C sends it SIGINT) until it
+    ends or `timeout_s` passes; once `ctrl_c_after` was shown, type Ctrl-C once. Returns (exit code, the
+    screen's text with "\r\n" as "\n")."""
+    pid, master = pty.fork()
+    if pid == 0:
+        os.execvpe(argv[0], argv, env)
+    received, sent, deadline = b"", False, time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: the child closed the terminal
+                break
+            if not chunk:
+                break
+            received += chunk
+        if ctrl_c_after is not None and not sent and ctrl_c_after.encode() in received:
+            os.write(master, b"\x03")
+            sent = True
+    _, status = os.waitpid(pid, 0)
+    os.close(master)
+    return os.waitstatus_to_exitcode(status), received.decode(errors="replace").replace("\r\n", "\n")

@@ -13,6 +13,8 @@ import textwrap
 
 import pytest
 
+from terminal_support import run_on_a_terminal
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "MINITRAIN_DASHBOARD": "0"}
 
@@ -119,37 +121,11 @@ def test_the_readme_commands_are_independent(tmp_path):
 
 # ---------------------------------------------------------------- noise and silence
 
-def _on_a_terminal(argv, wait_for, timeout_s=180.0):
-    """Run argv on a pseudo-terminal; once `wait_for` was shown, type Ctrl-C. (exit code, screen text)."""
-    import pty
-    import select
-    import time
-
-    pid, master = pty.fork()
-    if pid == 0:  # the child: the terminal is its controlling terminal, so ^C sends it SIGINT
-        os.execvpe(argv[0], argv, ENV)
-    received, sent, deadline = b"", False, time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if select.select([master], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            received += chunk
-        if not sent and wait_for.encode() in received:
-            os.write(master, b"\x03")
-            sent = True
-    _, status = os.waitpid(pid, 0)
-    os.close(master)
-    return os.waitstatus_to_exitcode(status), received.decode(errors="replace").replace("\r\n", "\n")
-
-
 @pytest.mark.e2e
 def test_ctrl_c_on_a_terminal_ends_in_one_line_that_says_how_to_resume(tmp_path):
-    code, screen = _on_a_terminal([sys.executable, "-m", "minitrain.launch", str(ROOT / "examples" / "quickstart.py"),
-                                   "--epochs", "500", "--storage-path", str(tmp_path)], wait_for="epoch 0: loss")
+    argv = [sys.executable, "-m", "minitrain.launch", str(ROOT / "examples" / "quickstart.py"),
+            "--epochs", "500", "--storage-path", str(tmp_path)]
+    code, screen = run_on_a_terminal(argv, ENV, 180.0, ctrl_c_after="epoch 0: loss")
     assert code == 130, screen[-3000:]
     assert "Traceback" not in screen and "KeyboardInterrupt" not in screen
     assert "interrupted: stopped every worker of run 'quickstart'; run the same command again to resume from " \

@@ -40,6 +40,7 @@ from minitrain.torch import TorchTrainer
 
 from chromium_support import DEADLINE_S
 from dashboard_support import stop_dashboard_cli
+from terminal_support import run_on_a_terminal
 
 pytestmark = pytest.mark.e2e
 
@@ -274,28 +275,10 @@ def test_the_dashboard_points_at_the_slow_rank_diagnoses_and_remembers(tmp_path,
 def test_the_console_shows_start_up_on_a_terminal(tmp_path):
     """Start-up on a real terminal (a pty): until the first step, the status block says what start-up
     does ("starting: ...") instead of "0 steps | - steps/s"."""
-    import pty
-    import select
-
     env = {**os.environ, "PYTHONPATH": str(ROOT), "MINITRAIN_DASHBOARD": "0"}
     argv = [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--epochs", "1", "--storage-path", str(tmp_path)]
-    pid, master = pty.fork()
-    if pid == 0:
-        os.execvpe(argv[0], argv, env)
-    received, deadline = b"", time.monotonic() + 240
-    while time.monotonic() < deadline:
-        if select.select([master], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(master, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            received += chunk
-    _, status = os.waitpid(pid, 0)
-    os.close(master)
-    screen = received.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == 0, screen[-3000:]
+    code, screen = run_on_a_terminal(argv, env, 240.0)
+    assert code == 0, screen[-3000:]
     assert "0 steps | - steps/s" not in screen
     assert re.search(r"starting: (starting node agents|spawning workers|workers connected|rendezvous|waiting for "
                      r"the first step)", screen), screen[-3000:]
