@@ -29,10 +29,31 @@ class WorkerLaunch:
 
 
 @dataclass(frozen=True, slots=True)
+class Shard:
+    """Rank `rank`'s files of checkpoint `dir_name`, reported in attempt `attempt`."""
+
+    attempt: int
+    rank: int
+    dir_name: str
+
+
+@dataclass(frozen=True, slots=True)
+class RestoreView:
+    """The checkpoint a new attempt resumes from, made of `shards` (merged in that order): the agent
+    builds its view from its memory tier before the workers start, when it holds every shard."""
+
+    dir_name: str
+    shards: tuple[Shard, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class StartWorkers:
     """Start these workers of `attempt` in `cwd`, with `env` on top of the agent's environment (never
     secrets); `relay`: their streams go through the agent's relay, not straight to the coordinator.
-    `coordinator_address`: the host:port they dial, "" for the agent's own coordinator address."""
+    `coordinator_address`: the host:port they dial, "" for the agent's own coordinator address.
+    `memory_tier_bytes`: the capacity of the node's memory tier (0: none; -1: the host's default, see
+    `minitrain.storage.memory_tier.default_capacity`); `storage`: the run's `Storage`, pickled, where the
+    agent persists its tier's shards; `restore`: what the workers resume from, if it may be in memory."""
 
     attempt: int
     workers: tuple[WorkerLaunch, ...]
@@ -41,6 +62,26 @@ class StartWorkers:
     relay: bool = False
     coordinator_address: str = ""
     preemption_signals: tuple[str, ...] = ()  # names of the signals the agent turns into PreemptionSignal
+    memory_tier_bytes: int = 0
+    storage: bytes = b""
+    restore: Optional[RestoreView] = None
+
+
+@dataclass(frozen=True, slots=True)
+class PersistShards:
+    """Write these shards (`ranks` of checkpoint `dir_name` of `attempt`) from the memory tier to the
+    run's staging area, after every PersistShards before it, and say when they are there."""
+
+    attempt: int
+    dir_name: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class DropShards:
+    """Remove these shards from the memory tier: no restart needs them and they are on storage (or lost)."""
+
+    shards: tuple[Shard, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +120,7 @@ class Shutdown:
     preempted: bool = False
 
 
-AgentCommand = Union[StartWorkers, StopWorkers, DumpStacks, PrepareForkServers, Shutdown]
+AgentCommand = Union[StartWorkers, StopWorkers, DumpStacks, PrepareForkServers, Shutdown, PersistShards, DropShards]
 
 # ---------------------------------------------------------------------------- to workers
 

@@ -248,6 +248,14 @@ LEDGER_DIR: Knob[Optional[str]] = Knob(
     "The directory of this host's resource ledger, where every run claims the GPUs (and named CPUs and "
     "memory) it holds (minitrain.hosts.ledger); made mode 1777 when missing. off: runs started here claim "
     "nothing and never wait (under a scheduler such as Slurm, which gives each job its own GPUs).")
+MEMORY_TIER_DIR: Knob[str] = Knob(
+    "MINITRAIN_MEMORY_TIER_DIR", "/dev/shm", _text,
+    "Where each node agent makes its memory tier, the private directory its workers' checkpoint files go to "
+    "first (minitrain.storage.memory_tier): a tmpfs, so the files are in host memory.")
+PERSIST_RETRY_S: Knob[float] = Knob(
+    "MINITRAIN_PERSIST_RETRY_S", 60.0, _seconds,
+    "How long a node agent keeps retrying (with doubling pauses) to write a checkpoint from its memory tier to "
+    "storage before the round's commit fails by name (minitrain.agent.tier_keeper).")
 RESOURCE_WAIT_S: Knob[Optional[float]] = Knob(
     "MINITRAIN_RESOURCE_WAIT_S", None, _wait_seconds,
     "Seconds a run waits for the GPUs/CPUs/memory other runs hold on its hosts: unset (or forever) waits "
@@ -278,7 +286,8 @@ ELASTIC_START_WAIT_S: Knob[float] = Knob(
 
 KNOBS: tuple[Knob[Any], ...] = (HOSTS, HOSTFILE, SLURM, DASHBOARD, RELAY, LOCAL_AGENT_STREAM, STATUS,
                                 STATUS_INTERVAL_S, TELEMETRY, STRAGGLER_FACTOR, STRAGGLER_WINDOW,
-                                STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT, LEDGER_DIR, RESOURCE_WAIT_S,
+                                STRAGGLER_MIN_SAMPLES, KEY_DIR, TUNE_PARENT, LEDGER_DIR, MEMORY_TIER_DIR, PERSIST_RETRY_S,
+                                RESOURCE_WAIT_S,
                                 LEDGER_FOREIGN_GPUS, JOIN_TOKEN, JOIN_TOKEN_FILE, JOIN_TIMEOUT_S,
                                 ELASTIC_START_WAIT_S)
 

@@ -147,6 +147,7 @@ class ReportRecord(NamedTuple):
     wants_ack: bool = False
     staged: bool = False  # uploaded to the staging area (minitrain.storage.layout.staged_dir), moved at commit
     wants_receipt: bool = False  # the rank waits for a ReportReceipt once this report is recorded
+    in_tier: bool = False  # its files wait in the rank's node's memory tier (minitrain.storage.memory_tier)
 
     @property
     def metrics(self) -> dict:

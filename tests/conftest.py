@@ -15,6 +15,10 @@ and wait at most 300 s for what other runs hold there (MINITRAIN_RESOURCE_WAIT_S
 temporary directory (`Checkpoint.from_dict`'s directories, torch's and gloo's files, a killed worker's
 scratch) is left under pytest's own base directory, never in /tmp.
 
+``_private_memory_tier_dir`` (automatic): MINITRAIN_MEMORY_TIER_DIR for the whole session, so the node
+agents' memory tiers (and what a killed agent leaves there) are made under pytest's base directory, never
+in the host's /dev/shm.
+
 ``relay``: a started agent relay for the modules that test worker streams through it (each module gives
 its ``TOKEN`` and an ``upward`` fixture that receives the relayed items).
 
@@ -85,6 +89,14 @@ def _private_ledger_dir(tmp_path_factory):
     # A run waits for what others hold as long as it takes by default: in the tests, a claim left held
     # by mistake must fail the next run (naming the holder) instead of hanging the session.
     with _session_env("MINITRAIN_LEDGER_DIR", str(path)), _session_env("MINITRAIN_RESOURCE_WAIT_S", "300"):
+        yield path
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_memory_tier_dir(tmp_path_factory):
+    """The agents of the session's runs make their memory tiers in a session temp directory."""
+    path = tmp_path_factory.mktemp("memory_tiers")
+    with _session_env("MINITRAIN_MEMORY_TIER_DIR", str(path)):
         yield path
 
 

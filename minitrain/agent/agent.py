@@ -29,6 +29,7 @@ from minitrain import commands as cmd
 from minitrain import procs
 from minitrain.agent.descendants import Descendants
 from minitrain.agent.fork_servers import READY_WAIT_S, StartedWorker, ForkServerPool, start_worker
+from minitrain.agent.tier_keeper import TierKeeper
 from minitrain.agent.transport.stream import CoordinatorStream
 from minitrain.hosts import hostinfo
 from minitrain.lease import LEASE_TIMEOUT_S
@@ -91,6 +92,7 @@ class NodeAgent:
         self._children_lock = threading.Lock()
         self._unexited: dict[int, int] = {}  # attempt -> its workers on this node that have not exited
         self._descendants: Optional[Descendants] = None  # made by run(): it may create cgroups
+        self._tier = TierKeeper(self._stream.persisted)  # the node's memory tier (minitrain.agent.tier_keeper)
 
     def _node_info(self) -> NodeInfo:
         """This node as the hello describes it: its address is the one on its route to the coordinator."""
@@ -133,6 +135,7 @@ class NodeAgent:
                 self.request_stop(self._signalled)
             self._fork_server.clear()
             self._stop_all(grace_s=2.0 if self._stream.shutdown is not None else LOST_LEASE_GRACE_S)
+            self._tier.close()
             self._descendants.close()
             self._stream.close()  # after the workers: their streams' last messages and ends go up first
         if self._stream.shutdown is None:
@@ -219,6 +222,10 @@ class NodeAgent:
             key, env, cwd = self._last_start
             self._fork_server.want(key, env, cwd)
             self._refill_fork_server()
+        elif isinstance(command, cmd.PersistShards):
+            self._tier.persist(command)
+        elif isinstance(command, cmd.DropShards):
+            self._tier.drop(command)
         elif isinstance(command, cmd.DumpStacks):
             threading.Thread(target=self._dump_stacks, args=(command.attempt,),
                              daemon=True, name="agent-dump-stacks").start()
@@ -268,6 +275,13 @@ class NodeAgent:
     def _start_workers(self, start: cmd.StartWorkers) -> None:
         self._warm_up_asked = None  # the start came: it takes the fork server as it is
         key, env = self._worker_env(start.env, start.cwd)
+        tier = self._tier.configure(start)
+        view = self._tier.restore(start.attempt, start.restore)
+        checkpoints = {}
+        if tier is not None:
+            checkpoints["memory_tier"] = {"root": tier.root, "capacity": tier.capacity}
+        if view is not None:
+            checkpoints["restore"] = {"dir_name": view[0], "path": view[1]}
         with self._lock:
             self._unexited[start.attempt] = self._unexited.get(start.attempt, 0) + len(start.workers)
         with self._children_lock:  # from the forks until every worker is known (see _kept_children)
@@ -276,7 +290,7 @@ class NodeAgent:
             workers = [self._adopt(start, launch, started, env) for launch, started in zip(start.workers, forked)]
         for launch, worker in zip(start.workers, workers):
             if worker is not None:
-                self._bootstrap(start, launch, worker)
+                self._bootstrap(start, launch, worker, checkpoints)
         self._last_start = (key, env, start.cwd or None)
 
     def _adopt(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, started: Optional[StartedWorker],
@@ -296,8 +310,10 @@ class NodeAgent:
             self._workers[(attempt, rank)] = worker
         return worker
 
-    def _bootstrap(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, worker: WorkerProcess) -> None:
-        """Put the new worker into its attempt's cgroup, write its bootstrap line, watch its output and exit."""
+    def _bootstrap(self, start: cmd.StartWorkers, launch: cmd.WorkerLaunch, worker: WorkerProcess,
+                   checkpoints: dict) -> None:
+        """Put the new worker into its attempt's cgroup, write its bootstrap line, watch its output and exit.
+        `checkpoints`: the node's memory tier and the view to restore from, when there are."""
         attempt, rank = start.attempt, launch.rank
         process, stack_fd = worker.process, worker.stack_fd
         if self._descendants is not None:
@@ -314,7 +330,8 @@ class NodeAgent:
                      # A scheduler may signal every process of the node (Slurm's --signal reaches the
                      # whole job step): the agent reports the run's preemption signals, the workers must
                      # not die of them. SIGTERM stays: it is how an agent stops its workers.
-                     "ignore_signals": [name for name in start.preemption_signals if name != "SIGTERM"]}
+                     "ignore_signals": [name for name in start.preemption_signals if name != "SIGTERM"],
+                     **checkpoints}
         try:
             process.stdin.write(json.dumps(bootstrap).encode() + b"\n")
             process.stdin.close()

@@ -27,11 +27,17 @@ class CheckpointConfig:
     `num_to_keep=None` keeps all; otherwise the best `num_to_keep` by `checkpoint_score_attribute`
     (a key of the rank-0 metrics, nested keys joined by "/"; None ranks by recency) in
     `checkpoint_score_order` ("max" or "min", exact case). The latest checkpoint is always kept too.
+
+    `memory_tier_bytes` (minitrain's own): how many bytes of checkpoint files each host's memory tier may
+    hold (docs/checkpoints.md, "The memory tier"). None (the default): a quarter of the host's memory and
+    at most half the free space of `/dev/shm`; 0: no tier, every checkpoint goes from the worker
+    straight to storage.
     """
 
     num_to_keep: Optional[int] = None
     checkpoint_score_attribute: Optional[str] = None
     checkpoint_score_order: str = "max"
+    memory_tier_bytes: Optional[int] = None
     checkpoint_frequency: Any = _deprecated_field()
     checkpoint_at_end: Any = _deprecated_field()
 
@@ -51,6 +57,11 @@ class CheckpointConfig:
                 "Use None to keep every checkpoint, or the number of best checkpoints to keep."
                 + _ray_words(f"Received invalid num_to_keep: {self.num_to_keep}. "
                              "Must be None or an integer >= 1.")))
+        if self.memory_tier_bytes is not None:
+            object.__setattr__(self, "memory_tier_bytes", _int(
+                self.memory_tier_bytes, "CheckpointConfig", "memory_tier_bytes", 0,
+                "Use None for the default (a quarter of each host's memory), 0 for no memory tier, or a "
+                "number of bytes, e.g. 8 << 30."))
         _optional_str(self.checkpoint_score_attribute, "CheckpointConfig", "checkpoint_score_attribute",
                       "Use None to rank checkpoints by recency, or a metric key you report, e.g. 'loss'.")
         _choice(self.checkpoint_score_order, "CheckpointConfig", "checkpoint_score_order", ("max", "min"),

@@ -168,6 +168,7 @@ class Controller:
         return self._conclude()
 
     def _tear_down(self) -> None:
+        self._await_durability()
         self._shutdown_agents()
         if was_preempted(self._loop):  # counted against max_preemption_failures by the next fit()
             self._commits.checkpoints.note_preemption()
@@ -182,7 +183,8 @@ class Controller:
                               start_error=self._start_error, preemption=self._preemption,
                               failed_attempts=tuple(self._failed_attempts),
                               no_progress=stopped_without_progress(self._loop, self._rules),
-                              last_round=self._commits.last_round)
+                              last_round=self._commits.last_round,
+                              not_durable=tuple(self._commits.durability.lost))
         if outcome.state is RunState.SUCCEEDED and self._failed_attempts:
             logger.warning("the run succeeded after %d failed attempt(s):\n%s", len(self._failed_attempts),
                            render_failed_attempts(self._failed_attempts))
@@ -382,11 +384,22 @@ class Controller:
             logger.error("cannot start attempt %d: %s", attempt, self._start_error)
             return
         self._start_error = ""
+        if self._commits.durability.restore_needs_storage():
+            self._await_durability()
         self._membership.attempt_started()
         self._commits.delete_uncommitted()
         previous = self._current.tracker
         self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, self._spec.launch)
         self._sizes.started(attempt, resize, previous, self._current.tracker)
+
+    def _await_durability(self) -> None:
+        """Wait until every round committed in memory is durable, taking events meanwhile (the agents'
+        answers, and their losses: a lost holder loses its rounds by name). Before the agents are shut
+        down, however the run ended, and before an attempt whose checkpoint no one node holds whole
+        (`Durability.restore_needs_storage`). Bounded by the agents' persistence retries and leases."""
+        durability = self._commits.durability
+        while durability.pending:
+            self._take_events(POLL_S)
 
     def _shutdown_agents(self) -> None:
         preempted = was_preempted(self._loop)
@@ -400,6 +413,7 @@ class Controller:
         """Each event type's handler: the current attempt's events are recorded by `CurrentAttempt`,
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
+                ev.ShardsPersisted: self._commits.durability.on_persisted,
                 ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._sizes.warmed,
                 ev.Interrupted: self._on_interrupted,
                 ev.PreemptionSignalled: self._preemption.signalled,
@@ -417,6 +431,7 @@ class Controller:
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
+        self._commits.durability.node_lost(event.node_id)  # also at the end: the run waits for its rounds
         if self.state.is_terminal or not self._membership.lose(event):
             return
         self._sizes.node_lost(event.node_id, event.reason, self._current.tracker)

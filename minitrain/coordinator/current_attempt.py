@@ -57,12 +57,15 @@ class CurrentAttempt:
         """Start `attempt`'s ranks as placed (`assignments`), resuming from the latest committed
         checkpoint and numbering its rounds on from those processed; then tell the observers."""
         self._commits.start_attempt(len(assignments))
-        checkpoints = self._commits.checkpoints
-        latest = checkpoints.latest
+        latest = self._commits.resume_record()
+        view = self._commits.durability.restore_view()
         resume = ResumePoint(checkpoint_dir=latest.dir_name if latest is not None else "",
                              report_index_base=self._commits.report_base,
-                             committed_dir_names=tuple(sorted(checkpoints.committed_dir_names)))
+                             committed_dir_names=tuple(sorted(self._commits.committed_names())),
+                             restore=view if view is not None and latest is not None
+                             and view.dir_name == latest.dir_name else None)
         self.group = WorkerGroup.start(attempt, assignments, nodes, self._outbox, launch, resume, self._clock)
+        self._commits.attach(self.group.tracker)
         self._ended = False
         states = [state for _, state in sorted(self.group.tracker.ranks.items())]
         hosts = tuple(state.node_name for state in states)

@@ -17,7 +17,9 @@ the benchmarks' report tap. The controller calls `Observers` at these points, on
                       second while it trains, unless MINITRAIN_TELEMETRY=0), with its host, pid and
                       phase filled in by the controller
     on_round          a report round every rank has answered, after its checkpoint (if any) was
-                      committed: Ray's `after_report` granularity
+                      committed: Ray's `after_report` granularity (committed in memory, when its files
+                      are in the nodes' memory tiers)
+    on_durable        a checkpoint committed in memory is on storage and in the index (in round order)
     on_attempt_end    each attempt that started, once it is over (failed, or the run's last: after
                       the move to the terminal state)
     on_run_end        once, however the run ended (also on Ctrl-C and on an unsatisfiable request)
@@ -189,7 +191,11 @@ class RunObserver:
         connected, DIST_INIT during rendezvous, TRAINING, FINISHING)."""
 
     def on_round(self, round_: RoundInfo) -> None:
-        """Every rank answered a report round; its checkpoint, if any, is committed."""
+        """Every rank answered a report round; its checkpoint, if any, is committed (in memory when its
+        files are in the nodes' memory tiers: `on_durable` follows once it is on storage)."""
+
+    def on_durable(self, checkpoint: CheckpointRecord, at: float) -> None:
+        """A checkpoint committed in memory is now durable: on storage and in the index, at `at`."""
 
     def on_attempt_end(self, end: AttemptEnd) -> None:
         """An attempt is over."""
@@ -248,6 +254,9 @@ class Observers(RunObserver):
 
     def on_round(self, round_: RoundInfo) -> None:
         self._tell("on_round", round_)
+
+    def on_durable(self, checkpoint: CheckpointRecord, at: float) -> None:
+        self._tell("on_durable", checkpoint, at)
 
     def on_attempt_end(self, end: AttemptEnd) -> None:
         self._tell("on_attempt_end", end)

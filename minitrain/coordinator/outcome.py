@@ -13,6 +13,7 @@ These texts are the user's and the tests' (e2e tests grep the logs): change them
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Optional
 
@@ -117,13 +118,22 @@ def failed_attempt(tracker: AttemptTracker, progressed: bool, charged: bool = Tr
 def run_outcome(loop: Loop, tracker: Optional[AttemptTracker], history: History, *, max_failures: int,
                 run_path: str, start_error: str, preemption: Optional[Preemption] = None,
                 failed_attempts: tuple[FailedAttempt, ...] = (), no_progress: int = 0,
-                last_round: Optional[int] = None) -> RunOutcome:
+                last_round: Optional[int] = None, not_durable: tuple[str, ...] = ()) -> RunOutcome:
     """How the run ended: its loop's state, the latest attempt (`tracker`, None when none started:
     then the loop's reason is the error) with rank 0's `history`, and `failure_message`; for a
     preempted run (`was_preempted`), what `preemption` recorded and `preemption_message`.
     `failed_attempts`: every attempt that failed, the latest included; `no_progress`: the attempts in a
     row without progress that stopped the run (`stopped_without_progress`; 0: it did not stop for that),
-    `last_round` the run-wide index of its last committed round (None: none)."""
+    `last_round` the run-wide index of its last committed round (None: none). `not_durable`: why
+    checkpoints committed in memory never reached storage; a run that would have succeeded fails with
+    it (its result would name checkpoints that are not there)."""
+    if not_durable and loop.state is RunState.SUCCEEDED:
+        lines = "\n".join(f"  - {why}" for why in not_durable)
+        loop = dataclasses.replace(loop, state=RunState.FAILED, reason=(
+            f"Training finished, but checkpoint(s) committed in memory never reached storage:\n{lines}\n"
+            "The run directory keeps every checkpoint that did; run the same name again to resume from the "
+            "latest of them."))
+        tracker = None
     info = preemption.outcome_info(tracker) if preemption is not None and was_preempted(loop) else None
     extra = {} if info is None else {"preemption": info, "drain_timed_out": not preemption.completed}
     if tracker is None:  # no attempt started: the agents did not come up

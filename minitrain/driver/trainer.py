@@ -229,6 +229,8 @@ class DataParallelTrainer:
                 worker_env=worker_env(self.run_config, cluster),
                 relay=relay,
                 preemption_signals=self.run_config.failure_config.preemption_signals,
+                memory_tier_bytes=_memory_tier_bytes(self.run_config.checkpoint_config),
+                storage=cloudpickle.dumps(storage),
             ),
             failure_limits=self.run_config.failure_config,
             gpus_per_worker=self.scaling_config.num_gpus_per_worker,
@@ -505,6 +507,12 @@ def _preflight(cluster: ClusterConfig, storage: Storage, elastic: bool = False) 
         logger.warning("elastic run: starting without the host(s) that do not answer, tried again each resize "
                        "interval: %s", "; ".join(f"{host}: {', '.join(reasons)}"
                                                   for host, reasons in error.failures.items()))
+
+
+def _memory_tier_bytes(config) -> int:
+    """The capacity each node's memory tier gets (`StartWorkers.memory_tier_bytes`): -1 for the host's
+    default (`CheckpointConfig.memory_tier_bytes=None`), 0 for none."""
+    return -1 if config.memory_tier_bytes is None else config.memory_tier_bytes
 
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,

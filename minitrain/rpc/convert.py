@@ -86,7 +86,8 @@ def telemetry_message(sample: TelemetrySample) -> pb.Telemetry:
 def report_records(attempt: int, rank: int, reports: Iterable[pb.Report]) -> list[ReportRecord]:
     """The records of one worker message's reports (its `report`, or its `report_batch`'s), in order."""
     return [ReportRecord(attempt, rank, report.round, report.metrics_json, report.reported_at,
-                         report.checkpoint_dir_name, report.wants_ack, report.staged, report.wants_receipt)
+                         report.checkpoint_dir_name, report.wants_ack, report.staged, report.wants_receipt,
+                         report.in_tier)
             for report in reports]
 
 
@@ -144,11 +145,22 @@ def exited_fields(exited: pb.WorkerExited) -> dict:
 # ---------------------------------------------------------------------------- commands to agents
 
 
+def _shards(shards) -> list:
+    return [pb.Shard(attempt=s.attempt, rank=s.rank, dir_name=s.dir_name) for s in shards]
+
+
+def _shard_records(shards) -> tuple[cmd.Shard, ...]:
+    return tuple(cmd.Shard(s.attempt, s.rank, s.dir_name) for s in shards)
+
+
 def _start_workers(c: cmd.StartWorkers) -> pb.AgentCommand:
-    return pb.AgentCommand(start=pb.StartWorkers(
+    start = pb.StartWorkers(
         attempt=c.attempt, workers=[pb.WorkerLaunch(rank=w.rank, local_rank=w.local_rank) for w in c.workers],
         cwd=c.cwd, env=dict(c.env), relay=c.relay, coordinator_address=c.coordinator_address,
-        preemption_signals=list(c.preemption_signals)))
+        preemption_signals=list(c.preemption_signals), memory_tier_bytes=c.memory_tier_bytes, storage=c.storage)
+    if c.restore is not None:
+        start.restore.CopyFrom(pb.RestoreView(dir_name=c.restore.dir_name, shards=_shards(c.restore.shards)))
+    return pb.AgentCommand(start=start)
 
 
 _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
@@ -158,6 +170,9 @@ _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
     cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(
         count=c.count, for_start=c.env is not None, cwd=c.cwd, env=dict(c.env or {}))),
     cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason, preempted=c.preempted)),
+    cmd.PersistShards: lambda c: pb.AgentCommand(persist=pb.PersistShards(
+        attempt=c.attempt, dir_name=c.dir_name, ranks=list(c.ranks))),
+    cmd.DropShards: lambda c: pb.AgentCommand(drop=pb.DropShards(shards=_shards(c.shards))),
 }
 
 
@@ -175,7 +190,10 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
         return cmd.StartWorkers(
             attempt=s.attempt, workers=tuple(cmd.WorkerLaunch(w.rank, w.local_rank) for w in s.workers),
             cwd=s.cwd, env=dict(s.env), relay=s.relay, coordinator_address=s.coordinator_address,
-            preemption_signals=tuple(s.preemption_signals))
+            preemption_signals=tuple(s.preemption_signals), memory_tier_bytes=s.memory_tier_bytes,
+            storage=s.storage,
+            restore=cmd.RestoreView(s.restore.dir_name, _shard_records(s.restore.shards))
+            if s.HasField("restore") else None)
     if kind == "stop":
         return cmd.StopWorkers(attempt=message.stop.attempt, grace_s=message.stop.grace_s)
     if kind == "dump_stacks":
@@ -185,6 +203,11 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
         return cmd.PrepareForkServers(count=p.count, env=dict(p.env) if p.for_start else None, cwd=p.cwd)
     if kind == "shutdown":
         return cmd.Shutdown(reason=message.shutdown.reason, preempted=message.shutdown.preempted)
+    if kind == "persist":
+        p = message.persist
+        return cmd.PersistShards(attempt=p.attempt, dir_name=p.dir_name, ranks=tuple(p.ranks))
+    if kind == "drop":
+        return cmd.DropShards(_shard_records(message.drop.shards))
     return None
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
+import shutil
 import tempfile
 from typing import Optional
 
@@ -51,7 +52,7 @@ class SocketDirectory:
         leaves nothing behind) when the path is too long for a Unix socket."""
         remove_stale(tempfile.gettempdir(), self.prefix, self.socket_name)
         self.path = tempfile.mkdtemp(prefix=self.prefix)  # mode 0700, ours alone
-        self._lock_fd = _hold_lock(self.path)
+        self._lock_fd = hold_owner_lock(self.path)
         socket_path = self.socket_path
         if len(socket_path.encode()) > MAX_SOCKET_PATH:
             self.remove()
@@ -70,7 +71,7 @@ class SocketDirectory:
             self._lock_fd = -1
 
 
-def _hold_lock(directory: str) -> int:
+def hold_owner_lock(directory: str) -> int:
     """Create `directory`/owner.lock already locked (made under another name, locked, then renamed:
     a sweeper never finds it unlocked while we live) and return its descriptor, held for our life."""
     temporary = os.path.join(directory, LOCK_NAME + ".new")
@@ -95,13 +96,14 @@ def _remove(directory: str, socket_name: str) -> None:
         logger.warning("could not remove the socket directory %s: %s", directory, exc)
 
 
-def remove_stale(parent: str, prefix: str, socket_name: str) -> list[str]:
+def remove_stale(parent: str, prefix: str, socket_name: Optional[str]) -> list[str]:
     """Remove the `prefix`* directories in `parent` left by dead owners of this user; return them.
 
     A directory counts only when it is named like ours, is a real directory owned by this user, and
     has an owner.lock that nobody holds (its owner died: the kernel released the lock). A live
     owner's lock is held, so its directory is never touched; a directory without the lock file is
-    being created, or is not ours, and is left alone.
+    being created, or is not ours, and is left alone. `socket_name=None` removes the whole directory
+    (a node's memory tier, `minitrain.storage.memory_tier`, which holds files of the dead owner's run).
     """
     removed = []
     try:
@@ -125,7 +127,10 @@ def remove_stale(parent: str, prefix: str, socket_name: str) -> list[str]:
             os.close(fd)  # held: its owner lives
             continue
         try:
-            _remove(directory, socket_name)
+            if socket_name is None:
+                shutil.rmtree(directory, ignore_errors=True)
+            else:
+                _remove(directory, socket_name)
             removed.append(directory)
         finally:
             os.close(fd)

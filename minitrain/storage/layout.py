@@ -59,11 +59,18 @@ def rank_log(attempt: int, rank: int) -> str:
     return f"attempt_{attempt}/rank_{rank}.log"
 
 
+def shard_dir(attempt: int, rank: int, dir_name: str) -> str:
+    """Rank `rank`'s files of checkpoint `dir_name` in attempt `attempt` (its shard), relative to where
+    shards wait: the staging area of the run directory (`staged_dir`) or a node's memory tier
+    (`minitrain.storage.memory_tier`)."""
+    return f"attempt_{attempt}/rank_{rank}/{dir_name}"
+
+
 def staged_dir(attempt: int, rank: int, dir_name: str) -> str:
     """Where rank `rank` of attempt `attempt` uploads checkpoint `dir_name`, relative to the run
     directory. Unique per (attempt, rank, checkpoint), so a write of a stale attempt never lands in a
     directory a later attempt commits."""
-    return f"{STAGING_DIR}/attempt_{attempt}/rank_{rank}/{dir_name}"
+    return f"{STAGING_DIR}/{shard_dir(attempt, rank, dir_name)}"
 
 
 def split_metrics_lines(text: str) -> tuple[list[dict], int]:

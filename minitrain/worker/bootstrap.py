@@ -16,13 +16,14 @@ import socket
 import sys
 import time
 import traceback
-from typing import Any
+from typing import Any, Optional
 
 from minitrain import _session
 from minitrain.commands import Assignment
 from minitrain.context import TrainContext
 from minitrain.records import FailureKind, Phase, RunPayload, WorkerFailure
 from minitrain.rpc import local_stream
+from minitrain.storage.memory_tier import MemoryTier
 from minitrain.worker import distributed, telemetry
 from minitrain.worker.backend import StoreLink, TorchBackend
 from minitrain.worker.session import UploadFailed, WorkerSession
@@ -261,11 +262,22 @@ class WorkerRun:
             self._client.send_failure(failure, exc_pickle)
             self._client.close(CLOSE_TIMEOUT_S)
 
+    def _memory_tier(self) -> Optional[MemoryTier]:
+        """The node's memory tier its agent named in the bootstrap line (None: none)."""
+        tier = self._bootstrap.get("memory_tier")
+        return MemoryTier(tier["root"], int(tier["capacity"])) if tier else None
+
+    def _restore(self) -> Optional[tuple[str, str]]:
+        """(dir_name, path) of the tier's view of the checkpoint this attempt resumes from, if any."""
+        view = self._bootstrap.get("restore")
+        return (view["dir_name"], view["path"]) if view else None
+
     def _make_session(self, assignment: Assignment, storage: Any) -> WorkerSession:
         session = WorkerSession(
             self._client, _context(assignment), storage, report_index_base=assignment.report_index_base,
             initial_checkpoint_dir=assignment.initial_checkpoint_dir,
-            committed_dir_names=assignment.committed_dir_names)
+            committed_dir_names=assignment.committed_dir_names, memory_tier=self._memory_tier(),
+            restore=self._restore())
         session.on_async_failure(self._fail_from_upload_thread)
         return session
 

@@ -2,12 +2,18 @@
 
 Metrics-only reports are validated, queued and sent by gRPC's thread: `report()` returns in
 microseconds and never waits for other ranks, only for the coordinator when this rank has 256 reports
-in flight that it has not recorded (backpressure; see minitrain.rpc.report_window). A report with a
-checkpoint uploads the directory into this rank's staging directory `<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and
-waits until the coordinator has committed the round (every rank reported it; the ranks' staged files
-are moved into `<run>/<dir>/`), as Ray's report with a checkpoint waits for every rank. ASYNC uploads
-run in order on one background thread, and reports made meanwhile queue behind them so every rank's
-reports stay in call order.
+in flight that it has not recorded (backpressure; see minitrain.rpc.report_window).
+
+A report with a checkpoint, on a node with a memory tier (minitrain.storage.memory_tier), puts the
+directory's files into the tier (a copy into host memory, or renames when the caller gave the directory
+up), hands the report to the agent, and, for SYNC, waits until the coordinator committed the round in
+memory (every rank's files are in their tiers); ASYNC returns once the report is out of this process.
+The agent, not this worker, writes the files to storage. Without a tier (or when it is full: one
+warning), the report uploads the directory into this rank's staging directory
+`<run>/.staging/attempt_<a>/rank_<r>/<dir>/`, sends the report, and waits until the coordinator has
+committed the round (the ranks' staged files moved into `<run>/<dir>/`), as Ray's report with a
+checkpoint waits for every rank. ASYNC uploads then run in order on one background thread, and reports
+made meanwhile queue behind them so every rank's reports stay in call order.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from minitrain.records import Phase
 from minitrain.reporting import CheckpointUploadMode, ReportedCheckpoint
 from minitrain.rpc import report_window
 from minitrain.storage.layout import RESERVED_NAMES, staged_dir
+from minitrain.storage.memory_tier import MemoryTier, TierFull
 from minitrain.worker.preemption import PreemptionGate
 from minitrain.worker.transport.client import WorkerClient
 
@@ -105,13 +112,19 @@ class WorkerSession:
     """Implements `minitrain._session.Session` for one rank of one attempt.
 
     `phase_seconds` is an exported seam for benchmarks and telemetry: the seconds this rank spent in
-    report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s", "window_wait_s"} (the last: waiting
-    for the coordinator to record old reports, minitrain.rpc.report_window).
+    report()'s phases so far, {"upload_s", "ack_wait_s", "stage_s", "window_wait_s", "tier_s"} (waiting
+    for the coordinator to record old reports, minitrain.rpc.report_window; putting files into the
+    memory tier).
+
+    `memory_tier`: the node's tier (None: none; checkpoints go straight to storage); `restore`:
+    (dir_name, local path) of the tier's view of the checkpoint this attempt resumes from, when the
+    agent built one: `get_checkpoint()` then reads it from memory.
     """
 
     def __init__(self, client: WorkerClient, context: TrainContext, storage: Any, *,
                  report_index_base: int = 0, initial_checkpoint_dir: str = "",
-                 committed_dir_names: tuple[str, ...] = ()):
+                 committed_dir_names: tuple[str, ...] = (), memory_tier: Optional[MemoryTier] = None,
+                 restore: Optional[tuple[str, str]] = None):
         self.context = context
         self.storage = storage
         self.upload_in_progress = False
@@ -119,7 +132,12 @@ class WorkerSession:
         self._round = 0
         self._base = report_index_base
         self._used_names = set(committed_dir_names)
+        self._tier = memory_tier
+        self._tier_full_warned = False
+        self._tier_reported: Optional[str] = None  # the last checkpoint reported through the tier, if latest
         self._checkpoint = self._checkpoint_at(initial_checkpoint_dir) if initial_checkpoint_dir else None
+        if restore is not None and restore[0] == initial_checkpoint_dir:
+            self._checkpoint = Checkpoint(restore[1])  # the tier's view: read from host memory
         self._async: Optional[_AsyncUploads] = None
         self._on_async_failure = None
         self._request_ids = 0
@@ -127,7 +145,8 @@ class WorkerSession:
         self._collective_address: Optional[tuple] = None
         self._collective_store: Any = None
         self._collective_lock = threading.Lock()
-        self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0, "window_wait_s": 0.0}
+        self.phase_seconds = {"upload_s": 0.0, "ack_wait_s": 0.0, "stage_s": 0.0, "window_wait_s": 0.0,
+                              "tier_s": 0.0}
         self._preemption = PreemptionGate(client)
         client.count_reports_with(lambda: self._round)
 
@@ -168,7 +187,18 @@ class WorkerSession:
         return self._preemption.info(self._round)
 
     def get_checkpoint(self) -> Optional[Checkpoint]:
-        """The latest committed checkpoint at attempt start, then this rank's last reported one."""
+        """The latest committed checkpoint at attempt start, then this rank's last reported one. One
+        reported through the memory tier is read from there when every rank's shard is in this node's
+        tier (a merged view of hard links, made once); otherwise from storage, where it is once durable."""
+        if self._tier_reported is not None:
+            dir_name, self._tier_reported = self._tier_reported, None
+            ranks = [(self._client.attempt, rank) for rank in range(self.context.get_world_size())]
+            try:
+                view = self._tier.build_view(dir_name, ranks)
+            except OSError:
+                view = None
+            if view is not None:
+                self._checkpoint = Checkpoint(view)
         return self._checkpoint
 
     def get_all_reported_checkpoints(self, timeout_s: Optional[float] = None) -> list[ReportedCheckpoint]:
@@ -258,6 +288,9 @@ class WorkerSession:
                                  "the run directory; pass a checkpoint from a local scratch directory.")
         self._used_names.add(dir_name)
         self._round += 1
+        if mode is not CheckpointUploadMode.NO_UPLOAD and upload_fn is None and \
+                self._put_in_tier(round_, text, checkpoint, dir_name, delete_local, mode):
+            return
         if mode is CheckpointUploadMode.ASYNC:
             self._submit_async(round_, text, checkpoint, dir_name, delete_local, upload_fn)
             return
@@ -269,6 +302,43 @@ class WorkerSession:
         self._send_and_wait(round_, text, dir_name, staged)
         if delete_local and mode is not CheckpointUploadMode.NO_UPLOAD:
             shutil.rmtree(checkpoint.path, ignore_errors=True)
+
+    def _put_in_tier(self, round_: int, text: str, checkpoint: Checkpoint, dir_name: str, delete_local: bool,
+                     mode: CheckpointUploadMode) -> bool:
+        """Report the checkpoint through the node's memory tier; False (nothing done) when there is no
+        tier, the checkpoint is not a local directory, or it does not fit (warned once)."""
+        if self._tier is None or not isinstance(checkpoint._fs, LocalFileSystem):
+            return False
+        if self._async is not None:
+            self._async.drain()  # an earlier report still uploading from here goes first: call order
+        started = time.perf_counter()
+        try:
+            self._tier.write_shard(self._client.attempt, self._client.rank, dir_name, checkpoint.path,
+                                   move=delete_local)
+        except TierFull as exc:
+            if not self._tier_full_warned:
+                self._tier_full_warned = True
+                logger.warning("%s; %s and the checkpoints after it that do not fit go straight to storage "
+                               "(CheckpointConfig.memory_tier_bytes sets its size). Logged once per worker.",
+                               exc, dir_name)
+            return False
+        self.phase_seconds["tier_s"] += time.perf_counter() - started
+        message = self._client.report_message(round_, text, dir_name, staged=False, in_tier=True)
+        waits = mode is CheckpointUploadMode.SYNC
+        if not waits and not self._client.hands_off_on_put:
+            message.wants_receipt = True  # queued in this process: out of it only once recorded
+        self._client.put(message)
+        started = time.perf_counter()
+        if waits:  # committed in memory: every rank's files are in their tiers
+            self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
+        elif message.wants_receipt:
+            self._client.wait_recorded(round_, ACK_TIMEOUT_S)
+        self.phase_seconds["ack_wait_s"] += time.perf_counter() - started
+        self._checkpoint = self._checkpoint_at(dir_name)
+        self._tier_reported = dir_name
+        if delete_local:
+            shutil.rmtree(checkpoint.path, ignore_errors=True)
+        return True
 
     def _upload(self, checkpoint: Checkpoint, dir_name: str, upload_fn: Any) -> tuple[str, bool]:
         """(directory name, staged): the upload lands in this rank's staging directory, except with
@@ -294,6 +364,7 @@ class WorkerSession:
         return result
 
     def _send_and_wait(self, round_: int, text: str, dir_name: str, staged: bool) -> None:
+        self._tier_reported = None
         self._client.put(self._client.report_message(round_, text, dir_name, staged))
         started = time.perf_counter()
         self._client.wait_report_ack(round_, ACK_TIMEOUT_S)

@@ -18,7 +18,7 @@ import psutil
 import pytest
 
 import minitrain
-from minitrain import FailureConfig, RunConfig, ScalingConfig
+from minitrain import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
 from minitrain.errors import ConfigError, WorkerGroupError
 from minitrain.storage.layout import INDEX_NAME, METRICS_NAME
 from minitrain.storage.run_lock import RunLockedError
@@ -109,8 +109,10 @@ def test_a_late_write_of_a_lost_nodes_rank_never_lands_in_a_committed_checkpoint
     marker = str(tmp_path / "frozen_agent")
     fs = GatedSlowFileSystem(writer_file=marker + ".writer", committed_name="checkpoint_000001",
                              index_path=str(tmp_path / "results" / "run" / INDEX_NAME))
+    # Without a memory tier the worker writes to storage itself, which is what this test freezes.
     trainer = _trainer(freeze_agent_during_upload, tmp_path / "results", config={"marker": marker, "files": 6},
-                       max_failures=1, storage_filesystem=fs)
+                       max_failures=1, storage_filesystem=fs,
+                       checkpoint_config=CheckpointConfig(memory_tier_bytes=0))
     try:
         result = trainer.fit()
         run = tmp_path / "results" / "run"

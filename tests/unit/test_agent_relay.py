@@ -286,7 +286,7 @@ def test_only_the_directories_of_dead_agents_are_swept(tmp_path):
     dead_with_stranger = relay_directory("stranger", files=("relay.sock", "owner.lock", "not-ours"))
     being_made = relay_directory("new", files=())  # no lock file yet: not ours to judge
     alive = relay_directory("alive", files=("relay.sock",))
-    held = socket_directory._hold_lock(alive)  # as a live agent holds it
+    held = socket_directory.hold_owner_lock(alive)  # as a live agent holds it
     other = tmp_path / "something-else"
     other.mkdir()
     (other / "owner.lock").touch()

@@ -28,6 +28,12 @@ AGENT_COMMANDS = [
     cmd.PrepareForkServers(count=1, env={}, cwd=""),
     cmd.Shutdown(reason="run ended"),
     cmd.Shutdown(reason="run preempted", preempted=True),
+    cmd.StartWorkers(attempt=1, workers=(cmd.WorkerLaunch(0, 0),), cwd="", env={}, memory_tier_bytes=-1,
+                     storage=b"\x80pickled", restore=cmd.RestoreView("checkpoint_000004", (
+                         cmd.Shard(0, 0, "checkpoint_000004"), cmd.Shard(0, 1, "checkpoint_000004")))),
+    cmd.PersistShards(attempt=3, dir_name="checkpoint_000007", ranks=(0, 2)),
+    cmd.DropShards(shards=(cmd.Shard(1, 0, "c"), cmd.Shard(2, 5, "d"))),
+    cmd.DropShards(shards=()),
 ]
 WORKER_COMMANDS = [
     cmd.Assignment(worker=WorkerAssignment(3, 1, 4, 2, 1, "node-b", (0, 1)), experiment_name="exp",
@@ -75,7 +81,7 @@ def test_every_command_record_is_converted_and_tested():
     for union, tested in ((cmd.AgentCommand, AGENT_COMMANDS), (cmd.WorkerCommand, WORKER_COMMANDS)):
         assert set(typing.get_args(union)) == {type(c) for c in tested}
     records = {obj for obj in vars(cmd).values() if dataclasses.is_dataclass(obj) and obj.__module__ == cmd.__name__}
-    parts = {cmd.WorkerLaunch, cmd.CheckpointEntry}  # carried inside StartWorkers / CheckpointList
+    parts = {cmd.WorkerLaunch, cmd.CheckpointEntry, cmd.Shard, cmd.RestoreView}  # carried inside other commands
     assert records == set(typing.get_args(cmd.AgentCommand)) | set(typing.get_args(cmd.WorkerCommand)) | parts
 
 

@@ -254,7 +254,7 @@ def test_a_dead_coordinator_s_directory_is_swept_and_a_live_one_kept(tmp_path):
 
     dead = directory("dead", files=("agents.sock", socket_directory.LOCK_NAME))
     alive = directory("alive", files=("agents.sock",))
-    held = socket_directory._hold_lock(alive)
+    held = socket_directory.hold_owner_lock(alive)
     stranger = directory("stranger", files=("agents.sock", socket_directory.LOCK_NAME, "not-ours"))
     try:
         removed = socket_directory.remove_stale(str(tmp_path), local_agents.DIRECTORY_PREFIX,

@@ -26,6 +26,7 @@ from typing import Callable, Optional, Protocol, Sequence
 from minitrain.commands import CheckpointEntry, CheckpointList, ReportAck, ReportReceipt
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.facts.attempt import AttemptTracker
+from minitrain.coordinator.facts.durability import Durability, HeldRound
 from minitrain.coordinator.facts.metrics_log import MetricsLog
 from minitrain.coordinator.facts.outbox import Outbox
 from minitrain.coordinator.observers import Observers, RankMetrics, RoundInfo
@@ -97,11 +98,30 @@ class Commits:
         self._resumed_at = -1
         self._furthest: Optional[int] = None
         self.progressed = False  # the current attempt moved `_furthest` on
+        # Rounds committed in memory on their way to storage (the two commit levels).
+        self.durability = Durability(lambda record, staged: self.checkpoints.commit(record, staged), outbox,
+                                     self._durability_failed, self._durable)
+        self._tracker: Optional[AttemptTracker] = None  # the current attempt's (`attach`)
 
     @property
     def report_base(self) -> int:
         """The run-wide index of the current attempt's round 0."""
         return self._base
+
+    def resume_record(self) -> Optional[CheckpointRecord]:
+        """What a new attempt resumes from: the latest committed checkpoint, in memory or on storage."""
+        durable, held = self.checkpoints.latest, self.durability.latest
+        if held is not None and (durable is None or held.record.report_index >= durable.report_index):
+            return held.record
+        return durable
+
+    def committed_names(self) -> set[str]:
+        """The directory names of the kept checkpoints and of those committed in memory only."""
+        return self.checkpoints.committed_dir_names | {held.dir_name for held in self.durability.pending}
+
+    def attach(self, tracker: AttemptTracker) -> None:
+        """The current attempt's tracker (a round that cannot become durable fails its rank 0)."""
+        self._tracker = tracker
 
     def start_attempt(self, world_size: int) -> None:
         """New rounds for a new attempt, numbered on from the rounds processed so far."""
@@ -109,7 +129,7 @@ class Commits:
         self._rounds = RoundTracker(world_size)
         self._base = self.checkpoints.report_index
         self._list_requests = []
-        latest = self.checkpoints.latest  # what the attempt resumes from (current_attempt.py's ResumePoint)
+        latest = self.resume_record()  # what the attempt resumes from (current_attempt.py's ResumePoint)
         self._resumed_at = -1 if latest is None else self._positions.get(latest.report_index, latest.report_index)
         self.progressed = False
 
@@ -133,6 +153,7 @@ class Commits:
                 tell(report)
             rank = report.rank
             reported(rank, report.round, now)
+            self._tracker = tracker
             if rank == 0:
                 metrics = report.metrics
                 self.history.last_metrics = metrics
@@ -140,7 +161,7 @@ class Commits:
                                          report.metrics_json)
             try:
                 completed = add(rank, report.round, report.metrics_json, report.checkpoint_dir_name,
-                                staged=report.staged, wants_ack=report.wants_ack)
+                                staged=report.staged, wants_ack=report.wants_ack, in_tier=report.in_tier)
             except RoundConflict as exc:
                 self._fail_rank(tracker, rank, "CheckpointDirConflict", str(exc))
                 continue
@@ -168,7 +189,8 @@ class Commits:
             if event.rounds > processed:
                 waiting.append(event)
                 continue
-            entries = tuple(CheckpointEntry(r.dir_name, r.metrics) for r in self.checkpoints.records)
+            records = self.checkpoints.records + tuple(held.record for held in self.durability.pending)
+            entries = tuple(CheckpointEntry(r.dir_name, r.metrics) for r in records)
             self._outbox.to_worker(event.attempt, event.rank, CheckpointList(event.request_id, entries))
         self._list_requests = waiting
 
@@ -207,7 +229,11 @@ class Commits:
                 staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
                 try:
                     self._metrics_log.flush()
-                    self.checkpoints.commit(record, staged)
+                    if done.tier_ranks or self.durability.pending:  # committed in memory; durable later, in order
+                        self.durability.hold(record, tracker.attempt, _holders(tracker, done.tier_ranks),
+                                             done.staged_ranks)
+                    else:
+                        self.checkpoints.commit(record, staged)
                 except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
                     self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
                     return
@@ -226,8 +252,27 @@ class Commits:
         if completed and self._list_requests:
             self._answer_list_requests()
 
+    def _durability_failed(self, held: HeldRound, why: str) -> None:
+        """A round committed in memory cannot become durable: the current attempt's rank 0 fails with
+        the reason (the failure policy decides what follows, as for any commit that failed)."""
+        tracker = self._tracker
+        if tracker is not None and tracker.ranks:
+            self._fail_rank(tracker, 0, "CheckpointNotDurable", why)
+
+    def _durable(self, record: CheckpointRecord) -> None:
+        if self._observers:
+            self._observers.on_durable(record, self._clock())
+
     def _fail_rank(self, tracker: AttemptTracker, rank: int, exc_type: str, message: str) -> None:
         state = tracker.ranks[rank]
         tracker.fail(WorkerFailure(
             rank=rank, node=state.node_name, pid=state.pid, phase=Phase.TRAINING, time=self._clock(),
             exc_type=exc_type, message=message, kind=FailureKind.COMMIT))
+
+
+def _holders(tracker: AttemptTracker, ranks: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+    """The node holding each rank's shard in its memory tier: node id -> its ranks, in rank order."""
+    holders: dict[str, list[int]] = {}
+    for rank in ranks:
+        holders.setdefault(tracker.ranks[rank].assignment.node_id, []).append(rank)
+    return {node_id: tuple(node_ranks) for node_id, node_ranks in holders.items()}

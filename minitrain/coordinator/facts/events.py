@@ -26,6 +26,18 @@ class AgentLost(RunEvent):
 
 
 @dataclass(frozen=True, slots=True)
+class ShardsPersisted(RunEvent):
+    """The agent of `node_id` wrote the shards of `ranks` of checkpoint `dir_name` (attempt `attempt`)
+    from its memory tier to the run's staging area; `error` (non-empty) when it gave up after retries."""
+
+    node_id: str
+    attempt: int
+    dir_name: str
+    ranks: tuple[int, ...]
+    error: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeWarmed(RunEvent):
     """The agent of `node_id` (on its stream `stream`) answered a warm-up for a start: its fork server
     is `ready`, or there will be none (`detail` says why)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 from minitrain import commands as cmd
 from minitrain.coordinator.facts import events as ev
@@ -35,15 +35,19 @@ class LaunchSettings:
     worker_env: Mapping[str, str]
     relay: bool = False  # the workers' streams go through their agents' relays
     preemption_signals: tuple[str, ...] = ()  # what the agents report as preemptions (FailureConfig)
+    memory_tier_bytes: int = 0  # each node's memory tier: 0 none, -1 the host's default (CheckpointConfig)
+    storage: bytes = b""  # the run's Storage, pickled: where the agents persist their tiers' shards
 
 
 @dataclass(frozen=True)
 class ResumePoint:
-    """Where an attempt's workers take over: the latest committed checkpoint and the report count."""
+    """Where an attempt's workers take over: the latest committed checkpoint and the report count;
+    `restore`: that checkpoint's shards in the memory tiers, when they are there."""
 
     checkpoint_dir: str  # "" when nothing is committed yet
     report_index_base: int
     committed_dir_names: tuple[str, ...]
+    restore: Optional[cmd.RestoreView] = None
 
 
 class WorkerGroup:
@@ -83,6 +87,9 @@ class WorkerGroup:
                 env=node_env(settings.worker_env, nodes[node_id], node_assignments),
                 relay=settings.relay,
                 preemption_signals=settings.preemption_signals,
+                memory_tier_bytes=settings.memory_tier_bytes,
+                storage=settings.storage,
+                restore=resume.restore,
             )
             if not outbox.to_agent(node_id, command):
                 group.tracker.on_node_lost(node_id, "its stream closed before the workers started", clock())

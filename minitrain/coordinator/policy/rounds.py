@@ -25,6 +25,7 @@ class CompletedRound:
     metrics_by_rank: dict  # rank -> the metrics it reported, as given to `add` (the coordinator: JSON text)
     staged_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their staging directory
     ack_ranks: tuple[int, ...] = ()  # ranks waiting for this round's commit
+    tier_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their node's memory tier
 
 
 @dataclass
@@ -33,6 +34,7 @@ class _Pending:
     dir_names: dict = field(default_factory=dict)  # rank -> checkpoint dir name
     staged: list = field(default_factory=list)  # ranks that uploaded to staging
     acks: list = field(default_factory=list)  # ranks that wait for the commit
+    tier: list = field(default_factory=list)  # ranks whose files are in their node's memory tier
 
 
 class RoundTracker:
@@ -50,11 +52,12 @@ class RoundTracker:
         return self._next
 
     def add(self, rank: int, round_: int, metrics: object, checkpoint_dir_name: str, *, staged: bool = False,
-            wants_ack: bool = False) -> list[CompletedRound]:
+            wants_ack: bool = False, in_tier: bool = False) -> list[CompletedRound]:
         """Record one report; returns the rounds it completed, in order. RoundConflict on disagreement.
         `metrics` is kept as it is and handed back in `CompletedRound.metrics_by_rank`.
-        `staged`: its checkpoint files wait in the rank's staging directory; `wants_ack`: the rank
-        waits for the round's commit (both are handed back in the CompletedRound)."""
+        `staged`: its checkpoint files wait in the rank's staging directory; `in_tier`: in its node's
+        memory tier; `wants_ack`: the rank waits for the round's commit (all handed back in the
+        CompletedRound)."""
         pending = self._pending.setdefault(round_, _Pending())
         pending.metrics[rank] = metrics
         if wants_ack:
@@ -70,6 +73,8 @@ class RoundTracker:
             pending.dir_names[rank] = checkpoint_dir_name
             if staged:
                 pending.staged.append(rank)
+            elif in_tier:
+                pending.tier.append(rank)
         return self._release()
 
     def finish(self, rank: int, rounds_reported: int) -> list[CompletedRound]:
@@ -105,7 +110,8 @@ class RoundTracker:
                 break
             names = set(pending.dir_names.values())
             done.append(CompletedRound(self._next, names.pop() if names else "", pending.metrics,
-                                       tuple(sorted(pending.staged)), tuple(pending.acks)))
+                                       tuple(sorted(pending.staged)), tuple(pending.acks),
+                                       tuple(sorted(pending.tier))))
             del self._pending[self._next]
             self._next += 1
         return done

@@ -356,6 +356,10 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
         signalled = message.preemption
         self._events.put(ev.PreemptionSignalled(message.node_id, signalled.signal, signalled.received_at))
 
+    def _persisted(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        p = message.persisted
+        self._events.put(ev.ShardsPersisted(message.node_id, p.attempt, p.dir_name, tuple(p.ranks), p.error))
+
     def _warmed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
         warmed = message.warmed
         self._events.put(ev.NodeWarmed(message.node_id, link.number, warmed.ready, warmed.detail))
@@ -483,5 +487,6 @@ _AGENT_HANDLERS: dict[str, Callable[[CoordinatorService, pb.AgentMessage, object
     "exited": CoordinatorService._exited,
     "preemption": CoordinatorService._preemption,
     "warmed": CoordinatorService._warmed,
+    "persisted": CoordinatorService._persisted,
     "stack_dump": CoordinatorService._stack_dump,
 }

@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption", "warmed", "batch")
+    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption", "warmed", "batch", "persisted")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +37,7 @@ class AgentMessage(_message.Message):
     PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     WARMED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    PERSISTED_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     sent_at: float
@@ -50,7 +51,20 @@ class AgentMessage(_message.Message):
     preemption: PreemptionSignal
     warmed: WarmedUp
     batch: AgentBatch
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ..., warmed: _Optional[_Union[WarmedUp, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ...) -> None: ...
+    persisted: ShardsPersisted
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ..., warmed: _Optional[_Union[WarmedUp, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ..., persisted: _Optional[_Union[ShardsPersisted, _Mapping]] = ...) -> None: ...
+
+class ShardsPersisted(_message.Message):
+    __slots__ = ("attempt", "dir_name", "ranks", "error")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    dir_name: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    error: str
+    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ...) -> None: ...
 
 class AgentBatch(_message.Message):
     __slots__ = ("messages",)
@@ -195,7 +209,7 @@ class LogLines(_message.Message):
     def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., stderr: _Optional[bool] = ..., lines: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class AgentCommand(_message.Message):
-    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_fork_servers", "relayed")
+    __slots__ = ("start", "stop", "heartbeat", "shutdown", "dump_stacks", "prepare_fork_servers", "relayed", "persist", "drop")
     START_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
@@ -203,6 +217,8 @@ class AgentCommand(_message.Message):
     DUMP_STACKS_FIELD_NUMBER: _ClassVar[int]
     PREPARE_FORK_SERVERS_FIELD_NUMBER: _ClassVar[int]
     RELAYED_FIELD_NUMBER: _ClassVar[int]
+    PERSIST_FIELD_NUMBER: _ClassVar[int]
+    DROP_FIELD_NUMBER: _ClassVar[int]
     start: StartWorkers
     stop: StopWorkers
     heartbeat: Heartbeat
@@ -210,7 +226,9 @@ class AgentCommand(_message.Message):
     dump_stacks: DumpStacks
     prepare_fork_servers: PrepareForkServers
     relayed: RelayedDown
-    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_fork_servers: _Optional[_Union[PrepareForkServers, _Mapping]] = ..., relayed: _Optional[_Union[RelayedDown, _Mapping]] = ...) -> None: ...
+    persist: PersistShards
+    drop: DropShards
+    def __init__(self, start: _Optional[_Union[StartWorkers, _Mapping]] = ..., stop: _Optional[_Union[StopWorkers, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., shutdown: _Optional[_Union[Shutdown, _Mapping]] = ..., dump_stacks: _Optional[_Union[DumpStacks, _Mapping]] = ..., prepare_fork_servers: _Optional[_Union[PrepareForkServers, _Mapping]] = ..., relayed: _Optional[_Union[RelayedDown, _Mapping]] = ..., persist: _Optional[_Union[PersistShards, _Mapping]] = ..., drop: _Optional[_Union[DropShards, _Mapping]] = ...) -> None: ...
 
 class RelayedDown(_message.Message):
     __slots__ = ("items",)
@@ -228,6 +246,40 @@ class RelayedCommand(_message.Message):
     close: bool
     def __init__(self, stream: _Optional[int] = ..., command: _Optional[_Union[WorkerCommand, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
 
+class PersistShards(_message.Message):
+    __slots__ = ("attempt", "dir_name", "ranks")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    dir_name: str
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Shard(_message.Message):
+    __slots__ = ("attempt", "rank", "dir_name")
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    attempt: int
+    rank: int
+    dir_name: str
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., dir_name: _Optional[str] = ...) -> None: ...
+
+class DropShards(_message.Message):
+    __slots__ = ("shards",)
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shards: _containers.RepeatedCompositeFieldContainer[Shard]
+    def __init__(self, shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ...) -> None: ...
+
+class RestoreView(_message.Message):
+    __slots__ = ("dir_name", "shards")
+    DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    dir_name: str
+    shards: _containers.RepeatedCompositeFieldContainer[Shard]
+    def __init__(self, dir_name: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ...) -> None: ...
+
 class DumpStacks(_message.Message):
     __slots__ = ("attempt",)
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
@@ -243,7 +295,7 @@ class WorkerLaunch(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ...) -> None: ...
 
 class StartWorkers(_message.Message):
-    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay", "preemption_signals")
+    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay", "preemption_signals", "memory_tier_bytes", "storage", "restore")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +310,9 @@ class StartWorkers(_message.Message):
     COORDINATOR_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     RELAY_FIELD_NUMBER: _ClassVar[int]
     PREEMPTION_SIGNALS_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_TIER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerLaunch]
     cwd: str
@@ -265,7 +320,10 @@ class StartWorkers(_message.Message):
     coordinator_address: str
     relay: bool
     preemption_signals: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ...) -> None: ...
+    memory_tier_bytes: int
+    storage: bytes
+    restore: RestoreView
+    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ..., memory_tier_bytes: _Optional[int] = ..., storage: _Optional[bytes] = ..., restore: _Optional[_Union[RestoreView, _Mapping]] = ...) -> None: ...
 
 class PrepareForkServers(_message.Message):
     __slots__ = ("count", "for_start", "cwd", "env")
@@ -405,7 +463,7 @@ class PhaseChange(_message.Message):
     def __init__(self, phase: _Optional[_Union[Phase, str]] = ...) -> None: ...
 
 class Report(_message.Message):
-    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack", "staged", "wants_receipt")
+    __slots__ = ("round", "metrics_json", "reported_at", "checkpoint_dir_name", "wants_ack", "staged", "wants_receipt", "in_tier")
     ROUND_FIELD_NUMBER: _ClassVar[int]
     METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
     REPORTED_AT_FIELD_NUMBER: _ClassVar[int]
@@ -413,6 +471,7 @@ class Report(_message.Message):
     WANTS_ACK_FIELD_NUMBER: _ClassVar[int]
     STAGED_FIELD_NUMBER: _ClassVar[int]
     WANTS_RECEIPT_FIELD_NUMBER: _ClassVar[int]
+    IN_TIER_FIELD_NUMBER: _ClassVar[int]
     round: int
     metrics_json: str
     reported_at: float
@@ -420,7 +479,8 @@ class Report(_message.Message):
     wants_ack: bool
     staged: bool
     wants_receipt: bool
-    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ..., staged: _Optional[bool] = ..., wants_receipt: _Optional[bool] = ...) -> None: ...
+    in_tier: bool
+    def __init__(self, round: _Optional[int] = ..., metrics_json: _Optional[str] = ..., reported_at: _Optional[float] = ..., checkpoint_dir_name: _Optional[str] = ..., wants_ack: _Optional[bool] = ..., staged: _Optional[bool] = ..., wants_receipt: _Optional[bool] = ..., in_tier: _Optional[bool] = ...) -> None: ...
 
 class WorkerDone(_message.Message):
     __slots__ = ("finished_at", "reports", "return_value")

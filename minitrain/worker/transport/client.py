@@ -27,14 +27,15 @@ from minitrain.rpc._gen import minitrain_pb2 as pb
 class QueuedReport:
     """One report as `report()` queues it: its fields, no protobuf yet (built by the sender)."""
 
-    __slots__ = ("round", "metrics_json", "reported_at", "dir_name", "staged", "wants_receipt")
+    __slots__ = ("round", "metrics_json", "reported_at", "dir_name", "staged", "in_tier", "wants_receipt")
 
-    def __init__(self, round_: int, metrics_json: str, dir_name: str, staged: bool) -> None:
+    def __init__(self, round_: int, metrics_json: str, dir_name: str, staged: bool, in_tier: bool = False) -> None:
         self.round = round_
         self.metrics_json = metrics_json
         self.reported_at = time.time()
         self.dir_name = dir_name
         self.staged = staged
+        self.in_tier = in_tier
         self.wants_receipt = report_window.wants_receipt(round_)
 
     @property
@@ -48,7 +49,7 @@ class QueuedReport:
         if self.dir_name or self.staged:
             return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at,
                              checkpoint_dir_name=self.dir_name, wants_ack=bool(self.dir_name), staged=self.staged,
-                             wants_receipt=self.wants_receipt)
+                             wants_receipt=self.wants_receipt, in_tier=self.in_tier)
         if self.wants_receipt:
             return pb.Report(round=self.round, metrics_json=self.metrics_json, reported_at=self.reported_at,
                              wants_receipt=True)
@@ -67,7 +68,12 @@ class WorkerClient:
     A transport implements `_queue(item, urgent)` (send `item`, a `pb.WorkerMessage`, a `QueuedReport` or
     END_OF_STREAM, in order, without waiting on the network; `urgent`: someone will wait for an answer)
     and `close`.
+
+    `hands_off_on_put`: a message is out of this process when `put`/`_queue` returns (written to a
+    socket the agent reads even after this process dies), not queued for a sender thread.
     """
+
+    hands_off_on_put = False
 
     def __init__(self, run_id: str, attempt: int, rank: int):
         self.run_id, self.attempt, self.rank = run_id, attempt, rank
@@ -179,11 +185,13 @@ class WorkerClient:
         converting it here costs nothing that matters). Its attempt and rank are this stream's."""
         self._send(telemetry=convert.telemetry_message(sample))
 
-    def report_message(self, round_: int, metrics_json: str, dir_name: str, staged: bool) -> QueuedReport:
+    def report_message(self, round_: int, metrics_json: str, dir_name: str, staged: bool,
+                       in_tier: bool = False) -> QueuedReport:
         """This worker's report `round_` (sent with `put`, maybe later, in order): it waits for a commit
         acknowledgement when it carries a checkpoint (`dir_name`), and for a receipt when the report
-        window asks for one."""
-        return QueuedReport(round_, metrics_json, dir_name, staged)
+        window asks for one. `staged`/`in_tier`: where the checkpoint's files wait (the run's staging
+        area, or the node's memory tier)."""
+        return QueuedReport(round_, metrics_json, dir_name, staged, in_tier)
 
     def put(self, report: QueuedReport) -> None:
         """Queue a report made by `report_message`; returns at once."""

@@ -44,13 +44,16 @@ _REPORT_FIELD = pb.WorkerMessage.DESCRIPTOR.fields_by_name["report"].number
 
 class LocalWorkerClient(WorkerClient):
     """A worker's stream on its agent's relay at `address` ("local:<socket path>"), authenticated with
-    `token`. Raises OSError when the relay cannot be reached.
+    `token`. Raises OSError when the relay cannot be reached. Every message is written when it is put
+    (`hands_off_on_put`): what the kernel holds, the agent reads even after this worker died.
 
     `on_agent_lost(reason)` is called once, on the reader thread, when nothing came from the relay for
     `lease_timeout_s` (> 0; minitrain.lease's LEASE_TIMEOUT_S, shorter only in tests); the stream then
     ends with that reason (every wait raises StreamClosed). None: the stream only ends. The worker process
     passes what ends it (`minitrain.worker.bootstrap`).
     """
+
+    hands_off_on_put = True
 
     def __init__(self, address: str, token: str, run_id: str, attempt: int, rank: int, *,
                  on_agent_lost: Optional[Callable[[str], None]] = None,

@@ -1,0 +1,163 @@
+"""The node agent's memory tier: made at the run's first start, written to storage in the background,
+read back by restarts, emptied on the coordinator's word, removed when the agent ends (L2).
+
+The workers put their checkpoint files into the tier (`minitrain.storage.memory_tier`) and report them;
+once every rank's files of a round are in, the coordinator counts the round committed in memory and
+tells each agent holding a part of it to persist (`PersistShards`). This agent writes those shards to
+the run's staging area on one thread, in the order the commands came (round order), retrying a failing
+storage with backoff for up to MINITRAIN_PERSIST_RETRY_S, and says when they are there
+(`ShardsPersisted`), or that it gave up (with the error, which fails the run's commit by name). The
+coordinator then commits the round on storage (durable). Because the agent, not the worker, does the
+writing, a worker killed at any moment after its report never loses an upload.
+
+A restart's workers read the checkpoint they resume from through the tier's merged view of it
+(`RestoreView`), built by hard links before they start when every shard is here; the coordinator says
+which shards no restart needs any more (`DropShards`). The agent decides none of this.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any, Optional
+
+import cloudpickle
+
+from minitrain import commands as cmd
+from minitrain import knobs
+from minitrain.hosts import hostinfo
+from minitrain.storage.layout import staged_dir
+from minitrain.storage.memory_tier import MemoryTier, default_capacity
+
+logger = logging.getLogger("minitrain.agent")
+
+FIRST_RETRY_S = 0.5
+MAX_RETRY_INTERVAL_S = 10.0
+_STOP = object()
+
+
+class TierKeeper:
+    """One agent's memory tier (none until a start asks for one). `report(attempt, dir_name, ranks,
+    error)` is how persistence results go to the coordinator (the agent's stream's `persisted`)."""
+
+    def __init__(self, report, base: Optional[str] = None):
+        self._report = report
+        self._base = base if base is not None else knobs.MEMORY_TIER_DIR.get()
+        self._retry_s = knobs.PERSIST_RETRY_S.get()
+        self.tier: Optional[MemoryTier] = None
+        self._refused = False  # a start asked for a tier and none could be made: asked once
+        self._storage_spec = b""
+        self._storage: Any = None
+        self._jobs: "queue.Queue" = queue.Queue()
+        self._thread: Optional[threading.Thread] = None
+        self._views: dict[int, tuple[str, str]] = {}  # attempt -> (dir_name, view path)
+
+    def configure(self, start: cmd.StartWorkers) -> Optional[MemoryTier]:
+        """The tier the workers of `start` use: made at the first start that asks for one (its
+        capacity then holds for the agent's life), None when the run has none or it cannot be made
+        here (a warning says why; the workers then upload straight to storage)."""
+        if start.storage:
+            self._storage_spec = start.storage
+        if start.memory_tier_bytes == 0 or self._refused:
+            return self.tier
+        if self.tier is None:
+            capacity = start.memory_tier_bytes
+            if capacity < 0:
+                capacity = default_capacity(self._base, hostinfo.memory_bytes())
+            try:
+                if capacity <= 0:
+                    raise OSError(f"{self._base} has no room for it")
+                self.tier = MemoryTier.create(capacity, self._base)
+            except OSError as exc:
+                self._refused = True
+                logger.warning("no memory tier on this host (%s): checkpoints go straight to storage", exc)
+                return None
+            self._thread = threading.Thread(target=self._persist_loop, name="agent-persist", daemon=True)
+            self._thread.start()
+        return self.tier
+
+    def restore(self, attempt: int, view: Optional[cmd.RestoreView]) -> Optional[tuple[str, str]]:
+        """(dir_name, path) of the merged view of the checkpoint `attempt` resumes from, when every one
+        of its shards is in this tier; None otherwise (the workers read it from storage)."""
+        if view is None or self.tier is None:
+            return None
+        try:
+            path = self.tier.build_view(view.dir_name, [(s.attempt, s.rank) for s in view.shards])
+        except OSError as exc:
+            logger.warning("could not build the view of %s from the memory tier (%s); it is read from "
+                           "storage", view.dir_name, exc)
+            return None
+        if path is None:
+            return None
+        self._views[attempt] = (view.dir_name, path)
+        return view.dir_name, path
+
+    def persist(self, command: cmd.PersistShards) -> None:
+        """Queue the shards for writing to storage, after every earlier command."""
+        if self.tier is None:
+            self._report(command.attempt, command.dir_name, command.ranks, "this host has no memory tier")
+            return
+        self._jobs.put(command)
+
+    def drop(self, command: cmd.DropShards) -> None:
+        """Remove shards no restart needs (they are on storage, or lost for good)."""
+        if self.tier is not None:
+            self.tier.drop((s.attempt, s.rank, s.dir_name) for s in command.shards)
+
+    def close(self) -> None:
+        """Stop persisting (what is queued is dropped: the coordinator waited for what it needed) and
+        remove the tier with everything in it."""
+        if self._thread is not None:
+            self._jobs.put(_STOP)
+            self._thread.join(timeout=5.0)
+        if self.tier is not None:
+            self.tier.destroy()
+
+    # ------------------------------------------------------------------ the persisting thread
+
+    def _persist_loop(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is _STOP:
+                return
+            error = ""
+            try:
+                self._persist(job)
+            except Exception as exc:  # noqa: BLE001 - any storage error, reported by name
+                error = f"{type(exc).__name__}: {exc}"
+            self._report(job.attempt, job.dir_name, job.ranks, error)
+
+    def _persist(self, job: cmd.PersistShards) -> None:
+        tier = self.tier
+        for rank in job.ranks:
+            source = tier.shard_path(job.attempt, rank, job.dir_name)
+            if not tier.has_shard(job.attempt, rank, job.dir_name):
+                raise FileNotFoundError(f"rank {rank}'s shard of {job.dir_name} is not in the memory tier {source}")
+            self._with_retries(lambda: self._storage_of().upload_dir(source, staged_dir(job.attempt, rank,
+                                                                                        job.dir_name)),
+                               f"rank {rank}'s shard of {job.dir_name}")
+
+    def _with_retries(self, action, what: str) -> None:
+        """Run `action` until it succeeds, retrying with doubling pauses for up to the retry budget."""
+        deadline = time.monotonic() + self._retry_s
+        pause = FIRST_RETRY_S
+        while True:
+            try:
+                action()
+                return
+            except Exception as exc:  # noqa: BLE001 - retried, then raised
+                if time.monotonic() + pause > deadline:
+                    raise
+                logger.warning("writing %s to storage failed (%s); retrying in %.1f s", what, exc, pause)
+                time.sleep(pause)
+                pause = min(pause * 2, MAX_RETRY_INTERVAL_S)
+
+    def _storage_of(self) -> Any:
+        if self._storage is None:
+            if not self._storage_spec:
+                raise RuntimeError("the coordinator sent no storage to persist to")
+            # The run's Storage, pickled by the driver and sent on this authenticated stream.
+            self._storage = cloudpickle.loads(self._storage_spec)
+        return self._storage
