@@ -30,11 +30,22 @@ class WorkerLaunch:
 
 @dataclass(frozen=True, slots=True)
 class Shard:
-    """Rank `rank`'s files of checkpoint `dir_name`, reported in attempt `attempt`."""
+    """Rank `rank`'s files of checkpoint `dir_name`, reported in attempt `attempt`; `sources`: the
+    "host:port" of agents whose tiers hold it (where an agent that lacks it fetches it)."""
 
     attempt: int
     rank: int
     dir_name: str
+    sources: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Peer:
+    """Another node's agent, and where its tier takes replicas (`ReplicaReady`)."""
+
+    node_id: str
+    host: str
+    port: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +64,8 @@ class StartWorkers:
     `coordinator_address`: the host:port they dial, "" for the agent's own coordinator address.
     `memory_tier_bytes`: the capacity of the node's memory tier (0: none; -1: the host's default, see
     `minitrain.storage.memory_tier.default_capacity`); `storage`: the run's `Storage`, pickled, where the
-    agent persists its tier's shards; `restore`: what the workers resume from, if it may be in memory."""
+    agent persists its tier's shards; `restore`: what the workers resume from, if it may be in memory;
+    `replicas`: the run has several nodes, so the tier takes other nodes' replicas (`ReplicaReady`)."""
 
     attempt: int
     workers: tuple[WorkerLaunch, ...]
@@ -65,16 +77,19 @@ class StartWorkers:
     memory_tier_bytes: int = 0
     storage: bytes = b""
     restore: Optional[RestoreView] = None
+    replicas: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class PersistShards:
     """Write these shards (`ranks` of checkpoint `dir_name` of `attempt`) from the memory tier to the
-    run's staging area, after every PersistShards before it, and say when they are there."""
+    run's staging area, or, with `to_peer`, into that agent's tier (a replica), after every PersistShards
+    before it, and say when they are there."""
 
     attempt: int
     dir_name: str
     ranks: tuple[int, ...]
+    to_peer: Optional[Peer] = None
 
 
 @dataclass(frozen=True, slots=True)

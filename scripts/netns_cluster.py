@@ -397,8 +397,10 @@ class NetnsCluster:
                  # The hosts share this machine's filesystem: each gets a resource ledger of its own, as a
                  # separate machine has (minitrain.hosts.ledger), so a run's claims on h0 are not h1's, and
                  # a temp directory of its own, removed with the cluster: what an agent killed there leaves
-                 # in it (its relay directory) would otherwise outlive the cluster in /tmp.
-                 f"SetEnv MINITRAIN_LEDGER_DIR={self.ledger_dir(host)} TMPDIR={self.tmp_dir(host)}"]
+                 # in it (its relay directory, its memory tier) would otherwise outlive the cluster in /tmp
+                 # or /dev/shm.
+                 f"SetEnv MINITRAIN_LEDGER_DIR={self.ledger_dir(host)} TMPDIR={self.tmp_dir(host)} "
+                 f"MINITRAIN_MEMORY_TIER_DIR={self.tmp_dir(host)}"]
         if penalties:  # OpenSSH >= 9.8 would block a source after repeated probes/cut connections
             lines.append("PerSourcePenalties no")
         return "".join(line + "\n" for line in lines)

@@ -92,7 +92,8 @@ class NodeAgent:
         self._children_lock = threading.Lock()
         self._unexited: dict[int, int] = {}  # attempt -> its workers on this node that have not exited
         self._descendants: Optional[Descendants] = None  # made by run(): it may create cgroups
-        self._tier = TierKeeper(self._stream.persisted)  # the node's memory tier (minitrain.agent.tier_keeper)
+        # The node's memory tier (minitrain.agent.tier_keeper), and the replicas of other nodes' shards.
+        self._tier = TierKeeper(self._stream.persisted, self._stream.replica_ready, token)
 
     def _node_info(self) -> NodeInfo:
         """This node as the hello describes it: its address is the one on its route to the coordinator."""
@@ -113,6 +114,7 @@ class NodeAgent:
         # Workers forked by the fork server are re-parented to us: they are our children to wait for.
         procs.become_subreaper()
         node = self._node_info()
+        self._tier.node_address = node.address
         # Daemons that workers start (their own sessions) are ended with their attempt: see descendants.py.
         self._descendants = Descendants(self._run_id, self._kept_children, self._children_lock)
         try:

@@ -10,14 +10,21 @@ storage with backoff for up to MINITRAIN_PERSIST_RETRY_S, and says when they are
 coordinator then commits the round on storage (durable). Because the agent, not the worker, does the
 writing, a worker killed at any moment after its report never loses an upload.
 
+On several nodes, the tier also takes the run's other agents' replicas (`minitrain.agent.replication`:
+a `ReplicaServer` on the node's address, announced with `ReplicaReady`), and a PersistShards with
+`to_peer` copies shards into that peer's tier instead of to storage, on the same thread and in the same
+order; the coordinator counts a round committed in memory once it is replicated.
+
 A restart's workers read the checkpoint they resume from through the tier's merged view of it
-(`RestoreView`), built by hard links before they start when every shard is here; the coordinator says
-which shards no restart needs any more (`DropShards`). The agent decides none of this.
+(`RestoreView`), built by hard links before they start once every shard is here (a shard this tier
+lacks is fetched from a peer that holds it); the coordinator says which shards no restart needs any
+more (`DropShards`). The agent decides none of this.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -27,9 +34,10 @@ import cloudpickle
 
 from minitrain import commands as cmd
 from minitrain import knobs
+from minitrain.agent.replication import ReplicaServer, ReplicationError, fetch_dir, push_dir
 from minitrain.hosts import hostinfo
-from minitrain.storage.layout import staged_dir
-from minitrain.storage.memory_tier import MemoryTier, default_capacity
+from minitrain.storage.layout import shard_dir, staged_dir
+from minitrain.storage.memory_tier import MemoryTier, default_capacity, tree_bytes
 
 logger = logging.getLogger("minitrain.agent")
 
@@ -40,10 +48,16 @@ _STOP = object()
 
 class TierKeeper:
     """One agent's memory tier (none until a start asks for one). `report(attempt, dir_name, ranks,
-    error)` is how persistence results go to the coordinator (the agent's stream's `persisted`)."""
+    error, to_peer)` is how persistence results go to the coordinator (the agent's stream's `persisted`),
+    `replica_ready(port)` how its replica server is announced; `token` authenticates replicas, and
+    `node_address` (set once known) is the address the replica server binds."""
 
-    def __init__(self, report, base: Optional[str] = None):
+    def __init__(self, report, replica_ready=None, token: str = "", base: Optional[str] = None):
         self._report = report
+        self._replica_ready = replica_ready
+        self._token = token
+        self.node_address = ""
+        self._replicas: Optional[ReplicaServer] = None
         self._base = base if base is not None else knobs.MEMORY_TIER_DIR.get()
         self._retry_s = knobs.PERSIST_RETRY_S.get()
         self.tier: Optional[MemoryTier] = None
@@ -76,13 +90,30 @@ class TierKeeper:
                 return None
             self._thread = threading.Thread(target=self._persist_loop, name="agent-persist", daemon=True)
             self._thread.start()
+        if start.replicas and self._replicas is None and self.node_address:
+            self._serve_replicas()
         return self.tier
+
+    def _serve_replicas(self) -> None:
+        tier = self.tier
+        server = ReplicaServer(tier.root, self._token, self.node_address, reserve=tier.reserve, release=tier.release)
+        try:
+            port = server.start()
+        except OSError as exc:
+            logger.warning("this node's memory tier takes no replicas (%s): its checkpoints become committed "
+                           "only once on storage", exc)
+            return
+        self._replicas = server
+        if self._replica_ready is not None:
+            self._replica_ready(port)
 
     def restore(self, attempt: int, view: Optional[cmd.RestoreView]) -> Optional[tuple[str, str]]:
         """(dir_name, path) of the merged view of the checkpoint `attempt` resumes from, when every one
         of its shards is in this tier; None otherwise (the workers read it from storage)."""
         if view is None or self.tier is None:
             return None
+        for shard in view.shards:
+            self._fetch_missing(shard)
         try:
             path = self.tier.build_view(view.dir_name, [(s.attempt, s.rank) for s in view.shards])
         except OSError as exc:
@@ -93,6 +124,27 @@ class TierKeeper:
             return None
         self._views[attempt] = (view.dir_name, path)
         return view.dir_name, path
+
+    def _fetch_missing(self, shard: cmd.Shard) -> None:
+        """Fetch a shard this tier lacks from the first of its sources that has it (best effort: a view
+        without it is not built, and the workers read the checkpoint from storage)."""
+        tier = self.tier
+        if tier.has_shard(shard.attempt, shard.rank, shard.dir_name):
+            return
+        target = tier.shard_path(shard.attempt, shard.rank, shard.dir_name)
+        key = shard_dir(shard.attempt, shard.rank, shard.dir_name)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        for source in shard.sources:
+            host, _, port = source.rpartition(":")
+            try:
+                fetch_dir((host.strip("[]"), int(port)), self._token, key, target)
+            except (ReplicationError, OSError, ValueError) as exc:
+                logger.warning("could not fetch %s from %s: %s", key, source, exc)
+                continue
+            if not tier.reserve(key, tree_bytes(target)):
+                tier.drop([(shard.attempt, shard.rank, shard.dir_name)])
+                logger.warning("%s does not fit in this node's memory tier; it is read from storage", key)
+            return
 
     def persist(self, command: cmd.PersistShards) -> None:
         """Queue the shards for writing to storage, after every earlier command."""
@@ -112,6 +164,8 @@ class TierKeeper:
         if self._thread is not None:
             self._jobs.put(_STOP)
             self._thread.join(timeout=5.0)
+        if self._replicas is not None:
+            self._replicas.close()
         if self.tier is not None:
             self.tier.destroy()
 
@@ -124,10 +178,22 @@ class TierKeeper:
                 return
             error = ""
             try:
-                self._persist(job)
-            except Exception as exc:  # noqa: BLE001 - any storage error, reported by name
+                if job.to_peer is not None:
+                    self._replicate(job)
+                else:
+                    self._persist(job)
+            except Exception as exc:  # noqa: BLE001 - any storage or peer error, reported by name
                 error = f"{type(exc).__name__}: {exc}"
-            self._report(job.attempt, job.dir_name, job.ranks, error)
+            self._report(job.attempt, job.dir_name, job.ranks, error,
+                         job.to_peer.node_id if job.to_peer is not None else "")
+
+    def _replicate(self, job: cmd.PersistShards) -> None:
+        tier, peer = self.tier, job.to_peer
+        for rank in job.ranks:
+            if not tier.has_shard(job.attempt, rank, job.dir_name):
+                raise FileNotFoundError(f"rank {rank}'s shard of {job.dir_name} is not in the memory tier")
+            push_dir((peer.host, peer.port), self._token, tier.shard_path(job.attempt, rank, job.dir_name),
+                     shard_dir(job.attempt, rank, job.dir_name))
 
     def _persist(self, job: cmd.PersistShards) -> None:
         tier = self.tier

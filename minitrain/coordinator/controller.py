@@ -414,6 +414,7 @@ class Controller:
         the agents' by the membership."""
         return {**self._current.handlers(), ev.AgentConnected: self._on_agent_connected,
                 ev.ShardsPersisted: self._commits.durability.on_persisted,
+                ev.ReplicaReady: self._on_replica_ready,
                 ev.AgentLost: self._on_agent_lost, ev.NodeWarmed: self._sizes.warmed,
                 ev.Interrupted: self._on_interrupted,
                 ev.PreemptionSignalled: self._preemption.signalled,
@@ -428,6 +429,12 @@ class Controller:
         self._membership.connected(event)
         attempt_runs = self._loop.state in (RunState.STARTING, RunState.RUNNING)
         self._sizes.connected(event.node, self._current.group, attempt_runs)
+
+    def _on_replica_ready(self, event: ev.ReplicaReady) -> None:
+        """A node's tier takes replicas: on its address (the one on its route to the coordinator)."""
+        node = self._membership.nodes.get(event.node_id)
+        if node is not None:
+            self._commits.durability.replica_ready(event.node_id, node.address, event.port)
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""

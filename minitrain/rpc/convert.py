@@ -146,18 +146,26 @@ def exited_fields(exited: pb.WorkerExited) -> dict:
 
 
 def _shards(shards) -> list:
-    return [pb.Shard(attempt=s.attempt, rank=s.rank, dir_name=s.dir_name) for s in shards]
+    return [pb.Shard(attempt=s.attempt, rank=s.rank, dir_name=s.dir_name, sources=list(s.sources)) for s in shards]
 
 
 def _shard_records(shards) -> tuple[cmd.Shard, ...]:
-    return tuple(cmd.Shard(s.attempt, s.rank, s.dir_name) for s in shards)
+    return tuple(cmd.Shard(s.attempt, s.rank, s.dir_name, tuple(s.sources)) for s in shards)
+
+
+def _persist(c: cmd.PersistShards) -> pb.AgentCommand:
+    persist = pb.PersistShards(attempt=c.attempt, dir_name=c.dir_name, ranks=list(c.ranks))
+    if c.to_peer is not None:
+        persist.to_peer.CopyFrom(pb.Peer(node_id=c.to_peer.node_id, host=c.to_peer.host, port=c.to_peer.port))
+    return pb.AgentCommand(persist=persist)
 
 
 def _start_workers(c: cmd.StartWorkers) -> pb.AgentCommand:
     start = pb.StartWorkers(
         attempt=c.attempt, workers=[pb.WorkerLaunch(rank=w.rank, local_rank=w.local_rank) for w in c.workers],
         cwd=c.cwd, env=dict(c.env), relay=c.relay, coordinator_address=c.coordinator_address,
-        preemption_signals=list(c.preemption_signals), memory_tier_bytes=c.memory_tier_bytes, storage=c.storage)
+        preemption_signals=list(c.preemption_signals), memory_tier_bytes=c.memory_tier_bytes, storage=c.storage,
+        replicas=c.replicas)
     if c.restore is not None:
         start.restore.CopyFrom(pb.RestoreView(dir_name=c.restore.dir_name, shards=_shards(c.restore.shards)))
     return pb.AgentCommand(start=start)
@@ -170,8 +178,7 @@ _AGENT_COMMANDS: dict[type, Callable[..., pb.AgentCommand]] = {
     cmd.PrepareForkServers: lambda c: pb.AgentCommand(prepare_fork_servers=pb.PrepareForkServers(
         count=c.count, for_start=c.env is not None, cwd=c.cwd, env=dict(c.env or {}))),
     cmd.Shutdown: lambda c: pb.AgentCommand(shutdown=pb.Shutdown(reason=c.reason, preempted=c.preempted)),
-    cmd.PersistShards: lambda c: pb.AgentCommand(persist=pb.PersistShards(
-        attempt=c.attempt, dir_name=c.dir_name, ranks=list(c.ranks))),
+    cmd.PersistShards: _persist,
     cmd.DropShards: lambda c: pb.AgentCommand(drop=pb.DropShards(shards=_shards(c.shards))),
 }
 
@@ -191,7 +198,7 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
             attempt=s.attempt, workers=tuple(cmd.WorkerLaunch(w.rank, w.local_rank) for w in s.workers),
             cwd=s.cwd, env=dict(s.env), relay=s.relay, coordinator_address=s.coordinator_address,
             preemption_signals=tuple(s.preemption_signals), memory_tier_bytes=s.memory_tier_bytes,
-            storage=s.storage,
+            storage=s.storage, replicas=s.replicas,
             restore=cmd.RestoreView(s.restore.dir_name, _shard_records(s.restore.shards))
             if s.HasField("restore") else None)
     if kind == "stop":
@@ -205,7 +212,8 @@ def agent_command_from_message(message: pb.AgentCommand) -> Optional[cmd.AgentCo
         return cmd.Shutdown(reason=message.shutdown.reason, preempted=message.shutdown.preempted)
     if kind == "persist":
         p = message.persist
-        return cmd.PersistShards(attempt=p.attempt, dir_name=p.dir_name, ranks=tuple(p.ranks))
+        peer = cmd.Peer(p.to_peer.node_id, p.to_peer.host, p.to_peer.port) if p.HasField("to_peer") else None
+        return cmd.PersistShards(attempt=p.attempt, dir_name=p.dir_name, ranks=tuple(p.ranks), to_peer=peer)
     if kind == "drop":
         return cmd.DropShards(_shard_records(message.drop.shards))
     return None

@@ -197,6 +197,60 @@ def test_sigkill_of_one_hosts_agent_with_no_room_left_fails_naming_the_host(netn
     assert wait_until_gone(pids, 20) == []
 
 
+def train_checkpoint_then_lose_host_1(config):
+    import tempfile
+
+    import torch.distributed as dist
+
+    context = minitrain.get_context()
+    rank = context.get_world_rank()
+    checkpoint = minitrain.get_checkpoint()
+    if checkpoint is not None:  # the restart: what it resumes from, and where it reads it
+        with checkpoint.as_directory() as directory:
+            files = {name: open(os.path.join(directory, name)).read() for name in sorted(os.listdir(directory))}
+        with open(os.path.join(config["out"], f"resumed_{rank}.json"), "w") as handle:
+            json.dump({"path": checkpoint.path, "files": files, "host": context.get_node_rank()}, handle)
+        minitrain.report({"resumed": True})
+        return
+    with tempfile.TemporaryDirectory() as directory:
+        with open(os.path.join(directory, f"rank{rank}.txt"), "w") as handle:
+            handle.write(f"written by rank {rank} on host {context.get_node_rank()}")
+        minitrain.report({"step": 0}, checkpoint=minitrain.Checkpoint.from_directory(directory))
+    # report() returned on this rank: the round is committed in memory, so replicated to the other host.
+    if context.get_node_rank() == 1 and not os.path.exists(config["marker"]):
+        open(config["marker"], "w").close()
+        os.kill(os.getppid(), signal.SIGKILL)  # this worker's agent, with host h1's memory tier
+        time.sleep(600)
+    dist.barrier()  # held here until the attempt is stopped
+    time.sleep(600)
+
+
+def test_a_lost_host_s_part_of_a_checkpoint_is_restored_from_its_replica(netns_cluster, tmp_path):
+    """One rank per host; the round is committed in memory (replicated), then h1's agent is SIGKILLed with
+    its tier. The restart, on h0 alone, resumes from that round, read from h0's memory tier: rank 1's part
+    comes from the replica h1 had made there, and the round still ends up on storage, whole."""
+    h0, h1 = netns_cluster.hosts
+    _init(netns_cluster)
+    out = tmp_path / "out"
+    out.mkdir()
+    result = TorchTrainer(
+        train_checkpoint_then_lose_host_1,
+        train_loop_config={"out": str(out), "marker": str(tmp_path / "killed")},
+        scaling_config=ScalingConfig(num_workers=2, placement_strategy="SPREAD"),
+        run_config=RunConfig(name="replica", storage_path=str(tmp_path / "results"),
+                             failure_config=FailureConfig(max_failures=1))).fit()
+    assert (tmp_path / "killed").exists()
+    assert result.metrics == {"resumed": True}
+    expected = {f"rank{r}.txt": f"written by rank {r} on host {r}" for r in range(2)}
+    h0_tiers = netns_cluster.tmp_dir(h0)  # where h0's agent keeps its memory tier (its sshd's SetEnv)
+    for rank in range(2):
+        resumed = json.load(open(out / f"resumed_{rank}.json"))
+        assert resumed["host"] == 0 and resumed["files"] == expected
+        assert resumed["path"].startswith(h0_tiers + "/minitrain-tier-"), resumed["path"]  # memory, not storage
+    committed = tmp_path / "results" / "replica" / "checkpoint_000000"
+    assert {name: (committed / name).read_text() for name in os.listdir(committed)} == expected
+
+
 @pytest.mark.parametrize("netns_cluster", [3], indirect=True)
 def test_cutting_a_hosts_link_mid_training_finishes_on_the_other_two(netns_cluster, tmp_path):
     h0, h1, h2 = netns_cluster.hosts

@@ -32,6 +32,9 @@ AGENT_COMMANDS = [
                      storage=b"\x80pickled", restore=cmd.RestoreView("checkpoint_000004", (
                          cmd.Shard(0, 0, "checkpoint_000004"), cmd.Shard(0, 1, "checkpoint_000004")))),
     cmd.PersistShards(attempt=3, dir_name="checkpoint_000007", ranks=(0, 2)),
+    cmd.PersistShards(attempt=0, dir_name="c", ranks=(1,), to_peer=cmd.Peer("node-b", "10.0.0.2", 40123)),
+    cmd.StartWorkers(attempt=4, workers=(), cwd="", env={}, memory_tier_bytes=1 << 30, replicas=True,
+                     restore=cmd.RestoreView("c", (cmd.Shard(3, 0, "c", ("10.0.0.1:4000", "10.0.0.2:4001")),))),
     cmd.DropShards(shards=(cmd.Shard(1, 0, "c"), cmd.Shard(2, 5, "d"))),
     cmd.DropShards(shards=()),
 ]
@@ -81,7 +84,7 @@ def test_every_command_record_is_converted_and_tested():
     for union, tested in ((cmd.AgentCommand, AGENT_COMMANDS), (cmd.WorkerCommand, WORKER_COMMANDS)):
         assert set(typing.get_args(union)) == {type(c) for c in tested}
     records = {obj for obj in vars(cmd).values() if dataclasses.is_dataclass(obj) and obj.__module__ == cmd.__name__}
-    parts = {cmd.WorkerLaunch, cmd.CheckpointEntry, cmd.Shard, cmd.RestoreView}  # carried inside other commands
+    parts = {cmd.WorkerLaunch, cmd.CheckpointEntry, cmd.Shard, cmd.RestoreView, cmd.Peer}  # carried inside other commands
     assert records == set(typing.get_args(cmd.AgentCommand)) | set(typing.get_args(cmd.WorkerCommand)) | parts
 
 

@@ -39,7 +39,7 @@ def test_start_sends_each_node_its_workers_and_a_closed_node_is_lost():
     assert start0 == cmd.StartWorkers(
         attempt=1, workers=(cmd.WorkerLaunch(0, 0), cmd.WorkerLaunch(1, 1)), cwd="/work",
         env={"A": "1", "GLOO_SOCKET_IFNAME": "eth0", "NCCL_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": "1",
-             "CUDA_VISIBLE_DEVICES": "0,1"}, relay=True)
+             "CUDA_VISIBLE_DEVICES": "0,1"}, relay=True, replicas=True)  # two nodes: their tiers replicate
     assert start1.workers == (cmd.WorkerLaunch(2, 0),) and start1.env == {"A": "1"}
     assert group.tracker.ranks[2].exited and not group.tracker.ranks[0].exited  # n1's rank is lost
 

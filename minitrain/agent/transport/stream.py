@@ -264,10 +264,16 @@ class CoordinatorStream:
         """Answer a warm-up for a start: its fork server is `ready`, or there will be none (`detail`)."""
         self._put(warmed=pb.WarmedUp(ready=ready, detail=detail))
 
-    def persisted(self, attempt: int, dir_name: str, ranks: tuple[int, ...], error: str = "") -> None:
-        """Say the shards of `ranks` of checkpoint `dir_name` (attempt `attempt`) are on storage, or,
-        with `error`, that they could not be written there."""
-        self._put(persisted=pb.ShardsPersisted(attempt=attempt, dir_name=dir_name, ranks=list(ranks), error=error))
+    def persisted(self, attempt: int, dir_name: str, ranks: tuple[int, ...], error: str = "",
+                  to_peer: str = "") -> None:
+        """Say the shards of `ranks` of checkpoint `dir_name` (attempt `attempt`) are on storage (or, with
+        `to_peer`, in that node's tier), or, with `error`, that they could not be written there."""
+        self._put(persisted=pb.ShardsPersisted(attempt=attempt, dir_name=dir_name, ranks=list(ranks), error=error,
+                                               to_peer=to_peer))
+
+    def replica_ready(self, port: int) -> None:
+        """Say this node's tier takes replicas on `port` of the node's address."""
+        self._put(replica=pb.ReplicaReady(port=port))
 
     def stack_dump(self, attempt: int, rank: int, text: str) -> None:
         """Send the thread stacks worker `rank` of `attempt` wrote ("" when it wrote none in time)."""

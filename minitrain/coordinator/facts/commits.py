@@ -221,6 +221,7 @@ class Commits:
             index = self._base + done.round
             self.checkpoints.advance_report_index(index + 1)
             record = None
+            held = False
             by_rank = RankMetrics(done.metrics_by_rank, self._world_size)  # parsed when read, once
             if done.checkpoint_dir_name:
                 record = CheckpointRecord(dir_name=done.checkpoint_dir_name, metrics=by_rank[0] or {},
@@ -230,8 +231,9 @@ class Commits:
                 try:
                     self._metrics_log.flush()
                     if done.tier_ranks or self.durability.pending:  # committed in memory; durable later, in order
+                        held = True
                         self.durability.hold(record, tracker.attempt, _holders(tracker, done.tier_ranks),
-                                             done.staged_ranks)
+                                             done.staged_ranks, self._acknowledger(tracker.attempt, done))
                     else:
                         self.checkpoints.commit(record, staged)
                 except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
@@ -247,10 +249,18 @@ class Commits:
                 self.progressed = True
             if self._observers:
                 self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
-            for rank in done.ack_ranks:
-                self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
+            if not held:
+                for rank in done.ack_ranks:
+                    self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
         if completed and self._list_requests:
             self._answer_list_requests()
+
+    def _acknowledger(self, attempt: int, done: CompletedRound) -> Callable[[], None]:
+        """What acknowledges `done`'s waiting ranks, called once its round is committed in memory."""
+        def ack() -> None:
+            for rank in done.ack_ranks:
+                self._outbox.to_worker(attempt, rank, ReportAck(done.round))
+        return ack
 
     def _durability_failed(self, held: HeldRound, why: str) -> None:
         """A round committed in memory cannot become durable: the current attempt's rank 0 fails with

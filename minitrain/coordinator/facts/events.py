@@ -35,6 +35,15 @@ class ShardsPersisted(RunEvent):
     dir_name: str
     ranks: tuple[int, ...]
     error: str = ""
+    to_peer: str = ""  # set: the answer to a copy into that node's tier (a replica), not to storage
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaReady(RunEvent):
+    """The agent of `node_id` takes replicas into its memory tier on `port` of its node's address."""
+
+    node_id: str
+    port: int
 
 
 @dataclass(frozen=True, slots=True)

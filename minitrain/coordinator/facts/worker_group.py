@@ -90,6 +90,7 @@ class WorkerGroup:
                 memory_tier_bytes=settings.memory_tier_bytes,
                 storage=settings.storage,
                 restore=resume.restore,
+                replicas=len(nodes) > 1,
             )
             if not outbox.to_agent(node_id, command):
                 group.tracker.on_node_lost(node_id, "its stream closed before the workers started", clock())

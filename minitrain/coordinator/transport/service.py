@@ -358,7 +358,11 @@ class CoordinatorService(pb_grpc.CoordinatorServicer):
 
     def _persisted(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
         p = message.persisted
-        self._events.put(ev.ShardsPersisted(message.node_id, p.attempt, p.dir_name, tuple(p.ranks), p.error))
+        self._events.put(ev.ShardsPersisted(message.node_id, p.attempt, p.dir_name, tuple(p.ranks), p.error,
+                                            p.to_peer))
+
+    def _replica(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
+        self._events.put(ev.ReplicaReady(message.node_id, message.replica.port))
 
     def _warmed(self, message: pb.AgentMessage, context, link: AgentLink) -> None:
         warmed = message.warmed
@@ -488,5 +492,6 @@ _AGENT_HANDLERS: dict[str, Callable[[CoordinatorService, pb.AgentMessage, object
     "preemption": CoordinatorService._preemption,
     "warmed": CoordinatorService._warmed,
     "persisted": CoordinatorService._persisted,
+    "replica": CoordinatorService._replica,
     "stack_dump": CoordinatorService._stack_dump,
 }

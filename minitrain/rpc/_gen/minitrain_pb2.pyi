@@ -23,7 +23,7 @@ PHASE_CHECKPOINT_UPLOAD: Phase
 PHASE_FINISHING: Phase
 
 class AgentMessage(_message.Message):
-    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption", "warmed", "batch", "persisted")
+    __slots__ = ("run_id", "node_id", "sent_at", "hello", "heartbeat", "spawned", "exited", "logs", "stack_dump", "relayed", "preemption", "warmed", "batch", "persisted", "replica")
     RUN_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class AgentMessage(_message.Message):
     WARMED_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
     PERSISTED_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
     run_id: str
     node_id: str
     sent_at: float
@@ -52,19 +53,28 @@ class AgentMessage(_message.Message):
     warmed: WarmedUp
     batch: AgentBatch
     persisted: ShardsPersisted
-    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ..., warmed: _Optional[_Union[WarmedUp, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ..., persisted: _Optional[_Union[ShardsPersisted, _Mapping]] = ...) -> None: ...
+    replica: ReplicaReady
+    def __init__(self, run_id: _Optional[str] = ..., node_id: _Optional[str] = ..., sent_at: _Optional[float] = ..., hello: _Optional[_Union[AgentHello, _Mapping]] = ..., heartbeat: _Optional[_Union[Heartbeat, _Mapping]] = ..., spawned: _Optional[_Union[WorkerSpawned, _Mapping]] = ..., exited: _Optional[_Union[WorkerExited, _Mapping]] = ..., logs: _Optional[_Union[LogLines, _Mapping]] = ..., stack_dump: _Optional[_Union[StackDump, _Mapping]] = ..., relayed: _Optional[_Union[RelayedUp, _Mapping]] = ..., preemption: _Optional[_Union[PreemptionSignal, _Mapping]] = ..., warmed: _Optional[_Union[WarmedUp, _Mapping]] = ..., batch: _Optional[_Union[AgentBatch, _Mapping]] = ..., persisted: _Optional[_Union[ShardsPersisted, _Mapping]] = ..., replica: _Optional[_Union[ReplicaReady, _Mapping]] = ...) -> None: ...
 
 class ShardsPersisted(_message.Message):
-    __slots__ = ("attempt", "dir_name", "ranks", "error")
+    __slots__ = ("attempt", "dir_name", "ranks", "error", "to_peer")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DIR_NAME_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    TO_PEER_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     dir_name: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
     error: str
-    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ...) -> None: ...
+    to_peer: str
+    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., error: _Optional[str] = ..., to_peer: _Optional[str] = ...) -> None: ...
+
+class ReplicaReady(_message.Message):
+    __slots__ = ("port",)
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    def __init__(self, port: _Optional[int] = ...) -> None: ...
 
 class AgentBatch(_message.Message):
     __slots__ = ("messages",)
@@ -247,24 +257,38 @@ class RelayedCommand(_message.Message):
     def __init__(self, stream: _Optional[int] = ..., command: _Optional[_Union[WorkerCommand, _Mapping]] = ..., close: _Optional[bool] = ...) -> None: ...
 
 class PersistShards(_message.Message):
-    __slots__ = ("attempt", "dir_name", "ranks")
+    __slots__ = ("attempt", "dir_name", "ranks", "to_peer")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     DIR_NAME_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
+    TO_PEER_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     dir_name: str
     ranks: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+    to_peer: Peer
+    def __init__(self, attempt: _Optional[int] = ..., dir_name: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ..., to_peer: _Optional[_Union[Peer, _Mapping]] = ...) -> None: ...
+
+class Peer(_message.Message):
+    __slots__ = ("node_id", "host", "port")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    host: str
+    port: int
+    def __init__(self, node_id: _Optional[str] = ..., host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
-    __slots__ = ("attempt", "rank", "dir_name")
+    __slots__ = ("attempt", "rank", "dir_name", "sources")
     ATTEMPT_FIELD_NUMBER: _ClassVar[int]
     RANK_FIELD_NUMBER: _ClassVar[int]
     DIR_NAME_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     rank: int
     dir_name: str
-    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., dir_name: _Optional[str] = ...) -> None: ...
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, attempt: _Optional[int] = ..., rank: _Optional[int] = ..., dir_name: _Optional[str] = ..., sources: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class DropShards(_message.Message):
     __slots__ = ("shards",)
@@ -295,7 +319,7 @@ class WorkerLaunch(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ...) -> None: ...
 
 class StartWorkers(_message.Message):
-    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay", "preemption_signals", "memory_tier_bytes", "storage", "restore")
+    __slots__ = ("attempt", "workers", "cwd", "env", "coordinator_address", "relay", "preemption_signals", "memory_tier_bytes", "storage", "restore", "replicas")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -313,6 +337,7 @@ class StartWorkers(_message.Message):
     MEMORY_TIER_BYTES_FIELD_NUMBER: _ClassVar[int]
     STORAGE_FIELD_NUMBER: _ClassVar[int]
     RESTORE_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
     attempt: int
     workers: _containers.RepeatedCompositeFieldContainer[WorkerLaunch]
     cwd: str
@@ -323,7 +348,8 @@ class StartWorkers(_message.Message):
     memory_tier_bytes: int
     storage: bytes
     restore: RestoreView
-    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ..., memory_tier_bytes: _Optional[int] = ..., storage: _Optional[bytes] = ..., restore: _Optional[_Union[RestoreView, _Mapping]] = ...) -> None: ...
+    replicas: bool
+    def __init__(self, attempt: _Optional[int] = ..., workers: _Optional[_Iterable[_Union[WorkerLaunch, _Mapping]]] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., coordinator_address: _Optional[str] = ..., relay: _Optional[bool] = ..., preemption_signals: _Optional[_Iterable[str]] = ..., memory_tier_bytes: _Optional[int] = ..., storage: _Optional[bytes] = ..., restore: _Optional[_Union[RestoreView, _Mapping]] = ..., replicas: _Optional[bool] = ...) -> None: ...
 
 class PrepareForkServers(_message.Message):
     __slots__ = ("count", "for_start", "cwd", "env")
