@@ -16,6 +16,10 @@ Workloads (each module's docstring says exactly what it measures and how):
   restart     worker SIGKILL -> first line and first step of the new attempt, vs torchrun --max-restarts; and
               a crash at the first line of the first attempt (the fork server still cold)
   checkpoint  checkpoint persist (1 GiB, local disk) vs two concurrent `cp`
+  memory_tier the node agent's memory tier, 2 ranks x 1 GiB (S3 storage: moto on loopback): report()
+              blocking (tier SYNC/ASYNC, no tier) vs 2 concurrent copies into /dev/shm; restart ->
+              checkpoint read from the tier (and from S3) vs reading /dev/shm; memory commit -> durable
+              vs s3fs put (S3) and `cp -r` (local disk)
   ddp         steady-state DDP steps/s (2 CPU workers, small MLP) vs the same loop under torchrun
   detect      agent SIGKILL and SIGSTOP (silent) -> the coordinator knows, and the new attempt's first step
   async       step time with an ASYNC checkpoint every step vs the same loop without checkpoints
@@ -54,8 +58,8 @@ from typing import Callable
 from bench.common import BenchError, machine_info, machine_line, say
 from bench.table import Row, WorkloadResult, markdown, plain
 
-ORDER = ("job", "report", "restart", "checkpoint", "ddp", "detect", "async", "ledger", "preempt", "elastic", "scale",
-         "multihost", "slurm", "kubernetes")
+ORDER = ("job", "report", "restart", "checkpoint", "memory_tier", "ddp", "detect", "async", "ledger", "preempt",
+         "elastic", "scale", "multihost", "slurm", "kubernetes")
 OPTIONAL = ("multihost", "slurm", "kubernetes")  # need root and system packages: run only when asked
 DEFAULT = tuple(w for w in ORDER if w not in OPTIONAL)
 KEPT_SUFFIXES = (".txt", ".jsonl", ".log", ".json")
@@ -83,14 +87,17 @@ class Sizes:
     seconds: float
     ledger_rounds: int
     ledger_kills: int
+    tier_size_mib: int  # memory_tier's total over both ranks (what --size-mib sets for it)
 
 
 FULL = Sizes(repeats=5, warmup=True, calls=20000, ddp_steps=1000, restarts=20, early_crashes=5, agent_kills=5,
              agent_stops=5, train_s=5.0, stall_s=60.0, torchrun_runs=3, size_mib=1024, async_steps=40,
-             workers=(64, 256, 1024, 4096), seconds=20.0, ledger_rounds=100, ledger_kills=10)
+             workers=(64, 256, 1024, 4096), seconds=20.0, ledger_rounds=100, ledger_kills=10,
+             tier_size_mib=2048)
 QUICK = Sizes(repeats=1, warmup=False, calls=2000, ddp_steps=50, restarts=1, early_crashes=1, agent_kills=1,
               agent_stops=1, train_s=1.0, stall_s=30.0, torchrun_runs=1, size_mib=16, async_steps=4,
-              workers=(64,), seconds=3.0, ledger_rounds=3, ledger_kills=1)
+              workers=(64,), seconds=3.0, ledger_rounds=3, ledger_kills=1,
+              tier_size_mib=32)
 
 
 def _sizes(args: argparse.Namespace) -> dict:
@@ -128,6 +135,18 @@ def _run_checkpoint(tmp, s, args):
 
     drop = not (args.no_drop_caches or args.quick)  # dropping the page cache would slow whatever runs beside
     return checkpoint_workload(tmp, s["size_mib"], max(1, min(s["repeats"], 3)), drop)
+
+
+def _run_memory_tier(tmp, s, args):
+    from bench.memory_tier import memory_tier_workload
+
+    return memory_tier_workload(tmp, tier_total_mib(s, args), max(1, min(s["repeats"], 3)))
+
+
+def tier_total_mib(s: dict, args: argparse.Namespace) -> int:
+    """memory_tier's checkpoint size over both ranks: `--size-mib` when given (the total, as for checkpoint),
+    else its own default (2048: 1024 MiB per rank; 32 with --quick)."""
+    return args.size_mib if args.size_mib is not None else s["tier_size_mib"]
 
 
 def _run_ddp(tmp, s, args):
@@ -197,7 +216,8 @@ def _run_kubernetes(tmp, s, args):
 
 
 RUNNERS: dict[str, Callable] = {"job": _run_job, "report": _run_report, "restart": _run_restart,
-                                "checkpoint": _run_checkpoint, "ddp": _run_ddp, "detect": _run_detect,
+                                "checkpoint": _run_checkpoint, "memory_tier": _run_memory_tier, "ddp": _run_ddp,
+                                "detect": _run_detect,
                                 "async": _run_async, "ledger": _run_ledger, "preempt": _run_preempt,
                                 "elastic": _run_elastic,
                                 "scale": _run_scale, "multihost": _run_multihost, "slurm": _run_slurm,
@@ -233,7 +253,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="tiny sizes, 1 repetition, no warm-up (used by CI)")
     p.add_argument("--only", type=_selection, help=f"comma-separated workloads (default: {','.join(DEFAULT)})")
     p.add_argument("--repeats", type=int, help="repetitions of job, ddp (default 5), elastic (at most 5), "
-                                               "checkpoint, async, multihost and slurm (at most 3)")
+                                               "checkpoint, memory_tier, async, multihost and slurm (at most 3)")
     p.add_argument("--json", metavar="PATH", help="also write every figure, the rows and the table as JSON")
     p.add_argument("--tmp-dir", metavar="DIR", help="where the temporary directory goes (its disk is measured)")
     p.add_argument("--save-logs", metavar="DIR", help="keep every job's outputs and records (and profiles) in DIR")
@@ -249,7 +269,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--train-s", type=float, help="restart, detect: seconds of training per attempt (default 5)")
     p.add_argument("--stall-s", type=float, help="restart, detect: stop a job idle this long (default 60; torchrun's "
                    "jobs at most 60)")
-    p.add_argument("--size-mib", type=int, help="checkpoint, preempt: total checkpoint size (default 1024)")
+    p.add_argument("--size-mib", type=int, help="checkpoint, preempt, memory_tier: total checkpoint size over both "
+                                                "ranks (default 1024; memory_tier 2048, i.e. 1024 per rank)")
     p.add_argument("--no-drop-caches", action="store_true", help="checkpoint: keep the page cache between runs")
     p.add_argument("--async-steps", type=int, help="async: timed steps per variant and job (default 40)")
     p.add_argument("--resize-interval-s", type=float, default=3.0,

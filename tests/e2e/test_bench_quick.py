@@ -125,6 +125,27 @@ def test_checkpoint_and_async_quick(tmp_path):
 
 
 @pytest.mark.e2e
+def test_memory_tier_quick(tmp_path):
+    workloads, _ = run_quick(tmp_path, "memory_tier")
+    figures = workloads["memory_tier"]["figures"]
+    assert figures["per_rank_mib"] * 2 == cli.QUICK.tier_size_mib and figures["repeats"] == 1
+    # Every round went where it was meant to (the tier, or the worker's own upload: checked by the
+    # workload) and has its floor; the restarts read from the tier's view and from S3 (checked too).
+    for key in ("tier_sync", "tier_async", "no_tier_sync"):
+        report = figures["report"][key]
+        assert report["report_s"] > 0 and report["floor_s"] > 0 and len(report["per_rep"]) == 1, key
+    assert figures["report"]["tier_sync"]["per_rep"][0]["durable_s"] > 0
+    for key in ("tier", "s3"):
+        assert len(figures["restart"][key]["restarts"]) == 1 and figures["restart"][key]["load_s"] > 0, key
+    for key in ("s3", "local"):
+        assert figures["persist"][key]["mib_s"] > 0 and figures["persist"][key]["peer_mib_s"] > 0, key
+    assert "put_then_move_s" in figures["persist"]["s3"]["peers"][0]
+    assert [row["target"] for row in workloads["memory_tier"]["rows"]] == [
+        "<= 1.2x", "<= 1.2x", "-", "<= 1.2x", "-", ">= 0.9x", ">= 0.9x"]
+    assert not [name for name in os.listdir(figures["tier_base"]) if name.startswith("minitrain-bench-floor-")]
+
+
+@pytest.mark.e2e
 @pytest.mark.timeout(BUSY_MACHINE_TIMEOUT_S + 60)
 def test_restart_quick(tmp_path):
     workloads, _ = run_quick(tmp_path, "restart", "--stall-s", str(BUSY_MACHINE_STALL_S),

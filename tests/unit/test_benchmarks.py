@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from bench import cli
-from bench.common import percentile, summary
+from bench.common import BenchError, percentile, summary
+from bench.memory_tier import per_rank_mib, summarise_restarts, tier_rows
 from bench.restart_analysis import analyse_restarts, parse_log, phases_of_minitrain
 from bench.table import Row, markdown, plain, ratio
 
@@ -86,6 +87,50 @@ def test_command_line_sizes_and_selection():
     for bad in (["--only", "nope"], ["--workers", "100"], ["--workers", "x"]):
         with pytest.raises(SystemExit):
             cli.parser().parse_args(bad)
+
+
+def test_memory_tier_sizes_are_totals_over_both_ranks():
+    assert "memory_tier" in cli.DEFAULT and "memory_tier" in cli.RUNNERS
+    quick = cli.parser().parse_args(["--quick", "--only", "memory_tier"])
+    assert cli.tier_total_mib(cli._sizes(quick), quick) == 32 and per_rank_mib(32) == 16
+    full = cli.parser().parse_args([])
+    assert cli.tier_total_mib(cli._sizes(full), full) == 2048 and per_rank_mib(2048) == 1024
+    given = cli.parser().parse_args(["--size-mib", "512"])  # the total, as for `checkpoint`
+    assert cli.tier_total_mib(cli._sizes(given), given) == 512 and per_rank_mib(512) == 256
+    with pytest.raises(ValueError, match="--size-mib for memory_tier must be a positive multiple of 8"):
+        per_rank_mib(12)
+
+
+def _tier_figures(tier_load_s: float) -> dict:
+    report = {key: {"report_s": r, "floor_s": 1.0, "ratio": r} for key, r in
+              (("tier_sync", 1.1), ("tier_async", 1.3), ("no_tier_sync", 9.0))}
+    persist = {"s3": {"n": 3, "mib_s": 90.0, "peer_mib_s": 200.0, "ratio": 0.45},
+               "local": {"n": 3, "mib_s": 950.0, "peer_mib_s": 1000.0, "ratio": 0.95}}
+    restart = {"tier": {"restarts": [{}] * 3, "load_s": tier_load_s, "floor_s": 0.2, "ratio": tier_load_s / 0.2},
+               "s3": {"restarts": [{}] * 3, "load_s": 2.0, "floor_s": 0.2, "ratio": 10.0}}
+    return {"per_rank_mib": 1024, "repeats": 3, "report": report, "restart": restart, "persist": persist}
+
+
+def test_memory_tier_rows_say_which_targets_were_met():
+    rows = tier_rows(_tier_figures(tier_load_s=0.22))
+    assert [r.workload for r in rows] == ["memory_tier"] * 7
+    assert [r.met for r in rows] == [True, False, None, True, None, False, True]
+    assert [r.target for r in rows] == ["<= 1.2x", "<= 1.2x", "-", "<= 1.2x", "-", ">= 0.9x", ">= 0.9x"]
+    assert "2 ranks x 1024 MiB" in rows[0].measure and rows[3].ratio == "1.10x"
+    assert "9.1x the tier's" in rows[4].measure and rows[5].minitrain == "90 MiB/s"
+    assert tier_rows(_tier_figures(tier_load_s=0.3))[3].met is False
+
+
+def test_memory_tier_refuses_a_restart_that_did_not_read_from_where_it_should():
+    loaded = {"attempt": 1, "bytes": 8, "floor_bytes": 8, "load_s": 0.2, "floor_s": 0.1}
+    view = dict(loaded, path="/dev/shm/minitrain-tier-x1/views/attempt_0/ckpt_0_sync")
+    assert summarise_restarts([view], 8, from_tier=True)["ratio"] == pytest.approx(2.0)
+    with pytest.raises(BenchError, match="not from storage"):
+        summarise_restarts([view], 8, from_tier=False)
+    with pytest.raises(BenchError, match="not from the memory tier"):
+        summarise_restarts([dict(loaded, path="bench-1/no_tier_s3/bench/ckpt_0_sync")], 8, from_tier=True)
+    with pytest.raises(BenchError, match="read 8 bytes"):
+        summarise_restarts([view], 16, from_tier=True)
 
 
 def test_a_tmp_dir_that_does_not_exist_is_refused_before_anything_runs(tmp_path, capsys):
