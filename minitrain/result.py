@@ -64,6 +64,25 @@ class Resize:
         return cls(**{name: entry.get(name) for name in cls.__dataclass_fields__})
 
 
+@dataclass(frozen=True)
+class CheckpointCommit:
+    """One checkpoint a `fit()` committed, at its two levels: `committed_at` (wall clock; in memory when
+    its files went through the nodes' memory tiers: every rank's files there, replicated on several
+    hosts) and `durable_at` (on storage and in the run's index; None if it never got there)."""
+
+    dir_name: str
+    report_index: int
+    attempt: int
+    committed_at: float
+    durable_at: Optional[float]
+
+    @classmethod
+    def from_dict(cls, entry: dict) -> "CheckpointCommit":
+        """From one of `RunMonitor.checkpoints()`' dicts."""
+        return cls(dir_name=entry.get("dir"), report_index=entry.get("index"), attempt=entry.get("attempt"),
+                   committed_at=entry.get("committed_at"), durable_at=entry.get("durable_at"))
+
+
 @dataclass
 class Result:
     """The outcome of a finished run, as `ray.train.Result`.
@@ -75,6 +94,9 @@ class Result:
     `stragglers` lists every rank that was a straggler during the run (a `Straggler` per episode, in
     the order they started; empty when none was, and in local mode). `resizes` lists an elastic run's
     resizes (a `Resize` each, in order; empty for a fixed-size run or one that never changed size).
+    `checkpoint_commits` lists the checkpoints this `fit()` committed, in order, each with when it was
+    committed and when it became durable (a `CheckpointCommit`; docs/guide/checkpoints.md, "The memory
+    tier"); a run that returns has every one of them durable.
 
     `metrics_dataframe` is a pandas DataFrame with one row per rank-0 report, in order (Ray v2 gives
     one row per retained checkpoint only; the full history is what users want to plot). Nested metric
@@ -94,6 +116,7 @@ class Result:
     _metrics_history: Optional[list] = field(default=None, repr=False, compare=False)
     stragglers: list = field(default_factory=list)
     resizes: list = field(default_factory=list)
+    checkpoint_commits: list = field(default_factory=list)
     _shown_filesystem: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

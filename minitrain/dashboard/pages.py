@@ -182,18 +182,21 @@ def attempts_html(attempts: list[dict]) -> str:
 
 
 def checkpoints_html(checkpoints: list[dict]) -> str:
-    """One row per committed checkpoint, with its metrics and whether it is kept."""
+    """One row per committed checkpoint, with its metrics, when it was committed and when it was durable
+    (on storage: "in memory" until then), and whether it is kept."""
     rows = []
     for checkpoint in checkpoints:
         metrics = ", ".join(f"{k}={_value(v)}" for k, v in (checkpoint.get("metrics") or {}).items())
         kept = bool(checkpoint.get("kept"))
+        durable = checkpoint.get("durable_at", "")  # absent: a run recorded before the two levels existed
+        durable_text = "in memory" if durable is None else _clock(durable) if durable else ""
         rows.append(
             f'<tr class="{"kept" if kept else "deleted"}"><td>{_e(checkpoint.get("index"))}</td>'
             f'<td><code>{_e(checkpoint.get("dir"))}</code></td><td>{_e(checkpoint.get("attempt"))}</td>'
-            f'<td>{_e(_clock(checkpoint.get("committed_at")))}</td><td>{_e(metrics)}</td>'
+            f'<td>{_e(_clock(checkpoint.get("committed_at")))}</td><td>{_e(durable_text)}</td><td>{_e(metrics)}</td>'
             f'<td>{"kept" if kept else "deleted"}</td></tr>')
-    return _table("checkpoints", ["Report", "Directory", "Attempt", "Committed", "Metrics", "Kept"], rows,
-                  "no checkpoint committed")
+    return _table("checkpoints", ["Report", "Directory", "Attempt", "Committed", "Durable", "Metrics", "Kept"],
+                  rows, "no checkpoint committed")
 
 
 def parts(view: RunView, live: bool) -> dict[str, str]:

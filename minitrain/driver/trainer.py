@@ -46,7 +46,7 @@ from minitrain.hosts.joining import JoinLauncher
 from minitrain.hosts.launcher import ClusterLauncher
 from minitrain.hosts.ssh import PreflightError, preflight
 from minitrain.records import RunOutcome, RunPayload
-from minitrain.result import Resize, Result, Straggler
+from minitrain.result import CheckpointCommit, Resize, Result, Straggler
 from minitrain.run_state import RunState, ray_status
 from minitrain.storage.filesystem import VALIDATE_MARKER, Storage
 from minitrain.storage.layout import LOGS_DIR
@@ -285,7 +285,8 @@ class DataParallelTrainer:
                 slurm_requeue.requeue_after_preemption(cluster.slurm_job_id)
             raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
-                                stragglers=self._monitor.straggler_history(), resizes=self._monitor.resizes())
+                                stragglers=self._monitor.straggler_history(), resizes=self._monitor.resizes(),
+                                commits=self._monitor.checkpoints())
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
@@ -517,10 +518,11 @@ def _memory_tier_bytes(config) -> int:
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
                      published: Storage, stragglers: Optional[list] = None,
-                     resizes: Optional[list] = None) -> Result:
+                     resizes: Optional[list] = None, commits: Optional[list] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
     error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history);
-    `resizes`: an elastic run's resizes (RunMonitor.resizes)."""
+    `resizes`: an elastic run's resizes (RunMonitor.resizes); `commits`: the checkpoints this fit()
+    committed (RunMonitor.checkpoints)."""
     if outcome.state is not RunState.SUCCEEDED:
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
@@ -548,4 +550,5 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         _metrics_history=history,
         stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
         resizes=[Resize.from_dict(entry) for entry in resizes or ()],
+        checkpoint_commits=[CheckpointCommit.from_dict(entry) for entry in commits or ()],
     )

@@ -17,6 +17,7 @@ the monitor's own (`jsonl_files.JsonlAppender`), at most every `jsonl_files.FLUS
 - `events.jsonl`: one dict a line, {"time", "kind", ...}: kind "run_started" (the `run()` fields
   but the state), "state_changed" ({"previous", "next", "reason", "attempt"}), "attempt_started" /
   "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the `checkpoints()` fields),
+  "checkpoint_durable" ({"dir", "index", "durable_at"}: the checkpoint is on storage and in the index),
   "straggler" (the `stragglers()` fields and "cleared": bool), "resize" (an elastic run's, the
   `resizes()` fields), "run_ended" ({"state", "ended_at"});
   states as `run()` shows them.
@@ -264,13 +265,25 @@ class RunMonitor(RunObserver):
             if round_.checkpoint is not None:
                 c = round_.checkpoint
                 record = {"dir": c.dir_name, "index": c.report_index, "attempt": c.attempt, "metrics": c.metrics,
-                          "committed_at": c.committed_at or round_.completed_at, "kept": True}
+                          "committed_at": c.committed_at or round_.completed_at, "durable_at": None, "kept": True}
                 self._checkpoints.append(record)
                 if kept is not None:
                     for entry in self._checkpoints:
                         entry["kept"] = entry["dir"] in kept
         if record is not None:
             self._event("checkpoint_committed", record["committed_at"], dict(record))
+
+    def on_durable(self, checkpoint, at: float) -> None:
+        fields = {"dir": checkpoint.dir_name, "index": checkpoint.report_index, "durable_at": at}
+        with self._lock:
+            self._mark_durable(fields)
+        self._event("checkpoint_durable", at, fields)
+
+    def _mark_durable(self, fields: dict) -> None:
+        for entry in reversed(self._checkpoints):
+            if entry.get("dir") == fields.get("dir") and entry.get("index") == fields.get("index"):
+                entry["durable_at"] = fields.get("durable_at")
+                return
 
     def on_attempt_end(self, end: AttemptEnd) -> None:
         failures = [{"rank": f.rank, "host": f.node, "kind": f.kind.value,
@@ -371,7 +384,8 @@ class RunMonitor(RunObserver):
 
     def checkpoints(self) -> list[dict]:
         """Committed checkpoints in commit order: {"dir", "index", "attempt", "metrics",
-        "committed_at", "kept"}."""
+        "committed_at", "durable_at", "kept"} (`committed_at`: committed, in memory when the files went
+        through the nodes' memory tiers; `durable_at`: on storage and in the index, None until then)."""
         with self._lock:
             return json.loads(json.dumps(self._checkpoints, default=str))
 
@@ -536,6 +550,8 @@ class RunMonitor(RunObserver):
                     episode["until"] = fields.get("ended_at")
         elif kind == "checkpoint_committed":
             self._checkpoints.append(fields)
+        elif kind == "checkpoint_durable":
+            self._mark_durable(fields)
         elif kind == "resize":
             self._resizes.append(fields)
         elif kind == "straggler":

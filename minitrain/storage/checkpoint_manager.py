@@ -22,12 +22,15 @@ directory that does not exist, raises `CheckpointIndexError` saying how to proce
 Index JSON (Ray's key names where Ray has one; unlike Ray, the version is recorded but not enforced):
     {"minitrain_version": "0.1.0", "format": 2,
      "checkpoint_config": {"num_to_keep": ..., "checkpoint_score_attribute": ..., "checkpoint_score_order": ...},
-     "checkpoint_results": [{"checkpoint_dir_name", "metrics", "report_index", "attempt", "committed_at"}, ...],
+     "checkpoint_results": [{"checkpoint_dir_name", "metrics", "report_index", "attempt", "committed_at",
+                             "durable_at"}, ...],
      "latest_checkpoint_result": {...} or null,
      "current_report_index": 7,
      "created_uncommitted": ["checkpoint_000004", ...],
      "preemptions": 1}
-`checkpoint_results` are the kept checkpoints in manager order (worst first). Directory names are
+`checkpoint_results` are the kept checkpoints in manager order (worst first); each one's `committed_at`
+is when it was committed (in memory, for one that went through the memory tier) and `durable_at` when
+its files and this entry were on storage (absent in indexes written before the tier existed). Directory names are
 relative to the run directory, so the run directory can be moved. Format 1 (no
 `created_uncommitted`) is read as created nothing; an index without `preemptions` (the `fit()`s a
 preemption ended, counted against `FailureConfig.max_preemption_failures`) as none.
@@ -86,7 +89,7 @@ def config_dict(config: CheckpointConfig) -> dict[str, Any]:
 def _record_json(record: CheckpointRecord) -> dict[str, Any]:
     return {"checkpoint_dir_name": record.dir_name, "metrics": record.metrics,
             "report_index": record.report_index, "attempt": record.attempt,
-            "committed_at": record.committed_at}
+            "committed_at": record.committed_at, "durable_at": record.durable_at}
 
 
 class _Shape(Exception):
@@ -110,13 +113,15 @@ def _parse_record(obj: Any, where: str) -> CheckpointRecord:
     metrics = obj.get("metrics")
     if not isinstance(metrics, dict):
         raise _Shape(f"{where}['metrics'] must be an object, got {metrics!r}")
-    committed_at = obj.get("committed_at", 0.0)
-    if isinstance(committed_at, bool) or not isinstance(committed_at, (int, float)) or \
-            not math.isfinite(committed_at):
-        raise _Shape(f"{where}['committed_at'] must be a number, got {committed_at!r}")
+    times = {}
+    for key in ("committed_at", "durable_at"):
+        value = obj.get(key, 0.0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise _Shape(f"{where}[{key!r}] must be a number, got {value!r}")
+        times[key] = float(value)
     return CheckpointRecord(dir_name=dir_name, metrics=metrics,
                             report_index=_int_field(obj, "report_index", where),
-                            attempt=_int_field(obj, "attempt", where), committed_at=float(committed_at))
+                            attempt=_int_field(obj, "attempt", where), **times)
 
 
 def _parse_created(data: dict) -> frozenset[str]:

@@ -36,7 +36,9 @@ class CheckpointRecord:
     `dir_name` is the checkpoint directory relative to the run directory; `metrics` are the rank-0
     metrics of the report that produced it; `report_index` is the run-wide number of that report round
     (it keeps counting across attempts and resumes; higher is more recent) and orders recency;
-    `attempt` is the attempt that produced it; `committed_at` the wall-clock time of the commit.
+    `attempt` is the attempt that produced it; `committed_at` the wall-clock time of the commit (in
+    memory, when its files went through the nodes' memory tiers); `durable_at` when it was on storage
+    and in the index (0.0: not known, as in an index written before the memory tier existed).
     """
 
     dir_name: str
@@ -44,6 +46,7 @@ class CheckpointRecord:
     report_index: int
     attempt: int = 0
     committed_at: float = 0.0
+    durable_at: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

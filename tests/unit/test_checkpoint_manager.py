@@ -109,7 +109,7 @@ def test_disk_holds_exactly_the_kept_checkpoints(any_storage):
     assert [r["checkpoint_dir_name"] for r in index["checkpoint_results"]] == names(manager.records)
     assert index["checkpoint_results"][0] == {"checkpoint_dir_name": "checkpoint_000010",
                                               "metrics": {"epoch": 10, "score": 8}, "report_index": 10,
-                                              "attempt": 0, "committed_at": 1010.0}
+                                              "attempt": 0, "committed_at": 1010.0, "durable_at": 0.0}
     assert index["latest_checkpoint_result"]["checkpoint_dir_name"] == "checkpoint_000010"
     assert index["current_report_index"] == 10
 

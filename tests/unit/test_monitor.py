@@ -132,6 +132,8 @@ def drive(monitor, slow_rank=1, samples=6):
                                        metrics_json=json.dumps({"loss": 1.0 / (index + 1)}), reported_at=30.0 + index))
         checkpoint = CheckpointRecord("checkpoint_000003", {"loss": 0.25}, 3, 1, 33.5) if index == 3 else None
         monitor.on_round(RoundInfo(1, index, ({"loss": 1.0 / (index + 1)}, None), checkpoint, 30.0 + index))
+        if checkpoint is not None:
+            monitor.on_durable(checkpoint, 33.75)  # committed in memory at 33.5, on storage a quarter second on
 
 
 def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog):
@@ -149,7 +151,8 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert failed["failures"][0]["exc_type"] == "ValueError" and failed["restarting"] is True
     assert current["ended_at"] is None and current["hosts"] == ["host0", "host1"]
     assert monitor.checkpoints() == [{"dir": "checkpoint_000003", "index": 3, "attempt": 1,
-                                      "metrics": {"loss": 0.25}, "committed_at": 33.5, "kept": True}]
+                                      "metrics": {"loss": 0.25}, "committed_at": 33.5, "durable_at": 33.75,
+                                      "kept": True}]
     assert [r["index"] for r in monitor.reports()] == [0, 1, 2, 3]
     rank0, rank1 = monitor.ranks()
     assert rank0["gpus"] == [{"index": 0, "util_percent": 80.0, "memory_used_bytes": 1, "memory_total_bytes": 2}]
@@ -177,6 +180,7 @@ def test_the_monitor_shows_the_run_its_ranks_and_its_straggler(tmp_path, caplog)
     assert [e["kind"] for e in events] == ["run_started", "state_changed", "state_changed", "attempt_started",
                                            "state_changed", "state_changed", "attempt_ended", "state_changed",
                                            "attempt_started", "state_changed", "straggler", "checkpoint_committed",
+                                           "checkpoint_durable",
                                            "state_changed", "state_changed", "straggler", "attempt_ended",
                                            "run_ended"]
     # The episode still open when its attempt ended is closed with its last figures (post hoc shows them).

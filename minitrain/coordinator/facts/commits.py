@@ -18,6 +18,7 @@ index. This assumes the training function resumes from `get_checkpoint()`, as Ra
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -99,8 +100,7 @@ class Commits:
         self._furthest: Optional[int] = None
         self.progressed = False  # the current attempt moved `_furthest` on
         # Rounds committed in memory on their way to storage (the two commit levels).
-        self.durability = Durability(lambda record, staged: self.checkpoints.commit(record, staged), outbox,
-                                     self._durability_failed, self._durable)
+        self.durability = Durability(self._commit_durable, outbox, self._durability_failed, self._durable)
         self._tracker: Optional[AttemptTracker] = None  # the current attempt's (`attach`)
 
     @property
@@ -235,7 +235,9 @@ class Commits:
                         self.durability.hold(record, tracker.attempt, _holders(tracker, done.tier_ranks),
                                              done.staged_ranks, self._acknowledger(tracker.attempt, done))
                     else:
+                        record = dataclasses.replace(record, durable_at=record.committed_at)
                         self.checkpoints.commit(record, staged)
+                        self._durable(record)
                 except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
                     self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")
                     return
@@ -268,6 +270,10 @@ class Commits:
         tracker = self._tracker
         if tracker is not None and tracker.ranks:
             self._fail_rank(tracker, 0, "CheckpointNotDurable", why)
+
+    def _commit_durable(self, record: CheckpointRecord, staged: tuple[str, ...]) -> None:
+        """Commit on storage a round that was committed in memory (its `durable_at` is now)."""
+        self.checkpoints.commit(dataclasses.replace(record, durable_at=self._clock()), staged)
 
     def _durable(self, record: CheckpointRecord) -> None:
         if self._observers:
