@@ -60,3 +60,20 @@ def test_every_round_is_released_once_in_order_whatever_the_interleaving(world, 
     for rank in range(world):
         released += [d.round for d in rounds.finish(rank, counts[rank])]
     assert released == list(range(max(counts, default=0)))
+
+
+def test_the_ranks_whose_files_wait_in_their_memory_tiers_are_handed_back_in_rank_order():
+    rounds = RoundTracker(4)
+    rounds.add(3, 0, {}, "c", in_tier=True, wants_ack=True)
+    rounds.add(1, 0, {}, "c", in_tier=True, wants_ack=True)
+    rounds.add(0, 0, {}, "c", staged=True, in_tier=True)  # uploaded to staging: staged, not in a tier
+    (done,) = rounds.add(2, 0, {}, "", in_tier=True)  # no checkpoint: no files anywhere
+    assert done.tier_ranks == (1, 3)
+    assert done.staged_ranks == (0,)
+    assert done.ack_ranks == (3, 1)
+
+
+def test_a_round_without_tier_ranks_hands_back_none():
+    rounds = RoundTracker(1)
+    (done,) = rounds.add(0, 0, {}, "c", staged=True)
+    assert done.tier_ranks == () and done.staged_ranks == (0,)
