@@ -155,10 +155,13 @@ class MemoryTier:
         was written and releases the reservation. Links are followed, as an upload follows them.
         """
         key = shard_dir(attempt, rank, dir_name)
-        if not self.reserve(key, tree_bytes(source)):
-            raise TierFull(f"the memory tier {self.root} holds {self.used_bytes()} of {self.capacity} bytes")
         final = os.path.join(self.root, key)
         incoming = os.path.join(os.path.dirname(final), f".incoming-{uuid.uuid4().hex}")
+        # Reserved under the temporary name while it is written: a shard it replaces keeps its own bytes
+        # reserved until the new one is in place, and a write that fails leaves that one's untouched.
+        pending = f"{key}/{os.path.basename(incoming)}"
+        if not self.reserve(pending, tree_bytes(source)):
+            raise TierFull(f"the memory tier {self.root} holds {self.used_bytes()} of {self.capacity} bytes")
         try:
             os.makedirs(os.path.dirname(final), exist_ok=True)
             same_fs = move and os.stat(source).st_dev == os.stat(self.root).st_dev
@@ -169,8 +172,11 @@ class MemoryTier:
             os.rename(incoming, final)
         except BaseException:
             shutil.rmtree(incoming, ignore_errors=True)
-            self.release(key)
+            self.release(pending)
             raise
+        with self._ledger() as ledger:
+            ledger.entries[key] = ledger.entries.pop(pending, 0)
+            ledger.changed = True
         return final
 
     def has_shard(self, attempt: int, rank: int, dir_name: str) -> bool:
@@ -244,9 +250,12 @@ class _LockedLedger:
             data += chunk
         try:
             entries = json.loads(data or b"{}")
-        except ValueError:
-            entries = {}  # a writer died mid-write: the reservations are rebuilt from what is there
-        self.entries = {str(k): int(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
+            self.entries = {str(k): int(v) for k, v in entries.items()}
+            if any(v < 0 for v in self.entries.values()):
+                raise ValueError("a negative reservation")
+        except (ValueError, TypeError, AttributeError):
+            # A writer died mid-write, or someone else wrote it: the reservations are forgotten.
+            self.entries = {}
         return self
 
     def __exit__(self, *exc) -> None:
@@ -268,6 +277,9 @@ def _names(path: str, prefix: str) -> list[str]:
 
 
 def _rename_file(source: str, destination: str) -> None:
+    if os.path.islink(source):  # a link is followed (its bytes copied), never moved as a link
+        shutil.copyfile(source, destination)
+        return
     try:
         os.rename(source, destination)
     except OSError as exc:

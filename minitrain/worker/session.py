@@ -328,12 +328,12 @@ class WorkerSession:
         if not waits and not self._client.hands_off_on_put:
             message.wants_receipt = True  # queued in this process: out of it only once recorded
         self._client.put(message)
-        started = time.perf_counter()
         if waits:  # committed in memory: every rank's files are in their tiers
-            self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
+            self._wait_for_commit(round_)
         elif message.wants_receipt:
+            started = time.perf_counter()
             self._client.wait_recorded(round_, ACK_TIMEOUT_S)
-        self.phase_seconds["ack_wait_s"] += time.perf_counter() - started
+            self.phase_seconds["ack_wait_s"] += time.perf_counter() - started
         self._checkpoint = self._checkpoint_at(dir_name)
         self._tier_reported = dir_name
         if delete_local:
@@ -366,10 +366,16 @@ class WorkerSession:
     def _send_and_wait(self, round_: int, text: str, dir_name: str, staged: bool) -> None:
         self._tier_reported = None
         self._client.put(self._client.report_message(round_, text, dir_name, staged))
+        self._wait_for_commit(round_)
+        self._checkpoint = self._checkpoint_at(dir_name)
+
+    def _wait_for_commit(self, round_: int) -> None:
+        """Wait until the coordinator committed round `round_` (every rank reported it): a wait on the
+        peers, which the hang detection recognises by this function's name in a rank's stack
+        (minitrain.coordinator.policy.hangs)."""
         started = time.perf_counter()
         self._client.wait_report_ack(round_, ACK_TIMEOUT_S)
         self.phase_seconds["ack_wait_s"] += time.perf_counter() - started
-        self._checkpoint = self._checkpoint_at(dir_name)
 
     def _submit_async(self, round_: int, text: str, checkpoint: Checkpoint, dir_name: str,
                       delete_local: bool, upload_fn: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from minitrain.coordinator.policy.hangs import main_thread_stack, waits_in_collective
+from minitrain.worker.session import WorkerSession
 
 _READER = """Thread 0x00007f28c37fe6c0 (most recent call first):
   File "/usr/lib/python3.11/threading.py", line 331 in wait
@@ -82,7 +83,8 @@ def test_a_rank_whose_checkpoint_report_waits_for_its_round_s_commit_is_a_conseq
   File "/usr/lib/python3.11/threading.py", line 331 in wait
   File "/work/main/minitrain/worker/client.py", line 279 in _wait_until
   File "/work/main/minitrain/worker/client.py", line 296 in wait_report_ack
-  File "/work/main/minitrain/worker/session.py", line 299 in _send_and_wait
+  File "/work/main/minitrain/worker/session.py", line 299 in """ + WorkerSession._wait_for_commit.__name__ + """
+  File "/work/main/minitrain/worker/session.py", line 285 in _put_in_tier
   File "/work/main/minitrain/worker/session.py", line 270 in _report_checkpoint
   File "/work/main/minitrain/worker/session.py", line 160 in report
   File "/tmp/train.py", line 15 in train_func
@@ -90,5 +92,5 @@ def test_a_rank_whose_checkpoint_report_waits_for_its_round_s_commit_is_a_conseq
 """
     assert waits_in_collective(dump)
     # ...but a rank waiting for the report window (the coordinator, not a peer) is not.
-    window = dump.replace("in _send_and_wait", "in _wait_for_window")
+    window = dump.replace(f"in {WorkerSession._wait_for_commit.__name__}", "in _wait_for_window")
     assert not waits_in_collective(window)

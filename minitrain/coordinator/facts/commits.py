@@ -237,6 +237,7 @@ class Commits:
                     else:
                         record = dataclasses.replace(record, durable_at=record.committed_at)
                         self.checkpoints.commit(record, staged)
+                        self.durability.superseded()
                         self._durable(record)
                 except (ValueError, StorageError) as exc:  # a non-numeric score, an empty or vanished dir
                     self._fail_rank(tracker, 0, type(exc).__name__, f"could not commit {record.dir_name}: {exc}")

@@ -120,7 +120,7 @@ class Durability:
         """What a new attempt resumes from when its shards are in the tiers (`latest`): every shard with
         the replica addresses of the live nodes holding it (an agent lacking one fetches it there)."""
         latest = self.latest
-        if latest is None:
+        if latest is None or latest.staged:  # some ranks' files are on storage only: read it there
             return None
         shards = []
         for holder, ranks in sorted(latest.holders.items()):
@@ -153,14 +153,19 @@ class Durability:
         committed in memory."""
         held = HeldRound(record, attempt, dict(holders), tuple(staged), ack)
         self._held.append(held)
-        for node_id, ranks in holders.items():
+        commands = []
+        for node_id, ranks in holders.items():  # every part recorded before anything is sent
             peer = self._peer_of(node_id)
             if peer is not None:
                 held.replicas[node_id] = peer.node_id
                 held.replicating.add(node_id)
-                self._send(node_id, cmd.PersistShards(attempt, record.dir_name, tuple(ranks), to_peer=peer))
+                commands.append((node_id, cmd.PersistShards(attempt, record.dir_name, tuple(ranks), to_peer=peer)))
             held.persisting.add((node_id, tuple(ranks)))
-            self._send(node_id, cmd.PersistShards(attempt, record.dir_name, tuple(ranks)))
+            commands.append((node_id, cmd.PersistShards(attempt, record.dir_name, tuple(ranks))))
+        for node_id, command in commands:
+            if held not in self._held:
+                break  # lost meanwhile (a holder's stream was gone)
+            self._send(node_id, command)
         self._drop_superseded()
         self._acknowledge()
         self._commit_complete()  # a round of staged ranks only, say
@@ -180,7 +185,7 @@ class Durability:
                 held.replicas.pop(event.node_id, None)
                 logger.warning("%s could not be replicated from node %s to node %s (%s); it counts as committed "
                                "once it is on storage", held.dir_name, event.node_id, event.to_peer, event.error)
-            self._acknowledge()
+            self._commit_complete()
             return
         key = (event.node_id, tuple(event.ranks))
         if key not in held.persisting:
@@ -200,6 +205,10 @@ class Durability:
         self._lost_nodes.add(node_id)
         self._replica_ports.pop(node_id, None)
         for held in list(self._held):
+            if node_id in held.replicating:  # its replica was never made: the copy cannot be counted on
+                held.replicating.discard(node_id)
+                held.replicas.pop(node_id, None)
+                held.replication_failed = True
             for holder, replica in list(held.replicas.items()):
                 if replica == node_id:  # the replica is gone; the holder still has the shards
                     held.replicas.pop(holder)
@@ -286,6 +295,13 @@ class Durability:
         previous, self._kept = self._kept, held
         if previous is not None and previous is not held:
             self._drop(previous)
+
+    def superseded(self) -> None:
+        """A newer checkpoint was committed on storage directly (its ranks uploaded it): the round kept in
+        the tiers for restarts is no longer the latest."""
+        if self._kept is not None:
+            self._drop(self._kept)
+            self._kept = None
 
     def _drop_superseded(self) -> None:
         """A newer round is on its way: the durable one kept for restarts is no longer needed."""

@@ -27,7 +27,7 @@ _COLLECTIVE = re.compile(r"torch/distributed/|torch/nn/parallel/distributed\.py|
 # rank reported it), though its innermost frame is a lock's wait: any frame of the main thread counts.
 # Without it, a rank that reported a checkpoint a few ms before a peer hung could be blamed for the hang
 # (its last report arrived first: reports travel in batches, a plain one up to 5 ms later).
-_WAITS_FOR_COMMIT = re.compile(r'minitrain/worker/session\.py", line \d+ in _send_and_wait')
+_WAITS_FOR_COMMIT = re.compile(r'minitrain/worker/session\.py", line \d+ in _wait_for_commit')
 
 
 def main_thread_stack(dump: str) -> str:
