@@ -277,7 +277,9 @@ class NodeAgent:
     def _start_workers(self, start: cmd.StartWorkers) -> None:
         self._warm_up_asked = None  # the start came: it takes the fork server as it is
         key, env = self._worker_env(start.env, start.cwd)
-        tier = self._tier.configure(start)
+        with self._lock:
+            live = frozenset(self._unexited)
+        tier = self._tier.configure(start, live)
         view = self._tier.restore(start.attempt, start.restore)
         checkpoints = {}
         if tier is not None:

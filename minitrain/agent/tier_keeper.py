@@ -67,13 +67,20 @@ class TierKeeper:
         self._jobs: "queue.Queue" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
         self._views: dict[int, tuple[str, str]] = {}  # attempt -> (dir_name, view path)
+        self._local_ranks: dict[int, set[int]] = {}  # attempt -> the ranks started on this node
+        self._pending: set[tuple[int, int, str]] = set()  # shards queued to be written to storage
+        self._pending_lock = threading.Lock()
 
-    def configure(self, start: cmd.StartWorkers) -> Optional[MemoryTier]:
+    def configure(self, start: cmd.StartWorkers, live: frozenset[int] = frozenset()) -> Optional[MemoryTier]:
         """The tier the workers of `start` use: made at the first start that asks for one (its
         capacity then holds for the agent's life), None when the run has none or it cannot be made
-        here (a warning says why; the workers then upload straight to storage)."""
+        here (a warning says why; the workers then upload straight to storage). `live`: the attempts
+        whose workers on this node have not all exited (what they write is theirs, not leftovers)."""
         if start.storage:
             self._storage_spec = start.storage
+        self._local_ranks.setdefault(start.attempt, set()).update(launch.rank for launch in start.workers)
+        if self.tier is not None:
+            self._remove_leftovers(start, live)
         if start.memory_tier_bytes == 0 or self._refused:
             return self.tier
         if self.tier is None:
@@ -93,6 +100,17 @@ class TierKeeper:
         if start.replicas and self._replicas is None and self.node_address:
             self._serve_replicas()
         return self.tier
+
+    def _remove_leftovers(self, start: cmd.StartWorkers, live: frozenset[int]) -> None:
+        """Before a new attempt's workers start (the earlier ones are gone: the coordinator starts an
+        attempt once the last one's processes exited), remove what the earlier ones left in the tier that
+        nothing will read: half-written shards, and rounds of this node's ranks that never completed."""
+        keep = {(s.attempt, s.rank, s.dir_name) for s in (start.restore.shards if start.restore else ())}
+        with self._pending_lock:
+            keep |= self._pending
+        removed = self.tier.remove_leftovers(start.attempt, self._local_ranks, keep, live)
+        if removed:
+            logger.info("removed from the memory tier what earlier attempts left uncommitted: %s", ", ".join(removed))
 
     def _serve_replicas(self) -> None:
         tier = self.tier
@@ -151,6 +169,9 @@ class TierKeeper:
         if self.tier is None:
             self._report(command.attempt, command.dir_name, command.ranks, "this host has no memory tier")
             return
+        if command.to_peer is None:
+            with self._pending_lock:
+                self._pending.update((command.attempt, rank, command.dir_name) for rank in command.ranks)
         self._jobs.put(command)
 
     def drop(self, command: cmd.DropShards) -> None:
@@ -184,6 +205,9 @@ class TierKeeper:
                     self._persist(job)
             except Exception as exc:  # noqa: BLE001 - any storage or peer error, reported by name
                 error = f"{type(exc).__name__}: {exc}"
+            if job.to_peer is None:
+                with self._pending_lock:
+                    self._pending.difference_update((job.attempt, rank, job.dir_name) for rank in job.ranks)
             self._report(job.attempt, job.dir_name, job.ranks, error,
                          job.to_peer.node_id if job.to_peer is not None else "")
 

@@ -184,7 +184,7 @@ class Controller:
                               failed_attempts=tuple(self._failed_attempts),
                               no_progress=stopped_without_progress(self._loop, self._rules),
                               last_round=self._commits.last_round,
-                              not_durable=tuple(self._commits.durability.lost))
+                              not_durable=tuple(self._commits.durability.lost_after(self._latest_durable())))
         if outcome.state is RunState.SUCCEEDED and self._failed_attempts:
             logger.warning("the run succeeded after %d failed attempt(s):\n%s", len(self._failed_attempts),
                            render_failed_attempts(self._failed_attempts))
@@ -391,6 +391,10 @@ class Controller:
         previous = self._current.tracker
         self._current.start(attempt, assignments, {n.node_id: n for n in nodes}, self._spec.launch)
         self._sizes.started(attempt, resize, previous, self._current.tracker)
+
+    def _latest_durable(self) -> Optional[int]:
+        latest = self._commits.checkpoints.latest
+        return None if latest is None else latest.report_index
 
     def _await_durability(self) -> None:
         """Wait until every round committed in memory is durable, taking events meanwhile (the agents'

@@ -192,6 +192,37 @@ class MemoryTier:
             shutil.rmtree(os.path.join(self.root, VIEWS_DIR, f"attempt_{attempt}", dir_name), ignore_errors=True)
             self.release(key)
 
+    def remove_leftovers(self, before_attempt: int, local_ranks: dict[int, set[int]],
+                         keep: set[tuple[int, int, str]], live: frozenset[int] = frozenset()) -> list[str]:
+        """Remove what the workers of attempts before `before_attempt` (but those in `live`, whose
+        workers on this node have not all exited) left behind, once they are all gone: shards still being written when their writer died (`.incoming-*`, and their reservations),
+        and the shards of this node's own ranks (`local_ranks`: attempt -> ranks started here) that are
+        not in `keep` (waiting to be written to storage, or read by the next attempt): rounds that never
+        completed. Replicas of other nodes' shards are left alone (the coordinator drops them). Returns
+        the shard keys removed."""
+        removed = []
+        for attempt_name in _names(self.root, "attempt_"):
+            attempt = int(attempt_name[8:])
+            if attempt >= before_attempt or attempt in live:
+                continue
+            for rank_name in _names(os.path.join(self.root, attempt_name), "rank_"):
+                rank = int(rank_name[5:])
+                rank_dir = os.path.join(self.root, attempt_name, rank_name)
+                for name in os.listdir(rank_dir):
+                    if name.startswith(".incoming-"):
+                        shutil.rmtree(os.path.join(rank_dir, name), ignore_errors=True)
+                    elif rank in local_ranks.get(attempt, ()) and (attempt, rank, name) not in keep:
+                        self.drop([(attempt, rank, name)])
+                        removed.append(shard_dir(attempt, rank, name))
+        with self._ledger() as ledger:
+            for key in [key for key in ledger.entries if "/.incoming-" in key]:
+                attempt_name = key.split("/", 1)[0]
+                if attempt_name[8:].isdigit() and int(attempt_name[8:]) < before_attempt and \
+                        int(attempt_name[8:]) not in live:
+                    del ledger.entries[key]
+                    ledger.changed = True
+        return removed
+
     def shards(self) -> list[tuple[int, int, str]]:
         """Every complete shard in the tier, as `(attempt, rank, dir_name)`."""
         found = []

@@ -477,3 +477,24 @@ def test_a_ledger_holding_a_non_number_is_forgotten_not_fatal(tmp_path, ledger):
         assert tier.reserve("attempt_0/rank_1/ckpt", 60)
     finally:
         tier.destroy()
+
+
+def test_what_dead_writers_of_earlier_attempts_left_is_removed_and_nothing_else(tier, tmp_path):
+    """Before an attempt starts, its node removes half-written shards of earlier attempts (a worker killed
+    during the copy into the tier) with their reservations, and the shards of its own ranks of rounds that
+    never completed; it keeps what waits to be persisted, what the restart reads, replicas of other nodes'
+    ranks, and everything of an attempt whose workers here are still alive."""
+    source = make_dir(tmp_path / "src", {"w.bin": b"x" * 10})
+    for attempt, rank, name in ((0, 0, "ckpt_a"), (0, 0, "ckpt_b"), (0, 0, "ckpt_c"), (0, 5, "ckpt_a"),
+                                (1, 0, "ckpt_d")):
+        tier.write_shard(attempt, rank, name, source)
+    # A writer of attempt 0 killed in the middle of its copy: its temporary directory and reservation.
+    half = os.path.join(os.path.dirname(tier.shard_path(0, 1, "ckpt_e")), ".incoming-dead")
+    os.makedirs(half)
+    assert tier.reserve("attempt_0/rank_1/ckpt_e/.incoming-dead", 10)
+    removed = tier.remove_leftovers(2, local_ranks={0: {0, 1}, 1: {0}},
+                                    keep={(0, 0, "ckpt_a"), (0, 0, "ckpt_b")}, live=frozenset({1}))
+    assert removed == ["attempt_0/rank_0/ckpt_c"]
+    assert tier.shards() == [(0, 0, "ckpt_a"), (0, 0, "ckpt_b"), (0, 5, "ckpt_a"), (1, 0, "ckpt_d")]
+    assert not os.path.exists(half)
+    assert tier.used_bytes() == 4 * 10  # the dead writer's and the dropped shard's bytes are free again

@@ -206,7 +206,13 @@ class Commits:
     def delete_uncommitted(self) -> None:
         """Before an attempt and after the run: delete what earlier attempts left that the run created
         and never committed. A failure here costs nothing committed (a stale writer of a lost node may
-        still be writing into its staging directory), so it is logged, not raised."""
+        still be writing into its staging directory), so it is logged, not raised. Nothing is deleted
+        while rounds committed in memory are being written to storage: their agents write into the
+        staging area now (the end of the run, after they are durable, deletes what is left)."""
+        if self.durability.pending:
+            logger.debug("keeping the staging area: %d round(s) are being written to storage",
+                         len(self.durability.pending))
+            return
         try:
             garbage = self.checkpoints.delete_garbage()
         except Exception as exc:  # noqa: BLE001 - storage errors of any filesystem

@@ -96,9 +96,20 @@ class Durability:
         self._kept: Optional[HeldRound] = None  # the latest round, durable and still in the tiers
         self._replica_ports: dict[str, tuple[str, int]] = {}  # node -> (host, port) its tier takes replicas on
         self._lost_nodes: set[str] = set()
-        self.lost: list[str] = []  # why rounds committed in memory never became durable, in order
+        self._lost: list[tuple[int, str]] = []  # (report index, why) of rounds that never became durable
 
     # ------------------------------------------------------------------ what is known
+
+    @property
+    def lost(self) -> list[str]:
+        """Why rounds committed in memory never became durable, in the order they were lost."""
+        return [why for _, why in self._lost]
+
+    def lost_after(self, report_index: Optional[int]) -> list[str]:
+        """Why the rounds lost after the run's latest durable checkpoint (`report_index`, None: none)
+        never became durable: what the run's result would miss. A lost round that a later durable one
+        superseded (the restart trained past it) is not among them."""
+        return [why for index, why in self._lost if report_index is None or index > report_index]
 
     @property
     def pending(self) -> tuple[HeldRound, ...]:
@@ -288,7 +299,7 @@ class Durability:
 
     def _fail(self, held: HeldRound, why: str) -> None:
         logger.error("%s", why)
-        self.lost.append(why)
+        self._lost.append((held.record.report_index, why))
         self._on_error(held, why)
 
     def _keep(self, held: HeldRound) -> None:

@@ -20,6 +20,7 @@ tests/e2e/memory_tier_training.py, which the agents import when they unpickle th
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 import re
@@ -146,12 +147,6 @@ def test_a_rank_killed_0_ms_after_its_report_returned_everywhere_soak(tmp_path, 
     _kill_rank_0_right_after_reports(tmp_path, tiers, mode)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Controller._start deletes the whole staging area (Commits.delete_uncommitted -> "
-    "CheckpointManager.garbage_dirs names .staging) before a restart that does not wait for durability "
-    "(one node holds the round), so the shards the agent already wrote for a round committed in memory "
-    "are deleted; the round's commit then fails (CheckpointNotDurable) and the run fails. The staging "
-    "directories of the rounds in Durability.pending must be spared."))
 def test_a_round_committed_in_memory_becomes_durable_when_a_rank_dies_while_the_agent_persists_it(tmp_path, tiers):
     # The agent has written round 1's first shard to the staging area when rank 0 dies, and goes on
     # (and says it is done) only once the next attempt runs: storage slower than a restart. The next
@@ -226,22 +221,24 @@ def test_a_storage_outage_during_persistence_fails_the_run_naming_the_checkpoint
 # ---------------------------------------------------------------------------------- a lost agent
 
 
-def test_an_agent_killed_while_it_persists_loses_its_round_by_name_and_its_tier_is_swept(tmp_path, tiers):
+def test_an_agent_killed_while_it_persists_loses_its_round_by_name_and_its_tier_is_swept(tmp_path, tiers, caplog):
     # Round 0 is durable; the agent is SIGKILLed while it writes round 1 (committed in memory) to
-    # storage. The restart (a new agent) resumes from round 0, trains rounds 1 and 2 again, and the run
-    # fails at its end naming the round that was lost.
+    # storage. The round is lost by name (the documented limit of one host); the restart (a new agent)
+    # resumes from round 0 and trains on past it, so the run's result misses nothing and fit() succeeds.
     notes = tmp_path / "notes"
     notes.mkdir()
     pid_file = tmp_path / "persisting"
     fs = GatedFileSystem(dir_name="checkpoint_000001", pid_file=str(pid_file), gate=str(tmp_path / "never"),
                          wait_s=30.0)
     config = {"notes": str(notes), "pid_file": str(pid_file), "tiers": str(tiers), "rounds": 3}
-    with pytest.raises(minitrain.TrainingFailedError) as caught:
-        _trainer(kill_the_persisting_agent, tmp_path, config, max_failures=1, storage_filesystem=fs).fit()
-    _assert_round_named(str(caught.value), "checkpoint_000001", 1)
+    with caplog.at_level(logging.ERROR, logger="minitrain"):
+        result = _trainer(kill_the_persisting_agent, tmp_path, config, max_failures=1, storage_filesystem=fs).fit()
+    _assert_round_named(caplog.text, "checkpoint_000001", 1)
     run = tmp_path / "run"
     assert "checkpoint_000001" not in _named(run) and not (run / "checkpoint_000001").exists()
     assert _named(run)[0] == "checkpoint_000000"
+    latest = os.path.basename(result.checkpoint.path)  # trained again past the lost round, durable
+    assert latest > "checkpoint_000001" and latest in _named(run)
     _assert_consistent(run)
     for rank in (0, 1):  # read from storage: the tier that held round 1 died with its agent
         resumed = json.loads((notes / f"resumed_{rank}.json").read_text())
