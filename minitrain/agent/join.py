@@ -17,7 +17,9 @@ token and HOST (`minitrain.rpc.tls.join_identity`). Exit codes (`join`):
   permanent. Also a joiner that dialled a loopback address (plaintext) where the coordinator serves TLS
   (`plaintext_to_tls`): it cannot ever connect, and the fix is its address; and a joiner for a node id
   whose agent's stream is open (two pods sharing a Secret and a node id): the first agent keeps the node,
-  and a joiner started after that agent is lost (its stream ended, or its lease ran out) is accepted;
+  and a joiner started after that agent is lost (its stream ended, or its lease ran out) is accepted; and a
+  joiner that dialled over TLS (a name, or an address that is not loopback) where what answers does not speak
+  TLS (`tls_to_plaintext`: a run whose JoinConfig address is loopback serves plaintext);
 - EXIT_UNREACHABLE (4): HOST did not resolve or PORT did not answer within `timeout_s`;
 - 1: the coordinator went away mid-run (its lease broke), as for any agent;
 - EXIT_SIGNALLED (143): SIGTERM, SIGINT or SIGHUP stopped it (its workers first).
@@ -99,6 +101,8 @@ def _connect_once(host: str, port: int, timeout_s: float, cert_pem: bytes = b"")
                           f"agent's run token ({error.verify_message}): the token differs from the run's (the "
                           f"joiner and the run must share the same Secret), or something else listens there") \
                 from None
+        except ssl.SSLError as error:  # the TCP connection worked, the TLS handshake did not: no TLS there
+            raise Refused(tls_to_plaintext(f"{host}:{port}", error)) from None
 
 
 def speaks_tls(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> bool:
@@ -125,6 +129,17 @@ def plaintext_to_tls(address: str) -> str:
             f"that address (on Kubernetes, MASTER_ADDR or PET_MASTER_ADDR as pod 0 has it), not a loopback "
             f"address or a port forwarded to one: the run's certificate is derived from the token and that "
             f"host, and the joiner derives the same one only from the same host")
+
+
+def tls_to_plaintext(address: str, error: BaseException) -> str:
+    """What to tell a joiner that dialled `address` over TLS (not a loopback address, `tls.uses_tls`: a
+    host name counts as crossing the network even when it resolves to this machine) where whatever
+    answers does not speak TLS (`error`, its handshake's failure): which mismatch it is and how to fix it."""
+    return (f"the coordinator at {address} does not speak TLS (the handshake failed: {error}), but this joiner "
+            f"dials it over TLS because {address.rpartition(':')[0]!r} is not a loopback address: a run whose "
+            f"JoinConfig address is loopback serves plaintext on loopback only. Dial the address the run's "
+            f"JoinConfig names (on Kubernetes, MASTER_ADDR or PET_MASTER_ADDR as pod 0 has it), or give the run a "
+            f"JoinConfig address its joiners reach over the network")
 
 
 def refusal(end_reason: str) -> Optional[str]:

@@ -13,6 +13,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 from minitrain.coordinator.facts import events as ev
 from minitrain.coordinator.transport.server import CoordinatorServer
 from minitrain.coordinator.transport.service import CoordinatorService, Hub
@@ -113,6 +115,52 @@ def test_a_plaintext_joiner_of_a_tls_run_exits_3_naming_the_mismatch(tmp_path):
     assert done.returncode == 3, done.stderr
     assert f"the coordinator at 127.0.0.1:{port} serves TLS" in done.stderr and "MASTER_ADDR" in done.stderr
     assert "went away" not in done.stderr
+
+
+def _address_off_loopback() -> str:
+    """An address of this machine that is not loopback (the route's source address), or "" when none."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("10.255.255.255", 1))
+            address = probe.getsockname()[0]
+        except OSError:
+            return ""
+    return "" if address.startswith("127.") else address
+
+
+def test_a_tls_joiner_of_a_plaintext_listener_exits_3_naming_the_mismatch(tmp_path):
+    """The reverse mismatch: a joiner dials a non-loopback address (so over TLS) where what answers does not
+    speak TLS (a plaintext coordinator reached through a forward, a name that resolves to this machine). It
+    exits 3 at once, saying so and what to dial, instead of retrying until its timeout and exiting 4
+    ("nothing answers")."""
+    address = _address_off_loopback()
+    if not address:
+        pytest.skip("this machine has no address off loopback to listen on")
+    token = tmp_path / "token"
+    token.write_text("k" * 43)
+    listener = socket.socket()
+    listener.bind((address, 0))
+    listener.listen()
+    port = listener.getsockname()[1]
+
+    def answer_in_plaintext() -> None:  # as a plaintext HTTP/2 server answers a TLS hello: not TLS bytes
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:
+                return
+            with connection:
+                connection.recv(4096)
+                connection.sendall(b"\x00\x00\x12\x04\x00\x00\x00\x00\x00" + b"\x00" * 18)
+
+    threading.Thread(target=answer_in_plaintext, daemon=True).start()
+    try:
+        done = _launch(["--join", f"{address}:{port}", "--node-id", "pod-1", "--run-id", "job",
+                        "--token-file", str(token)], _env(MINITRAIN_JOIN_TIMEOUT_S="5"))
+    finally:
+        listener.close()
+    assert done.returncode == 3, done.stderr
+    assert f"the coordinator at {address}:{port} does not speak TLS" in done.stderr and "JoinConfig" in done.stderr
 
 
 class _NoLogs:
