@@ -142,13 +142,16 @@ class RoundInfo:
     """A report round every rank answered. `index` counts rounds across attempts and resumes (the
     `report_index` of checkpoints); `metrics_by_rank[r]` is rank r's metrics, or None for a rank that
     finished without reporting this round (a tuple or a `RankMetrics`); `checkpoint` is the checkpoint
-    the round committed."""
+    the round committed. `redone`: an earlier attempt of this fit() had already completed a round at
+    the same place in the training (this attempt resumed from an older checkpoint, or from none): the
+    round repeats work (the goodput ledger's lost_work)."""
 
     attempt: int
     index: int
     metrics_by_rank: Sequence[Optional[dict]]
     checkpoint: Optional[CheckpointRecord]
     completed_at: float
+    redone: bool = False
 
 
 @dataclass(frozen=True)

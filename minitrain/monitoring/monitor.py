@@ -19,7 +19,9 @@ the monitor's own (`jsonl_files.JsonlAppender`), at most every `jsonl_files.FLUS
   "attempt_ended" (the `attempts()` fields), "checkpoint_committed" (the `checkpoints()` fields),
   "checkpoint_durable" ({"dir", "index", "durable_at"}: the checkpoint is on storage and in the index),
   "straggler" (the `stragglers()` fields and "cleared": bool), "resize" (an elastic run's, the
-  `resizes()` fields), "run_ended" ({"state", "ended_at"});
+  `resizes()` fields), "run_ended" ({"state", "ended_at"}), "resource_waited" ({"since", "until"}:
+  the wait for hosts before the run started); "attempt_ended" also holds "timing", the goodput
+  ledger's per-rank facts of the attempt (`GoodputLedger.facts`' form, for `goodput.replay`);
   states as `run()` shows them.
 A write that fails is logged once and the monitor goes on in memory: watching never breaks the run.
 `RunMonitor.from_run_dir(storage)` rebuilds the same read API from those files, metrics.jsonl and
@@ -47,7 +49,8 @@ import time
 from collections import deque
 from typing import Any, Callable, Iterable, Optional
 
-from minitrain.monitoring import diagnoses
+from minitrain.monitoring import diagnoses, goodput
+from minitrain.monitoring.goodput import GoodputLedger
 from minitrain.monitoring.jsonl_files import JsonlAppender, read_jsonl
 from minitrain.coordinator.observers import (
     AttemptEnd, AttemptInfo, RoundInfo, RunInfo, RunObserver, TelemetrySample,
@@ -132,6 +135,9 @@ class RunMonitor(RunObserver):
         # rank -> its open episode (in _straggler_log) while the detector flags it: exactly the
         # detector's flagged ranks; their figures are brought up to date when read.
         self._open_episodes: dict[int, dict] = {}
+        # Every worker-second by cause (`goodput()`); the wait for hosts is timed here (note_waiting).
+        self._ledger = GoodputLedger()
+        self._waiting_since: Optional[float] = None
 
     # ------------------------------------------------------------------ observer side
 
@@ -140,20 +146,32 @@ class RunMonitor(RunObserver):
             self._run.update(run_id=run.run_id, name=run.experiment_name, run_path=run.run_path,
                              started_at=run.started_at, num_workers=run.num_workers)
             self._per_rank = samples_per_rank(run.num_workers)
+            self._ledger.run_started(run.started_at, run.num_workers)
             entry = dict(self._run)
         self._event("run_started", run.started_at, entry)
 
     def note_waiting(self, text: Optional[str]) -> None:
         """What the run waits for before it starts (`minitrain.hosts.reserve`'s line), or None once it got
         it: `run()["waiting"]`, which the dashboard shows."""
+        now = self._clock()
+        waited = None
         with self._lock:
             self._waiting = text
+            if text is not None and self._waiting_since is None:
+                self._waiting_since = now
+            elif text is None and self._waiting_since is not None:
+                waited, self._waiting_since = {"since": self._waiting_since, "until": now}, None
+                self._ledger.waited(waited["since"], waited["until"])
+        if waited is not None:
+            self._event("resource_waited", now, waited)
 
     def on_state(self, previous: RunState, next_state: RunState, reason: str, attempt: int) -> None:
         now = self._clock()
         with self._lock:
             self._state = next_state
             self._state_since, self._state_reason = now, reason
+            if next_state in (RunState.RESTARTING, RunState.STOPPING):
+                self._ledger.stopping(attempt, now)
         self._event("state_changed", now, {"previous": ray_status(previous), "next": ray_status(next_state),
                                            "reason": reason, "attempt": attempt})
 
@@ -164,6 +182,7 @@ class RunMonitor(RunObserver):
                       "hosts": list(attempt.hosts), "host_memory_bytes": dict(attempt.host_memory_bytes),
                       "failures": [], "root_cause": "", "restarting": False}
             self._attempts.append(record)
+            self._ledger.attempt_started(attempt.attempt, attempt.started_at, attempt.world_size)
             self._latest.clear()
             self._first_step_at.clear()
             self._worker_phases.clear()
@@ -182,8 +201,10 @@ class RunMonitor(RunObserver):
 
     def on_report(self, report: ReportRecord) -> None:
         with self._lock:
-            self._report_counts[report.rank] = self._report_counts.get(report.rank, 0) + 1
-            self._last_report_at[report.rank] = self._clock()
+            count = self._report_counts[report.rank] = self._report_counts.get(report.rank, 0) + 1
+            now = self._last_report_at[report.rank] = self._clock()
+            if count == 1:
+                self._ledger.report(report.attempt, report.rank, now)
 
     def on_worker_phase(self, attempt: int, rank: int, phase: str) -> None:
         now = self._clock()
@@ -191,6 +212,7 @@ class RunMonitor(RunObserver):
             current = self._attempts[-1] if self._attempts else None
             if current is not None and current["attempt"] == attempt:
                 self._worker_phases[rank] = (phase, now)
+                self._ledger.phase(attempt, rank, phase, now)
 
     def on_telemetry(self, sample: TelemetrySample) -> None:
         entry = sample_dict(sample)
@@ -205,6 +227,8 @@ class RunMonitor(RunObserver):
             # would never be closed, and the ranks' rows belong to the next attempt).
             if current is None or (current["attempt"] == sample.attempt and current["ended_at"] is None):
                 self._latest[sample.rank] = entry
+                self._ledger.sample(sample.attempt, sample.rank, sample.time, sample.step_time_s,
+                                    sample.report_wait_s, sample.collective_wait_s, sample.data_wait_s)
                 if sample.reports and sample.rank not in self._first_step_at:
                     self._first_step_at[sample.rank] = sample.time
                 if sample.total is not None and (sample.rank == 0 or self._total is None):
@@ -257,6 +281,7 @@ class RunMonitor(RunObserver):
             self._rounds_done = max(self._rounds_done, round_.index + 1)
             self._rounds_seen += 1
             self._add_round_time(round_.completed_at)
+            self._ledger.round(round_.attempt, round_.completed_at, getattr(round_, "redone", False))
             metrics = round_.metrics_by_rank[0] if round_.metrics_by_rank else None
             if metrics is not None:
                 self._reports.append({"index": round_.index, "attempt": round_.attempt,
@@ -295,6 +320,8 @@ class RunMonitor(RunObserver):
                 return
             record.update(ended_at=end.ended_at, failures=failures, root_cause=end.root_cause,
                           restarting=end.restarting)
+            timing = self._ledger.facts(end.attempt)
+            self._ledger.attempt_ended(end.attempt, end.ended_at)
             self._refresh_open_episodes()
             closing = []
             for episode in self._straggler_log:
@@ -305,12 +332,15 @@ class RunMonitor(RunObserver):
             entry = dict(record)
         for fields in closing:  # the episode's last figures, so that a post-hoc view shows the same
             self._event("straggler", end.ended_at, dict(fields, cleared=True))
+        if timing is not None:  # in the file only: what `goodput.replay` needs, not an `attempts()` field
+            entry["timing"] = timing
         self._event("attempt_ended", end.ended_at, entry)
 
     def on_run_end(self, outcome: RunOutcome) -> None:
         now = self._clock()
         with self._lock:
             self._run.update(ended_at=now)
+            self._ledger.run_ended(now)
             state = ray_status(self._state)
         self._event("run_ended", now, {"state": state, "ended_at": now})
         self._writer.close()
@@ -468,6 +498,15 @@ class RunMonitor(RunObserver):
             self._refresh_open_episodes()
             return [dict(episode) for episode in self._straggler_log]
 
+    def goodput(self) -> dict:
+        """The goodput ledger (`minitrain.monitoring.goodput`) as of now, or of the run's end once it
+        ended: `Goodput.as_dict()`'s form, {"share", "worker_seconds", "wall_s", "total": {cause: s},
+        "by_attempt": [{"attempt", "world_size", "started_at", "ended_at", "seconds"}], "by_rank":
+        [{"rank", "seconds"}]}."""
+        now = self._clock()
+        with self._lock:
+            return self._ledger.snapshot(now).as_dict()
+
     def resizes(self) -> list[dict]:
         """An elastic run's resizes, in order: {"attempt", "from_workers", "to_workers", "reason", "time"}."""
         with self._lock:
@@ -512,6 +551,7 @@ class RunMonitor(RunObserver):
                         if entry.get("attempt") == current and entry.get("time") is not None:
                             monitor._add_round_time(entry["time"])
                             monitor._replay_round(entry["time"])
+            monitor._ledger = goodput.replay(events, samples)
             kept = _kept_in_index(storage)
             if kept is not None:
                 for record in monitor._checkpoints:
@@ -542,6 +582,7 @@ class RunMonitor(RunObserver):
             self._report_counts.clear()
             self._last_report_at.clear()
         elif kind == "attempt_ended":
+            fields.pop("timing", None)  # the goodput ledger's (goodput.replay), no attempts() field
             record = self._attempt(fields.get("attempt"))
             if record is not None:
                 record.update(fields)

@@ -253,11 +253,13 @@ class Commits:
             position = self._resumed_at + 1 + done.round
             if record is not None:
                 self._positions[index] = position
+            redone = self._furthest is not None and position <= self._furthest  # an earlier attempt got here
             if self._furthest is None or position > self._furthest:  # beyond every earlier attempt's too
                 self._furthest = position
                 self.progressed = True
             if self._observers:
-                self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock()))
+                self._observers.on_round(RoundInfo(tracker.attempt, index, by_rank, record, self._clock(),
+                                                   redone=redone))
             if not held:
                 for rank in done.ack_ranks:
                     self._outbox.to_worker(tracker.attempt, rank, ReportAck(done.round))
