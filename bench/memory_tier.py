@@ -7,31 +7,35 @@ timed into the benchmark's temporary directory (local disk, in the page cache fr
 storage is moto's S3-compatible server in a process of its own on 127.0.0.1, through s3fs. Every round's
 files are deleted once measured (num_to_keep=1; the storage prefix after each job).
 
+Each job's first attempt starts with an untimed copy of the sources into the tier's parent (warming the
+sources' pages and the tmpfs), then runs `repeats` repetitions of its rounds, each waiting until it is
+durable before the next measurement, so nothing runs beside one.
+
 report: `report(checkpoint)` blocking time, the slower rank's, median of `repeats` rounds: with the tier,
     SYNC (returns when every rank's files are in the tier: committed in memory) and ASYNC (returns when
     this rank's are in and the report is recorded), and SYNC without the tier (memory_tier_bytes=0: the
     worker uploads into S3 itself). Floor: the same bytes copied by the same two worker processes at the
     same time (shutil.copyfile, as the tier copies) into a fresh directory in the tier's parent
     (MINITRAIN_MEMORY_TIER_DIR, default /dev/shm), in the same job, alternately before and after the
-    round. Every round waits until it is durable before the next measurement, so nothing runs beside it.
-    Target: tier SYNC and ASYNC <= 1.2x the floor.
-restart: rank 1 SIGKILLs itself; in the new attempt rank 0 times its training function's first line ->
-    get_checkpoint() -> every byte of its S MiB read (its 4 files, readinto one 8 MiB buffer): with the
-    tier from `checkpoint.as_directory()`, the tier's merged view (a local directory: nothing copied);
-    without, streamed from S3 through `checkpoint.filesystem` (only those bytes: `as_directory()` would
-    download both ranks' files first). Floor: rank 0 reading the same bytes from a copy in the tier's
-    parent, right after.
-    Target: the tier's load <= 1.2x the floor.
+    round. Target: tier SYNC and ASYNC <= 1.2x the floor.
+restart: rank 1 SIGKILLs itself at the end of an attempt, `repeats` times; in each new attempt rank 0
+    times its training function's first line -> get_checkpoint() -> every byte of its S MiB read (its 4
+    files, readinto one 8 MiB buffer): with the tier from `checkpoint.as_directory()`, the tier's merged
+    view (a local directory: nothing copied); without, streamed from S3 through `checkpoint.filesystem`
+    (only those bytes: `as_directory()` would download both ranks' files first). Floor: rank 0 reading
+    the same bytes from a copy in the tier's parent, right after. Target: the tier's load <= 1.2x the
+    floor.
 persistence: the time from the memory commit (SYNC report() returned) to durable (rank 0 polls the run's
     index `checkpoint_manager_snapshot.json` on storage until it names the round: every 0.1 s on S3, 0.01
-    s on local disk), as throughput (2 S MiB / time). On S3 the agent uploads each file (s3fs put_file,
-    one file after another) and the commit then moves the staged files into the checkpoint directory,
-    which on S3 is a server-side copy of every byte; peer: s3fs `put` of the same two directories from a
-    copy in the tier's parent (uploads files concurrently; no move), timed in the benchmark's process;
-    also timed once: the same put followed by the commit's moves (`put_then_move_s`), to show where the
-    time goes. On local disk (a tier job of SYNC rounds only): peer `cp -r` of the same two directories
-    from the tier's parent into the same disk (one process: one agent writes a node's shards on one
-    thread). Target: >= 0.9x the peer's throughput.
+    s on local disk), as throughput (2 S MiB / time). The agent writes a node's shards on one thread, a
+    file after another (on S3 s3fs put_file), then the coordinator's commit moves the staged files into
+    the checkpoint directory: renames on local disk, a server-side copy of every byte and a delete on S3.
+    Peer, measured by rank 0 in the same repetition (after the round in even ones, before it in odd ones,
+    while rank 1 waits): both ranks' files, copied first into the tier's parent as the tier holds them,
+    written beside the run directory: s3fs `put` of the two directories (files uploaded concurrently, no
+    move) on S3, `cp -r` on local disk (a tier job of SYNC rounds only). In the first repetition on S3
+    the put is followed by the moves a commit makes (`put_then_move_s`), to show where the time goes.
+    Target: >= 0.9x the peer's throughput.
 
 Memory: the tier holds up to two rounds at once (the one kept for restarts and the new one), and the
 floor's copy one more: at the default size about 4 GiB of /dev/shm at the peak, besides the page cache.
@@ -52,14 +56,13 @@ import uuid
 from bench.checkpoint import FILES_PER_RANK, MIB, write_sources
 from bench.common import (NUM_WORKERS, BenchError, read_json, read_jsonl, run_role, say, stop_tree, tail,
                           write_json)
-from bench.memory_tier_jobs import S3_REGION, copy_files
+from bench.memory_tier_jobs import S3_REGION
 from bench.table import Row, WorkloadResult
 
 TARGET_REPORT_RATIO = 1.2
 TARGET_LOAD_RATIO = 1.2
 TARGET_PERSIST_RATIO = 0.9
 S3_START_TIMEOUT_S = 60.0
-COPY_TIMEOUT_S = 600.0
 # The dummy credentials of the loopback server (moto accepts any); they travel in spec files, never argv.
 S3_KEY, S3_SECRET = "minitrain-bench-key", "minitrain-bench-secret"
 
@@ -131,13 +134,13 @@ def s3_server(tmp: str):
 
 
 def run_job(tmp: str, name: str, sources: list[list[str]], storage: str, s3, tier_bytes: int, modes: list[str],
-            repeats: int, kills: int, total_mib: int, floor_prefix: str) -> dict:
+            repeats: int, kills: int, peer: bool, total_mib: int, floor_prefix: str) -> dict:
     """One tier-job; its rounds and restarts as the workers recorded them."""
     out_dir = os.path.join(tmp, name)
     os.makedirs(out_dir)
     run_dir = f"{storage}/bench"
     spec = {"sources": sources, "storage": storage, "s3": s3, "tier_bytes": tier_bytes, "modes": modes,
-            "repeats": repeats, "kills": kills, "events": os.path.join(out_dir, "events.jsonl"),
+            "repeats": repeats, "kills": kills, "peer": peer, "events": os.path.join(out_dir, "events.jsonl"),
             "results": os.path.join(out_dir, "results.jsonl"), "index": f"{run_dir}/checkpoint_manager_snapshot.json",
             "tier_base": tier_base(), "floor_prefix": floor_prefix, "durable_timeout_s": job_timeout_s(total_mib)}
     wall = run_role(tmp, "memory_tier_jobs", "tier-job", spec, name, job_timeout_s(total_mib))
@@ -157,7 +160,8 @@ def round_figures(rounds: list[dict], mode: str) -> list[dict]:
             raise BenchError(f"repetition {rep} of {mode} has records of {len(ranks)} ranks, not {NUM_WORKERS}")
         out.append({"rep": rep, "report_s": max(r["seconds"] for r in ranks),
                     "floor_s": max(r["floor"]["seconds"] for r in ranks),
-                    "durable_s": ranks[0].get("durable_s"),
+                    "durable_s": ranks[0].get("durable_s"), "peer": ranks[0].get("peer"),
+                    "load_1min": max(r["load_1min"] for r in ranks),
                     "tier_s": max(r["phases"].get("tier_s", 0.0) for r in ranks),
                     "upload_s": max(r["phases"].get("upload_s", 0.0) for r in ranks),
                     "ack_wait_s": max(r["phases"].get("ack_wait_s", 0.0) for r in ranks)})
@@ -205,65 +209,6 @@ def check_paths(per_rep: list[dict], tier: bool, what: str) -> None:
                              f"{r['tier_s']:.3f} s, upload {r['upload_s']:.3f} s")
 
 
-# ---------------------------------------------------------------------- the peers of persistence
-
-
-def _shm_copy(sources: list[list[str]], floor_prefix: str) -> str:
-    """The sources copied into rank<r>/ directories under a fresh directory in the tier's parent."""
-    root = os.path.join(tier_base(), f"{floor_prefix}peer-{uuid.uuid4().hex[:8]}")
-    for rank, files in enumerate(sources):
-        os.makedirs(os.path.join(root, f"rank{rank}"))
-        copy_files(files, os.path.join(root, f"rank{rank}"))
-    return root
-
-
-def measure_s3_put(fs, bucket: str, sources: list[list[str]], floor_prefix: str, index: int,
-                   with_move: bool) -> dict:
-    """s3fs `put` of the two rank directories (from the tier's parent) to a fresh prefix; with `with_move`,
-    then every file moved to another prefix (a server-side copy and a delete each: what a commit does)."""
-    root = _shm_copy(sources, floor_prefix)
-    prefix = f"{bucket}/peer_{index}"
-    try:
-        start = time.perf_counter()
-        fs.put(root + "/", prefix, recursive=True)
-        put_s = time.perf_counter() - start
-        landed = fs.du(prefix)
-        expected = sum(os.path.getsize(p) for files in sources for p in files)
-        if landed != expected:
-            raise BenchError(f"s3fs put landed {landed} bytes under {prefix}, expected {expected}")
-        figures = {"put_s": put_s}
-        if with_move:
-            start = time.perf_counter()
-            for path in fs.find(prefix):
-                fs.mv(path, path.replace(f"{bucket}/peer_{index}/", f"{bucket}/peer_{index}_moved/", 1))
-            figures["move_s"] = time.perf_counter() - start
-            figures["put_then_move_s"] = put_s + figures["move_s"]
-    finally:
-        for path in (prefix, f"{prefix}_moved"):
-            with contextlib.suppress(FileNotFoundError):
-                fs.rm(path, recursive=True)
-        shutil.rmtree(root, ignore_errors=True)
-    return figures
-
-
-def measure_cp(tmp: str, sources: list[list[str]], floor_prefix: str, index: int) -> dict:
-    """`cp -r` of the two rank directories (from the tier's parent) into a fresh directory on `tmp`'s disk."""
-    root = _shm_copy(sources, floor_prefix)
-    dest = os.path.join(tmp, "cp_peer", f"copy_{index}")
-    os.makedirs(os.path.dirname(dest), exist_ok=True)
-    try:
-        start = time.perf_counter()
-        done = subprocess.run(["cp", "-r", "--", root, dest], stdin=subprocess.DEVNULL, capture_output=True,
-                              timeout=COPY_TIMEOUT_S)
-        seconds = time.perf_counter() - start
-        if done.returncode != 0:
-            raise BenchError(f"cp exited with {done.returncode}: {done.stderr.decode(errors='replace')[-2000:]}")
-    finally:
-        shutil.rmtree(dest, ignore_errors=True)
-        shutil.rmtree(root, ignore_errors=True)
-    return {"seconds": seconds}
-
-
 # ---------------------------------------------------------------------- rows
 
 
@@ -298,11 +243,22 @@ def tier_rows(figures: dict) -> list[Row]:
     return rows
 
 
-def _persist_figures(durable_s: list[float], peer_s: list[float], size_bytes: int) -> dict:
+def _persist_figures(per_rep: list[dict], size_bytes: int) -> dict:
+    """Memory commit -> durable against the peer measured in the same repetition, as throughputs."""
+    for r in per_rep:
+        if not r["peer"] or r["peer"]["bytes"] != size_bytes:
+            raise BenchError(f"repetition {r['rep']}: the persistence peer wrote {r['peer'] and r['peer']['bytes']} "
+                             f"bytes, expected {size_bytes}")
     mib = size_bytes / MIB
+    durable_s, peer_s = [r["durable_s"] for r in per_rep], [r["peer"]["seconds"] for r in per_rep]
     d, p = _median(durable_s), _median(peer_s)
-    return {"n": len(durable_s), "durable_s": durable_s, "peer_s": peer_s, "durable_median_s": d,
-            "peer_median_s": p, "mib_s": mib / d, "peer_mib_s": mib / p, "ratio": (mib / d) / (mib / p)}
+    figures = {"n": len(durable_s), "durable_s": durable_s, "peer_s": peer_s, "durable_median_s": d,
+               "peer_median_s": p, "mib_s": mib / d, "peer_mib_s": mib / p, "ratio": (mib / d) / (mib / p)}
+    moves = [r["peer"]["move_s"] for r in per_rep if "move_s" in r["peer"]]
+    if moves:  # the first repetition's put, then the moves a commit makes on S3
+        figures["put_then_move_s"] = per_rep[0]["peer"]["seconds"] + moves[0]
+        figures["move_s"] = moves[0]
+    return figures
 
 
 def bench_memory_tier(tmp: str, total_mib: int, repeats: int) -> dict:
@@ -326,24 +282,18 @@ def bench_memory_tier(tmp: str, total_mib: int, repeats: int) -> dict:
             say(f"  S3: moto on {options['client_kwargs']['endpoint_url']}, bucket {bucket}")
             jobs = {}
             for name, tier, modes in (("tier_s3", tier_bytes, ["sync", "async"]), ("no_tier_s3", 0, ["sync"])):
-                job = run_job(tmp, name, sources, f"{bucket}/{name}", s3, tier, modes, repeats, kills, total_mib,
-                              floor_prefix)
+                jobs[name] = run_job(tmp, name, sources, f"{bucket}/{name}", s3, tier, modes, repeats, kills,
+                                     tier > 0, total_mib, floor_prefix)
                 with contextlib.suppress(FileNotFoundError):
                     fs.rm(f"{bucket}/{name}", recursive=True)
-                jobs[name] = job
-                say(f"  {name}: one job, {job['wall_s']:.1f} s")
-                if name == "tier_s3":
-                    peers = [measure_s3_put(fs, bucket, sources, floor_prefix, i, with_move=(i == 0))
-                             for i in range(repeats)]
-                    say("  s3fs put of the same files: " + ", ".join(f"{p['put_s']:.2f} s" for p in peers)
-                        + f"; put then the commit's moves {peers[0]['put_then_move_s']:.2f} s")
+                say(f"  {name}: one job, {jobs[name]['wall_s']:.1f} s")
             with contextlib.suppress(FileNotFoundError):
                 fs.rm(bucket, recursive=True)
-        local = run_job(tmp, "tier_local", sources, os.path.join(tmp, "storage_local"), None, tier_bytes, ["sync"],
-                        repeats, 0, total_mib, floor_prefix)
-        shutil.rmtree(os.path.join(tmp, "storage_local"), ignore_errors=True)
-        say(f"  tier_local: one job, {local['wall_s']:.1f} s")
-        cps = [measure_cp(tmp, sources, floor_prefix, i) for i in range(repeats)]
+        storage = os.path.join(tmp, "storage_local")
+        jobs["tier_local"] = run_job(tmp, "tier_local", sources, storage, None, tier_bytes, ["sync"], repeats, 0, True,
+                                     total_mib, floor_prefix)
+        shutil.rmtree(storage, ignore_errors=True)
+        say(f"  tier_local: one job, {jobs['tier_local']['wall_s']:.1f} s")
     finally:
         shutil.rmtree(os.path.join(tmp, "sources"), ignore_errors=True)
         for left in glob.glob(os.path.join(base, floor_prefix + "*")):
@@ -357,15 +307,12 @@ def bench_memory_tier(tmp: str, total_mib: int, repeats: int) -> dict:
     expected = size_bytes // NUM_WORKERS
     figures["restart"]["tier"] = summarise_restarts(jobs["tier_s3"]["restarts"], expected, from_tier=True)
     figures["restart"]["s3"] = summarise_restarts(jobs["no_tier_s3"]["restarts"], expected, from_tier=False)
-    local_reps = round_figures(local["rounds"], "sync")
+    local_reps = round_figures(jobs["tier_local"]["rounds"], "sync")
     check_paths(local_reps, True, "tier_local")
-    figures["persist"]["s3"] = _persist_figures([r["durable_s"] for r in figures["report"]["tier_sync"]["per_rep"]],
-                                                [p["put_s"] for p in peers], size_bytes)
-    figures["persist"]["s3"]["peers"] = peers
-    figures["persist"]["local"] = _persist_figures([r["durable_s"] for r in local_reps],
-                                                   [c["seconds"] for c in cps], size_bytes)
+    figures["persist"]["s3"] = _persist_figures(figures["report"]["tier_sync"]["per_rep"], size_bytes)
+    figures["persist"]["local"] = _persist_figures(local_reps, size_bytes)
     figures["persist"]["local"]["report"] = summarise_report(local_reps)
-    figures["jobs_wall_s"] = {name: job["wall_s"] for name, job in {**jobs, "tier_local": local}.items()}
+    figures["jobs_wall_s"] = {name: job["wall_s"] for name, job in jobs.items()}
     return figures
 
 
@@ -384,7 +331,8 @@ def memory_tier_workload(tmp: str, total_mib: int, repeats: int) -> WorkloadResu
         say(f"  restart {key}: load median {r['load_s']:.3f} s vs floor {r['floor_s']:.3f} s ({r['ratio']:.2f}x); "
             f"load / floor per restart: {loads}")
     for key, p in figures["persist"].items():
+        moves = f"; the first put then the commit's moves {p['put_then_move_s']:.2f} s" if "move_s" in p else ""
         say(f"  persistence {key}: {p['mib_s']:.0f} MiB/s (durable after "
             f"{', '.join(f'{v:.2f}' for v in p['durable_s'])} s) vs peer {p['peer_mib_s']:.0f} MiB/s "
-            f"({', '.join(f'{v:.2f}' for v in p['peer_s'])} s): {p['ratio']:.2f}x")
+            f"({', '.join(f'{v:.2f}' for v in p['peer_s'])} s): {p['ratio']:.2f}x{moves}")
     return WorkloadResult("memory_tier", rows=tier_rows(figures), figures=figures)

@@ -17,6 +17,7 @@ import logging
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -128,17 +129,61 @@ def _floor_copy(config: dict, rank: int) -> dict:
     return {"start": start, "end": end, "seconds": end - start, "bytes": copied}
 
 
+def _persist_peer(config: dict, rep: int) -> dict:
+    """Rank 0, the peer of persistence: both ranks' files, copied first into rank<r>/ directories in the
+    tier's parent (as the tier holds them), written to the storage beside the run directory: s3fs `put`
+    of the two directories on S3 (with `with_moves` in the first repetition, then every file moved, as a
+    commit moves the staged files: a server-side copy and a delete each), `cp -r` on local disk; then
+    deleted."""
+    root = tempfile.mkdtemp(prefix=config["floor_prefix"], dir=config["tier_base"])
+    dest = f"{config['storage']}/peer_{rep}"
+    try:
+        for rank, files in enumerate(config["sources"]):
+            os.makedirs(os.path.join(root, f"rank{rank}"))
+            copy_files(files, os.path.join(root, f"rank{rank}"))
+        if config["s3"]:
+            import fsspec
+
+            fs = fsspec.filesystem("s3", **config["s3"]["options"])
+            start = time.perf_counter()
+            fs.put(root + "/", dest, recursive=True)
+            figures = {"seconds": time.perf_counter() - start, "bytes": fs.du(dest)}
+            if rep == 0:
+                start = time.perf_counter()
+                for path in fs.find(dest):
+                    fs.mv(path, f"{dest}_moved/{path[len(dest):].lstrip('/')}")
+                figures["move_s"] = time.perf_counter() - start
+            for path in (dest, f"{dest}_moved"):
+                if fs.exists(path):
+                    fs.rm(path, recursive=True)
+        else:
+            start = time.perf_counter()
+            subprocess.run(["cp", "-r", "--", root, dest], stdin=subprocess.DEVNULL, check=True)
+            figures = {"seconds": time.perf_counter() - start,
+                       "bytes": sum(os.path.getsize(os.path.join(d, name)) for d, _, names in os.walk(dest)
+                                 for name in names)}
+            shutil.rmtree(dest)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return figures
+
+
 def _one_round(config: dict, rank: int, rep: int, mode: str) -> dict:
     """One timed report(checkpoint) of this rank's source directory, then (rank 0) the wait until the
-    round is durable on storage; the floor copy goes before it in even repetitions, after it in odd."""
+    round is durable on storage. The floor copy goes before it in even repetitions, after it in odd; so
+    does rank 0's persistence peer of a SYNC round (config["peer"]), while rank 1 waits."""
     import torch.distributed as dist
 
     import minitrain
 
     stats = _phase_seconds()
-    record = {"kind": "round", "rep": rep, "mode": mode, "rank": rank}
+    record = {"kind": "round", "rep": rep, "mode": mode, "rank": rank, "load_1min": os.getloadavg()[0]}
+    peer = config["peer"] and mode == "sync"
     if rep % 2 == 0:
         record["floor"] = _floor_copy(config, rank)
+    elif peer:
+        record["peer"] = _persist_peer(config, rep) if rank == 0 else None
+        dist.barrier()
     name = f"ckpt_{rep}_{mode}"
     upload_mode = {"sync": minitrain.CheckpointUploadMode.SYNC, "async": minitrain.CheckpointUploadMode.ASYNC}[mode]
     checkpoint = minitrain.Checkpoint.from_directory(os.path.dirname(config["sources"][rank][0]))
@@ -157,6 +202,9 @@ def _one_round(config: dict, rank: int, rep: int, mode: str) -> dict:
     dist.barrier()  # nothing runs beside the next measurement: this round is on storage
     if rep % 2 == 1:
         record["floor"] = _floor_copy(config, rank)
+    elif peer:
+        record["peer"] = _persist_peer(config, rep) if rank == 0 else None
+        dist.barrier()
     return record
 
 
@@ -186,7 +234,8 @@ def _load(config: dict, entered: float, attempt: int) -> dict:
         floor_s = time.perf_counter() - start
     finally:
         shutil.rmtree(floor_dir, ignore_errors=True)
-    return {"kind": "restart", "attempt": attempt, "load_s": loaded - entered, "bytes": loaded_bytes,
+    return {"kind": "restart", "attempt": attempt, "load_1min": os.getloadavg()[0], "load_s": loaded - entered,
+            "bytes": loaded_bytes,
             "floor_s": floor_s, "floor_bytes": floor_bytes, "path": checkpoint.path}
 
 
@@ -203,6 +252,7 @@ def tier_train_func(config: dict) -> None:
     rank = minitrain.get_context().get_world_rank()
     attempt = sum(1 for r in read_jsonl(config["events"]) if r["kind"] == "kill")  # same on every rank
     if attempt == 0:
+        _floor_copy(config, rank)  # warm-up, untimed: the sources' pages and the tmpfs' first use
         for rep in range(config["repeats"]):
             for mode in config["modes"]:
                 append_jsonl(config["results"], _one_round(config, rank, rep, mode))
