@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from minitrain.data.tables import numpy_columns
+
 BATCH_FORMATS = ("default", "numpy", "pandas")
 
 
@@ -45,7 +47,9 @@ def _stack(leaves: list[np.ndarray]) -> np.ndarray:
 
 
 def format_batch(batch: Any, batch_format: str) -> Any:
-    """`batch` (a dict of arrays, or a collated row structure) in `batch_format`."""
+    """`batch` (a dict of arrays, or a collated row structure) in `batch_format`: a pandas DataFrame
+    keeps pandas extension columns (categorical, nullable ints, timezone-aware datetimes) as they are;
+    "default"/"numpy" give them as numpy arrays of their values."""
     if batch_format == "pandas":
         import pandas as pd
 
@@ -53,4 +57,6 @@ def format_batch(batch: Any, batch_format: str) -> Any:
             batch = {"item": batch}
         return pd.DataFrame({key: list(value) if getattr(value, "ndim", 1) > 1 else value
                              for key, value in batch.items()})
+    if isinstance(batch, dict):
+        return numpy_columns(batch)  # pandas extension columns (categorical, ...) as numpy values
     return batch

@@ -25,7 +25,8 @@ from minitrain.data.execution import num_blocks as blocks_asked, refuse_unsuppor
 from minitrain.data.iterator import DataIterator
 from minitrain.data.mapping import MapOptions, Mapped, check_map_format, pool_size
 from minitrain.data.sources import Factory, InMemory
-from minitrain.data.tables import ColumnTable, RowTable, as_column, pandas_table, stack_values
+from minitrain.data.tables import ColumnTable, RowTable, as_column, pandas_table, rows_to_columns
+from minitrain.data.transforms import RowMapped
 from minitrain.errors import ConfigError
 
 ACCEPTED = ("a minitrain.data.Dataset (minitrain.data.from_items, from_numpy, from_pandas, from_torch, read_csv, "
@@ -109,32 +110,74 @@ class Dataset:
         generator function may yield several outputs per batch. Ray's task options (`num_cpus`, `num_gpus`, `memory`,
         `compute`, `ray_remote_args_fn`, ...) raise `ConfigError` unless left at their defaults.
 
-        Runs lazily where the rows are read: in each training worker, over the whole dataset, once
-        per worker (then kept), so `fn` must give the same output on every rank. A shuffle of this
-        dataset carries over to the result (the mapped rows are reshuffled every epoch).
+        Lazy, as in Ray: it runs where the rows are read, in each training worker, over the whole
+        dataset, on every pass (epoch), so random augmentations are drawn anew each epoch; call
+        `materialize()` to run it once and keep the rows. It must give the same number of rows on
+        every rank (which rows a rank reads is decided on the output). A shuffle of this dataset
+        carries over to the result (the mapped rows are reshuffled every epoch).
         """
-        where = "map_batches(...)"
-        if not callable(fn):
-            raise TypeError(f"map_batches(fn={fn!r}) needs a function or a callable class.")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int)
                                        or batch_size < 1):
             raise ValueError(f"map_batches(batch_size={batch_size!r}) must be an int >= 1, or None for whole "
                              "blocks.")
         if not isinstance(zero_copy_batch, bool):
             raise TypeError(f"map_batches(zero_copy_batch={zero_copy_batch!r}) must be a bool.")
-        is_class = isinstance(fn, type)
-        if not is_class and (fn_constructor_args or fn_constructor_kwargs):
-            raise ValueError("map_batches: fn_constructor_args and fn_constructor_kwargs can only be given when "
-                             "fn is a callable class.")
-        refuse_unsupported(where, ray_remote_args)
-        options = MapOptions(batch_size=batch_size, batch_format=check_map_format(batch_format),
-                             fn_args=tuple(fn_args or ()), fn_kwargs=dict(fn_kwargs or {}),
-                             fn_constructor_args=tuple(fn_constructor_args or ()),
-                             fn_constructor_kwargs=dict(fn_constructor_kwargs or {}),
-                             threads=pool_size(concurrency), zero_copy_batch=zero_copy_batch)
-        parent = Dataset(self._source, blocks=self._blocks)  # mapped in storage order; the shuffle follows
-        mapped = Mapped(parent, fn, options, self.num_blocks())
+        options = _map_options("map_batches", fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs,
+                               concurrency, ray_remote_args, batch_size=batch_size,
+                               batch_format=check_map_format(batch_format), zero_copy_batch=zero_copy_batch)
+        mapped = Mapped(self._parent(), fn, options, self.num_blocks())
         return Dataset(mapped, shuffle=self._shuffle, seed=self._seed, blocks=self._blocks)
+
+    def map(self, fn: Any, *, fn_args: Optional[Iterable[Any]] = None, fn_kwargs: Optional[dict] = None,
+            fn_constructor_args: Optional[Iterable[Any]] = None, fn_constructor_kwargs: Optional[dict] = None,
+            concurrency: Any = None, **ray_remote_args: Any) -> "Dataset":
+        """A dataset of `fn(row, *fn_args, **fn_kwargs)` for each row, as Ray's `Dataset.map`: `row` is a
+        dict of column -> value and `fn` returns one dict (anything else: Ray's ValueError). `fn` is a
+        function or a callable class (built with `fn_constructor_args`/`kwargs` once per thread);
+        `concurrency` runs that many chunks of rows at once on threads. Ray's task options (`num_cpus`,
+        `num_gpus`, `memory`, `compute`, `ray_remote_args_fn`, ...) raise `ConfigError` unless left at
+        their defaults. Lazy, as Ray: it runs where the rows are read, on every pass (see
+        `minitrain.data.transforms`); `materialize()` runs it once."""
+        return self._row_transform("map", fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs,
+                                   concurrency, ray_remote_args)
+
+    def flat_map(self, fn: Any, *, fn_args: Optional[Iterable[Any]] = None, fn_kwargs: Optional[dict] = None,
+                 fn_constructor_args: Optional[Iterable[Any]] = None, fn_constructor_kwargs: Optional[dict] = None,
+                 concurrency: Any = None, **ray_remote_args: Any) -> "Dataset":
+        """A dataset of the rows `fn(row, ...)` returns for each row, flattened, as Ray's
+        `Dataset.flat_map`: `fn` returns a list (or any iterable, e.g. a generator) of dicts, `[]` to drop
+        the row. Arguments, errors and laziness as `map`."""
+        return self._row_transform("flat_map", fn, fn_args, fn_kwargs, fn_constructor_args,
+                                   fn_constructor_kwargs, concurrency, ray_remote_args)
+
+    def filter(self, fn: Any = None, expr: Any = None, *, fn_args: Optional[Iterable[Any]] = None,
+               fn_kwargs: Optional[dict] = None, fn_constructor_args: Optional[Iterable[Any]] = None,
+               fn_constructor_kwargs: Optional[dict] = None, concurrency: Any = None,
+               **ray_remote_args: Any) -> "Dataset":
+        """A dataset of the rows for which `fn(row, ...)` is true, as Ray's `Dataset.filter`; the kept
+        rows keep their columns and dtypes. Arguments and laziness as `map`. `expr` (Ray's string or
+        `ray.data.expressions` predicate) raises `ConfigError`: minitrain has no expression engine, so
+        write the predicate as `fn` (e.g. `filter(lambda row: row["id"] <= 4)`)."""
+        if expr is not None:
+            raise ConfigError(f"filter(expr={expr!r}) is not supported: minitrain has no expression engine to "
+                              "evaluate it. Pass the predicate as a function of the row instead, e.g. "
+                              "filter(lambda row: row['id'] <= 4).")
+        if fn is None:
+            raise ValueError("filter: exactly one of 'fn' or 'expr' must be provided; pass fn, a function of the "
+                             "row returning whether to keep it.")
+        return self._row_transform("filter", fn, fn_args, fn_kwargs, fn_constructor_args,
+                                   fn_constructor_kwargs, concurrency, ray_remote_args)
+
+    def _row_transform(self, kind: str, fn: Any, fn_args: Any, fn_kwargs: Any, fn_constructor_args: Any,
+                       fn_constructor_kwargs: Any, concurrency: Any, ray_remote_args: dict) -> "Dataset":
+        options = _map_options(kind, fn, fn_args, fn_kwargs, fn_constructor_args, fn_constructor_kwargs,
+                               concurrency, ray_remote_args)
+        return Dataset(RowMapped(self._parent(), kind, fn, options), shuffle=self._shuffle, seed=self._seed,
+                       blocks=self._blocks)
+
+    def _parent(self) -> "Dataset":
+        """This dataset without its shuffle: transforms run in storage order and the shuffle follows."""
+        return Dataset(self._source, blocks=self._blocks)
 
     # ------------------------------------------------------------------ reading here
 
@@ -143,19 +186,25 @@ class Dataset:
         return Dataset(InMemory(table))
 
     def _resolve(self) -> tuple[Any, bool, Optional[int]]:
-        """(table, shuffled, seed): loads the source (calls a factory, reads files) once per object."""
+        """(table, shuffled, seed). A source is loaded once per object (a factory called, files read)
+        and kept; transforms (`map_batches`, `map`, `flat_map`, `filter`) run again on every call,
+        which is every pass of an iterator: Ray's lazy execution."""
+        if _is_transform(self._source):
+            return self._source.load(), self._shuffle, self._seed
         if self._cache is None:
             if isinstance(self._source, Factory):
                 inner = as_dataset(self._source.call(), f"what {self._source.where} returned")
                 if isinstance(inner.source, Factory):
                     raise ConfigError(f"{self._source.where} returned another function; it must return the "
                                       "dataset itself.")
-                table, shuffled, seed = inner._resolve()
-                if self._shuffle:
-                    shuffled, seed = True, self._seed
-                self._cache = (table, shuffled, seed)
+                self._cache = (inner, False, None)
             else:
                 self._cache = (self._source.load(), self._shuffle, self._seed)
+        if isinstance(self._source, Factory):
+            table, shuffled, seed = self._cache[0]._resolve()  # the built dataset's transforms stay lazy
+            if self._shuffle:
+                shuffled, seed = True, self._seed
+            return table, shuffled, seed
         return self._cache
 
     def _local_iterator(self) -> DataIterator:
@@ -178,8 +227,9 @@ class Dataset:
         return [table.row(i) for i in range(min(limit, table.num_rows))]
 
     def take_all(self) -> list:
-        """Every row in storage order."""
-        return self.take(self.count())
+        """Every row in storage order (a lazy dataset's transforms run once for it)."""
+        table = self._resolve()[0]
+        return [table.row(i) for i in range(table.num_rows)]
 
     def iter_rows(self) -> Iterable[Any]:
         """All rows, one epoch per pass (see `DataIterator.iter_rows`)."""
@@ -194,13 +244,36 @@ class Dataset:
         return self._local_iterator().iter_torch_batches(**kwargs)
 
     def materialize(self) -> "Dataset":
-        """A dataset holding this one's rows in memory (files read, factory called now), same shuffle."""
+        """A dataset holding this one's rows in memory (files read, factory called, transforms run now,
+        once), same shuffle: iterating it never runs the transforms again, as Ray's `materialize()`."""
         table, shuffled, seed = self._resolve()
         return Dataset(InMemory(table), shuffle=shuffled, seed=seed, blocks=self._blocks)
 
     def to_pandas(self) -> Any:
         """All rows as a pandas DataFrame (needs pandas)."""
         return next(iter(self._local_iterator().iter_batches(batch_size=None, batch_format="pandas")))
+
+
+def _is_transform(source: Any) -> bool:
+    return isinstance(source, (Mapped, RowMapped))
+
+
+def _map_options(kind: str, fn: Any, fn_args: Any, fn_kwargs: Any, fn_constructor_args: Any,
+                 fn_constructor_kwargs: Any, concurrency: Any, ray_remote_args: dict,
+                 **batch: Any) -> MapOptions:
+    """The checked arguments every transform shares (`batch` adds map_batches' own)."""
+    if not callable(fn):
+        raise TypeError(f"{kind}(fn={fn!r}) needs a function or a callable class.")
+    if not isinstance(fn, type) and (fn_constructor_args or fn_constructor_kwargs):
+        raise ValueError(f"{kind}: fn_constructor_args and fn_constructor_kwargs can only be given when fn is a "
+                         "callable class.")
+    refuse_unsupported(f"{kind}(...)", ray_remote_args)
+    batch.setdefault("batch_size", None)
+    batch.setdefault("batch_format", "default")
+    return MapOptions(fn_args=tuple(fn_args or ()), fn_kwargs=dict(fn_kwargs or {}),
+                      fn_constructor_args=tuple(fn_constructor_args or ()),
+                      fn_constructor_kwargs=dict(fn_constructor_kwargs or {}),
+                      threads=pool_size(concurrency, kind), **batch)
 
 
 # ---------------------------------------------------------------------------------- normalisation
@@ -221,45 +294,10 @@ def rows_dataset(rows: Any, where: str, wrap_key: Optional[str] = None) -> Datas
     """A dataset of `rows` (a sequence or map-style dataset). Lists of dicts sharing their keys, and
     lists of plain values when `wrap_key` is given, are stored as columns when every column stacks."""
     if isinstance(rows, (list, tuple)) and rows:
-        columns = _as_columns(rows, wrap_key)
+        columns = rows_to_columns(rows, wrap_key)
         if columns is not None:
             return Dataset(InMemory(ColumnTable(columns, where)))
     return Dataset(InMemory(RowTable(rows, wrap_key)))
-
-
-def _as_columns(rows: list, wrap_key: Optional[str]) -> Optional[dict]:
-    if all(isinstance(row, Mapping) for row in rows):
-        keys = list(rows[0])
-        if not keys or any(list(row) != keys for row in rows) or not all(isinstance(k, str) for k in keys):
-            return None
-        raw = {key: [row[key] for row in rows] for key in keys}
-    elif wrap_key is not None and not any(isinstance(row, Mapping) for row in rows):
-        raw = {wrap_key: list(rows)}
-    else:
-        return None
-    columns = {}
-    for key, values in raw.items():
-        array = _stacked(values)
-        if array is None:
-            return None
-        columns[key] = array
-    return columns
-
-
-def _stacked(values: list) -> Any:
-    """`values` as one array when that loses nothing: scalars of one kind (numbers or strings), or
-    list/array cells of numbers (`stack_values`: `[rows, ...]`, or one array per row when ragged, as Ray
-    Data stores list columns). None otherwise (tensors, strings in lists, mixed values)."""
-    if all(isinstance(v, (list, tuple, np.ndarray)) for v in values):
-        return stack_values(values)
-    if all(isinstance(v, str) for v in values):
-        return np.asarray(values)
-    if all(isinstance(v, (bool, int, float, np.bool_, np.number)) for v in values):
-        try:
-            return np.asarray(values)
-        except OverflowError:
-            return None
-    return None
 
 
 def _is_iterable_dataset(value: Any) -> bool:

@@ -32,7 +32,7 @@ from minitrain.data.prefetch import check_prefetch_batches, prefetched
 from minitrain.data.sharding import (
     batch_bounds, check_batch_size, derive_seed, local_shuffle, shard_indices,
 )
-from minitrain.data.tables import ColumnTable, RowTable
+from minitrain.data.tables import ColumnTable, RowTable, numpy_columns
 
 
 class Resolvable(Protocol):
@@ -91,7 +91,9 @@ class DataIterator:
     A split dataset gives rank r of N a disjoint block of about 1/N of the rows (every row is read by
     exactly one rank per epoch unless `drop_last` trims the epoch); an unsplit one gives every rank
     all rows. Shuffled datasets (`Dataset.random_shuffle`) are reordered every epoch from their seed.
-    The rows are loaded on first use (a factory is called, files are read) and kept for later epochs.
+    The rows are loaded on first use (a factory is called, files are read) and kept for later epochs;
+    a dataset's transforms (`map_batches`, `map`, `flat_map`, `filter`) run again on every pass, as
+    Ray's lazy datasets re-run them each epoch, unless it was `materialize()`d before `fit()`.
     """
 
     def __init__(self, dataset: Resolvable, *, world_size: int = 1, rank: int = 0, run_seed: int = 0,
@@ -104,7 +106,6 @@ class DataIterator:
         self._name = name
         self._next_epoch = 0
         self._lock = threading.Lock()
-        self._loaded: Optional[tuple[Any, Optional[int]]] = None
 
     def __repr__(self) -> str:
         return (f"DataIterator({self._name!r}, rank={self._rank}, world_size={self._world_size}, "
@@ -135,12 +136,12 @@ class DataIterator:
     # ------------------------------------------------------------------ rows of a pass
 
     def _load(self) -> tuple[Any, Optional[int]]:
-        if self._loaded is None:
-            table, shuffled, seed = self._dataset._resolve()
-            if shuffled and seed is None:
-                seed = self._run_seed
-            self._loaded = (table, seed if shuffled else None)
-        return self._loaded
+        """(this pass's table, shuffle seed or None). The dataset keeps its loaded source; its
+        transforms run again here, once per pass (Ray's lazy execution; see `Dataset._resolve`)."""
+        table, shuffled, seed = self._dataset._resolve()
+        if shuffled and seed is None:
+            seed = self._run_seed
+        return table, seed if shuffled else None
 
     def _plan(self, epoch: int, batch_size: Optional[int], drop_last: bool,
               buffer_size: Optional[int], shuffle_seed: Optional[int]) -> tuple[Any, np.ndarray]:
@@ -162,6 +163,9 @@ class DataIterator:
         if drop_last and batch_size is None:
             raise ValueError("drop_last=True needs a batch_size: with batch_size=None the whole shard is one "
                              "batch and there is no partial batch to drop. Pass a batch_size or drop_last=False.")
+        if buffer_size is not None and batch_size is None:  # Ray raises the same ValueError
+            raise ValueError("A custom batch size must be provided when using a local shuffle buffer: pass "
+                             "batch_size=<int> with local_shuffle_buffer_size, or drop the buffer.")
         if buffer_size is not None:
             local_shuffle(np.zeros(0, dtype=np.int64), buffer_size, 0)  # validates the size now
         # A seed without a buffer seeds nothing random (the order is already deterministic); Ray allows
@@ -275,6 +279,8 @@ class DataIterator:
 
         def make(table: Any, indices: np.ndarray) -> Any:
             raw = table.take(indices)
+            if isinstance(table, ColumnTable):  # pandas extension columns (categorical, ...) as numpy
+                raw = numpy_columns(raw)
             if collate_fn is not None:
                 return collate_fn(raw)
             if isinstance(table, ColumnTable):

@@ -2,9 +2,10 @@
 
 `Mapped` is a source like `Files` or `Factory`: it travels to the workers as the parent dataset plus
 the function (cloudpickled in the run's payload), and each worker applies the function to the whole
-parent dataset the first time it reads it (then keeps the result for later epochs), because which rows
-a rank reads is decided on the mapped rows. The function must therefore give the same output on every
-rank (no unseeded randomness), as a dataset factory must.
+parent dataset on every pass (epoch), as Ray re-runs a lazy dataset's transforms each epoch
+(`Dataset.materialize()` runs them once instead), because which rows a rank reads is decided on the
+mapped rows. The function must therefore give the same number of rows on every rank (random values in
+them are fine: each rank keeps only its own rows of its own output).
 
 Batches never cross block boundaries: the parent's rows are cut into `num_blocks` near-equal contiguous
 blocks (`override_num_blocks`, default 1), `batch_size=None` gives each block as one batch and an int
@@ -24,7 +25,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from minitrain.data.batches import check_batch_format, format_batch, numpy_collate
-from minitrain.data.tables import ColumnTable, as_column, concat_columns, stack_values
+from minitrain.data.tables import ColumnTable, as_column, concat_columns, pandas_column, stack_values
 from minitrain.errors import ConfigError
 
 
@@ -41,7 +42,7 @@ def block_bounds(num_rows: int, num_blocks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def pool_size(concurrency: Any) -> int:
+def pool_size(concurrency: Any, where: str = "map_batches") -> int:
     """The number of threads for Ray's `concurrency` (an int n, or an autoscaling range (min, max) or
     (min, max, initial): its max). ConfigError for anything else."""
     if concurrency is None:
@@ -52,7 +53,7 @@ def pool_size(concurrency: Any) -> int:
             isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in concurrency) \
             and concurrency[0] <= concurrency[1]:
         return concurrency[1]
-    raise ConfigError(f"map_batches(concurrency={concurrency!r}) must be None, an int >= 1, or a tuple (min, max) "
+    raise ConfigError(f"{where}(concurrency={concurrency!r}) must be None, an int >= 1, or a tuple (min, max) "
                       "or (min, max, initial) with 1 <= min <= max. It is how many batches run at once.")
 
 
@@ -102,7 +103,8 @@ class Mapped:
             raw = table.take(indices)
             if self.options.zero_copy_batch and isinstance(raw, dict):
                 for array in raw.values():  # Ray's zero-copy batches are read-only views: so are these
-                    array.setflags(write=False)
+                    if isinstance(array, np.ndarray):
+                        array.setflags(write=False)
             batch = format_batch(raw if isinstance(table, ColumnTable) else numpy_collate(raw),
                                  self.options.batch_format)
             out = local.fn(batch, *self.options.fn_args, **self.options.fn_kwargs)
@@ -133,7 +135,7 @@ def output_columns(out: Any, where: str) -> dict[str, np.ndarray]:
     else."""
     module = type(out).__module__.split(".")[0]
     if module == "pandas" and hasattr(out, "columns"):
-        out = {str(name): out[name].to_numpy() for name in out.columns}
+        out = {str(name): pandas_column(out[name], f"column {name!r} of {where}") for name in out.columns}
     elif module == "pyarrow" and hasattr(out, "column_names"):
         out = {name: out.column(name).to_numpy(zero_copy_only=False) for name in out.column_names}
     if not isinstance(out, Mapping):
@@ -148,6 +150,8 @@ def output_columns(out: Any, where: str) -> dict[str, np.ndarray]:
             stacked = stack_values(values) if values and all(
                 isinstance(v, (list, tuple, np.ndarray)) for v in values) else None
             columns[name] = stacked if stacked is not None else as_column(values, f"column {name!r} of {where}")
+        elif module == "pandas" or type(values).__module__.split(".")[0] == "pandas":
+            columns[name] = pandas_column(values, f"column {name!r} of {where}")  # keeps extension dtypes
         else:
             columns[name] = as_column(values, f"column {name!r} of {where}")
     lengths = {len(array) for array in columns.values()}

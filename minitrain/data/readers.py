@@ -17,7 +17,7 @@ import fsspec
 import fsspec.core
 import numpy as np
 
-from minitrain.data.tables import as_column
+from minitrain.data.tables import as_column, pandas_column
 from minitrain.storage.user_filesystems import as_fsspec
 
 EXTENSIONS = {"csv": ("csv", "csv.gz"), "json": ("json", "jsonl", "json.gz", "jsonl.gz"),
@@ -112,7 +112,8 @@ def _arrow_to_numpy(column: Any) -> np.ndarray:
 
 
 def _from_frame(frame: Any, path: str) -> dict[str, np.ndarray]:
-    return {str(name): as_column(frame[name].to_numpy(), f"column {name!r} of {path}") for name in frame.columns}
+    # pandas_column keeps extension dtypes a reader was asked for (e.g. dtype={"c": "category"})
+    return {str(name): pandas_column(frame[name], f"column {name!r} of {path}") for name in frame.columns}
 
 
 def _columns_from_records(records: list, path: str, infer_numbers: bool) -> dict[str, np.ndarray]:

@@ -42,6 +42,7 @@ from minitrain.data.iterator import DataIterator
 from minitrain.data.mapping import Mapped
 from minitrain.data.sources import InMemory, Staged, column_file
 from minitrain.data.tables import ColumnTable
+from minitrain.data.transforms import RowMapped
 from minitrain.errors import ConfigError
 from minitrain.storage.layout import DATASETS_DIR
 
@@ -136,7 +137,9 @@ class StagingArea:
 
 
 def _stageable(table: Any) -> bool:
-    return isinstance(table, ColumnTable) and not any(a.dtype.hasobject for a in table.columns.values())
+    # Pandas extension columns (categorical, ...) and object columns cannot be .npy files without pickle.
+    return isinstance(table, ColumnTable) and all(isinstance(a, np.ndarray) and not a.dtype.hasobject
+                                                  for a in table.columns.values())
 
 
 class _CountingFile:
@@ -176,7 +179,7 @@ def _ship_tables(name: str, dataset: Dataset, num_workers: int, staging: Any, ar
     source = dataset.source
     if isinstance(source, InMemory):
         return _shipped(name, dataset, source, num_workers, staging, area)
-    if isinstance(source, Mapped):
+    if isinstance(source, (Mapped, RowMapped)):
         parent = _ship_tables(name, source.parent, num_workers, staging, area)
         if parent is not source.parent:
             return dataset.with_source(dataclasses.replace(source, parent=parent))

@@ -135,6 +135,8 @@ def test_iterators_of_a_world_read_every_row_once_per_epoch(n, world, batch_size
     if shuffled:
         dataset = dataset.random_shuffle(seed=5)
     shards = _world(dataset, world)
+    if batch_size is None:
+        buffer = None  # a local shuffle needs a batch size (as Ray: test_data_iter_batches)
     orders = []
     for _epoch in range(2):
         seen = []
@@ -174,7 +176,7 @@ def test_local_shuffle_differs_per_epoch_and_rank_but_repeats_for_a_seed():
 
     def passes(rank):
         shard = DataIterator(dataset, world_size=2, rank=rank)
-        batches = shard.iter_batches(batch_size=None, local_shuffle_buffer_size=16, local_shuffle_seed=4)
+        batches = shard.iter_batches(batch_size=64, local_shuffle_buffer_size=16, local_shuffle_seed=4)
         return [next(iter(batches))["id"].tolist() for _ in range(2)]
 
     rank0, rank1 = passes(0), passes(1)
