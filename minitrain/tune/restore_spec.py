@@ -16,7 +16,9 @@ experiment directory and unpickles it on restore. minitrain unpickles nothing un
 - `not_kept`: for each of those that could not be sealed, why (it cannot be pickled, there is no key).
 
 The same seal keeps a trial's config that is not JSON (`seal_value`/`unseal_value`), so an unfinished trial
-whose config holds objects resumes with the very config it had.
+whose config holds objects resumes with the very config it had, unless `Tuner.restore(param_space=...)`
+re-specifies those objects: then `respecify` hands the new ones to every trial that runs again (Ray's
+semantics for re-specified object references).
 """
 
 from __future__ import annotations
@@ -180,6 +182,63 @@ def _run_config_from(record: Any, where: str) -> RunConfig:
                          checkpoint_config=CheckpointConfig(**record["checkpoint_config"]))
     except Exception as exc:  # noqa: BLE001 - the constructors' ConfigError/TypeError name the field
         raise ValueError(f"{where}: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------- re-specified objects
+
+
+def _is_object(value: Any) -> bool:
+    """A value Ray would put behind a placeholder: not a plain scalar, dict, list, domain or grid."""
+    return not (value is None or isinstance(value, (str, bytes, bool, int, float, dict, list, Domain)))
+
+
+def _same(a: Any, b: Any) -> bool:
+    """`a` and `b` are the same grid entry: identical, equal, or (objects unpickled from the sweep's
+    sealed copies compare by identity) pickled to the same bytes."""
+    if a is b:
+        return True
+    try:
+        if bool(a == b):
+            return True
+    except Exception:  # noqa: BLE001 - arrays, objects whose == raises: compare their pickles
+        pass
+    try:
+        return code_pickle.dumps(a) == code_pickle.dumps(b)
+    except Exception:  # noqa: BLE001 - not picklable: not the same
+        return False
+
+
+def _is_grid(node: Any) -> bool:
+    return isinstance(node, dict) and len(node) == 1 and isinstance(node.get("grid_search"), list)
+
+
+def respecify(config: Any, old_space: Any, new_space: Any) -> Any:
+    """`config` (a trial's resolved config) with the objects of `new_space` (the param space passed again
+    to `Tuner.restore`) in place of those it took from the sweep's `old_space` (None when not stored).
+
+    As Ray's restore: only objects are replaced (a data set, a model, a function: anything but plain
+    scalars, dicts, lists, domains and grids), at the same path; sampled values and plain constants stay
+    what the trial had. Inside a `grid_search`, the entry the trial took is found in `old_space`'s grid
+    (else in the new one) and its objects are replaced by the new entry's at the same index. The space's
+    structure is expected unchanged (Ray's rule); a path the config lacks is left alone."""
+    if _is_grid(new_space):
+        old_values = old_space["grid_search"] if _is_grid(old_space) else None
+        candidates = old_values if old_values is not None and len(old_values) == len(new_space["grid_search"]) \
+            else new_space["grid_search"]
+        for index, entry in enumerate(candidates):
+            if _same(entry, config):
+                return respecify(config, entry, new_space["grid_search"][index])
+        return config
+    if isinstance(new_space, dict) and isinstance(config, dict):
+        old = old_space if isinstance(old_space, dict) else {}
+        return {key: respecify(value, old.get(key), new_space[key]) if key in new_space else value
+                for key, value in config.items()}
+    if isinstance(new_space, list) and isinstance(config, list) and len(new_space) == len(config):
+        old = old_space if isinstance(old_space, list) and len(old_space) == len(config) else [None] * len(config)
+        return [respecify(value, old[i], new_space[i]) for i, value in enumerate(config)]
+    if _is_object(new_space) and _is_object(config):  # the trial took its object from this path
+        return new_space
+    return config
 
 
 # ---------------------------------------------------------------------------------- sealed pickles

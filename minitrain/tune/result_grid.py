@@ -170,10 +170,10 @@ class ResultGrid:
         for result in self._results:
             chosen = result.metrics or {}
             if filter_metric:
-                history = [r for r in (result._metrics_history or []) if _number(r.get(filter_metric))]
+                history = [r for r in (result._metrics_history or []) if _number(_lookup(r, filter_metric))]
                 if history:
                     pick = max if filter_mode == "max" else min
-                    chosen = pick(history, key=lambda r: r[filter_metric])
+                    chosen = pick(history, key=lambda r: _lookup(r, filter_metric))
             row = flatten_metrics(chosen)
             row.update({f"config/{key}": value for key, value in flatten_metrics(
                 result.config if isinstance(result.config, dict) else {}).items()})
@@ -186,10 +186,20 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def _lookup(result: Optional[dict], metric: str) -> Any:
+    """`metric` in `result`: the key itself, else a flattened "a/b" key read in the nested dicts (Ray's
+    `unflattened_lookup`: a trial that reports {"eval": {"loss": x}} is ranked by metric="eval/loss")."""
+    if not result:
+        return None
+    if metric in result:
+        return result[metric]
+    return flatten_metrics(result).get(metric)
+
+
 def _score(result: TrialResult, metric: str, mode: str, scope: str) -> Optional[float]:
-    history = [r[metric] for r in (result._metrics_history or []) if _number(r.get(metric))]
+    history = [_lookup(r, metric) for r in (result._metrics_history or []) if _number(_lookup(r, metric))]
     if scope == "last":
-        last = (result.metrics or {}).get(metric)
+        last = _lookup(result.metrics, metric)
         return float(last) if _number(last) else None
     if not history:
         return None

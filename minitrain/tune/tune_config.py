@@ -3,9 +3,10 @@
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from minitrain.config import ScalingConfig
 from minitrain.errors import ConfigError
@@ -34,7 +35,7 @@ class TuneConfig:
     scheduler: Optional[TrialScheduler] = None
     num_samples: int = 1
     max_concurrent_trials: Optional[int] = None
-    time_budget_s: Optional[float] = None
+    time_budget_s: Union[float, datetime.timedelta, None] = None
     reuse_actors: bool = False
     trial_name_creator: Optional[Callable[[Any], str]] = None
     trial_dirname_creator: Optional[Callable[[Any], str]] = None
@@ -50,18 +51,21 @@ class TuneConfig:
         if self.scheduler is not None and not isinstance(self.scheduler, TrialScheduler):
             raise _fail("scheduler", self.scheduler, "a minitrain.tune scheduler (FIFOScheduler, ASHAScheduler, "
                         "MedianStoppingRule) or None")
+        if isinstance(self.time_budget_s, datetime.timedelta):  # Ray takes a timedelta too; one unit here
+            object.__setattr__(self, "time_budget_s", self.time_budget_s.total_seconds())
         n = self.num_samples
         if isinstance(n, bool) or not isinstance(n, int) or (n < 1 and n != -1):
             raise _fail("num_samples", n, "an int >= 1, or -1 with time_budget_s")
         if n == -1 and self.time_budget_s is None:
-            raise ConfigError("TuneConfig(num_samples=-1) samples until stopped; minitrain.tune stops it only by "
-                              "time_budget_s. Set time_budget_s, or a number of samples.")
+            raise ConfigError("TuneConfig(num_samples=-1) samples until the sweep is stopped, and without "
+                              "time_budget_s nothing here bounds it (a RunConfig stopper is not known to TuneConfig). "
+                              "Set time_budget_s (seconds or a datetime.timedelta), or a number of samples.")
         c = self.max_concurrent_trials
         if c is not None and (isinstance(c, bool) or not isinstance(c, int) or c < 0):
             raise _fail("max_concurrent_trials", c, "an int >= 0 or None (0 and None: no limit)")
         t = self.time_budget_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
-            raise _fail("time_budget_s", t, "a number of seconds > 0 or None")
+            raise _fail("time_budget_s", t, "a number of seconds > 0, a datetime.timedelta > 0, or None")
         if self.reuse_actors:
             raise _fail("reuse_actors", self.reuse_actors, "False: every trial runs in a process of its own")
         for field in ("trial_name_creator", "trial_dirname_creator"):
@@ -118,9 +122,20 @@ def with_parameters(trainable: Callable, **kwargs: Any) -> _WithParameters:
 def with_resources(trainable: Callable, resources: Any) -> _WithResources:
     """Reserve `resources` for each trial of a function trainable: {"cpu": n, "gpu": m} (any case), or a
     ScalingConfig (for a function that runs fit() with it: the trial reserves its workers x per-worker
-    resources on hosts chosen by its placement_strategy, and that fit() is given only those hosts)."""
+    resources on hosts chosen by its placement_strategy, and that fit() is given only those hosts). A
+    function of the config (Ray's third form) raises ConfigError: hosts are reserved before a trial's
+    config is drawn, so every trial of a sweep reserves the same amounts."""
     if not callable(trainable):
         raise ConfigError(f"tune.with_resources(trainable={trainable!r}): pass the trial function.")
+    if callable(resources) and not isinstance(resources, (dict, ScalingConfig)):
+        # Why not Ray's function of the config: the sweep reserves a trial's hosts before it draws the
+        # trial's config from the searcher (so a trial exists only once it can start, and a queued sweep
+        # holds no drawn configs), so every trial of a sweep reserves the same amounts.
+        raise ConfigError(f"tune.with_resources(resources={getattr(resources, '__name__', resources)!r}): a function "
+                          "of the config is not accepted, because minitrain.tune reserves a trial's hosts before it "
+                          "draws the trial's config, so every trial reserves the same amounts. Pass fixed amounts "
+                          "sized for the largest config ({'cpu': n, 'gpu': m} or a ScalingConfig), or run one Tuner "
+                          "per resource shape.")
     if isinstance(resources, ScalingConfig):
         amounts = dict(resources.total_resources)
     elif isinstance(resources, dict):
@@ -135,6 +150,6 @@ def with_resources(trainable: Callable, resources: Any) -> _WithResources:
             amounts[name] = float(value)
     else:
         raise ConfigError(f"tune.with_resources(resources={resources!r}) must be a dict such as {{'cpu': 1}} or a "
-                          "ScalingConfig (a function of the config is not supported).")
+                          "ScalingConfig.")
     return _WithResources(trainable, {"CPU": amounts.get("CPU", 0.0), "GPU": amounts.get("GPU", 0.0)},
                           resources if isinstance(resources, ScalingConfig) else None)

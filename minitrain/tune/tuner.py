@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import os
 import re
+import threading
 import uuid
 from typing import Any, Callable, Optional
 
@@ -97,7 +98,59 @@ def _sweep_run_config(run_config: Any, trainable: Any) -> RunConfig:
         raise ConfigError("Tuner(run_config=RunConfig(checkpoint_config=...)): set checkpoint retention on the "
                           "TorchTrainer's RunConfig; tune.RunConfig's checkpoint_config applies to function "
                           "trials.")
-    return run_config.with_default_name(_trainable_name(trainable))
+    if run_config.name:
+        return run_config.with_default_name(_trainable_name(trainable))  # the user's name, kept as given
+    named = run_config.with_default_name(_trainable_name(trainable))
+    return dataclasses.replace(named, name=_unique_name(str(named.storage_path), named.name))
+
+
+_names_lock = threading.Lock()
+_names_taken: set = set()  # default experiment paths this process has handed out
+
+
+def _unique_name(storage_path: str, base: str) -> str:
+    """Ray's default `<trainable>_<date>` name `base`, made unique: `base`, else `base_2`, `base_3`, ...,
+    the first whose directory does not exist under `storage_path` and that this process has not handed
+    to another Tuner (two Tuners made in the same second both run). `fit()` then makes the directory
+    atomically (`_claim_default_name`), so another process that chose the same name moves on too."""
+    root = os.path.abspath(os.path.expanduser(storage_path))
+    with _names_lock:
+        for number in range(1, 10**6):
+            name = base if number == 1 else f"{base}_{number}"
+            path = os.path.join(root, name)
+            if path not in _names_taken and not os.path.lexists(path):
+                _names_taken.add(path)
+                return name
+    raise ConfigError(f"Tuner: no free default experiment name {base}_N under {root}; pass RunConfig(name=...).")
+
+
+def _deep_merge(base: Any, override: Any) -> Any:
+    """`override` laid over `base`, nested dicts merged key by key (Ray's `deep_update`, new keys allowed):
+    a tuned {"opt": {"lr": x}} keeps the trainer's own {"opt": {"wd": ...}}."""
+    if not (isinstance(base, dict) and isinstance(override, dict)):
+        return copy.deepcopy(override)
+    merged = dict(base)
+    for key, value in override.items():
+        merged[key] = _deep_merge(base[key], value) if key in base else value
+    return merged
+
+
+class _TrainerTrial:
+    """What a trial of `Tuner(TorchTrainer)` runs: the trainer with the sampled `train_loop_config` merged
+    into its own one level at a time, as Ray's trainers merge it (a shallow merge dropped the trainer's keys
+    beside a tuned nested key, and the trial failed before any result), then `run_trainer` (the trial
+    directory is its run directory). The trial's config, `result.config`, stays the sampled space alone."""
+
+    def __init__(self, trainer: DataParallelTrainer):
+        self.trainer = trainer
+        self.__name__ = type(trainer).__name__
+
+    def __call__(self, config: dict) -> Any:
+        from minitrain.tune import session as tune_session
+        from minitrain.tune.trial_process import run_trainer
+
+        merged = _deep_merge(self.trainer.train_loop_config or {}, config.get("train_loop_config", {}))
+        return run_trainer(self.trainer, {**config, "train_loop_config": merged}, tune_session.get_context())
 
 
 def _format_vars(config: Any, param_space: dict) -> str:
@@ -130,7 +183,10 @@ class Tuner:
         self.tune_config = tune_config if tune_config is not None else TuneConfig()
         if not isinstance(self.tune_config, TuneConfig):
             raise ConfigError("Tuner(tune_config=...) must be a minitrain.tune.TuneConfig.")
+        given_name = getattr(run_config if run_config is not None else getattr(trainable, "run_config", None),
+                             "name", None)
         run_config = _sweep_run_config(run_config, trainable)
+        self._default_name = not given_name and _restored is None  # fit() claims it, or moves to a free one
         self.trainable, self.run_config = trainable, run_config
         self.experiment_path = os.path.join(os.path.abspath(os.path.expanduser(str(run_config.storage_path))),
                                             run_config.name)
@@ -172,6 +228,8 @@ class Tuner:
         num_samples = config.num_samples if config.num_samples > 0 else 10**9
         stopper = self.run_config.stopper()
         if self._restored is None:
+            if self._default_name:
+                self._claim_default_name()
             if os.path.exists(os.path.join(self.experiment_path, tr.STATE_FILE)):
                 raise ConfigError(f"{self.experiment_path} already holds a tuning run. Resume it with "
                                   f"Tuner.restore({self.experiment_path!r}, trainable), or choose another "
@@ -210,6 +268,22 @@ class Tuner:
             raise trial_error(failed[1], loop.raised.get(failed[0]))
         return self._results
 
+    def _claim_default_name(self) -> None:
+        """Make this sweep's directory under its default name, atomically; when another process made it
+        first, take the next free name (`_unique_name`). A name the user gave is never changed."""
+        storage = str(self.run_config.storage_path)
+        os.makedirs(storage, exist_ok=True)
+        base = re.sub(r"_\d+$", "", self.run_config.name)  # the date part ends "-SS": only our suffix goes
+        while True:
+            try:
+                os.mkdir(self.experiment_path)
+                self._default_name = False  # claimed: a second fit() of this Tuner finds its own run there
+                return
+            except FileExistsError:
+                name = _unique_name(storage, base)
+                self.run_config = dataclasses.replace(self.run_config, name=name)
+                self.experiment_path = os.path.join(os.path.abspath(os.path.expanduser(storage)), name)
+
     def _spec(self, header: dict, demand: Any) -> SweepSpec:
         """The sweep as SweepLoop runs it: this Tuner's settings and the state file's `header`."""
         config = self.tune_config
@@ -217,8 +291,10 @@ class Tuner:
         limits = SweepLimits(max_concurrent=config.max_concurrent_trials or 0, max_failures=failure.max_failures,
                              time_budget_s=config.time_budget_s, fail_fast=failure.fail_fast)
         retention = Retention(keep.num_to_keep, keep.checkpoint_score_attribute, keep.checkpoint_score_order)
+        trainable = _TrainerTrial(self.trainable) if isinstance(self.trainable, DataParallelTrainer) else \
+            self.trainable
         return SweepSpec(experiment_path=self.experiment_path, experiment_name=self.run_config.name, header=header,
-                         trainable=self.trainable, trial_resources=trial_resources(self.trainable), demand=demand,
+                         trainable=trainable, trial_resources=trial_resources(self.trainable), demand=demand,
                          name_trial=self._namer(header["trainable"]), pythonpath=driver_pythonpath(), limits=limits,
                          retention=retention)
 
@@ -297,6 +373,8 @@ class Tuner:
         _reopen_trials(path, trials, resume_unfinished, resume_errored, restart_errored)
         if param_space is None:
             param_space = stored.param_space
+        else:  # re-specified: the trials that run again get its objects (data sets, functions), as Ray's
+            _respecify_trials(trials, stored.param_space, param_space)
         if len(trials) < header["total_trials"] and param_space is None:
             raise ConfigError(f"Tuner.restore({path!r}): {header['total_trials'] - len(trials)} trial(s) were not "
                               f"created yet, and the sweep's param_space cannot be restored: "
@@ -351,6 +429,33 @@ def _reopen_trials(path: str, trials: list, resume_unfinished: bool, resume_erro
             continue
         if not trial.config_is_json:
             trial.config = _unsealed_config(path, trial)
+
+
+def _respecify_trials(trials: list, old_space: Optional[dict], new_space: dict) -> None:
+    """Hand the objects of a param space passed again to `Tuner.restore` to every trial that runs again
+    (PENDING after `_reopen_trials`): `restore_spec.respecify`. Such a config is sealed again, so a later
+    restore without param_space= resumes with the new objects too."""
+    for trial in trials:
+        if trial.status != tr.TrialStatus.PENDING or not isinstance(trial.config, dict):
+            continue
+        config = restore_spec.respecify(trial.config, old_space, new_space)
+        if all(a is b for a, b in _leaves(config, trial.config)):
+            continue  # nothing replaced
+        trial.config, trial.config_is_json = config, False  # it holds objects: the state file keeps its repr
+        try:
+            trial.config_sealed = restore_spec.seal_value(config)
+        except Exception as exc:  # noqa: BLE001 - unpicklable, or no key: a later restore needs param_space= again
+            trial.config_sealed = None
+            logger.debug("trial %s: its re-specified config cannot be kept for a later restore: %s", trial.name, exc)
+
+
+def _leaves(a: Any, b: Any) -> list:
+    """Pairs of the leaves of two configs of the same shape (to see whether an object was replaced)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [pair for key in a for pair in _leaves(a[key], b.get(key))]
+    if isinstance(a, list) and isinstance(b, list):
+        return [pair for x, y in zip(a, b) for pair in _leaves(x, y)]
+    return [(a, b)]
 
 
 def _unsealed_config(path: str, trial: tr.Trial) -> Any:
