@@ -11,6 +11,7 @@ import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from minitrain.checkpoint import Checkpoint
+from minitrain.monitoring.goodput import Goodput
 
 from minitrain.storage.layout import INDEX_NAME as SNAPSHOT_FILE
 from minitrain.storage.layout import METRICS_NAME as METRICS_FILE
@@ -97,6 +98,9 @@ class Result:
     `checkpoint_commits` lists the checkpoints this `fit()` committed, in order, each with when it was
     committed and when it became durable (a `CheckpointCommit`; docs/guide/checkpoints.md, "The memory
     tier"); a run that returns has every one of them durable.
+    `goodput` is the run's goodput ledger (a `minitrain.monitoring.goodput.Goodput`: worker-seconds by
+    cause in total, per attempt and per rank, and `share`, the compute share; docs/monitoring.md,
+    "Goodput"); None in local mode and for a Result rebuilt with `from_path`.
 
     `metrics_dataframe` is a pandas DataFrame with one row per rank-0 report, in order (Ray v2 gives
     one row per retained checkpoint only; the full history is what users want to plot). Nested metric
@@ -117,6 +121,7 @@ class Result:
     stragglers: list = field(default_factory=list)
     resizes: list = field(default_factory=list)
     checkpoint_commits: list = field(default_factory=list)
+    goodput: Optional[Goodput] = None
     _shown_filesystem: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

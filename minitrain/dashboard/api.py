@@ -36,6 +36,8 @@ class RunView(Protocol):
 
     def nodes(self) -> list[dict]: ...
 
+    def goodput(self) -> dict: ...  # optional: a view without it shows no goodput (`goodput_of`)
+
 
 class BadQuery(ValueError):
     """A query parameter the view cannot use (answered with 400 and this message)."""
@@ -52,6 +54,12 @@ def _one(query: Mapping[str, list[str]], name: str, kind: Callable[[str], Any]) 
     if isinstance(value, float) and not math.isfinite(value):
         raise BadQuery(f"query parameter {name}={values[0]!r} is not a finite number")
     return value
+
+
+def goodput_of(view: RunView) -> Optional[dict]:
+    """The view's goodput ledger (`RunMonitor.goodput()`'s form), or None when it has none."""
+    goodput = getattr(view, "goodput", None)
+    return goodput() if goodput is not None else None
 
 
 def _metrics(view: RunView, query: Mapping[str, list[str]]) -> list[dict]:
@@ -83,6 +91,8 @@ VIEWS: dict[str, Callable[[RunView, Mapping[str, list[str]]], Any]] = {
     "resizes": lambda view, query: view.resizes(),
     # The current attempt's hosts and their total memory: the node memory plot's "total" lines.
     "nodes": lambda view, query: view.nodes(),
+    # Every worker-second by cause, in total, per attempt and per rank (minitrain.monitoring.goodput).
+    "goodput": lambda view, query: goodput_of(view),
 }
 
 

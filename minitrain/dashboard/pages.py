@@ -14,7 +14,8 @@ import math
 import time
 from typing import Any, Callable, Iterable, Optional, Sequence
 
-from minitrain.dashboard.api import RunView, snapshot
+from minitrain.dashboard.api import RunView, goodput_of, snapshot
+from minitrain.monitoring.goodput import CAUSES, line as goodput_line
 from minitrain.monitoring.diagnoses import startup_status, startup_text
 from minitrain.run_state import RunState, from_ray_status
 
@@ -199,6 +200,30 @@ def checkpoints_html(checkpoints: list[dict]) -> str:
                   rows, "no checkpoint committed")
 
 
+def goodput_html(goodput: Optional[dict]) -> str:
+    """The goodput ledger (`RunMonitor.goodput()`): its line, then one row per attempt and a total row,
+    the worker-seconds of each cause any attempt had (seconds, and the share of the row's own)."""
+    if not goodput or not goodput.get("worker_seconds"):
+        return ('<div id="goodput">' + _table("goodput-table", ["Attempt", "Ranks", "Worker-seconds"], [],
+                                              "nothing measured yet") + "</div>")
+    total = goodput.get("total") or {}
+    causes = [c for c in CAUSES if total.get(c)] + sorted(c for c in total if c not in CAUSES and total[c])
+
+    def row(label: Any, ranks: Any, seconds: dict, css: str = "") -> str:
+        whole = sum(seconds.values())
+        cells = [_e(label), _e(ranks), _e(_seconds(whole))]
+        for cause in causes:
+            value = seconds.get(cause) or 0.0
+            cells.append(_e(f"{_seconds(value)} ({value / whole:.1%})" if whole > 0 and value else "–"))
+        return f"<tr{css}>" + "".join(f"<td>{cell}</td>" for cell in cells) + "</tr>"
+
+    rows = [row(a.get("attempt"), a.get("world_size"), a.get("seconds") or {}) for a in goodput.get("by_attempt") or ()]
+    rows.append(row("total", "", total, ' class="total"'))
+    caption = goodput_line(total, goodput["worker_seconds"], goodput.get("share") or 0.0)
+    return (f'<div id="goodput"><p class="goodput-line">{_e(caption)}</p>'
+            + _table("goodput-table", ["Attempt", "Ranks", "Worker-seconds", *causes], rows, "") + "</div>")
+
+
 def parts(view: RunView, live: bool) -> dict[str, str]:
     """The page's sections by element id, as the script swaps them in."""
     run, ranks = view.run(), view.ranks()
@@ -211,6 +236,7 @@ def parts(view: RunView, live: bool) -> dict[str, str]:
         "ranks": ranks_html(ranks, live),
         "attempts": attempts_html(view.attempts()),
         "checkpoints": checkpoints_html(view.checkpoints()),
+        "goodput": goodput_html(goodput_of(view)),
     }
 
 
@@ -259,12 +285,14 @@ def page_html(view: RunView, live: bool, to_json: Callable[[Any], str] = json.du
 <section><h2>GPU utilisation and memory (NVML)</h2><div id="gpu-util" class="plot"></div><div id="gpu-memory" class="plot"></div></section>
 <section><h2>Metrics (rank 0)</h2><div id="metric-plots" class="plots"></div></section>
 <section><h2>Attempts</h2>{sections["attempts"]}</section>
+<section><h2>Goodput: worker-seconds by cause</h2>{sections["goodput"]}</section>
 <section><h2>Checkpoints</h2>{sections["checkpoints"]}</section>
 </main>
 <footer>JSON: <a href="api/run">/api/run</a> · <a href="api/ranks">/api/ranks</a> ·
 <a href="api/metrics">/api/metrics</a> · <a href="api/samples">/api/samples</a> ·
 <a href="api/stragglers">/api/stragglers</a> · <a href="api/attempts">/api/attempts</a> ·
-<a href="api/checkpoints">/api/checkpoints</a> · <a href="api/resizes">/api/resizes</a> · Prometheus: <a href="metrics">/metrics</a></footer>
+<a href="api/checkpoints">/api/checkpoints</a> · <a href="api/resizes">/api/resizes</a> ·
+<a href="api/goodput">/api/goodput</a> · Prometheus: <a href="metrics">/metrics</a></footer>
 <script type="application/json" id="initial-data">{data}</script>
 <script src="static/uPlot.iife.min.js"></script>
 <script src="static/dashboard.js"></script>

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from minitrain.dashboard.api import RunView, numeric_metrics
+from minitrain.dashboard.api import RunView, goodput_of, numeric_metrics
 from minitrain.run_state import RunState, ray_status
 
 # Every run state, as the monitor words it (`ray_status`); ray_train_controller_state has one series
@@ -123,6 +123,7 @@ class RunCollector(Collector):
             for key, value in latest.items():
                 last.add_metric(base + [_text(key)], value)
             yield last
+        yield from _goodput_metrics(goodput_of(self._view), base)
 
     def _rank_metrics(self, base: list[str]) -> Iterator[Metric]:
         ranks = self._view.ranks()
@@ -158,6 +159,25 @@ class RunCollector(Collector):
                         family.add_metric(gpu_labels_values, value)
         yield from families.values()
         yield from (throughput, straggler, gpu_util, gpu_used, gpu_total)
+
+
+def _goodput_metrics(goodput: Optional[dict], base: list[str]) -> Iterator[Metric]:
+    """The goodput ledger's worker-seconds by cause (every cause, 0 included, so a series never
+    vanishes) and its share, for the run so far; nothing without a ledger."""
+    if not goodput:
+        return
+    seconds = GaugeMetricFamily("minitrain_train_goodput_seconds",
+                                "Worker-seconds of the run so far by cause (the goodput ledger; they sum to "
+                                "wall time x ranks).", labels=RUN_LABELS + ["cause"])
+    for cause, value in (goodput.get("total") or {}).items():
+        number = _finite(value)
+        if number is not None:
+            seconds.add_metric(base + [_text(cause)], number)
+    yield seconds
+    share = _finite(goodput.get("share"))
+    if share is not None:
+        yield _gauge("minitrain_train_goodput_ratio", "Goodput: the compute share of the worker-seconds so far.",
+                     base, share)
 
 
 def _gauge(name: str, help_text: str, base: list[str], value: float) -> GaugeMetricFamily:

@@ -34,6 +34,7 @@ from minitrain.driver.console import LiveConsole
 from minitrain.driver.environment import driver_pythonpath, sigterm_stops_like_ctrl_c, worker_env
 from minitrain.hosts import hostinfo, slurm_env, slurm_requeue
 from minitrain.monitoring.console_status import ConsoleStatus
+from minitrain.monitoring.goodput import Goodput
 from minitrain.monitoring.monitor import RunMonitor
 from minitrain.monitoring.stragglers import StragglerRule
 from minitrain.storage.checkpoint_manager import INDEX_NAME, CheckpointManager
@@ -272,6 +273,9 @@ class DataParallelTrainer:
             log_sink.close()
             if not storage.is_local:
                 run_directory.upload_logs(storage, logs_dir)
+        # The goodput ledger's line: how the run's worker-seconds were spent, whatever the outcome.
+        goodput = Goodput.from_dict(self._monitor.goodput())
+        logger.info("%s", goodput.line())
         if checkpoints.resumed and outcome.state is RunState.SUCCEEDED and outcome.last_metrics is None:
             logger.warning("%s", fit_notes.nothing_left_to_do(self.run_config.name, published, checkpoints))
         if published is not storage:  # name the files where they will be, not in the mirror
@@ -286,7 +290,7 @@ class DataParallelTrainer:
             raise error
         return _result_or_raise(outcome, storage, checkpoints, published,
                                 stragglers=self._monitor.straggler_history(), resizes=self._monitor.resizes(),
-                                commits=self._monitor.checkpoints())
+                                commits=self._monitor.checkpoints(), goodput=goodput)
 
     def _run_observers(self, spec: RunSpec, storage: Storage) -> list:
         """The driver-side observers of this run (minitrain.coordinator.observers.RunObserver), in the
@@ -518,11 +522,12 @@ def _memory_tier_bytes(config) -> int:
 
 def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: CheckpointManager,
                      published: Storage, stragglers: Optional[list] = None,
-                     resizes: Optional[list] = None, commits: Optional[list] = None) -> Result:
+                     resizes: Optional[list] = None, commits: Optional[list] = None,
+                     goodput: Optional[Goodput] = None) -> Result:
     """The run's Result (read from `storage`; checkpoints and paths named in `published`), or the
     error it ended with. `stragglers`: the monitor's straggler episodes (RunMonitor.straggler_history);
     `resizes`: an elastic run's resizes (RunMonitor.resizes); `commits`: the checkpoints this fit()
-    committed (RunMonitor.checkpoints)."""
+    committed (RunMonitor.checkpoints); `goodput`: the run's goodput ledger (RunMonitor.goodput)."""
     if outcome.state is not RunState.SUCCEEDED:
         if not outcome.failures:
             raise ControllerError(LaunchError(outcome.error_message or f"the run ended {ray_status(outcome.state)}"))
@@ -551,4 +556,5 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
         resizes=[Resize.from_dict(entry) for entry in resizes or ()],
         checkpoint_commits=[CheckpointCommit.from_dict(entry) for entry in commits or ()],
+        goodput=goodput,
     )

@@ -319,19 +319,47 @@ def train_fails_once_then_reports_how_it_was_started(config):
     minitrain.report({"done": True})
 
 
-def test_a_restart_forks_its_workers_from_the_fork_server(tmp_path):
+def test_a_restart_forks_its_workers_from_the_fork_server(tmp_path, caplog):
     before = set(procs_below_me())
-    result = TorchTrainer(train_fails_once_then_reports_how_it_was_started,
-                          train_loop_config={"marker": str(tmp_path / "failed"), "dir": str(tmp_path)},
-                          scaling_config=ScalingConfig(num_workers=2),
-                          run_config=RunConfig(name="fork_server", storage_path=str(tmp_path),
-                                               failure_config=FailureConfig(max_failures=1))).fit()
+    began = time.time()
+    with caplog.at_level(logging.INFO, logger="minitrain"):
+        result = TorchTrainer(train_fails_once_then_reports_how_it_was_started,
+                              train_loop_config={"marker": str(tmp_path / "failed"), "dir": str(tmp_path)},
+                              scaling_config=ScalingConfig(num_workers=2),
+                              run_config=RunConfig(name="fork_server", storage_path=str(tmp_path),
+                                                   failure_config=FailureConfig(max_failures=1))).fit()
+    fit_s = time.time() - began
     assert result.metrics == {"done": True}
+    _check_the_goodput_of_a_restart(result, fit_s, tmp_path / "fork_server", caplog.text)
     seen = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in (0, 1)]
     for rank_seen in seen:
         assert rank_seen["forked"] and rank_seen["parent_is_agent"] and rank_seen["own_session"], seen
     assert seen[0]["numpy_draw"] != seen[1]["numpy_draw"]  # each fork has its own random state
     assert set(procs_below_me()) == before  # agent, fork server and workers are all gone
+
+
+def _check_the_goodput_of_a_restart(result, fit_s: float, run_dir: pathlib.Path, log: str) -> None:
+    """The goodput ledger of a 2-rank run whose attempt 0 failed in its training function before any
+    report: every worker-second of both attempts has a cause, the failed attempt's time is start-up and
+    stopping (no compute), the restart is counted, and the run directory gives the same ledger."""
+    from minitrain.monitoring.monitor import RunMonitor
+    from minitrain.storage.filesystem import Storage
+
+    goodput = result.goodput
+    assert goodput.worker_seconds == pytest.approx(goodput.wall_s * 2, rel=0.01)  # wall x ranks
+    assert 0 < goodput.wall_s <= fit_s
+    first, second = goodput.by_attempt
+    assert (first["attempt"], first["world_size"], second["attempt"], second["world_size"]) == (0, 2, 1, 2)
+    assert first["seconds"]["startup"] > 0 and first["seconds"]["dist_init"] > 0
+    assert first["seconds"]["stopping"] > 0 and first["seconds"]["restarting"] == 0
+    assert first["seconds"]["compute"] == first["seconds"]["lost_work"] == 0  # it never reported
+    # The next attempt starts as soon as the failed one's processes are gone: its restart is short.
+    assert second["seconds"]["restarting"] >= 0 and second["seconds"]["startup"] > 0
+    assert sorted(goodput.by_rank) == [0, 1]
+    assert re.search(r"goodput \d+\.\d%: .*stopping \d+\.\d%", log), log
+    rebuilt = RunMonitor.from_run_dir(Storage.for_run(str(run_dir.parent), run_dir.name)).goodput()
+    for cause, seconds in goodput.total.items():
+        assert rebuilt["total"][cause] == pytest.approx(seconds, rel=0.01, abs=0.01), cause
 
 
 def procs_below_me() -> list[int]:

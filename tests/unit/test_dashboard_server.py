@@ -206,7 +206,7 @@ def test_parts_are_the_pages_sections(server):
     status, _, body = _request(server, "GET", "/parts")
     parts = json.loads(body)
     assert status == 200 and set(parts) == {"overview", "startup", "stragglers", "hints", "resizes", "ranks",
-                                                 "attempts", "checkpoints"}
+                                                 "attempts", "checkpoints", "goodput"}
     assert parts["ranks"].startswith('<table id="ranks">')
 
 

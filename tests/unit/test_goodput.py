@@ -252,3 +252,23 @@ def test_the_monitor_keeps_the_ledger_and_rebuilds_it_from_the_run_directory(tmp
     rebuilt = RunMonitor.from_run_dir(storage)
     assert rebuilt.goodput() == live
     assert all("timing" not in a for a in rebuilt.attempts())  # the ledger's facts are no attempts() field
+
+
+def test_the_dashboard_and_prometheus_show_the_ledger():
+    from minitrain.dashboard.api import api_view
+    from minitrain.dashboard.pages import goodput_html, parts
+    from minitrain.dashboard.prometheus import exposition, registry_for
+
+    monitor = RunMonitor(clock=lambda: 28.0)
+    ledger = GoodputLedger()
+    restart_from_an_older_checkpoint(ledger)
+    monitor._ledger = ledger  # the monitor's own feeding is checked above; here: what the views show
+    assert api_view(monitor, "goodput", {}) == ledger.snapshot(28.0).as_dict()
+    section = parts(monitor, live=False)["goodput"]
+    assert section.startswith('<div id="goodput">') and "goodput 17.9%: " in section
+    assert "<td>0</td><td>2</td>" in section and '<tr class="total"><td>total</td>' in section
+    assert "<th>lost_work</th>" in section and "<th>resource_wait</th>" not in section  # causes that had time
+    assert "nothing measured yet" in goodput_html(None)
+    text = exposition(registry_for(monitor)).decode()
+    assert 'minitrain_train_goodput_seconds{cause="lost_work",ray_train_run_id="",ray_train_run_name=""} 4.0' in text
+    assert 'minitrain_train_goodput_ratio{ray_train_run_id="",ray_train_run_name=""} 0.178' in text
