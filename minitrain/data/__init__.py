@@ -2,9 +2,11 @@
 
 Ray Data scripts port by changing imports (`ray.data` -> `minitrain.data`) for the constructors they
 use to feed a trainer: `range`, `from_items`, `from_numpy`, `from_pandas`, `from_torch`, `read_csv`,
-`read_json`, `read_parquet`, and `Dataset.random_shuffle` and `Dataset.map_batches`. This is not a
-distributed data engine: there is no streaming execution, and `map_batches` runs in each worker over
-the whole dataset (`minitrain.data.mapping`). Each worker reads the rows of its shard itself:
+`read_json`, `read_parquet`, and `Dataset.random_shuffle`, `map_batches`, `map`, `flat_map`, `filter` and
+`materialize`. This is not a distributed data engine: there is no streaming execution, and transforms
+run in each worker over the whole dataset, lazily (again on every pass, as Ray re-runs them each epoch,
+unless the dataset was materialized: `minitrain.data.mapping`, `minitrain.data.transforms`). Each
+worker reads the rows of its shard itself:
 
 - how rows reach workers: `minitrain.data.staging` (factories and files are read in each worker;
   small tables travel in the run's payload; large numeric tables are staged once as `.npy` files);

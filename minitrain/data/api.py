@@ -1,7 +1,7 @@
 """The constructors Ray Data scripts use, so they port by changing imports (`ray.data` -> `minitrain.data`).
 
-They build a `Dataset` that `TorchTrainer(datasets=...)` accepts; nothing is distributed or lazy
-beyond that. Ray's execution arguments either work or raise (`minitrain.data.execution`):
+They build a `Dataset` that `TorchTrainer(datasets=...)` accepts; nothing is distributed. Sources are
+read where the rows are used (files by each worker), once; transforms on them are lazy (see `Dataset`). Ray's execution arguments either work or raise (`minitrain.data.execution`):
 `override_num_blocks`/`parallelism` set the number of blocks, the readers' `concurrency` reads that many
 files at once, `shuffle="files"` shuffles the file order, `partition_filter` filters the file list and
 `ignore_missing_paths` skips missing paths; Ray's task options and Ray objects (`ray_remote_args`,
