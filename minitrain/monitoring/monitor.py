@@ -69,6 +69,11 @@ MAX_REPORTS = 10000
 RATE_WINDOW_S = 30.0  # live steps/s: over the rounds of about the last this many seconds
 MIN_RATE_SPAN_S = 2.0  # ... and never over less (no rate from a near-zero interval)
 MAX_RATE_ROUNDS = 100_000  # round times kept for it (a bound on memory for very fast steps)
+# The live goodput ledger is recomputed at most every this many seconds, and every RANKS_PER_GOODPUT_S
+# ranks add one: a snapshot costs about 20 us per rank of the current attempt under the monitor's lock
+# (80 ms at 4,096 ranks), which the controller's thread waits for; the dashboard asks every 2 s.
+GOODPUT_REFRESH_S = 1.0
+RANKS_PER_GOODPUT_S = 1024
 _RANK_KEYS = ("rank", "host", "pid", "phase", "step_time_s", "report_wait_s", "collective_wait_s",
               "data_wait_s", "work_time_s", "cpu_percent", "rss_bytes", "gpus")
 
@@ -138,6 +143,7 @@ class RunMonitor(RunObserver):
         # Every worker-second by cause (`goodput()`); the wait for hosts is timed here (note_waiting).
         self._ledger = GoodputLedger()
         self._waiting_since: Optional[float] = None
+        self._goodput: Optional[tuple[float, bool, dict]] = None  # (when, after the run's end, goodput())
 
     # ------------------------------------------------------------------ observer side
 
@@ -502,10 +508,16 @@ class RunMonitor(RunObserver):
         """The goodput ledger (`minitrain.monitoring.goodput`) as of now, or of the run's end once it
         ended: `Goodput.as_dict()`'s form, {"share", "worker_seconds", "wall_s", "total": {cause: s},
         "by_attempt": [{"attempt", "world_size", "started_at", "ended_at", "seconds"}], "by_rank":
-        [{"rank", "seconds"}]}."""
+        [{"rank", "seconds"}]}. While the run lasts it is recomputed at most every GOODPUT_REFRESH_S
+        (more with many ranks: see RANKS_PER_GOODPUT_S); once the run ended it is final."""
         now = self._clock()
         with self._lock:
-            return self._ledger.snapshot(now).as_dict()
+            ended = self._run.get("ended_at") is not None
+            refresh_s = max(GOODPUT_REFRESH_S, (self._run.get("num_workers") or 0) / RANKS_PER_GOODPUT_S)
+            cached = self._goodput
+            if cached is None or (not cached[1] and (ended or now - cached[0] >= refresh_s)):
+                cached = self._goodput = (now, ended, self._ledger.snapshot(now).as_dict())
+            return json.loads(json.dumps(cached[2]))
 
     def resizes(self) -> list[dict]:
         """An elastic run's resizes, in order: {"attempt", "from_workers", "to_workers", "reason", "time"}."""
