@@ -71,6 +71,7 @@ class _Running:
         self.stop_sent = False
         self.since_restore = 0
         self.forced_error: Optional[tr.TrialError] = None  # the loop failed the trial (a `stop` key it lacks)
+        self.budget_stopped = False  # interrupted because time_budget_s was spent: it ends TERMINATED
 
     def answer(self, decision: Decision) -> None:
         try:
@@ -86,7 +87,7 @@ class SweepLimits:
 
     max_concurrent: int = 0  # trials running at once (TuneConfig.max_concurrent_trials); 0: as the hosts allow
     max_failures: int = 0  # retries of a failing trial (FailureConfig.max_failures); -1: forever
-    time_budget_s: Optional[float] = None  # no trial starts after this (TuneConfig.time_budget_s)
+    time_budget_s: Optional[float] = None  # then no trial starts and running ones are stopped (TuneConfig's)
     fail_fast: Any = False  # FailureConfig.fail_fast: the first trial in ERROR ends the sweep (True, "raise")
 
 
@@ -159,6 +160,9 @@ class SweepLoop:
             while True:
                 if budget is not None and not self.stopping and time.monotonic() - started > budget:
                     self._stop_all(f"time_budget_s={budget} reached")
+                    for running in self.running.values():  # Ray stops them now, not at their next result
+                        running.budget_stopped = True
+                        _signal(running.proc, signal.SIGINT)
                 self._start_trials()
                 if not self.running and (self.exhausted or self.stopping) and not self._pending():
                     break
@@ -407,11 +411,12 @@ class SweepLoop:
         del self.running[trial.trial_id]
         self.room.release(running.reservation)
         ended = running.ended
-        if isinstance(ended, TrialFinished) and running.forced_error is None:
+        budget_stop = running.budget_stopped and (ended is None or isinstance(ended, TrialInterrupted))
+        if (isinstance(ended, TrialFinished) or budget_stop) and running.forced_error is None:
             trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
                 trial.last_result = {**trial.last_result, "done": True}
-            if not ended.stopped:
+            if isinstance(ended, TrialFinished) and not ended.stopped:
                 trial.stop_reason = trial.stop_reason if running.stop_sent else None
             self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
