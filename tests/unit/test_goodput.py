@@ -272,3 +272,40 @@ def test_the_dashboard_and_prometheus_show_the_ledger():
     text = exposition(registry_for(monitor)).decode()
     assert 'minitrain_train_goodput_seconds{cause="lost_work",ray_train_run_id="",ray_train_run_name=""} 4.0' in text
     assert 'minitrain_train_goodput_ratio{ray_train_run_id="",ray_train_run_name=""} 0.178' in text
+
+
+def test_the_commits_mark_the_rounds_an_attempt_redoes_after_resuming_from_an_older_checkpoint(tmp_path):
+    """What the ledger's lost_work rests on: `RoundInfo.redone`, as the coordinator's commits tell it."""
+    from minitrain.config import CheckpointConfig
+    from minitrain.coordinator.facts.attempt import AttemptTracker
+    from minitrain.coordinator.facts.commits import Commits
+    from minitrain.coordinator.facts.metrics_log import MetricsLog
+    from minitrain.coordinator.observers import Observers
+    from minitrain.records import WorkerAssignment
+    from minitrain.storage.checkpoint_manager import CheckpointManager
+
+    storage = Storage.for_run(str(tmp_path), "run")
+    storage.makedirs()
+    rounds: list = []
+
+    class Tap:
+        def on_round(self, round_):
+            rounds.append((round_.attempt, round_.redone))
+
+    commits = Commits(CheckpointManager.load(storage, CheckpointConfig()), MetricsLog(storage), outbox=None,
+                      observers=Observers([Tap()]))
+
+    def attempt(number: int, count: int, checkpoint_at: int = -1) -> None:
+        commits.start_attempt(world_size=1)
+        tracker = AttemptTracker.create(number, [WorkerAssignment(0, 0, 1, 1, 0, "n0")], {"n0": "h0"})
+        for r in range(count):
+            name = ""
+            if r == checkpoint_at:
+                name = f"checkpoint_a{number}_r{r}"
+                (tmp_path / "run" / name).mkdir()
+                (tmp_path / "run" / name / "state").write_text(str(r))
+            commits.on_reports(tracker, (ReportRecord(number, 0, r, "{}", 1.0, checkpoint_dir_name=name),))
+
+    attempt(0, 5, checkpoint_at=1)  # steps 0-4, a checkpoint after step 1
+    attempt(1, 4)  # resumed after step 1: steps 2-4 redone, step 5 new
+    assert rounds == [(0, False)] * 5 + [(1, True)] * 3 + [(1, False)]
