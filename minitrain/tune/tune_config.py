@@ -22,9 +22,11 @@ def _fail(field: str, value: Any, expected: str) -> ConfigError:
 class TuneConfig:
     """How to tune. `metric`/`mode` ('min' or 'max') are the defaults of the scheduler, the searcher and
     `ResultGrid.get_best_result`. `num_samples` repeats the param space's grid (with the default
-    searcher) or is the number of trials (with another searcher); -1 means "until time_budget_s".
-    `max_concurrent_trials` caps trials running at once (None or 0: as many as the hosts hold).
-    `search_alg` defaults to `BasicVariantGenerator()` (random + grid), `scheduler` to
+    searcher) or is the number of trials (with another searcher); -1 means "sample until time_budget_s is
+    spent". `time_budget_s` (seconds, or a `datetime.timedelta`, kept as seconds) ends the sweep: no
+    trial starts after it, and running trials are stopped at once (their processes get Ctrl-C) and end
+    TERMINATED, as Ray's. `max_concurrent_trials` caps trials running at once (None or 0: as many as
+    the hosts hold). `search_alg` defaults to `BasicVariantGenerator()` (random + grid), `scheduler` to
     `FIFOScheduler()`. `trial_name_creator(trial)` and `trial_dirname_creator(trial)` name a trial
     from its `trial_id` and `config`. `reuse_actors` must stay False (each trial is its own process).
     """

@@ -349,7 +349,9 @@ class Tuner:
         As Ray, only the trainable must be passed again: the sweep's `param_space`, `tune_config` and
         `run_config` come from what it stored when it started (minitrain.tune.restore_spec: JSON, or a pickle
         sealed with the user's key, never an unauthenticated pickle). Passing one of them again replaces the
-        stored one (e.g. a param space holding objects that cannot be pickled). `resume_errored` retries
+        stored one (e.g. a param space holding objects that cannot be pickled); a `param_space` passed again
+        hands its objects (data sets, functions) to the trials that run again, their sampled values staying
+        their own (Ray's semantics; `restore_spec.respecify`). `resume_errored` retries
         failed trials from their checkpoint, `restart_errored` from scratch; `resume_unfinished=False` ends
         unfinished trials as TERMINATED. Without `trainable` the Tuner only answers `get_results()` (the
         sweep as stored; nothing runs).
