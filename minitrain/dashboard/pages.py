@@ -17,6 +17,8 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from minitrain.dashboard.api import RunView, goodput_of, snapshot
 from minitrain.monitoring.goodput import CAUSES, line as goodput_line
 from minitrain.monitoring.diagnoses import startup_status, startup_text
+from minitrain.errors import render_failed_attempts
+from minitrain.records import FailedAttempt, Phase
 from minitrain.run_state import RunState, from_ray_status
 
 # The colour of the state badge (a class of static/dashboard.css): "busy" for the states in between.
@@ -163,8 +165,28 @@ def ranks_html(ranks: list[dict], live: bool) -> str:
     return _table("ranks", headers, rows, "no rank has reported yet")
 
 
+def failed_by_host(attempts: list[dict]) -> str:
+    """The failed attempts grouped by their root cause's host, as the end-of-run summary says them
+    (`minitrain.errors.render_failed_attempts`: the host with the most first, each cause with how many
+    attempts it ended); "" when no attempt failed."""
+    failed = []
+    for attempt in attempts:
+        root = attempt.get("root")
+        if not isinstance(root, dict):
+            continue
+        try:
+            phase = Phase[root.get("phase")]
+        except KeyError:
+            phase = Phase.TRAINING
+        failed.append(FailedAttempt(attempt=attempt.get("attempt") or 0, host=str(root.get("host")),
+                                    rank=root.get("rank") if isinstance(root.get("rank"), int) else -1,
+                                    phase=phase, cause=str(root.get("cause"))))
+    return render_failed_attempts(failed)
+
+
 def attempts_html(attempts: list[dict]) -> str:
-    """One row per attempt, with its failures and root cause."""
+    """One row per attempt, with its failures and root cause, after the failed attempts grouped by host."""
+    summary = failed_by_host(attempts)
     rows = []
     for attempt in attempts:
         failures = "".join(
@@ -178,8 +200,11 @@ def attempts_html(attempts: list[dict]) -> str:
             f'<td>{_e(_clock(attempt.get("ended_at")))}</td><td>{_e(", ".join(attempt.get("hosts") or []))}</td>'
             f'<td>{_e(outcome)}</td><td><ul class="failures">{failures}</ul></td>'
             f'<td><pre class="root-cause">{_e(attempt.get("root_cause"))}</pre></td></tr>')
-    return _table("attempts", ["Attempt", "Started", "Ended", "Hosts", "Outcome", "Failures", "Root cause"],
-                  rows, "no attempt yet")
+    table = _table("attempts", ["Attempt", "Started", "Ended", "Hosts", "Outcome", "Failures", "Root cause"],
+                   rows, "no attempt yet")
+    if not summary:
+        return table
+    return f'<pre class="failed-by-host">{_e(summary)}</pre>{table}'
 
 
 def checkpoints_html(checkpoints: list[dict]) -> str:

@@ -57,6 +57,7 @@ from minitrain.coordinator.observers import (
 )
 from minitrain.monitoring.stragglers import StragglerDetector, StragglerRule, work_time
 from minitrain.records import ReportRecord, RunOutcome
+from minitrain.errors import root_cause
 from minitrain.run_state import RunState, from_ray_status, ray_status
 from minitrain.storage.layout import EVENTS_NAME, INDEX_NAME, METRICS_NAME, TELEMETRY_NAME, split_metrics_lines
 
@@ -324,8 +325,12 @@ class RunMonitor(RunObserver):
             record = self._attempt(end.attempt)
             if record is None:
                 return
+            root = None
+            if end.failures:  # the root cause as the end-of-run summary groups it (by host)
+                cause = root_cause(list(end.failures))
+                root = {"host": cause.node, "rank": cause.rank, "phase": cause.phase.name, "cause": cause.cause}
             record.update(ended_at=end.ended_at, failures=failures, root_cause=end.root_cause,
-                          restarting=end.restarting)
+                          restarting=end.restarting, root=root)
             timing = self._ledger.facts(end.attempt)
             self._ledger.attempt_ended(end.attempt, end.ended_at)
             self._refresh_open_episodes()
@@ -414,7 +419,8 @@ class RunMonitor(RunObserver):
     def attempts(self) -> list[dict]:
         """One dict per attempt: {"attempt", "started_at", "ended_at", "hosts", "host_memory_bytes" ({host:
         its total memory}; absent in runs written before it existed), "failures": [{"rank", "host", "kind",
-        "exc_type", "message", "consequence"}], "root_cause", "restarting"}."""
+        "exc_type", "message", "consequence"}], "root_cause", "restarting", "root" ({"host", "rank", "phase",
+        "cause"} of a failed attempt's root cause, as the end-of-run summary groups it; None otherwise)}."""
         with self._lock:
             return json.loads(json.dumps(self._attempts, default=str))
 

@@ -479,3 +479,21 @@ def test_the_memory_hint_counts_the_warm_up_from_each_rank_s_first_step_past_the
     assert hint["ranks"] == [0] and "rank(s) 0 (" in hint["message"]
     monitor.on_run_end(RunOutcome(state="FINISHED", attempt=0, last_metrics=None))
     assert RunMonitor.from_run_dir(storage).hints() == monitor.hints()
+
+
+def test_the_dashboard_groups_failed_attempts_by_their_root_cause_s_host(tmp_path):
+    """The attempts the monitor records carry their root cause, which the dashboard groups by host as the
+    end-of-run summary does (the same function says both); one that has not failed adds nothing."""
+    from minitrain.dashboard.pages import attempts_html, failed_by_host
+
+    storage = Storage.for_run(str(tmp_path), "exp")
+    storage.makedirs()
+    monitor = RunMonitor(storage, kept_dir_names=lambda: {"checkpoint_000003"}, rule=RULE, clock=lambda: 34.0)
+    drive(monitor)
+    failed, current = monitor.attempts()
+    assert failed["root"] == {"host": "host1", "rank": 1, "phase": "TRAINING", "cause": "ValueError: boom"}
+    assert current.get("root") is None
+    summary = failed_by_host(monitor.attempts())
+    assert summary == "1 attempt failed on host host1: 1x rank 1 during training: ValueError: boom"
+    assert summary in attempts_html(monitor.attempts())
+    assert failed_by_host([current]) == ""
