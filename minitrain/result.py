@@ -95,6 +95,9 @@ class Result:
     `stragglers` lists every rank that was a straggler during the run (a `Straggler` per episode, in
     the order they started; empty when none was, and in local mode). `resizes` lists an elastic run's
     resizes (a `Resize` each, in order; empty for a fixed-size run or one that never changed size).
+    `failed_attempts` lists the attempts of this `fit()` that failed before it succeeded (a
+    `minitrain.records.FailedAttempt` each: the root cause's host, rank, phase and cause, as
+    `WorkerGroupError.failed_attempts` has them; empty when none failed).
     `checkpoint_commits` lists the checkpoints this `fit()` committed, in order, each with when it was
     committed and when it became durable (a `CheckpointCommit`; docs/guide/checkpoints.md, "The memory
     tier"); a run that returns has every one of them durable.
@@ -121,6 +124,7 @@ class Result:
     stragglers: list = field(default_factory=list)
     resizes: list = field(default_factory=list)
     checkpoint_commits: list = field(default_factory=list)
+    failed_attempts: list = field(default_factory=list)
     goodput: Optional[Goodput] = None
     _shown_filesystem: Any = field(default=None, init=False, repr=False, compare=False)
 

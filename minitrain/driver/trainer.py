@@ -556,5 +556,6 @@ def _result_or_raise(outcome: RunOutcome, storage: Storage, checkpoints: Checkpo
         stragglers=[Straggler.from_dict(episode) for episode in stragglers or ()],
         resizes=[Resize.from_dict(entry) for entry in resizes or ()],
         checkpoint_commits=[CheckpointCommit.from_dict(entry) for entry in commits or ()],
+        failed_attempts=list(outcome.failed_attempts),
         goodput=goodput,
     )

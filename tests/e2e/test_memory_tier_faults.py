@@ -127,6 +127,8 @@ def _kill_rank_0_right_after_reports(tmp_path, tiers, mode: str) -> None:
         assert resumed["path"].startswith(str(tiers) + os.sep), resumed
     assert _named(run) == ["checkpoint_000000", "checkpoint_000001"]  # durable when fit() returned
     assert result.checkpoint.path == str(run / "checkpoint_000001")
+    [failed] = result.failed_attempts  # the run succeeded after one failure, which its Result names
+    assert (failed.attempt, failed.rank) == (0, 0) and "SIGKILL" in failed.cause, failed
     _assert_consistent(run)
     _assert_nothing_left(tiers)
 
