@@ -6,7 +6,8 @@ life of one attempt; a restart builds a new one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,6 +27,7 @@ class TrainContext:
     device_indices: tuple[int, ...] = ()
     storage_path: str = ""
     local_mode: bool = False
+    storage: Any = field(default=None, repr=False, compare=False)  # a minitrain.worker.session.StorageContext
 
     def get_experiment_name(self) -> str:
         """`RunConfig.name` of this run."""
@@ -50,6 +52,16 @@ class TrainContext:
     def get_node_rank(self) -> int:
         """Index of this worker's node among the run's nodes, in rank order."""
         return self.node_rank
+
+    def get_storage(self) -> Any:
+        """The run's `minitrain.worker.session.StorageContext` (Ray's `get_context().get_storage()`): where a `NO_UPLOAD` writer
+        or a `checkpoint_upload_fn` puts a checkpoint directory. RuntimeError in local mode
+        (`num_workers=0`), where there is no run directory, as in Ray's local mode."""
+        if self.storage is None:
+            raise RuntimeError("minitrain.get_context().get_storage() is not available in local mode "
+                               "(ScalingConfig(num_workers=0)): there is no run directory. Report "
+                               "checkpoints with the default SYNC upload mode there.")
+        return self.storage
 
     def get_metadata(self):
         """Removed in Ray Train v2; raises `DeprecationWarning` as Ray does."""
@@ -76,3 +88,4 @@ _TRIAL_GETTER_MESSAGE = (
     "TrainContext.{name}() belongs to Ray Tune trials and was removed from Ray Train v2, which minitrain "
     "mirrors. Pass what you need through train_loop_config instead."
 )
+

@@ -18,6 +18,7 @@ made meanwhile queue behind them so every rank's reports stay in call order.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -125,6 +126,9 @@ class WorkerSession:
                  report_index_base: int = 0, initial_checkpoint_dir: str = "",
                  committed_dir_names: tuple[str, ...] = (), memory_tier: Optional[MemoryTier] = None,
                  restore: Optional[tuple[str, str]] = None):
+        if storage is not None and context.storage is None:  # what get_context().get_storage() returns
+            context = dataclasses.replace(context, storage=StorageContext(storage, context.storage_path,
+                                                                          context.experiment_name))
         self.context = context
         self.storage = storage
         self.upload_in_progress = False
@@ -425,6 +429,54 @@ class WorkerSession:
                              f"{self.storage.url('')!r} on the run's filesystem, got {path!r}.")
         _check_dir_name(name)
         return name
+
+
+class StorageContext:
+    """Ray's `StorageContext`, backed by minitrain's `Storage` of the run directory.
+
+    `storage_path` (`RunConfig.storage_path`), `experiment_dir_name` (`RunConfig.name`),
+    `storage_filesystem` (a `pyarrow.fs.FileSystem` whenever pyarrow is installed, as
+    `Checkpoint.filesystem`), `experiment_fs_path` (the run directory as a path on that filesystem),
+    `build_checkpoint_path_from_name(name)` (`<experiment_fs_path>/<name>`, for `NO_UPLOAD` writers) and
+    `persist_current_checkpoint(checkpoint, checkpoint_dir_name)` (upload a checkpoint's files there and
+    return the `Checkpoint` on storage, for `checkpoint_upload_fn`).
+    """
+
+    def __init__(self, storage: Any, run_path: str, experiment_dir_name: str):
+        self._storage = storage
+        # The worker is told the run directory `<storage_path>/<name>`; Ray's storage_path is its parent.
+        suffix = "/" + experiment_dir_name
+        self.storage_path = run_path[:-len(suffix)] if run_path.endswith(suffix) else run_path
+        self.experiment_dir_name = experiment_dir_name
+
+    @property
+    def storage_filesystem(self) -> Any:
+        """The run's filesystem, as `Checkpoint.filesystem` shows it (pyarrow when installed)."""
+        return self._storage.public_fs
+
+    @property
+    def experiment_fs_path(self) -> str:
+        """The run directory `<storage_path>/<name>` as a path on `storage_filesystem` (no protocol)."""
+        return self._storage.path("")
+
+    def build_checkpoint_path_from_name(self, checkpoint_dir_name: str) -> str:
+        """`<experiment_fs_path>/<checkpoint_dir_name>`: where a `NO_UPLOAD` checkpoint of that name
+        goes. ValueError for a name that is not a plain directory name or that minitrain reserves."""
+        _check_dir_name(checkpoint_dir_name)
+        return self._storage.path(checkpoint_dir_name)
+
+    def persist_current_checkpoint(self, checkpoint: Any, checkpoint_dir_name: str) -> Any:
+        """Upload `checkpoint`'s files into `<run>/<checkpoint_dir_name>/` and return the
+        `minitrain.Checkpoint` there (what a `checkpoint_upload_fn` returns). Files of the same name
+        already there are replaced; the directory is committed by the report that names it."""
+        _check_dir_name(checkpoint_dir_name)
+        with checkpoint.as_directory() as local_dir:
+            self._storage.upload_dir(local_dir, checkpoint_dir_name)
+        return Checkpoint(self._storage.path(checkpoint_dir_name), filesystem=self._storage.checkpoint_fs)
+
+    def __repr__(self) -> str:
+        return (f"StorageContext(storage_path={self.storage_path!r}, experiment_dir_name="
+                f"{self.experiment_dir_name!r})")
 
 
 def _stage(path: str) -> str:
