@@ -184,6 +184,7 @@ class CheckpointManager:
         self._pending_evictions: tuple[CheckpointRecord, ...] = ()  # dropped at load by a new config
         self._created: frozenset[str] = frozenset()  # made by this run, not committed: ours to delete
         self._warned_missing = False
+        self._in_place: frozenset[str] = frozenset()  # written by NO_UPLOAD ranks, staged ranks merge in
 
     # ------------------------------------------------------------------------------ loading
 
@@ -273,6 +274,12 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------------------ commits
 
+    def expect_in_place(self, dir_name: str) -> None:
+        """A round's NO_UPLOAD ranks wrote `dir_name` in the run directory themselves, and its other
+        ranks' files are staged: `commit` merges those into it instead of refusing a directory this
+        run did not create (and never deletes it first)."""
+        self._in_place = self._in_place | {check_dir_name(dir_name)}
+
     def commit(self, record: CheckpointRecord, staged: tuple[str, ...] = ()) -> Retention:
         """Commit `record` as the latest checkpoint: move the staged uploads `staged` (directories
         relative to the run directory, in merge order) into `record.dir_name`, then `register` it.
@@ -290,7 +297,9 @@ class CheckpointManager:
             if target in self.committed_dir_names or target in self._persisted_names:
                 raise StorageError(f"cannot commit {url}: a committed checkpoint of this name exists, and "
                                    "committed checkpoints are never written again")
-            if self.storage.exists(target):
+            if target in self._in_place:  # the round's NO_UPLOAD ranks' files: merge the staged ones in
+                self._in_place = self._in_place - {target}
+            elif self.storage.exists(target):
                 if target not in self._created:
                     raise StorageError(
                         f"cannot commit {url}: a directory of that name exists and minitrain did not create "

@@ -55,6 +55,10 @@ class CheckpointBook(Protocol):
     def advance_report_index(self, n: int) -> None:
         """Rounds up to n were processed."""
 
+    def expect_in_place(self, dir_name: str) -> None:
+        """Ranks wrote into `dir_name` in the run directory (NO_UPLOAD) beside ranks whose files are
+        staged or in a memory tier: the commit merges those into it."""
+
     def delete_garbage(self) -> list[str]:
         """Remove directories of uncommitted checkpoints."""
 
@@ -236,6 +240,8 @@ class Commits:
                 staged = tuple(staged_dir(tracker.attempt, rank, record.dir_name) for rank in done.staged_ranks)
                 try:
                     self._metrics_log.flush()
+                    if done.in_place_ranks and (done.staged_ranks or done.tier_ranks):  # a mix of upload modes
+                        self.checkpoints.expect_in_place(record.dir_name)
                     if done.tier_ranks or self.durability.pending:  # committed in memory; durable later, in order
                         held = True
                         self.durability.hold(record, tracker.attempt, _holders(tracker, done.tier_ranks),

@@ -26,6 +26,7 @@ class CompletedRound:
     staged_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their staging directory
     ack_ranks: tuple[int, ...] = ()  # ranks waiting for this round's commit
     tier_ranks: tuple[int, ...] = ()  # ranks whose checkpoint files wait in their node's memory tier
+    in_place_ranks: tuple[int, ...] = ()  # ranks whose files already lie in the run directory (NO_UPLOAD)
 
 
 @dataclass
@@ -35,6 +36,7 @@ class _Pending:
     staged: list = field(default_factory=list)  # ranks that uploaded to staging
     acks: list = field(default_factory=list)  # ranks that wait for the commit
     tier: list = field(default_factory=list)  # ranks whose files are in their node's memory tier
+    in_place: list = field(default_factory=list)  # ranks that wrote into the run directory themselves
 
 
 class RoundTracker:
@@ -75,6 +77,8 @@ class RoundTracker:
                 pending.staged.append(rank)
             elif in_tier:
                 pending.tier.append(rank)
+            else:
+                pending.in_place.append(rank)
         return self._release()
 
     def finish(self, rank: int, rounds_reported: int) -> list[CompletedRound]:
@@ -111,7 +115,7 @@ class RoundTracker:
             names = set(pending.dir_names.values())
             done.append(CompletedRound(self._next, names.pop() if names else "", pending.metrics,
                                        tuple(sorted(pending.staged)), tuple(pending.acks),
-                                       tuple(sorted(pending.tier))))
+                                       tuple(sorted(pending.tier)), tuple(sorted(pending.in_place))))
             del self._pending[self._next]
             self._next += 1
         return done
