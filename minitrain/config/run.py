@@ -260,6 +260,28 @@ class MonitoringConfig:
 _DEFAULT_STORAGE_PATH = "~/minitrain_results"
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _RUNTIME_ENV_KEYS = ("env_vars", "working_dir")
+# Ray's other runtime_env keys, each refused with why and what to do instead: minitrain starts workers
+# with the hosts' own Python environment and files (it has no package cache and uploads no code).
+_INSTALL_FIX = "install them on every host before the run (the same environment the driver uses)"
+_REFUSED_RUNTIME_ENV_KEYS = {
+    "pip": f"minitrain does not install packages: {_INSTALL_FIX}",
+    "uv": f"minitrain does not install packages: {_INSTALL_FIX}",
+    "conda": f"minitrain does not install packages or switch environments: {_INSTALL_FIX}",
+    "py_modules": "minitrain does not upload modules: the workers import from the driver's sys.path, so "
+                  "put the modules on a path every host shares, or install them on every host",
+    "py_executable": "workers run under the Python that runs the agent on each host; start the run with "
+                     "the interpreter you want",
+    "container": "minitrain does not start containers: run the driver and agents inside the image",
+    "image_uri": "minitrain does not start containers: run the driver and agents inside the image",
+    "excludes": "minitrain does not upload working_dir (workers run in it on their own host), so there is "
+                "nothing to exclude; remove it",
+    "java_jars": "minitrain runs Python workers only; remove it",
+    "nsight": "minitrain does not wrap workers in a profiler; start nsys inside the training function",
+    "mpi": "minitrain does not launch workers through MPI; remove it",
+    "config": "RuntimeEnvConfig (setup_timeout_seconds, eager_install) times a runtime environment's "
+              "installation, which minitrain does not do; remove it",
+    "worker_process_setup_hook": "call the setup function at the top of the training function instead",
+}
 
 
 def _default_name() -> str:
@@ -315,6 +337,11 @@ def _env_vars(value: Any) -> ReadOnlyDict:
             raise ConfigError(f"{where}[{key!r}] must be a str, got {val!r}. Convert it, e.g. str({val!r}).")
         if "\0" in val:
             raise ConfigError(f"{where}[{key!r}] contains a NUL character, which environment values cannot hold.")
+        if "${" in val:
+            raise ConfigError(
+                f"{where}[{key!r}]={val!r} references another variable: Ray expands ${{VAR}} from each worker's "
+                f"environment, minitrain sets values as given. Spell the value out, or build it in the training "
+                f"function (os.environ[{key!r}] = os.environ.get(...) + ...).")
     return ReadOnlyDict(value)
 
 
@@ -324,6 +351,12 @@ def _runtime_env(value: Any) -> ReadOnlyDict:
     if not isinstance(value, Mapping):
         raise _fail("RunConfig", "worker_runtime_env", "None or a dict", value,
                     "For example {'env_vars': {'OMP_NUM_THREADS': '4'}}.")
+    for key in value:
+        if key in _REFUSED_RUNTIME_ENV_KEYS:
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env[{key!r}]={value[key]!r} is not supported: "
+                f"{_REFUSED_RUNTIME_ENV_KEYS[key]}. minitrain supports only 'env_vars' and 'working_dir'; it "
+                f"does not install packages (pip, conda, uv, py_modules).")
     unknown = [key for key in value if key not in _RUNTIME_ENV_KEYS]
     if unknown:
         raise ConfigError(
@@ -340,7 +373,13 @@ def _runtime_env(value: Any) -> ReadOnlyDict:
         if not isinstance(working_dir, str) or not working_dir:
             raise ConfigError(f"RunConfig.worker_runtime_env['working_dir'] must be a non-empty str, got "
                               f"{working_dir!r}. Use the directory the workers should run in.")
-        env["working_dir"] = working_dir
+        if _URL.match(working_dir) or working_dir.endswith((".zip", ".whl")):
+            raise ConfigError(
+                f"RunConfig.worker_runtime_env['working_dir']={working_dir!r}: minitrain does not download or "
+                "unpack a working directory (Ray uploads it); workers run in a directory that exists on "
+                "every host. Unpack it on every host (or on shared storage) and pass that path.")
+        # Relative to the driver's directory, as Ray reads it; workers may start elsewhere.
+        env["working_dir"] = os.path.abspath(os.path.expanduser(working_dir))
     return ReadOnlyDict(env)
 
 
@@ -393,8 +432,11 @@ class RunConfig:
     paths are expanded and made absolute; URLs (`s3://`, `file://`, `memory://`, ...) and paths inside a
     given `storage_filesystem` (a `pyarrow.fs.FileSystem` or an fsspec filesystem; anything else raises
     `ConfigError`) are kept as given. None for a sub-config means its
-    default; `worker_runtime_env` is stored as a read-only dict holding at most `env_vars` (str -> str)
-    and `working_dir` (str). `callbacks` is None or a list of driver-side callbacks (stored as a
+    default; `worker_runtime_env` is stored as a read-only dict holding at most `env_vars` (str -> str,
+    set on every worker as given; a `${VAR}` reference raises) and `working_dir` (every worker's
+    directory, made absolute against the driver's; a URL or archive raises). Ray's other runtime_env
+    keys (`pip`, `conda`, `uv`, `py_modules`, `container`, ...) raise `ConfigError` naming the key and
+    what to do instead (`_REFUSED_RUNTIME_ENV_KEYS`). `callbacks` is None or a list of driver-side callbacks (stored as a
     tuple): `minitrain.UserCallback`s, the trackers of `minitrain.callbacks`, or any object with at
     least one of their hooks (`CALLBACK_HOOKS`); anything else raises `ConfigError` naming its index.
     `monitoring_config` (a minitrain extension, `MonitoringConfig`) sets the driver's straggler rule

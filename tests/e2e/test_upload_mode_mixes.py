@@ -1,7 +1,8 @@
 """Ranks that report one round in different upload modes, end to end (Ray's
 test_report_mixed_checkpoint_upload_modes and test_report_checkpoint_upload_fn, ported): every pair of
 SYNC, ASYNC, NO_UPLOAD and no checkpoint between two ranks, and a checkpoint_upload_fn on one rank only,
-each commit one merged directory holding every rank's files, with the memory tier on (the default).
+each commit one merged directory holding every rank's files, with the memory tier on (the default) and
+off. The second run also checks that RunConfig(worker_runtime_env=...) reaches every rank.
 
 Two 2-worker fit() runs on CPU with storage under tmp_path."""
 
@@ -83,6 +84,8 @@ def train_upload_fn_on_one_rank(config):
     writes in place (NO_UPLOAD) or reports no checkpoint."""
     rank = minitrain.get_context().get_world_rank()
     storage = minitrain.get_context().get_storage()
+    # RunConfig(worker_runtime_env=...) reaches every rank: its env_vars, and working_dir as the cwd.
+    assert (os.environ.get("MT_RUNTIME_ENV"), os.getcwd()) == ("on every rank", config["working_dir"])
 
     def upload(checkpoint, dir_name):  # Ray's test_report_checkpoint_upload_fn
         target = storage.build_checkpoint_path_from_name(dir_name)
@@ -107,10 +110,14 @@ def train_upload_fn_on_one_rank(config):
 
 
 def test_checkpoint_upload_fn_on_some_ranks_merges_with_uploads_without_a_tier(tmp_path):
-    result = TorchTrainer(train_upload_fn_on_one_rank, scaling_config=ScalingConfig(num_workers=2),
+    working_dir = tmp_path / "wd"
+    working_dir.mkdir()
+    runtime_env = {"env_vars": {"MT_RUNTIME_ENV": "on every rank"}, "working_dir": str(working_dir)}
+    result = TorchTrainer(train_upload_fn_on_one_rank, train_loop_config={"working_dir": str(working_dir)},
+                          scaling_config=ScalingConfig(num_workers=2),
                           run_config=RunConfig(name="fn", storage_path=str(tmp_path / "results"),
-                                               checkpoint_config=minitrain.CheckpointConfig(memory_tier_bytes=0))
-                          ).fit()
+                                               checkpoint_config=minitrain.CheckpointConfig(memory_tier_bytes=0),
+                                               worker_runtime_env=runtime_env)).fit()
     assert [os.path.basename(c.path) for c, _ in result.best_checkpoints] == [f"ckpt_{i}" for i in range(4)]
     for i, (checkpoint, _) in enumerate(result.best_checkpoints):
         ranks = [rank for rank in (0, 1) if UPLOAD_FN_PLAN[i][rank] is not None]
