@@ -35,7 +35,12 @@ def report(metrics: dict, checkpoint: Any = None, checkpoint_dir_name: Optional[
     checkpoints evicted by `CheckpointConfig` are deleted. `checkpoint_upload_mode`: SYNC (upload,
     then return), ASYNC (return at once; uploads run in order in the background, and a failed upload
     fails the worker), NO_UPLOAD (the directory already lies in the run directory).
-    `delete_local_checkpoint_after_upload` defaults to True for ASYNC, False otherwise.
+    `delete_local_checkpoint_after_upload` defaults to True for ASYNC, False otherwise. Ranks of one
+    round may use different modes (and a `checkpoint_upload_fn` on some ranks only): the commit merges
+    every rank's files into the one directory. A NO_UPLOAD writer or an upload function finds the run
+    directory through `get_context().get_storage()`. `validation` takes only Ray's default, False:
+    asynchronous checkpoint validation is not supported (ValueError naming the fix: evaluate in the
+    training function and report the metrics with the checkpoint).
 
     Each call ends one step of the rank's telemetry (step time is the interval between calls; the
     time inside the call, waiting for a checkpoint round's commit included, is its report wait).
@@ -70,7 +75,8 @@ def get_checkpoint() -> Any:
 
 
 def get_context() -> TrainContext:
-    """This worker's `TrainContext` (ranks, world sizes, experiment name)."""
+    """This worker's `TrainContext` (ranks, world sizes, experiment name, and `get_storage()`: the run
+    directory's `StorageContext`)."""
     return _session.current("get_context").context
 
 

@@ -167,9 +167,13 @@ class WorkerSession:
                checkpoint_upload_fn: Any = None, validation: Any = False) -> None:
         """One report of this rank (see `minitrain.report` for the contract)."""
         text = encode_metrics(metrics)
-        if validation:
-            raise ValueError("minitrain.report(validation=...) is not supported: minitrain has no "
-                             "ValidationConfig. Evaluate in the training function and report the metrics.")
+        if validation is not False and validation is not None:  # Ray's default is False
+            raise ValueError(
+                f"minitrain.report(validation={validation!r}) is not supported: minitrain has no asynchronous "
+                "checkpoint validation (TorchTrainer(validation_config=...) is refused too; see docs/porting.md, "
+                "'Not supported'). Evaluate the model in the training function, on rank 0 or every rank, and "
+                "pass the validation metrics to this report() with its checkpoint: CheckpointConfig's "
+                "checkpoint_score_attribute then ranks by them and Result.best_checkpoints shows them.")
         if report_window.must_wait(self._round, self._client.recorded_round):
             self._wait_for_window(report_window.oldest_allowed(self._round))
         if checkpoint is None:
