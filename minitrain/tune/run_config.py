@@ -20,6 +20,7 @@ from minitrain.config import FailureConfig as TrainFailureConfig
 from minitrain.config import LoggingConfig
 from minitrain.config import RunConfig as TrainRunConfig
 from minitrain.errors import ConfigError
+from minitrain.tune.callback import check_callbacks
 from minitrain.tune.stopper import Stopper, as_stopper
 
 DEFAULT_STORAGE_PATH = "~/minitrain_results"
@@ -99,7 +100,8 @@ class RunConfig:
     `failure_config` and `checkpoint_config` are Tune's (Train's are accepted too). `verbose` 0
     hides the trial table (1-3, a `Verbosity`, or None show it). `sync_config` and `log_to_file` are
     accepted (trials write to storage directly; each trial's output is in `.tune/<trial>.log`).
-    `callbacks` (Tune's `Callback`s) and `progress_reporter` raise ConfigError: not supported.
+    `callbacks` is a list of `tune.Callback`s the sweep loop calls (minitrain.tune.callback; anything
+    else raises ConfigError naming the entry); `progress_reporter` raises ConfigError: not supported.
     `logging_config` (a minitrain extension) sets the driver's log level.
     """
 
@@ -144,11 +146,8 @@ class RunConfig:
         if not isinstance(self.log_to_file, (bool, str, tuple, list)):
             raise ConfigError(f"tune.RunConfig(log_to_file={self.log_to_file!r}) must be a bool, a file name "
                               "or a (stdout, stderr) pair.")
-        if self.callbacks:
-            raise _unsupported("callbacks", self.callbacks, "Tune callbacks (tune.Callback, tune.logger.*) are "
-                               "not called by minitrain's sweep loop. Each trial's results are in "
-                               "<storage_path>/<name>/.tune/<trial>.jsonl and ResultGrid; a TorchTrainer in a "
-                               "trial takes minitrain callbacks in its own RunConfig.")
+        if self.callbacks is not None:  # Ray's check: each entry a tune.Callback (a TypeError-like ConfigError)
+            set_("callbacks", check_callbacks(self.callbacks))
         if self.progress_reporter is not None:
             raise _unsupported("progress_reporter", self.progress_reporter, "the trial table is minitrain's "
                                "live console (MINITRAIN_STATUS) and the sweep's dashboard page; verbose=0 hides it.")

@@ -8,6 +8,13 @@ scheduler (CONTINUE/STOP, answered to the waiting trial) and the searcher; the s
 after every change, so a killed tuner resumes from it. What the sweep is (`SweepSpec`) is fixed
 before the loop starts; the loop owns only what changes: the trials, the running processes, why it
 stops. Its messages with the trial processes are records of minitrain.tune.messages.
+
+A scheduler's PAUSE stops the trial's process after that result (a trial is a process: pausing ends
+it, at its latest checkpoint); the trial keeps its id and starts again, from that checkpoint, once the
+scheduler lets it (`_Controller.unpause`; at once for schedulers that do not hold paused trials, after
+the trials that wait). PBT's exploit hands the trial another trial's checkpoint and a new config before
+it starts again. The loop calls the sweep's `tune.Callback`s (minitrain.tune.callback) at Ray's points.
+`_spawn` is the one place a trial process is started (tests drive the loop with in-process fakes).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any, Callable, Optional
 import cloudpickle
 
 from minitrain import knobs
+from minitrain.checkpoint import Checkpoint
 from minitrain.dashboard.settings import ENV_VAR as DASHBOARD_ENV
 from minitrain.dashboard.sweep import trials_address_value
 from minitrain.errors import ConfigError
@@ -41,10 +49,11 @@ from minitrain.tune.messages import (Decision, TrialFailed, TrialFinished, Trial
                                      TrialReported, TrialStarting)
 from minitrain.tune.placement import Demand
 from minitrain.tune.resources import ClusterRoom, Reservation
-from minitrain.tune.schedulers import STOP, AsyncHyperBandScheduler, TrialScheduler
+from minitrain.tune.callback import CallbackList
+from minitrain.tune.schedulers import NOOP, PAUSE, STOP, AsyncHyperBandScheduler, SchedulerController, TrialScheduler
 from minitrain.tune.search import Searcher
 from minitrain.tune.session import TuneContext
-from minitrain.tune.stopper import MissingStopKey, NoopStopper, Stopper
+from minitrain.tune.stopper import CombinedStopper, MissingStopKey, NoopStopper, Stopper, TimeoutStopper
 from minitrain.tune.trial_process import TrialPayload
 
 logger = logging.getLogger("minitrain")
@@ -72,6 +81,7 @@ class _Running:
         self.since_restore = 0
         self.forced_error: Optional[tr.TrialError] = None  # the loop failed the trial (a `stop` key it lacks)
         self.budget_stopped = False  # interrupted because time_budget_s was spent: it ends TERMINATED
+        self.pausing = False  # answered STOP for a scheduler's PAUSE (or PBT's exploit): it starts again later
 
     def answer(self, decision: Decision) -> None:
         try:
@@ -137,8 +147,15 @@ class SweepLoop:
     sweep under `fail_fast` (else None), and `raised` each failed trial's exception as it pickled it."""
 
     def __init__(self, spec: SweepSpec, trials: list[tr.Trial], *, room: ClusterRoom, searcher: Searcher,
-                 scheduler: TrialScheduler, reporter: Any, stopper: Optional[Stopper] = None):
+                 scheduler: TrialScheduler, reporter: Any, stopper: Optional[Stopper] = None,
+                 callbacks: Optional[CallbackList] = None):
         self.spec = spec
+        self.callbacks = callbacks if callbacks is not None else CallbackList()
+        self.step = 0  # the loop's steps, Ray's `iteration` argument of the callbacks
+        self.paused: set[str] = set()  # held by the scheduler until it unpauses them (not started meanwhile)
+        self.requeued: list[str] = []  # paused and free to start again: they start after the trials that wait
+        self.stop_paused: set[str] = set()  # paused trials the scheduler stopped while their process still ran
+        self.exploited: set[str] = set()  # trials that start again from another trial's checkpoint (PBT)
         self.room, self.searcher, self.scheduler, self.reporter = room, searcher, scheduler, reporter
         self.stopper = stopper if stopper is not None else NoopStopper()
         self.fail_fast_error: Optional[tuple[str, tr.TrialError]] = None  # (trial id, its error)
@@ -149,6 +166,7 @@ class SweepLoop:
         self.running: dict[str, _Running] = {}
         self.exhausted = len(trials) >= spec.total_trials
         self.stopping = ""  # why no new trial starts (the time budget)
+        scheduler.set_controller(_Controller(self))
 
     # ------------------------------------------------------------------ the loop
 
@@ -156,8 +174,15 @@ class SweepLoop:
         """Run the sweep until every trial ended (or the time budget is spent); Ctrl-C stops the
         trials and raises KeyboardInterrupt after the state file was written."""
         started, budget = time.monotonic(), self.spec.limits.time_budget_s
+        if self.callbacks:
+            stop = self.stopper if budget is None else CombinedStopper(self.stopper, TimeoutStopper(budget))
+            num_samples = self.spec.header.get("num_samples")
+            self.callbacks.call("setup", stop=stop, num_samples=-1 if num_samples == 10**9 else num_samples,
+                                total_num_samples=self.spec.total_trials)
         try:
             while True:
+                self.step += 1
+                self._callback("on_step_begin")
                 if budget is not None and not self.stopping and time.monotonic() - started > budget:
                     self._stop_all(f"time_budget_s={budget} reached")
                     for running in self.running.values():  # Ray stops them now, not at their next result
@@ -170,11 +195,15 @@ class SweepLoop:
                     trial_id, message = self.events.get(timeout=0.5)
                 except queue.Empty:
                     self.reporter.update(self.trials)
+                    self._callback("on_step_end")
                     continue
                 self._handle(trial_id, message)
                 self.reporter.update(self.trials)
+                self._callback("on_step_end")
+            self.callbacks.call("on_experiment_end", trials=self.trials)
         except KeyboardInterrupt:
             self._interrupt()
+            self.callbacks.call("on_experiment_end", trials=self.trials)
             raise
         except StorageError as exc:  # a full disk, a lost mount: the sweep cannot record its trials
             self._kill_running()
@@ -182,6 +211,9 @@ class SweepLoop:
                                f"could write and every committed checkpoint is kept. Free the space, then "
                                f"Tuner.restore({self.spec.experiment_path!r}, trainable) goes on from there."
                                ) from exc
+        except Exception:  # a callback's, a scheduler's error: the trials stop, the sweep stays resumable
+            self._kill_running()
+            raise
         finally:
             try:
                 self._save()
@@ -191,10 +223,24 @@ class SweepLoop:
                 logger.error("the sweep's state file could not be written either: %s", exc)
             self.reporter.finish(self.trials)
 
+    def _callback(self, hook: str, trial: Optional[tr.Trial] = None, **kwargs: Any) -> None:
+        """Call `hook` on the sweep's callbacks with Ray's arguments (iteration, trials[, trial])."""
+        if self.callbacks:
+            extra = {} if trial is None else {"trial": trial}
+            self.callbacks.call(hook, iteration=self.step, trials=self.trials, **extra, **kwargs)
+
     def _pending(self) -> list[tr.Trial]:
+        """The trials that may start now, the one to start first first: new and retried trials in order,
+        then paused ones free to go again (Ray's FIFO order), as the scheduler chooses among them."""
         if self.stopping:
             return []
-        return [t for t in self.trials if t.status == tr.TrialStatus.PENDING and t.trial_id not in self.running]
+        waiting = [t for t in self.trials if t.status == tr.TrialStatus.PENDING and t.trial_id not in self.running
+                   and t.trial_id not in self.paused]
+        later = [t for t in waiting if t.trial_id in self.requeued]
+        ordered = [t for t in waiting if t.trial_id not in self.requeued] + \
+            sorted(later, key=lambda t: self.requeued.index(t.trial_id))
+        chosen = self.scheduler.choose_trial_to_run([t.trial_id for t in ordered])
+        return sorted(ordered, key=lambda t: t.trial_id != chosen)
 
     def _start_trials(self) -> None:
         """Start trials while max_concurrent_trials and the hosts allow; the rest wait (queue) for a
@@ -229,6 +275,7 @@ class SweepLoop:
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
         self.reporter.trial_changed(trial)
         self._save()
+        self._callback("on_trial_error", trial)
         return True
 
     def _new_trial(self) -> Optional[tr.Trial]:
@@ -262,13 +309,16 @@ class SweepLoop:
             trial.iteration = trial.checkpoint_iteration
             trial.checkpoints = [c for c in trial.checkpoints if os.path.exists(c[0])]
         tr.make_tune_dir(self.spec.experiment_path)
-        tr.cut_history(self.spec.experiment_path, trial, trial.iteration)
+        if trial.trial_id not in self.exploited:  # an exploiting trial keeps its own history, as Ray's log
+            tr.cut_history(self.spec.experiment_path, trial, trial.iteration)
+        self.exploited.discard(trial.trial_id)
+        if trial.trial_id in self.requeued:
+            self.requeued.remove(trial.trial_id)
         trial_dir = os.path.join(self.spec.experiment_path, trial.dirname)
         context = TuneContext(trial.trial_id, trial.name, trial_dir, self.spec.experiment_name,
                               self.spec.experiment_path, dict(self.spec.trial_resources))
         payload = cloudpickle.dumps(TrialPayload(self.spec.trainable, trial.config, context, trial.checkpoint,
                                                  trial.iteration, reservation.cluster))
-        read_fd, write_fd = os.pipe()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(self.spec.pythonpath),
                knobs.TUNE_PARENT.name: str(os.getpid()), **reservation.env,
                # the trial's own subprocesses see only its hosts too (its fit()s get them in the payload)
@@ -278,11 +328,7 @@ class SweepLoop:
             env[DASHBOARD_ENV] = trials_address_value(env[DASHBOARD_ENV])
         # "starting for ..." until its first result
         trial.started_at, trial.startup_s, trial.startup_phase = time.time(), None, ""
-        with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
-                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
-                                    pass_fds=(write_fd,), start_new_session=True, env=env)
-        os.close(write_fd)
+        proc, read_fd = self._spawn(trial, env)
         try:
             proc.stdin.write(struct.pack(">Q", len(payload)) + payload)
             proc.stdin.flush()
@@ -296,6 +342,20 @@ class SweepLoop:
                          name=f"minitrain-tune-{trial.trial_id}").start()
         self.reporter.trial_changed(trial)
         self._save()
+        self._callback("on_trial_start", trial)
+        if trial.checkpoint:
+            self._callback("on_trial_restore", trial)
+
+    def _spawn(self, trial: tr.Trial, env: dict) -> tuple[Any, int]:
+        """Start `trial`'s process: (its Popen, the read end of its report pipe). The process reads its
+        payload on stdin, writes its messages on the pipe, and logs to the trial's log file."""
+        read_fd, write_fd = os.pipe()
+        with open(tr.open_log(self.spec.experiment_path, trial), "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "minitrain.tune.trial_process", str(write_fd)],
+                                    stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                    pass_fds=(write_fd,), start_new_session=True, env=env)
+        os.close(write_fd)
+        return proc, read_fd
 
     def _read(self, trial_id: str, fd: int) -> None:
         with os.fdopen(fd, "r") as stream:
@@ -341,6 +401,8 @@ class SweepLoop:
             trial.checkpoint, trial.checkpoint_iteration = message.checkpoint, trial.iteration
             trial.checkpoints.append((message.checkpoint, result))
             evicted = self._retain(trial)
+            self._callback("on_checkpoint", trial, checkpoint=Checkpoint(message.checkpoint))
+            self._callback("on_trial_save", trial)
         trial.last_result = result
         tr.append_history(self.spec.experiment_path, trial, result)
         decision = self.scheduler.on_trial_result(trial.trial_id, result)
@@ -349,8 +411,16 @@ class SweepLoop:
             trial.stop_reason = self._stop_reason(result)
         if self._stopper_says_stop(running, result):
             decision = STOP
+        self._callback("on_trial_result", trial, result=dict(result))
         if decision == STOP or self.stopping:
             running.stop_sent = True
+            running.pausing = False
+            self.paused.discard(trial.trial_id)
+            running.answer(Decision.STOP)
+        elif decision == PAUSE or (decision == NOOP and running.pausing):
+            running.pausing = True
+            if decision == PAUSE and getattr(self.scheduler, "holds_paused_trials", False):
+                self.paused.add(trial.trial_id)
             running.answer(Decision.STOP)
         else:
             running.answer(Decision.CONTINUE)
@@ -412,6 +482,20 @@ class SweepLoop:
         self.room.release(running.reservation)
         ended = running.ended
         budget_stop = running.budget_stopped and (ended is None or isinstance(ended, TrialInterrupted))
+        if running.pausing and isinstance(ended, TrialFinished) and ended.stopped and running.forced_error is None \
+                and not self.stopping and trial.trial_id not in self.stop_paused:
+            trial.status = tr.TrialStatus.PENDING  # paused: it starts again from its latest checkpoint
+            if trial.trial_id not in self.paused:
+                self.requeued.append(trial.trial_id)
+            self.reporter.trial_changed(trial)
+            self._save()
+            return
+        self.paused.discard(trial.trial_id)
+        if trial.trial_id in self.stop_paused:  # the scheduler stopped it while it paused
+            self.stop_paused.discard(trial.trial_id)
+            trial.stop_reason = trial.stop_reason or f"stopped by {self.scheduler.describe()} while paused"
+            if isinstance(ended, TrialFinished):
+                running.stop_sent = True
         if (isinstance(ended, TrialFinished) or budget_stop) and running.forced_error is None:
             trial.status = tr.TrialStatus.TERMINATED
             if trial.last_result is not None:
@@ -420,6 +504,7 @@ class SweepLoop:
                 trial.stop_reason = trial.stop_reason if running.stop_sent else None
             self.scheduler.on_trial_complete(trial.trial_id, trial.last_result)
             self.searcher.on_trial_complete(trial.trial_id, trial.last_result)
+            self._callback("on_trial_complete", trial)
         elif isinstance(ended, TrialInterrupted) or (self.stopping and running.stop_sent and ended is None):
             trial.status = tr.TrialStatus.PENDING  # Ctrl-C: resumable
         elif running.forced_error is not None:  # the loop failed it: no retry would do better
@@ -444,6 +529,7 @@ class SweepLoop:
             logger.warning("trial %s failed (%s); retrying it (%d of %s) from %s", trial.name, trial.error.summary,
                            trial.num_failures, "inf" if max_failures < 0 else max_failures,
                            trial.checkpoint or "the start")
+            self._callback("on_trial_recover", trial)
             return
         self._errored(trial)
 
@@ -452,6 +538,7 @@ class SweepLoop:
         trial.status = tr.TrialStatus.ERROR
         self.scheduler.on_trial_remove(trial.trial_id)
         self.searcher.on_trial_complete(trial.trial_id, trial.last_result, error=True)
+        self._callback("on_trial_error", trial)
         if self.spec.limits.fail_fast and self.fail_fast_error is None:
             self.fail_fast_error = (trial.trial_id, trial.error)
             self._stop_all(f"fail_fast: trial {trial.name} failed")
@@ -503,14 +590,112 @@ class SweepLoop:
         tr.write_state(self.spec.experiment_path, self.spec.header, self.trials)
 
 
-def _signal(proc: subprocess.Popen, sig: int) -> None:
+class _Controller(SchedulerController):
+    """The loop as its scheduler sees it (minitrain.tune.schedulers.SchedulerController)."""
+
+    def __init__(self, loop: SweepLoop):
+        self._loop = loop
+        self.experiment_path = loop.spec.experiment_path
+
+    def _trial(self, trial_id: str) -> tr.Trial:
+        for trial in self._loop.trials:
+            if trial.trial_id == trial_id:
+                return trial
+        raise KeyError(f"no trial {trial_id!r} in this sweep")
+
+    def trial_ids(self) -> list:
+        return [t.trial_id for t in self._loop.trials]
+
+    def config(self, trial_id: str) -> dict:
+        return self._trial(trial_id).config
+
+    def status(self, trial_id: str) -> str:
+        loop = self._loop
+        running = loop.running.get(trial_id)
+        if trial_id in loop.paused or (running is not None and running.pausing) or \
+                (trial_id in loop.requeued and running is None):
+            return "PAUSED"
+        return str(self._trial(trial_id).status)
+
+    def checkpoint(self, trial_id: str) -> Optional[tuple]:
+        trial = self._trial(trial_id)
+        if not trial.checkpoint:
+            return None
+        result = next((m for path, m in reversed(trial.checkpoints) if path == trial.checkpoint), None)
+        return trial.checkpoint, trial.checkpoint_iteration, result or {}
+
+    def has_waiting_trials(self) -> bool:
+        loop = self._loop
+        return bool(loop._pending()) or bool(loop.paused) or \
+            (not loop.exhausted and len(loop.trials) < loop.spec.total_trials and not loop.stopping)
+
+    def exploit(self, trial_id: str, config: dict, checkpoint: tuple) -> None:
+        loop, trial = self._loop, self._trial(trial_id)
+        path, iteration, result = checkpoint
+        if not os.path.isdir(path):
+            raise ConfigError(f"PopulationBasedTraining: the checkpoint {path} that trial {trial.name} should "
+                              "exploit is gone; keep more checkpoints (CheckpointConfig(num_to_keep=...)).")
+        target = os.path.join(loop.spec.experiment_path, trial.dirname, f"pbt_checkpoint_{iteration:06d}")
+        if os.path.exists(target):
+            shutil.rmtree(target)
+        shutil.copytree(path, target)  # its own copy: the donor's retention may delete the original
+        trial.config = config
+        trial.config_is_json = tr.new_trial(trial_id, "", "", config, 0).config_is_json
+        if not trial.config_is_json:
+            try:
+                trial.config_sealed = restore_spec.seal_value(config)
+            except Exception as exc:  # noqa: BLE001 - a restore then says it cannot resume it
+                logger.debug("trial %s: its explored config cannot be kept for a restore: %s", trial_id, exc)
+        # Ray's restore takes the iteration and time of the checkpoint's result
+        trial.checkpoint, trial.checkpoint_iteration, trial.iteration = target, iteration, iteration
+        trial.time_total_s = float(result.get("time_total_s", trial.time_total_s))
+        trial.checkpoints.append((target, result))
+        loop.exploited.add(trial_id)
+        running = loop.running.get(trial_id)
+        if running is not None:
+            running.pausing = True
+
+    def unpause(self, trial_id: str) -> None:
+        loop = self._loop
+        if trial_id in loop.paused:
+            loop.paused.discard(trial_id)
+            if trial_id not in loop.running:
+                loop.requeued.append(trial_id)
+
+    def stop_paused(self, trial_id: str) -> None:
+        loop, trial = self._loop, self._trial(trial_id)
+        loop.paused.discard(trial_id)
+        if trial_id in loop.requeued:
+            loop.requeued.remove(trial_id)
+        if trial_id in loop.running:  # its process still ends: it is TERMINATED then
+            loop.stop_paused.add(trial_id)
+            return
+        if trial.finished:
+            return
+        trial.status = tr.TrialStatus.TERMINATED
+        trial.stop_reason = trial.stop_reason or f"stopped by {loop.scheduler.describe()} while paused"
+        if trial.last_result is not None:
+            trial.last_result = {**trial.last_result, "done": True}
+        loop.scheduler.on_trial_complete(trial_id, trial.last_result)
+        loop.searcher.on_trial_complete(trial_id, trial.last_result)
+        loop.reporter.trial_changed(trial)
+        loop._callback("on_trial_complete", trial)
+
+
+def _signal(proc: Any, sig: int) -> None:
+    if not isinstance(proc, subprocess.Popen):  # an in-process fake of a test
+        proc.send_signal(sig)
+        return
     try:
         os.kill(proc.pid, sig)
     except ProcessLookupError:
         pass
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _kill_group(proc: Any) -> None:
+    if not isinstance(proc, subprocess.Popen):  # an in-process fake of a test
+        proc.kill()
+        return
     try:
         os.killpg(proc.pid, signal.SIGKILL)  # the trial's session; its fit()'s agents end with their lease
     except (ProcessLookupError, PermissionError):

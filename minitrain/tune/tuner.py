@@ -30,7 +30,8 @@ from minitrain.tune.progress import ProgressReporter
 from minitrain.tune.resources import ClusterRoom, trial_demand
 from minitrain.tune.result_grid import ResultGrid, trial_error, trial_result
 from minitrain.tune.run_config import CheckpointConfig, RunConfig
-from minitrain.tune.schedulers import FIFOScheduler, MedianStoppingRule, AsyncHyperBandScheduler
+from minitrain.tune.callback import CallbackList
+from minitrain.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, HyperBandScheduler, MedianStoppingRule
 from minitrain.tune.search import BasicVariantGenerator
 from minitrain.tune.search_space import _unresolved_paths
 from minitrain.tune.stopper import MissingStopKey
@@ -223,8 +224,10 @@ class Tuner:
         if not scheduler.set_search_properties(config.metric, config.mode):
             raise ConfigError(f"TuneConfig(metric={config.metric!r}, mode={config.mode!r}) differs from the metric/mode "
                               "set on the scheduler; set them in one place.")
-        if isinstance(scheduler, (AsyncHyperBandScheduler, MedianStoppingRule)) and not (scheduler.metric and scheduler.mode):
+        if isinstance(scheduler, (AsyncHyperBandScheduler, MedianStoppingRule, HyperBandScheduler)) and \
+                not (scheduler.metric and scheduler.mode):
             raise ConfigError(f"{scheduler.describe()} needs a metric and a mode: pass them to it or to TuneConfig.")
+        scheduler.check_sweep(self.trainable)
         num_samples = config.num_samples if config.num_samples > 0 else 10**9
         stopper = self.run_config.stopper()
         if self._restored is None:
@@ -255,7 +258,8 @@ class Tuner:
                                     verbose=int(self.run_config.show_table))
         try:
             loop = SweepLoop(self._spec(header, demand), trials, room=room, searcher=searcher, scheduler=scheduler,
-                             reporter=reporter, stopper=stopper)
+                             reporter=reporter, stopper=stopper,
+                             callbacks=CallbackList(self.run_config.callbacks or []))
             # The trial table as a web page while it runs; minitrain's log lines go through the console too.
             with live_sweep_dashboard(self.experiment_path), reporter.console.owning_log_handlers(logger):
                 loop.run()
@@ -478,6 +482,7 @@ def _replay(searcher: Any, scheduler: Any, stopper: Any, experiment_path: str, t
     the scheduler and the stopper see every kept result again (ASHA's rungs are rebuilt)."""
     if hasattr(searcher, "skip"):
         searcher.skip(len(trials))
+    scheduler.set_controller(None)  # it rebuilds its state only; the sweep loop hands it its controller
     for trial in trials:
         history = tr.read_history(experiment_path, trial)
         if not trial.finished:

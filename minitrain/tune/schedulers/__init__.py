@@ -1,8 +1,12 @@
 """Trial schedulers: which running trials go on and which stop early (L3; pure, no processes).
 
-A scheduler sees every result of every trial (`on_trial_result` -> CONTINUE or STOP) and each trial's
-end. `FIFOScheduler` never stops a trial. `AsyncHyperBandScheduler` (`ASHAScheduler`) is Ray's
-asynchronous successive halving: rungs at grace_period * reduction_factor**k up to max_t; a trial
+A scheduler sees every result of every trial (`on_trial_result` -> CONTINUE, STOP or PAUSE) and each
+trial's end. PAUSE (Ray's) stops the trial's process after this result; the trial keeps its id and
+waits until the scheduler unpauses it through its controller (`SchedulerController`, what the sweep
+loop hands it with `set_controller`), then starts again from its latest checkpoint.
+`PopulationBasedTraining` (minitrain.tune.schedulers.pbt) and the synchronous `HyperBandScheduler`
+(minitrain.tune.schedulers.hyperband) pause trials. `FIFOScheduler` never stops a trial.
+`AsyncHyperBandScheduler` (`ASHAScheduler`) is Ray's asynchronous successive halving: rungs at grace_period * reduction_factor**k up to max_t; a trial
 reaching a rung is stopped when its score is below the (1 - 1/reduction_factor) quantile of the
 scores recorded at that rung so far. `MedianStoppingRule` stops a trial whose best result is worse
 than the median of the other trials' running means at the same time.
@@ -17,56 +21,11 @@ from typing import Optional
 import numpy as np
 
 from minitrain.errors import ConfigError
+from minitrain.tune.schedulers.trial_scheduler import (  # noqa: F401 - the package's names, as Ray's
+    CONTINUE, NOOP, PAUSE, STOP, FIFOScheduler, SchedulerController, TrialScheduler, _check_mode,
+)
 
 logger = logging.getLogger("minitrain")
-
-CONTINUE = "CONTINUE"
-STOP = "STOP"
-
-
-def _check_mode(owner: str, mode: Optional[str]) -> None:
-    if mode not in (None, "min", "max"):
-        raise ConfigError(f"{owner}(mode={mode!r}): mode must be 'min' or 'max'.")
-
-
-class TrialScheduler:
-    """Base of the schedulers. `metric`/`mode` may be left None and filled from TuneConfig."""
-
-    CONTINUE = CONTINUE
-    STOP = STOP
-
-    def __init__(self, metric: Optional[str] = None, mode: Optional[str] = None):
-        _check_mode(type(self).__name__, mode)
-        self.metric, self.mode = metric, mode
-
-    def set_search_properties(self, metric: Optional[str], mode: Optional[str]) -> bool:
-        """Take TuneConfig's metric and mode where this scheduler has none; False when they conflict."""
-        if (self.metric and metric and self.metric != metric) or (self.mode and mode and self.mode != mode):
-            return False
-        self.metric = self.metric or metric
-        self.mode = self.mode or mode
-        return True
-
-    def describe(self) -> str:
-        """A short name for the stop reason of a trial this scheduler stopped."""
-        return type(self).__name__
-
-    def on_trial_add(self, trial_id: str) -> None:
-        """A new trial will start."""
-
-    def on_trial_result(self, trial_id: str, result: dict) -> str:
-        """CONTINUE or STOP after `result` (each report, with `training_iteration` etc. filled in)."""
-        return CONTINUE
-
-    def on_trial_complete(self, trial_id: str, result: Optional[dict]) -> None:
-        """The trial finished (or was stopped); `result` is its last one."""
-
-    def on_trial_remove(self, trial_id: str) -> None:
-        """The trial failed and will not report again."""
-
-
-class FIFOScheduler(TrialScheduler):
-    """Runs every trial to its end, in the order they were created (Ray's default)."""
 
 
 class AsyncHyperBandScheduler(TrialScheduler):
@@ -223,3 +182,7 @@ class MedianStoppingRule(TrialScheduler):
     def _running_mean(self, trial_id: str, now: float) -> float:
         scoped = [r[self.metric] for r in self._results[trial_id] if self.grace_period <= r[self.time_attr] <= now]
         return float(np.mean(scoped)) if scoped else float("nan")
+
+
+from minitrain.tune.schedulers.hyperband import HyperBandScheduler  # noqa: E402 - they need numpy, as this module
+from minitrain.tune.schedulers.pbt import PopulationBasedTraining  # noqa: E402
