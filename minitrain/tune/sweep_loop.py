@@ -59,7 +59,8 @@ from minitrain.tune.trial_process import TrialPayload
 logger = logging.getLogger("minitrain")
 
 INTERRUPT_WAIT_S = 60.0  # how long Ctrl-C waits for the trials' fit()s to stop their workers
-EXIT_WAIT_S = 30.0  # a trial process that closed its pipe exits within this
+EXIT_WAIT_S = 30.0
+MAX_PENDING_TRIALS = 16  # trials created ahead of room for a scheduler that pauses trials (Ray's pending trials)  # a trial process that closed its pipe exits within this
 
 
 class _PipeClosed:
@@ -247,6 +248,12 @@ class SweepLoop:
         running trial to end. Hosts are reserved before a new trial is drawn from the searcher, so a
         trial is created only when it can start."""
         at_most = self.spec.limits.max_concurrent
+        if getattr(self.scheduler, "holds_paused_trials", False):
+            # Ray creates trials ahead of room (its pending trials): a synchronous scheduler must see a
+            # bracket's trials before it halves it, not only those that had room so far.
+            while not (self.exhausted or self.stopping) and len(self._pending()) < MAX_PENDING_TRIALS:
+                if self._new_trial() is None:
+                    break
         while not (at_most and len(self.running) >= at_most):
             if self.unplaceable:
                 if not self._fail_unplaceable():
