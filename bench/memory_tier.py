@@ -23,8 +23,9 @@ restart: rank 1 SIGKILLs itself at the end of an attempt, `repeats` times; in ea
     files, readinto one 8 MiB buffer): with the tier from `checkpoint.as_directory()`, the tier's merged
     view (a local directory: nothing copied); without, streamed from S3 through `checkpoint.filesystem`
     (only those bytes: `as_directory()` would download both ranks' files first). Floor: rank 0 reading
-    the same bytes from a copy in the tier's parent, right after. Target: the tier's load <= 1.2x the
-    floor.
+    the same bytes from a copy in the tier's parent, right after (the second read of the copy: the first
+    read of pages just written to a tmpfs is slower, and the tier's view was written long before).
+    Target: the tier's load <= 1.2x the floor.
 persistence: the time from the memory commit (SYNC report() returned) to durable (rank 0 polls the run's
     index `checkpoint_manager_snapshot.json` on storage until it names the round: every 0.1 s on S3, 0.01
     s on local disk), as throughput (2 S MiB / time). The agent writes a node's shards on one thread, a
