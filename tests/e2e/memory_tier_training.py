@@ -1,4 +1,4 @@
-"""Training functions and storage filesystems of tests/e2e/test_memory_tier.py.
+"""Training functions and storage filesystems of tests/e2e/test_memory_tier_faults.py.
 
 Workers import this module by reference when they unpickle their payload, and node agents when they
 unpickle the run's storage (the filesystems below decide how the agent's persistence of memory-tier
@@ -97,6 +97,41 @@ def die_right_after_reports(config):
         wait_for_files([os.path.join(notes, f"returned_{r}") for r in range(2)], "every rank's report to return")
         open(os.path.join(notes, "killed"), "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
+    _wait_to_be_stopped()
+
+
+def die_during_the_copy_into_the_tier(config):
+    """Round 0 is committed; in round 1 rank 1 SIGKILLs itself while its files are being copied into the
+    tier (a watcher thread sees the half-written `.incoming-*` directory and kills the process there). The
+    next attempt notes what it resumes from and what the tier holds (<notes>/tier_<rank>.json: any
+    `.incoming-*` entry, and the ledger's keys), then ends."""
+    import threading
+
+    rank = minitrain.get_context().get_world_rank()
+    notes, tiers = config["notes"], config["tiers"]
+    if os.path.exists(os.path.join(notes, "killed")):
+        _note_resume(notes, rank, "resumed")
+        incoming = [os.path.join(root, name) for root, dirs, _ in os.walk(tiers) for name in dirs
+                    if name.startswith(".incoming-")]
+        ledgers = [os.path.join(root, ".ledger") for root, _, files in os.walk(tiers) if ".ledger" in files]
+        keys = sorted(key for path in ledgers for key in json.load(open(path)))
+        write_json(os.path.join(notes, f"tier_{rank}.json"), {"incoming": incoming, "ledger": keys})
+        return
+    _report_round(0, rank)
+    if rank == 1:
+        def kill_while_copying() -> None:
+            deadline = time.monotonic() + WAIT_S
+            while time.monotonic() < deadline:
+                for root, dirs, _ in os.walk(tiers):
+                    if any(name.startswith(".incoming-") for name in dirs) and "rank_1" in root:
+                        open(os.path.join(notes, "killed"), "w").close()
+                        os.kill(os.getpid(), signal.SIGKILL)
+                time.sleep(0.0005)
+
+        threading.Thread(target=kill_while_copying, daemon=True).start()
+        _report_round(1, rank, big=256 << 20)  # a copy long enough to be caught in the middle
+        raise AssertionError("the copy into the tier ended before the watcher saw it")
+    _report_round(1, rank)
     _wait_to_be_stopped()
 
 

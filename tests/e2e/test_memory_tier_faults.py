@@ -39,7 +39,7 @@ from minitrain.procs import wait_until_gone
 from minitrain.storage.layout import INDEX_NAME, STAGING_DIR
 from minitrain.torch import TorchTrainer
 
-from memory_tier_training import (GatedFileSystem, OutageFileSystem, die_right_after_reports, hold_after_round,
+from memory_tier_training import (GatedFileSystem, die_during_the_copy_into_the_tier, OutageFileSystem, die_right_after_reports, hold_after_round,
                                   kill_the_persisting_agent, read_checkpoint, report_rounds, shard_text)
 
 pytestmark = pytest.mark.e2e
@@ -140,6 +140,24 @@ def test_a_rank_killed_0_ms_after_its_report_returned_everywhere_restarts_from_t
     # both notes exist. ASYNC's report() returned once the files were in the tier and the report was
     # written to the agent's socket.
     _kill_rank_0_right_after_reports(tmp_path, tiers, mode)
+
+
+def test_a_rank_killed_during_its_copy_into_the_tier_leaves_nothing_and_the_run_resumes(tmp_path, tiers):
+    """A rank SIGKILLed while its files are being copied into the tier: its report never returned, so its
+    round is not committed and the restart resumes from the round before; the half-written shard and its
+    reservation are gone from the tier before the next attempt's workers run."""
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    result = _trainer(die_during_the_copy_into_the_tier, tmp_path, {"notes": str(notes), "tiers": str(tiers)},
+                      max_failures=1).fit()
+    assert (notes / "killed").exists()
+    for rank in (0, 1):
+        resumed = json.loads((notes / f"resumed_{rank}.json").read_text())
+        assert resumed["files"] == _both_ranks(0), resumed  # round 1 never completed
+        tier = json.loads((notes / f"tier_{rank}.json").read_text())
+        assert tier["incoming"] == [] and not any(".incoming-" in key for key in tier["ledger"]), tier
+    assert result.checkpoint.path == str(tmp_path / "run" / "checkpoint_000000")
+    _assert_nothing_left(tiers)
 
 
 @pytest.mark.soak
