@@ -25,7 +25,9 @@ restart: rank 1 SIGKILLs itself at the end of an attempt, `repeats` times; in ea
     (only those bytes: `as_directory()` would download both ranks' files first). Floor: rank 0 reading
     the same bytes from a copy in the tier's parent, right after (the second read of the copy: the first
     read of pages just written to a tmpfs is slower, and the tier's view was written long before).
-    Target: the tier's load <= 1.2x the floor.
+    Both windows record the CPU the reading thread used and what the rest of the machine used meanwhile
+    (/proc/stat), which says whether a slow read waited for a core. Target: the tier's load <= 1.2x
+    the floor.
 persistence: the time from the memory commit (SYNC report() returned) to durable (rank 0 polls the run's
     index `checkpoint_manager_snapshot.json` on storage until it names the round: every 0.1 s on S3, 0.01
     s on local disk), as throughput (2 S MiB / time). The agent writes a node's shards on one thread, a
@@ -328,7 +330,10 @@ def memory_tier_workload(tmp: str, total_mib: int, repeats: int) -> WorkloadResu
         say(f"  report {key}: median {r['report_s']:.3f} s vs floor {r['floor_s']:.3f} s ({r['ratio']:.2f}x); "
             f"report / floor per repetition: {reps}")
     for key, r in figures["restart"].items():
-        loads = "; ".join(f"{p['load_s']:.3f} / {p['floor_s']:.3f} s" for p in r["restarts"])
+        loads = "; ".join(f"{p['load_s']:.3f} / {p['floor_s']:.3f} s (reading thread's CPU "
+                          f"{p['load_cpu']['thread_cpu_s']:.3f} / {p['floor_cpu']['thread_cpu_s']:.3f} s, the "
+                          f"rest of the machine's {p['load_cpu']['others_cpu_s']:.3f} / "
+                          f"{p['floor_cpu']['others_cpu_s']:.3f} s)" for p in r["restarts"])
         say(f"  restart {key}: load median {r['load_s']:.3f} s vs floor {r['floor_s']:.3f} s ({r['ratio']:.2f}x); "
             f"load / floor per restart: {loads}")
     for key, p in figures["persist"].items():

@@ -208,7 +208,31 @@ def _one_round(config: dict, rank: int, rep: int, mode: str) -> dict:
     return record
 
 
-def _load(config: dict, entered: float, attempt: int) -> dict:
+def machine_busy_s() -> float:
+    """CPU seconds every core of the machine has spent busy since boot (/proc/stat: all but idle and
+    iowait); NaN where /proc/stat cannot be read."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return float("nan")
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_mark() -> tuple[float, float]:
+    """(this thread's CPU seconds, the machine's busy seconds): what `_cpu_since` compares."""
+    return time.thread_time(), machine_busy_s()
+
+
+def _cpu_since(mark: tuple[float, float]) -> dict:
+    """CPU this thread used since `mark`, and what the rest of the machine used meanwhile (every other
+    process and thread, ours or not): where a timed read's wall time went on a shared machine."""
+    thread_s, busy_s = time.thread_time() - mark[0], machine_busy_s() - mark[1]
+    return {"thread_cpu_s": thread_s, "others_cpu_s": busy_s - thread_s}
+
+
+def _load(config: dict, entered: float, attempt: int, mark: tuple[float, float]) -> dict:
     """Rank 0 of a restarted attempt: get_checkpoint() and every byte of rank 0's files read, timed from
     the training function's first line (with the tier, from `as_directory()`, which is its merged view;
     without, streamed from storage through `checkpoint.filesystem`); then the same bytes read from a copy
@@ -225,6 +249,7 @@ def _load(config: dict, entered: float, attempt: int) -> dict:
     else:  # on S3: these files only, streamed (as_directory() would download every rank's files first)
         loaded_bytes = read_all(_open_checkpoint_file(checkpoint), [f"{checkpoint.path}/{name}" for name in names])
     loaded = time.perf_counter()
+    load_cpu = _cpu_since(mark)
     floor_dir = tempfile.mkdtemp(prefix=config["floor_prefix"], dir=config["tier_base"])
     try:
         copied = [os.path.join(floor_dir, name) for name in names]
@@ -232,14 +257,16 @@ def _load(config: dict, entered: float, attempt: int) -> dict:
         # Read once untimed: the first read of pages just written to a tmpfs is slower (0.18-0.20 s against
         # 0.13 s a GiB here) and the tier's view was written long before the restart read it.
         read_all(_open_local, copied)
-        start = time.perf_counter()
+        floor_mark, start = _cpu_mark(), time.perf_counter()
         floor_bytes = read_all(_open_local, copied)
         floor_s = time.perf_counter() - start
+        floor_cpu = _cpu_since(floor_mark)
     finally:
         shutil.rmtree(floor_dir, ignore_errors=True)
     return {"kind": "restart", "attempt": attempt, "load_1min": os.getloadavg()[0], "load_s": loaded - entered,
             "bytes": loaded_bytes,
-            "floor_s": floor_s, "floor_bytes": floor_bytes, "path": checkpoint.path}
+            "floor_s": floor_s, "floor_bytes": floor_bytes, "path": checkpoint.path, "load_cpu": load_cpu,
+            "floor_cpu": floor_cpu}
 
 
 def tier_train_func(config: dict) -> None:
@@ -247,7 +274,7 @@ def tier_train_func(config: dict) -> None:
     later attempt (after rank 1 SIGKILLed itself) loads the checkpoint on rank 0 (see `_load`). Rank 1
     kills itself at the end of every attempt until `kills` attempts were killed; the last one reports
     {"done": True}."""
-    entered = time.perf_counter()
+    entered, mark = time.perf_counter(), _cpu_mark()
     import torch.distributed as dist
 
     import minitrain
@@ -260,7 +287,7 @@ def tier_train_func(config: dict) -> None:
             for mode in config["modes"]:
                 append_jsonl(config["results"], _one_round(config, rank, rep, mode))
     elif rank == 0:
-        append_jsonl(config["results"], _load(config, entered, attempt))
+        append_jsonl(config["results"], _load(config, entered, attempt, mark))
     dist.barrier()
     if attempt < config["kills"]:
         if rank == 1:
