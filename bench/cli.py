@@ -1,6 +1,6 @@
 """`python -m bench`: every workload back to back, then one table of medians, ratios and targets.
 
-    python -m bench                          # the default set, full sizes (about 20 minutes)
+    python -m bench                          # the default set, full sizes (about 20 minutes, plus 10-15 for memory_tier)
     python -m bench --quick                  # tiny sizes, 1 repetition: proves it still works
     python -m bench --only restart,report --repeats 9 --json bench.json
     python -m bench scale --workers 64,256,1024,4096
