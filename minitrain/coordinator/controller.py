@@ -402,7 +402,7 @@ class Controller:
         down, however the run ended, and before an attempt whose checkpoint no one node holds whole
         (`Durability.restore_needs_storage`). Bounded by the agents' persistence retries and leases."""
         durability = self._commits.durability
-        while durability.pending:
+        while durability.pending and not self._interrupts:  # Ctrl-C: the loop acts on it at once
             self._take_events(POLL_S)
 
     def _shutdown_agents(self) -> None:
@@ -431,6 +431,7 @@ class Controller:
         """A node's agent connected (again): it is in the membership, and an elastic run readies it for
         growth when an attempt runs without it (`AttemptSizes.connected`)."""
         self._membership.connected(event)
+        self._commits.durability.node_returned(event.node.node_id)  # a new agent: a new, empty tier
         attempt_runs = self._loop.state in (RunState.STARTING, RunState.RUNNING)
         self._sizes.connected(event.node, self._current.group, attempt_runs)
 
@@ -442,10 +443,14 @@ class Controller:
 
     def _on_agent_lost(self, event: ev.AgentLost) -> None:
         """A node is out of the run (once, and not after the run ended): its ranks are lost with it."""
-        self._commits.durability.node_lost(event.node_id)  # also at the end: the run waits for its rounds
-        if self.state.is_terminal or not self._membership.lose(event):
+        current = self._membership.is_current(event)
+        lost = not self.state.is_terminal and self._membership.lose(event)
+        if lost:
+            self._sizes.node_lost(event.node_id, event.reason, self._current.tracker)
+            self._current.node_lost(event.node_id, event.reason)  # first: the node's loss is the root cause
+        if current:  # its tier went with its agent; also at the end, where the run waits for its rounds
+            self._commits.durability.node_lost(event.node_id)
+        if not lost:
             return
-        self._sizes.node_lost(event.node_id, event.reason, self._current.tracker)
-        self._current.node_lost(event.node_id, event.reason)
         if self.state is not RunState.STOPPING:
             logger.warning("node %s lost: %s", event.node_id, event.reason)

@@ -178,11 +178,27 @@ def kill_the_persisting_agent(config):
         _report_round(round_, rank)
     if rank == 0:
         wait_for_files([config["pid_file"]], "the agent to write round 1 to storage")
+        # Round 0 is durable first (the agent wrote it before round 1, but its answer may still be on its
+        # way to the coordinator): only round 1 is the agent's to lose.
+        deadline = time.monotonic() + WAIT_S
+        while "checkpoint_000000" not in _index_names(config["index"]):
+            if time.monotonic() > deadline:
+                raise TimeoutError("round 0 never became durable")
+            time.sleep(0.01)
         write_json(os.path.join(notes, "tiers_before.json"), sorted(os.listdir(config["tiers"])))
         agent = int(open(config["pid_file"]).read())  # GatedFileSystem holds up node agents only
         open(os.path.join(notes, "agent_killed"), "w").write(str(agent))
         os.kill(agent, signal.SIGKILL)
     _wait_to_be_stopped()
+
+
+def _index_names(path: str) -> list[str]:
+    """The checkpoint directories the run's index at `path` names ([] while it cannot be read)."""
+    try:
+        with open(path) as handle:
+            return [entry["checkpoint_dir_name"] for entry in json.load(handle)["checkpoint_results"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 # ------------------------------------------------------------------------------------------ filesystems

@@ -21,7 +21,7 @@ import tempfile
 import time
 
 import minitrain
-from minitrain import FailureConfig, PreemptionError, RunConfig, ScalingConfig
+from minitrain import CheckpointConfig, FailureConfig, PreemptionError, RunConfig, ScalingConfig
 from minitrain.torch import TorchTrainer
 
 
@@ -108,7 +108,9 @@ def main() -> int:
                            scaling_config=ScalingConfig(num_workers=config.get("workers", 2)),
                            run_config=RunConfig(name="p", storage_path=os.path.join(out, "results"),
                                                 storage_filesystem=filesystem,
-                                                failure_config=FailureConfig(**failure)))
+                                                failure_config=FailureConfig(**failure),
+                                                checkpoint_config=CheckpointConfig(
+                                                    memory_tier_bytes=config.get("memory_tier_bytes"))))
     try:
         result = trainer.fit()
     except PreemptionError as exc:

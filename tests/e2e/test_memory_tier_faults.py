@@ -250,7 +250,8 @@ def test_an_agent_killed_while_it_persists_loses_its_round_by_name_and_its_tier_
     pid_file = tmp_path / "persisting"
     fs = GatedFileSystem(dir_name="checkpoint_000001", pid_file=str(pid_file), gate=str(tmp_path / "never"),
                          wait_s=30.0)
-    config = {"notes": str(notes), "pid_file": str(pid_file), "tiers": str(tiers), "rounds": 3}
+    config = {"notes": str(notes), "pid_file": str(pid_file), "tiers": str(tiers), "rounds": 3,
+              "index": str(tmp_path / "run" / INDEX_NAME)}
     with caplog.at_level(logging.ERROR, logger="minitrain"):
         result = _trainer(kill_the_persisting_agent, tmp_path, config, max_failures=1, storage_filesystem=fs).fit()
     _assert_round_named(caplog.text, "checkpoint_000001", 1)

@@ -171,7 +171,9 @@ def test_a_signal_to_one_of_two_agents_names_its_node_and_every_rank_agrees(tmp_
 
 def test_a_second_signal_during_the_agreed_upload_stops_at_once_and_the_last_commit_stands(tmp_path):
     # Every file put takes 2 s: the agreed checkpoint's upload is under way when the second signal comes.
-    driver = _start(tmp_path, every=2, slow_upload_s=2.0, signal_after=1, step_s=0.05)
+    # Without a memory tier the rank uploads itself (what this test stops); through the tier the agent
+    # writes it after the round is committed, and a run that ends waits for that (the memory tier's tests).
+    driver = _start(tmp_path, every=2, slow_upload_s=2.0, signal_after=1, step_s=0.05, memory_tier_bytes=0)
     _wait_for(tmp_path / "progress", driver)
     driver.send_signal(signal.SIGUSR2)
     _wait_for(tmp_path / "seen_rank0.json", driver)  # rank 0 is uploading the agreed checkpoint

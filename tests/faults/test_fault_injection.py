@@ -891,11 +891,6 @@ def schedules(draw) -> Schedule:
     faults = []
     for _ in range(draw(st.integers(0, 3))):
         kinds = kinds_for(tier)
-        if tier is None and any(f.kind in AGENT_KILLING_KINDS for f in faults):
-            # One node agent killed per run with a tier: a second death of the node's agent while it
-            # persists a round hangs fit() for good (test_the_node_agent_killed_twice_while_it_persists,
-            # xfail: a bug in minitrain). Drop this once that test passes.
-            kinds = tuple(kind for kind in kinds if kind not in AGENT_KILLING_KINDS)
         kind = draw(st.sampled_from(kinds))
         if kind in CHECKPOINT_KINDS + TIER_KINDS:
             rank, step = 0, draw(st.sampled_from(checkpoint_steps(every)))
@@ -1127,12 +1122,6 @@ def _kill_pid(pid: int) -> None:
 
 
 @pytest.mark.soak
-@pytest.mark.xfail(strict=True, reason=(
-    "minitrain bug: on one host the coordinator never forgets that the node was lost "
-    "(Durability._lost_nodes is cleared only by ReplicaReady, which one-node runs never send), so the "
-    "second death of the relaunched agent while it persists a round returns at once from "
-    "Durability.node_lost: the round is neither lost by name nor persisted, and the next start's "
-    "Controller._await_durability waits for it forever (fit() never returns, and a first Ctrl-C does not end it)"))
 def test_the_node_agent_killed_twice_while_it_persists(reference_params):
     # Round 1 is lost with the first agent (attempt 0), round 5 of attempt 1 with the relaunched one: each
     # logged by name; the run resumes from what is on storage each time and trains past both.

@@ -588,3 +588,19 @@ def test_a_tier_round_that_cannot_become_durable_fails_rank_0_by_name(tmp_path):
     assert failure.rank == 0 and failure.exc_type == "CheckpointNotDurable"
     assert "ckpt_a" in failure.message and "no space" in failure.message
     assert run.commits.resume_record() is None
+
+
+def test_a_node_whose_agent_returned_loses_its_next_round_by_name_when_that_agent_dies_too():
+    """One host: its agent dies while it persists round 0 (lost by name), a new agent connects (its tier
+    is new and empty), holds round 1, and dies while persisting it too: round 1 is lost by name as well,
+    never left pending (which would make the run wait for it forever)."""
+    rounds = Rounds()
+    rounds.hold(0, {"n0": (0, 1)})
+    rounds.durability.node_lost("n0")
+    assert [dir_name for dir_name, _ in rounds.errors] == [name(0)]
+    rounds.durability.node_returned("n0")
+    rounds.hold(1, {"n0": (0, 1)})
+    assert not rounds.durability.restore_needs_storage()  # the one node holds all of round 1 again
+    rounds.durability.node_lost("n0")
+    assert [dir_name for dir_name, _ in rounds.errors] == [name(0), name(1)]
+    assert rounds.durability.pending == ()

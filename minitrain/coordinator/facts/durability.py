@@ -127,6 +127,11 @@ class Durability:
         self._lost_nodes.discard(node_id)
         self._replica_ports[node_id] = (host, port)
 
+    def node_returned(self, node_id: str) -> None:
+        """A new agent of `node_id` connected (after its earlier one was lost): it holds a new, empty tier
+        (what the lost agent held was accounted for by `node_lost`), so its shards count again."""
+        self._lost_nodes.discard(node_id)
+
     def restore_view(self) -> Optional[cmd.RestoreView]:
         """What a new attempt resumes from when its shards are in the tiers (`latest`): every shard with
         the replica addresses of the live nodes holding it (an agent lacking one fetches it there)."""

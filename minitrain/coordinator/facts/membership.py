@@ -88,6 +88,10 @@ class Membership:
         self._warming.discard(event.node.node_id)  # a new agent: it is readied again if need be
         self.version += 1
 
+    def is_current(self, event: ev.AgentLost) -> bool:
+        """Whether `event` ends the node's current agent's stream (not an older one's)."""
+        return event.stream == self._streams.get(event.node_id, event.stream)
+
     def lose(self, event: ev.AgentLost) -> bool:
         """Take a node out of the run and back its host off; False (nothing changes) when the event
         ends an older stream than the agent's current one, or the node is already out."""
