@@ -66,7 +66,6 @@ class TierKeeper:
         self._storage: Any = None
         self._jobs: "queue.Queue" = queue.Queue()
         self._thread: Optional[threading.Thread] = None
-        self._views: dict[int, tuple[str, str]] = {}  # attempt -> (dir_name, view path)
         self._local_ranks: dict[int, set[int]] = {}  # attempt -> the ranks started on this node
         self._pending: set[tuple[int, int, str]] = set()  # shards queued to be written to storage
         self._pending_lock = threading.Lock()
@@ -140,7 +139,6 @@ class TierKeeper:
             return None
         if path is None:
             return None
-        self._views[attempt] = (view.dir_name, path)
         return view.dir_name, path
 
     def _fetch_missing(self, shard: cmd.Shard) -> None:

@@ -262,7 +262,7 @@ def test_an_error_answer_loses_its_round_by_name_and_the_rounds_after_it_still_c
     ((lost, why),) = rounds.errors
     assert lost == name(0)
     assert "ckpt_0" in why and "round 10" in why and "node n0" in why and "disk full" in why
-    assert rounds.durability.lost == [why]
+    assert rounds.durability.lost_after(None) == [why]
     assert rounds.names == [name(1)]  # round 1 was complete: it is durable now
     assert ("n0", ((0, name(0)),)) in rounds.drops()  # the lost round's shards are let go
     rounds.answer("n0", 0)  # a late answer for the lost round
@@ -334,7 +334,7 @@ def test_stale_or_unknown_answers_change_nothing():
         ranks = (1,) if ranks is None and node == "n1" else ranks
         d.on_persisted(ev.ShardsPersisted(node, attempt, name(i), tuple(ranks or (0,)), error, to_peer))
     assert state() == before
-    assert rounds.committed == [] and rounds.errors == [] and d.lost == []
+    assert rounds.committed == [] and rounds.errors == [] and d.lost_after(None) == []
     rounds.answer("n1", 0, to_peer="n0")
     rounds.answer("n1", 0)
     rounds.answer("n0", 1, to_peer="n1")
@@ -558,7 +558,7 @@ def test_a_plain_round_behind_a_tier_round_is_committed_after_it(tmp_path):
     book = run.commits.checkpoints
     assert [r.dir_name for r in book.records] == ["ckpt_a", "ckpt_b"] and book.latest.dir_name == "ckpt_b"
     assert (run.root / "ckpt_b" / "from_rank_1").exists()
-    assert run.tracker.failures() == [] and run.commits.durability.lost == []
+    assert run.tracker.failures() == [] and run.commits.durability.lost_after(None) == []
 
 
 def test_resume_record_is_the_newest_of_memory_and_storage(tmp_path):

@@ -100,15 +100,11 @@ class Durability:
 
     # ------------------------------------------------------------------ what is known
 
-    @property
-    def lost(self) -> list[str]:
-        """Why rounds committed in memory never became durable, in the order they were lost."""
-        return [why for _, why in self._lost]
-
     def lost_after(self, report_index: Optional[int]) -> list[str]:
         """Why the rounds lost after the run's latest durable checkpoint (`report_index`, None: none)
-        never became durable: what the run's result would miss. A lost round that a later durable one
-        superseded (the restart trained past it) is not among them."""
+        never became durable, in the order they were lost: what the run's result would miss (None: every
+        lost round). A lost round that a later durable one superseded (the restart trained past it) is not
+        among them."""
         return [why for index, why in self._lost if report_index is None or index > report_index]
 
     @property
